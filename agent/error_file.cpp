@@ -1,0 +1,44 @@
+#include "agent/error_file.h"
+
+#include <nlohmann/json.hpp>
+
+#include "common/strings.h"
+
+namespace ddprun::agent {
+namespace {
+
+std::optional<long long> timestamp_of(const nlohmann::json& j) {
+  if (j.is_number_integer()) return j.get<long long>();
+  if (j.is_number()) return static_cast<long long>(j.get<double>());
+  if (j.is_string()) return common::parse_int(j.get<std::string>());
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::variant<ErrorFileContent, std::string> parse_error_file(const std::string& json_text) {
+  nlohmann::json doc = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return std::string("not valid JSON");
+  if (!doc.is_object() || !doc.contains("message"))
+    return std::string("no \"message\" field (expected torch's @record format)");
+  ErrorFileContent out;
+  const nlohmann::json& message = doc["message"];
+  if (message.is_string()) {
+    out.message = message.get<std::string>();
+  } else if (message.is_object()) {
+    if (auto it = message.find("message"); it != message.end() && it->is_string())
+      out.message = it->get<std::string>();
+    if (auto extra = message.find("extraInfo"); extra != message.end() && extra->is_object()) {
+      if (auto cs = extra->find("py_callstack"); cs != extra->end() && cs->is_string())
+        out.traceback = cs->get<std::string>();
+      if (auto ts = extra->find("timestamp"); ts != extra->end()) out.timestamp = timestamp_of(*ts);
+    }
+  } else {
+    out.message = message.dump();
+  }
+  if (auto ts = doc.find("timestamp"); ts != doc.end() && !out.timestamp)
+    out.timestamp = timestamp_of(*ts);
+  return out;
+}
+
+}  // namespace ddprun::agent

@@ -1,0 +1,535 @@
+#include "agent/local_agent.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <spdlog/spdlog.h>
+
+#include "agent/error_file.h"
+#include "agent/failure_report.h"
+#include "agent/line_buffer.h"
+#include "agent/policy.h"
+#include "agent/worker_command.h"
+#include "common/signals.h"
+
+namespace ddprun::agent {
+namespace asio = boost::asio;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// How long output of an ended group may still arrive (e.g. from a grandchild) before the
+/// agent stops reading it.
+constexpr std::chrono::milliseconds kDrainTimeout{2000};
+
+void write_all(int fd, const std::string& data) {
+  const char* p = data.data();
+  size_t left = data.size();
+  while (left > 0) {
+    ssize_t n = ::write(fd, p, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return;  // console gone (EPIPE): nothing more to do with this output
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+}
+
+std::string host_name() {
+  char buf[256] = {0};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
+  return buf;
+}
+
+bool has_stream(launcher::StdStreams set, launcher::StdStreams which) {
+  return (static_cast<int>(set) & static_cast<int>(which)) != 0;
+}
+
+/// One stdout or stderr pipe of one worker: lines go to the console (prefixed) and/or a file.
+struct OutputStream {
+  OutputStream(asio::io_context& io, int fd) : pipe(io, fd) {}
+  asio::posix::stream_descriptor pipe;
+  std::array<char, 64 * 1024> chunk{};
+  LineBuffer lines;
+  int console_fd = -1;  ///< -1: not shown on the console
+  std::string prefix;
+  int file_fd = -1;  ///< -1: not written to a file
+  bool open = true;
+
+  void emit(const std::vector<std::string>& done) {
+    for (const auto& line : done) {
+      if (console_fd >= 0) write_all(console_fd, prefix + line + "\n");
+      if (file_fd >= 0) write_all(file_fd, line + "\n");
+    }
+  }
+  void close() {
+    emit(lines.finish());
+    boost::system::error_code ignored;
+    pipe.close(ignored);
+    if (file_fd >= 0) ::close(file_fd);
+    file_fd = -1;
+    open = false;
+  }
+  ~OutputStream() {
+    if (file_fd >= 0) ::close(file_fd);
+  }
+};
+
+struct WorkerRuntime {
+  WorkerPlacement placement;
+  pid_t pid = -1;
+  bool running = false;
+  ExitStatus status;
+  std::string error_file;
+  std::string launch_error;  ///< set when the process could not be started
+  std::shared_ptr<OutputStream> out;
+  std::shared_ptr<OutputStream> err;
+};
+
+/// Why the current group is being stopped.
+enum class StopReason { None, WorkerFailed, Signalled };
+
+}  // namespace
+
+class LocalAgent::Impl {
+ public:
+  Impl(asio::io_context& io, AgentOptions options, rdzv::RendezvousHandler& rdzv,
+       ProcessLauncher& launcher)
+      : io_(io),
+        opt_(std::move(options)),
+        rdzv_(rdzv),
+        launcher_(launcher),
+        signals_(io),
+        shutdown_timer_(io),
+        drain_timer_(io),
+        host_(host_name()) {}
+
+  ~Impl() {
+    if (!temp_dir_.empty()) {
+      std::error_code ignored;
+      fs::remove_all(temp_dir_, ignored);
+    }
+  }
+
+  int run() {
+    if (!prepare_log_root()) return job_exit_code(JobOutcome::of(JobEnd::Internal));
+    install_signals();
+    if (will_default_omp_threads(opt_.agent_env, opt_.spec.local_world_size))
+      spdlog::info(
+          "setting OMP_NUM_THREADS=1 for each worker to avoid overloading the system; set it "
+          "yourself to tune it");
+    start_round();
+    io_.run();
+    return exit_code_;
+  }
+
+ private:
+  // ---- set-up -----------------------------------------------------------------------------
+
+  bool prepare_log_root() {
+    if (!opt_.log_dir.empty()) {
+      log_root_ = fs::path(opt_.log_dir) / rdzv_.run_id();
+    } else {
+      std::string tmpl = (fs::temp_directory_path() / "ddprun-XXXXXX").string();
+      if (::mkdtemp(tmpl.data()) == nullptr) {
+        spdlog::error("cannot create a temporary directory for error files in {}: {}",
+                      fs::temp_directory_path().string(), std::strerror(errno));
+        return false;
+      }
+      log_root_ = tmpl;
+      const bool wants_files =
+          opt_.redirects.all != launcher::StdStreams::None || !opt_.redirects.per_rank.empty() ||
+          opt_.tee.all != launcher::StdStreams::None || !opt_.tee.per_rank.empty();
+      if (wants_files)
+        spdlog::info("no --log_dir given: worker logs go to {}", log_root_.string());
+      else
+        temp_dir_ = log_root_;  // only error files live there: remove it at exit
+    }
+    std::error_code ec;
+    fs::create_directories(log_root_, ec);
+    if (ec) {
+      spdlog::error("cannot create log directory {}: {}; pass a writable --log_dir",
+                    log_root_.string(), ec.message());
+      return false;
+    }
+    return true;
+  }
+
+  void install_signals() {
+    boost::system::error_code ec;
+    signals_.add(SIGCHLD, ec);
+    for (int sig : opt_.signals_to_handle) {
+      signals_.add(sig, ec);
+      if (ec) spdlog::warn("cannot handle {}: {}", common::signal_name(sig), ec.message());
+    }
+    // A closed console must not kill the agent while it still has workers to stop.
+    std::signal(SIGPIPE, SIG_IGN);
+    wait_for_signal();
+  }
+
+  void wait_for_signal() {
+    signals_.async_wait([this](const boost::system::error_code& ec, int sig) {
+      if (ec) return;
+      if (sig == SIGCHLD)
+        reap_children();
+      else
+        on_signal(sig);
+      if (!finished_) wait_for_signal();
+    });
+  }
+
+  // ---- rounds -----------------------------------------------------------------------------
+
+  void start_round() {
+    rdzv_.next_rendezvous(restart_count_, [this](rdzv::RendezvousResult result) {
+      if (finished_) return;
+      if (pending_signal_ != 0)
+        return finish(job_exit_code(JobOutcome::signalled(pending_signal_)));
+      if (auto* error = std::get_if<rdzv::RendezvousError>(&result)) {
+        spdlog::error("rendezvous failed: {}", error->message);
+        return finish(job_exit_code(JobOutcome::of(JobEnd::RendezvousFailed)));
+      }
+      start_workers(std::get<rdzv::RendezvousInfo>(result));
+    });
+  }
+
+  void start_workers(const rdzv::RendezvousInfo& round) {
+    round_ = round;
+    const fs::path attempt_dir = log_root_ / ("attempt_" + std::to_string(restart_count_));
+    std::error_code ec;
+    fs::remove_all(attempt_dir, ec);  // a stale error.json must not be blamed on this attempt
+    workers_.clear();
+    failures_.clear();
+    stop_reason_ = StopReason::None;
+    const std::string path_env =
+        opt_.agent_env.count("PATH") ? opt_.agent_env.at("PATH") : "/usr/bin:/bin";
+    const std::string executable = resolve_executable(opt_.spec.argv.front(), path_env);
+    spdlog::debug("starting {} workers (restart {}): master {}:{}", opt_.spec.local_world_size,
+                  restart_count_, round.master_addr, round.master_port);
+    for (const WorkerPlacement& p : place_workers(round, opt_.spec.local_world_size)) {
+      auto w = std::make_unique<WorkerRuntime>();
+      w->placement = p;
+      const fs::path dir = attempt_dir / std::to_string(p.local_rank);
+      fs::create_directories(dir, ec);
+      if (ec) {
+        spdlog::error("cannot create {}: {}", dir.string(), ec.message());
+        return finish(job_exit_code(JobOutcome::of(JobEnd::Internal)));
+      }
+      w->error_file = (dir / "error.json").string();
+      // Worker rank 0 hosts the process-group store (TORCHELASTIC_USE_AGENT_STORE=False).
+      WorkerEnvInputs in{&opt_.spec,   &round_, p, rdzv_.run_id(), /*use_agent_store=*/false,
+                         w->error_file};
+      ProcessSpec ps{executable, opt_.spec.argv, to_envp(build_worker_env(opt_.agent_env, in))};
+      if (executable.empty()) {
+        w->launch_error = "command not found: " + opt_.spec.argv.front() + " (PATH=" + path_env +
+                          "); check the script name or set PYTHON_EXEC";
+      } else {
+        auto launched = launcher_.launch(ps);
+        if (auto* why = std::get_if<std::string>(&launched)) {
+          w->launch_error = *why;
+        } else {
+          const LaunchedProcess& lp = std::get<LaunchedProcess>(launched);
+          w->pid = lp.pid;
+          w->running = true;
+          w->out = open_stream(lp.stdout_fd, p.local_rank, launcher::StdStreams::Out, dir);
+          w->err = open_stream(lp.stderr_fd, p.local_rank, launcher::StdStreams::Err, dir);
+          read_more(w->out);
+          read_more(w->err);
+        }
+      }
+      workers_.push_back(std::move(w));
+    }
+    for (auto& w : workers_) {
+      if (!w->launch_error.empty()) {
+        // Init -> Failed: a worker that cannot start fails its group like a crash would.
+        spdlog::error("local rank {} did not start: {}", w->placement.local_rank, w->launch_error);
+        w->status.code = 127;
+        record_failure(*w);
+      }
+    }
+    // SIGCHLD may have arrived before every pid was known.
+    reap_children();
+    evaluate();
+  }
+
+  std::shared_ptr<OutputStream> open_stream(int fd, int local_rank, launcher::StdStreams which,
+                                            const fs::path& dir) {
+    auto s = std::make_shared<OutputStream>(io_, fd);
+    const bool redirected = has_stream(opt_.redirects.for_rank(local_rank), which);
+    const bool teed = has_stream(opt_.tee.for_rank(local_rank), which);
+    const bool shown = !opt_.console_ranks || opt_.console_ranks->count(local_rank) > 0;
+    if (!redirected && shown)
+      s->console_fd = which == launcher::StdStreams::Out ? STDOUT_FILENO : STDERR_FILENO;
+    s->prefix = "[" + opt_.spec.role + std::to_string(local_rank) + "]:";
+    if (redirected || teed) {
+      const fs::path file =
+          dir / (which == launcher::StdStreams::Out ? "stdout.log" : "stderr.log");
+      s->file_fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (s->file_fd < 0)
+        spdlog::warn("cannot open {}: {}; its output goes to the console", file.string(),
+                     std::strerror(errno));
+      if (s->file_fd < 0 && s->console_fd < 0)
+        s->console_fd = which == launcher::StdStreams::Out ? STDOUT_FILENO : STDERR_FILENO;
+    }
+    return s;
+  }
+
+  /// The handler owns the stream: a read aborted by close() may run after the group is gone.
+  void read_more(std::shared_ptr<OutputStream> s) {
+    OutputStream& stream = *s;
+    stream.pipe.async_read_some(asio::buffer(stream.chunk),
+                                [this, s](const boost::system::error_code& ec, size_t n) {
+                                  if (!s->open) return;
+                                  if (n > 0)
+                                    s->emit(s->lines.feed(std::string_view(s->chunk.data(), n)));
+                                  if (ec) {
+                                    s->close();
+                                    maybe_drained();
+                                    return;
+                                  }
+                                  read_more(s);
+                                });
+  }
+
+  // ---- observing workers ------------------------------------------------------------------
+
+  void reap_children() {
+    while (true) {
+      int status = 0;
+      pid_t pid = ::waitpid(-1, &status, WNOHANG);
+      if (pid <= 0) break;
+      for (auto& w : workers_) {
+        if (w->running && w->pid == pid) on_worker_exit(*w, ExitStatus::from_wait_status(status));
+      }
+    }
+    evaluate();
+  }
+
+  void on_worker_exit(WorkerRuntime& w, ExitStatus status) {
+    w.running = false;
+    w.status = status;
+    spdlog::debug("local rank {} (pid {}) ended: {}", w.placement.local_rank, w.pid,
+                  describe_exit(status));
+    // Healthy -> Failed for this worker, unless the agent itself was stopping the group.
+    if (!status.ok() && stop_reason_ == StopReason::None) record_failure(w);
+  }
+
+  void record_failure(WorkerRuntime& w) {
+    ProcessFailure f;
+    f.local_rank = w.placement.local_rank;
+    f.global_rank = w.placement.global_rank;
+    f.pid = w.pid;
+    f.status = w.status;
+    f.time = std::chrono::system_clock::now();
+    f.error_file = w.error_file;
+    if (!w.launch_error.empty()) {
+      f.error = ErrorFileContent{w.launch_error, "", std::nullopt};
+    } else if (std::ifstream in(w.error_file); in) {
+      std::stringstream text;
+      text << in.rdbuf();
+      auto parsed = parse_error_file(text.str());
+      if (auto* content = std::get_if<ErrorFileContent>(&parsed))
+        f.error = *content;
+      else
+        f.error_file_problem = std::get<std::string>(parsed);
+    }
+    failures_.push_back(std::move(f));
+  }
+
+  GroupObservation observe() const {
+    GroupObservation obs;
+    for (const auto& w : workers_) {
+      if (w->running)
+        ++obs.running;
+      else if (w->status.ok() && w->launch_error.empty())
+        ++obs.succeeded;
+      else
+        ++obs.failed;
+    }
+    return obs;
+  }
+
+  void evaluate() {
+    if (finished_ || workers_.empty() || group_ended_) return;
+    const GroupObservation obs = observe();
+    if (stop_reason_ != StopReason::None) {
+      if (obs.running == 0) on_group_stopped();
+      return;
+    }
+    switch (decide(obs)) {
+      case Action::Monitor:
+        return;
+      case Action::Succeed:
+        group_ended_ = true;
+        return drain_then([this] { finish(job_exit_code(JobOutcome::of(JobEnd::Succeeded))); });
+      case Action::StopGroup: {
+        const ProcessFailure& root = failures_.front();
+        spdlog::warn("worker rank {} (local rank {}, pid {}) failed with {}; stopping the group",
+                     root.global_rank, root.local_rank, root.pid, describe_exit(root.status));
+        stop_group(StopReason::WorkerFailed, SIGTERM);
+        return;
+      }
+    }
+  }
+
+  // ---- stopping ---------------------------------------------------------------------------
+
+  void on_signal(int sig) {
+    if (sig == SIGUSR1 || sig == SIGUSR2) {
+      // A preemption notice: the workers decide what to do; the group keeps running.
+      spdlog::info("forwarding {} to the workers", common::signal_name(sig));
+      for (auto& w : workers_)
+        if (w->running) launcher_.signal_group(w->pid, sig);
+      return;
+    }
+    if (pending_signal_ != 0) {
+      spdlog::warn("received {} again: killing the workers now", common::signal_name(sig));
+      kill_remaining();
+      return;
+    }
+    pending_signal_ = sig;
+    spdlog::warn("received {}: stopping the workers", common::signal_name(sig));
+    // Rendezvous in flight: its callback sees pending_signal_. Group already ending: the
+    // end of the drain sees it.
+    if (workers_.empty() || group_ended_) return;
+    stop_group(StopReason::Signalled, sig);
+  }
+
+  void stop_group(StopReason reason, int stop_signal) {
+    if (stop_reason_ == StopReason::None || reason == StopReason::Signalled) stop_reason_ = reason;
+    for (auto& w : workers_)
+      if (w->running) launcher_.signal_group(w->pid, stop_signal);
+    shutdown_timer_.expires_after(opt_.spec.shutdown_timeout);
+    shutdown_timer_.async_wait([this](const boost::system::error_code& ec) {
+      if (ec) return;
+      if (observe().running > 0)
+        spdlog::warn("workers still running {} ms after the stop signal: sending SIGKILL",
+                     opt_.spec.shutdown_timeout.count());
+      kill_remaining();
+    });
+    evaluate();
+  }
+
+  void kill_remaining() {
+    for (auto& w : workers_)
+      if (w->running) launcher_.signal_group(w->pid, SIGKILL);
+  }
+
+  /// Unhealthy -> Stopped: every worker of the group has been reaped.
+  void on_group_stopped() {
+    group_ended_ = true;
+    shutdown_timer_.cancel();
+    drain_then([this] {
+      if (stop_reason_ == StopReason::Signalled)
+        return finish(job_exit_code(JobOutcome::signalled(pending_signal_)));
+      if (pending_signal_ == 0 &&
+          decide_after_failure(restart_count_, opt_.spec.max_restarts) == AfterFailure::Restart) {
+        ++restart_count_;
+        spdlog::warn("restarting workers: restart {} of {}", restart_count_,
+                     opt_.spec.max_restarts);
+        group_ended_ = false;
+        return start_round();
+      }
+      write_all(STDERR_FILENO, format_failure_report(opt_.script, host_, failures_, restart_count_,
+                                                     opt_.spec.max_restarts));
+      if (pending_signal_ != 0)
+        return finish(job_exit_code(JobOutcome::signalled(pending_signal_)));
+      finish(job_exit_code(
+          JobOutcome::workers_failed(failures_.front().status, opt_.spec.max_restarts)));
+    });
+  }
+
+  /// Kills what is left in the workers' process groups (e.g. grandchildren), then waits a
+  /// bounded time for their output pipes to close before `next`.
+  void drain_then(std::function<void()> next) {
+    for (auto& w : workers_)
+      if (w->pid > 0 && launcher_.signal_group(w->pid, SIGKILL))
+        spdlog::debug("killed leftover processes of local rank {}", w->placement.local_rank);
+    after_drain_ = std::move(next);
+    drain_timer_.expires_after(kDrainTimeout);
+    drain_timer_.async_wait([this](const boost::system::error_code& ec) {
+      if (ec) return;
+      for (auto& w : workers_) {
+        if (w->out && w->out->open) w->out->close();
+        if (w->err && w->err->open) w->err->close();
+      }
+      maybe_drained();
+    });
+    maybe_drained();
+  }
+
+  void maybe_drained() {
+    if (!after_drain_) return;
+    for (auto& w : workers_)
+      if ((w->out && w->out->open) || (w->err && w->err->open)) return;
+    drain_timer_.cancel();
+    auto next = std::move(after_drain_);
+    after_drain_ = nullptr;
+    asio::post(io_, std::move(next));
+  }
+
+  void finish(int code) {
+    if (finished_) return;
+    finished_ = true;
+    exit_code_ = code;
+    kill_remaining();
+    boost::system::error_code ignored;
+    signals_.cancel(ignored);
+    shutdown_timer_.cancel();
+    drain_timer_.cancel();
+    for (auto& w : workers_) {
+      if (w->out && w->out->open) w->out->close();
+      if (w->err && w->err->open) w->err->close();
+    }
+    // Reap what SIGKILL just ended so nothing is left as a zombie of ours.
+    for (auto& w : workers_)
+      if (w->running) ::waitpid(w->pid, nullptr, 0);
+  }
+
+  asio::io_context& io_;
+  AgentOptions opt_;
+  rdzv::RendezvousHandler& rdzv_;
+  ProcessLauncher& launcher_;
+  asio::signal_set signals_;
+  asio::steady_timer shutdown_timer_;
+  asio::steady_timer drain_timer_;
+  std::string host_;
+  fs::path log_root_;
+  fs::path temp_dir_;
+  rdzv::RendezvousInfo round_;
+  std::vector<std::unique_ptr<WorkerRuntime>> workers_;
+  std::vector<ProcessFailure> failures_;
+  StopReason stop_reason_ = StopReason::None;
+  std::function<void()> after_drain_;
+  int restart_count_ = 0;
+  int pending_signal_ = 0;
+  bool group_ended_ = false;
+  bool finished_ = false;
+  int exit_code_ = 0;
+};
+
+LocalAgent::LocalAgent(asio::io_context& io, AgentOptions options, rdzv::RendezvousHandler& rdzv,
+                       ProcessLauncher& launcher)
+    : impl_(std::make_unique<Impl>(io, std::move(options), rdzv, launcher)) {}
+
+LocalAgent::~LocalAgent() = default;
+
+int LocalAgent::run() { return impl_->run(); }
+
+}  // namespace ddprun::agent

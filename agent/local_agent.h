@@ -1,0 +1,56 @@
+#pragma once
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "agent/process_launcher.h"
+#include "agent/worker.h"
+#include "agent/worker_env.h"
+#include "launcher/launch_config.h"
+#include "rendezvous/rendezvous_handler.h"
+
+namespace boost::asio {
+class io_context;
+}
+
+namespace ddprun::agent {
+
+/// Everything the agent needs besides its collaborators.
+struct AgentOptions {
+  WorkerSpec spec;
+  std::string script;   ///< shown as "<script> FAILED"
+  std::string log_dir;  ///< "" for none: error files go to a private temporary directory
+  launcher::StdSpec redirects;
+  launcher::StdSpec tee;
+  std::optional<std::set<int>> console_ranks;  ///< --local_ranks_filter
+  std::vector<int> signals_to_handle;
+  EnvMap agent_env;
+};
+
+/// The single-node elastic agent: rendezvous, start the worker group, watch it, stop it on the
+/// first failure or a signal, and restart it while the budget lasts.
+///
+///   signals (SIGCHLD, SIGTERM...) --+
+///   worker stdout/stderr pipes -----+--> io_context (one thread) --> decide() --> launcher
+///   shutdown timer -----------------+                                       \--> rendezvous
+///
+/// Everything runs on one thread: PR_SET_PDEATHSIG is tied to the thread that forked.
+class LocalAgent {
+ public:
+  LocalAgent(boost::asio::io_context& io, AgentOptions options, rdzv::RendezvousHandler& rdzv,
+             ProcessLauncher& launcher);
+  ~LocalAgent();
+  LocalAgent(const LocalAgent&) = delete;
+  LocalAgent& operator=(const LocalAgent&) = delete;
+
+  /// Runs the job to its end and returns ddprun's exit status.
+  int run();
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ddprun::agent

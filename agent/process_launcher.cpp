@@ -1,0 +1,101 @@
+#include "agent/process_launcher.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace ddprun::agent {
+namespace {
+
+void close_fd(int& fd) {
+  if (fd >= 0) ::close(fd);
+  fd = -1;
+}
+
+std::vector<char*> to_c_array(const std::vector<std::string>& items) {
+  std::vector<char*> out;
+  out.reserve(items.size() + 1);
+  for (const auto& s : items) out.push_back(const_cast<char*>(s.c_str()));
+  out.push_back(nullptr);
+  return out;
+}
+
+/// Runs in the forked child: only async-signal-safe calls until execve.
+[[noreturn]] void exec_child(const char* exe, char* const* argv, char* const* envp, pid_t parent,
+                             int out_w, int err_w, int report_w) {
+  ::setpgid(0, 0);
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  // The agent may have died between fork and prctl; then nobody would kill us later.
+  if (::getppid() != parent) ::_exit(127);
+  sigset_t none;
+  ::sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  for (int sig = 1; sig < NSIG; ++sig) ::signal(sig, SIG_DFL);
+  int devnull = ::open("/dev/null", O_RDONLY);
+  if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
+  ::dup2(out_w, STDOUT_FILENO);
+  ::dup2(err_w, STDERR_FILENO);
+  ::execve(exe, argv, envp);
+  int err = errno;
+  ssize_t ignored = ::write(report_w, &err, sizeof(err));
+  (void)ignored;
+  ::_exit(127);
+}
+
+}  // namespace
+
+std::variant<LaunchedProcess, std::string> PosixProcessLauncher::launch(const ProcessSpec& spec) {
+  int out[2] = {-1, -1}, err[2] = {-1, -1}, report[2] = {-1, -1};
+  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0 ||
+      ::pipe2(report, O_CLOEXEC) != 0) {
+    std::string why = std::string("pipe: ") + std::strerror(errno);
+    for (int* fds : {out, err, report}) {
+      close_fd(fds[0]);
+      close_fd(fds[1]);
+    }
+    return why;
+  }
+  std::vector<char*> argv = to_c_array(spec.argv);
+  std::vector<char*> envp = to_c_array(spec.envp);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid == 0)
+    exec_child(spec.executable.c_str(), argv.data(), envp.data(), parent, out[1], err[1],
+               report[1]);
+  close_fd(out[1]);
+  close_fd(err[1]);
+  close_fd(report[1]);
+  if (pid < 0) {
+    std::string why = std::string("fork: ") + std::strerror(errno);
+    close_fd(out[0]);
+    close_fd(err[0]);
+    close_fd(report[0]);
+    return why;
+  }
+  // Also from the parent, so a signal sent to the group right after launch cannot miss.
+  ::setpgid(pid, pid);
+  int child_errno = 0;
+  ssize_t n;
+  do {
+    n = ::read(report[0], &child_errno, sizeof(child_errno));
+  } while (n < 0 && errno == EINTR);
+  close_fd(report[0]);
+  if (n == static_cast<ssize_t>(sizeof(child_errno))) {
+    // The child is reaped by the caller's SIGCHLD handling like any other exit.
+    close_fd(out[0]);
+    close_fd(err[0]);
+    return "exec " + spec.executable + ": " + std::strerror(child_errno);
+  }
+  return LaunchedProcess{pid, out[0], err[0]};
+}
+
+bool PosixProcessLauncher::signal_group(pid_t pgid, int sig) {
+  if (pgid <= 0) return false;
+  return ::kill(-pgid, sig) == 0;
+}
+
+}  // namespace ddprun::agent

@@ -1,0 +1,43 @@
+#pragma once
+#include <sys/types.h>
+
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace ddprun::agent {
+
+/// What to start: a resolved executable, its argv and its complete environment.
+struct ProcessSpec {
+  std::string executable;  ///< a path (resolve_executable has already searched PATH)
+  std::vector<std::string> argv;
+  std::vector<std::string> envp;  ///< "K=V" strings
+};
+
+/// A started process: its pid (also its process-group id) and the read ends of its
+/// stdout/stderr pipes, owned by the caller.
+struct LaunchedProcess {
+  pid_t pid = -1;
+  int stdout_fd = -1;
+  int stderr_fd = -1;
+};
+
+/// Starts workers. Every process leads its own process group and is bound to die with the
+/// agent (PR_SET_PDEATHSIG). Exits are reaped by the caller (waitpid on SIGCHLD).
+class ProcessLauncher {
+ public:
+  virtual ~ProcessLauncher() = default;
+  /// Starts a process; on failure returns why (e.g. "exec /x: No such file or directory").
+  virtual std::variant<LaunchedProcess, std::string> launch(const ProcessSpec& spec) = 0;
+  /// Sends `sig` to every process in group `pgid`; true if any process received it.
+  virtual bool signal_group(pid_t pgid, int sig) = 0;
+};
+
+/// fork + execve with a close-on-exec error pipe, so a failed exec is reported with its errno.
+class PosixProcessLauncher final : public ProcessLauncher {
+ public:
+  std::variant<LaunchedProcess, std::string> launch(const ProcessSpec& spec) override;
+  bool signal_group(pid_t pgid, int sig) override;
+};
+
+}  // namespace ddprun::agent

@@ -1,0 +1,75 @@
+#include "agent/worker_env.h"
+
+#include <cstring>
+
+extern char** environ;
+
+namespace ddprun::agent {
+
+std::vector<WorkerPlacement> place_workers(const rdzv::RendezvousInfo& info, int local_world_size) {
+  std::vector<WorkerPlacement> placements;
+  const int world = info.group_world_size * local_world_size;
+  for (int local = 0; local < local_world_size; ++local) {
+    WorkerPlacement p;
+    p.local_rank = local;
+    p.global_rank = info.group_rank * local_world_size + local;
+    // A single role per job: role ranks equal global ranks.
+    p.role_rank = p.global_rank;
+    p.world_size = world;
+    p.role_world_size = world;
+    placements.push_back(p);
+  }
+  return placements;
+}
+
+bool will_default_omp_threads(const EnvMap& agent_env, int local_world_size) {
+  return local_world_size > 1 && agent_env.find("OMP_NUM_THREADS") == agent_env.end();
+}
+
+EnvMap build_worker_env(const EnvMap& agent_env, const WorkerEnvInputs& in) {
+  EnvMap env = agent_env;
+  const WorkerSpec& spec = *in.spec;
+  const rdzv::RendezvousInfo& round = *in.round;
+  const WorkerPlacement& p = in.placement;
+  env["LOCAL_RANK"] = std::to_string(p.local_rank);
+  env["RANK"] = std::to_string(p.global_rank);
+  env["GROUP_RANK"] = std::to_string(round.group_rank);
+  env["ROLE_RANK"] = std::to_string(p.role_rank);
+  env["ROLE_NAME"] = spec.role;
+  env["LOCAL_WORLD_SIZE"] = std::to_string(spec.local_world_size);
+  env["WORLD_SIZE"] = std::to_string(p.world_size);
+  env["GROUP_WORLD_SIZE"] = std::to_string(round.group_world_size);
+  env["ROLE_WORLD_SIZE"] = std::to_string(p.role_world_size);
+  env["MASTER_ADDR"] = round.master_addr;
+  env["MASTER_PORT"] = std::to_string(round.master_port);
+  env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(round.restart_count);
+  env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(spec.max_restarts);
+  env["TORCHELASTIC_RUN_ID"] = in.run_id;
+  // Python's str(bool), as torchrun writes it.
+  env["TORCHELASTIC_USE_AGENT_STORE"] = in.use_agent_store ? "True" : "False";
+  env["TORCHELASTIC_ERROR_FILE"] = in.error_file;
+  // NCCL's async error handling on by default; torch 1.x reads the unprefixed name.
+  env.try_emplace("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
+  env.try_emplace("NCCL_ASYNC_ERROR_HANDLING", "1");
+  if (will_default_omp_threads(agent_env, spec.local_world_size)) env["OMP_NUM_THREADS"] = "1";
+  return env;
+}
+
+EnvMap current_environment() {
+  EnvMap env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const char* eq = std::strchr(*e, '=');
+    if (eq == nullptr) continue;
+    env.emplace(std::string(*e, static_cast<size_t>(eq - *e)), std::string(eq + 1));
+  }
+  return env;
+}
+
+std::vector<std::string> to_envp(const EnvMap& env) {
+  std::vector<std::string> out;
+  out.reserve(env.size());
+  for (const auto& [k, v] : env) out.push_back(k + "=" + v);
+  return out;
+}
+
+}  // namespace ddprun::agent

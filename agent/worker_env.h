@@ -1,0 +1,40 @@
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+#include "agent/worker.h"
+#include "rendezvous/rendezvous_handler.h"
+
+namespace ddprun::agent {
+
+using EnvMap = std::map<std::string, std::string>;
+
+/// Ranks of every local worker for a round: global rank = group_rank * local_world_size + local.
+std::vector<WorkerPlacement> place_workers(const rdzv::RendezvousInfo& info, int local_world_size);
+
+/// Inputs to one worker's environment besides the agent's own environment.
+struct WorkerEnvInputs {
+  const WorkerSpec* spec = nullptr;
+  const rdzv::RendezvousInfo* round = nullptr;
+  WorkerPlacement placement;
+  std::string run_id;
+  bool use_agent_store = false;
+  std::string error_file;
+};
+
+/// The full environment of one worker: the agent's environment plus torchrun's variables
+/// (LOCAL_RANK, RANK, ..., TORCHELASTIC_*). OMP_NUM_THREADS is set to 1 when unset and more
+/// than one worker runs on the node.
+EnvMap build_worker_env(const EnvMap& agent_env, const WorkerEnvInputs& in);
+
+/// True when build_worker_env will add OMP_NUM_THREADS=1 (the agent prints one notice).
+bool will_default_omp_threads(const EnvMap& agent_env, int local_world_size);
+
+/// The process environment as a map.
+EnvMap current_environment();
+
+/// "K=V" strings for execve.
+std::vector<std::string> to_envp(const EnvMap& env);
+
+}  // namespace ddprun::agent

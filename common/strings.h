@@ -1,0 +1,20 @@
+#pragma once
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ddprun::common {
+
+/// Splits on every occurrence of sep; "a,,b" gives {"a", "", "b"}, "" gives {""}.
+std::vector<std::string> split(std::string_view text, char sep);
+/// Removes leading and trailing ASCII whitespace.
+std::string trim(std::string_view text);
+/// Parses a whole string as a base-10 int; nullopt on any junk, sign errors or overflow.
+std::optional<long long> parse_int(std::string_view text);
+/// Parses a whole string as a finite double; nullopt on junk.
+std::optional<double> parse_double(std::string_view text);
+/// Lower-cases ASCII letters.
+std::string to_lower(std::string_view text);
+
+}  // namespace ddprun::common

@@ -1,0 +1,720 @@
+#include "launcher/cli.h"
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <csignal>
+#include <map>
+#include <random>
+#include <string_view>
+#include <utility>
+
+#include <CLI/CLI.hpp>
+
+#include "common/exit_codes.h"
+#include "common/signals.h"
+#include "common/strings.h"
+
+#ifndef DDPRUN_VERSION
+#define DDPRUN_VERSION "dev"
+#endif
+
+namespace ddprun::launcher {
+namespace {
+
+using common::parse_double;
+using common::parse_int;
+using common::split;
+using common::to_lower;
+using common::trim;
+
+/// An error message, or nullopt when the value was fine.
+using Error = std::optional<std::string>;
+
+/// One ddprun option: drives the CLI11 parser, the PET_ fallback and the --help text.
+struct OptionSpec {
+  std::string_view name;        ///< canonical, underscored, no dashes: "nproc_per_node"
+  std::string_view short_name;  ///< one letter or ""
+  bool is_switch;               ///< takes no value (--standalone); PET_ value is 1/0/true/false
+  std::string_view metavar;
+  std::string_view default_text;  ///< parsed like a user value when neither flag nor PET_ is set
+  std::string_view group;
+  std::string_view help;
+};
+
+constexpr std::string_view kNodes = "Nodes and workers";
+constexpr std::string_view kRendezvous = "Rendezvous";
+constexpr std::string_view kSupervision = "Supervision";
+constexpr std::string_view kProgram = "How workers are started";
+constexpr std::string_view kLogs = "Logs";
+
+constexpr std::array<std::string_view, 5> kGroups = {kNodes, kRendezvous, kSupervision, kProgram,
+                                                     kLogs};
+
+/// Stands in for an empty "--flag=" value while CLI11 parses (see prepare_for_cli11).
+constexpr std::string_view kEmptyValueMarker = "\001ddprun-empty-value\001";
+
+constexpr std::string_view kDefaultSignals = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+
+// clang-format off
+constexpr OptionSpec kOptions[] = {
+    {"nnodes", "", false, "N|MIN:MAX", "1:1", kNodes,
+     "Number of nodes, or an elastic range MIN:MAX (default 1:1)."},
+    {"nproc_per_node", "", false, "N|cpu|gpu|auto", "1", kNodes,
+     "Workers per node: a count, cpu (one per core), gpu (one per GPU) or auto (gpu when there "
+     "are GPUs, else cpu) (default 1)."},
+    {"node_rank", "", false, "RANK", "", kNodes,
+     "This node's rank, 0..nnodes-1, for the static rendezvous (default 0)."},
+    {"standalone", "", true, "", "", kRendezvous,
+     "Single-node job with a local c10d rendezvous on a free port; sets --rdzv_backend, "
+     "--rdzv_endpoint and --rdzv_id for you."},
+    {"rdzv_backend", "", false, "static|c10d", "static", kRendezvous,
+     "Rendezvous backend (default static: fixed nodes meeting at --master_addr)."},
+    {"rdzv_endpoint", "", false, "HOST[:PORT]", "", kRendezvous,
+     "Rendezvous address, e.g. head:29400 or [fd00::1]:29400."},
+    {"rdzv_id", "", false, "ID", "none", kRendezvous,
+     "Job id; every node of one job passes the same id (default none)."},
+    {"rdzv_conf", "", false, "K=V,...", "", kRendezvous,
+     "Rendezvous settings: join_timeout, last_call_timeout, close_timeout, keep_alive_interval "
+     "(seconds), keep_alive_max_attempt, is_host (0/1)."},
+    {"master_addr", "", false, "HOST", "127.0.0.1", kRendezvous,
+     "Address of the node with rank 0 (static rendezvous); workers get it as MASTER_ADDR "
+     "(default 127.0.0.1)."},
+    {"master_port", "", false, "PORT", "", kRendezvous,
+     "Port on the master node, 1..65535 (default: a free port chosen by ddprun)."},
+    {"local_addr", "", false, "HOST", "", kRendezvous,
+     "This node's address as the other nodes see it (default: its host name)."},
+    {"max_restarts", "", false, "N", "0", kSupervision,
+     "Restart the whole worker group up to N times after a failure (default 0)."},
+    {"monitor_interval", "", false, "SECONDS", "0.1", kSupervision,
+     "Accepted for torchrun compatibility; worker exits are noticed at once (default 0.1)."},
+    {"shutdown_timeout", "", false, "SECONDS", "30", kSupervision,
+     "Time workers get between the stop signal and SIGKILL (default 30)."},
+    {"signals_to_handle", "", false, "SIG,...", kDefaultSignals, kSupervision,
+     "Signals that make ddprun stop its workers and exit (default SIGTERM,SIGINT,SIGHUP,SIGQUIT)."},
+    {"start_method", "", false, "spawn|fork|forkserver", "spawn", kSupervision,
+     "Accepted for torchrun compatibility; workers always start with fork+exec."},
+    {"role", "", false, "NAME", "default", kSupervision,
+     "Role name of the workers, shown in logs (default \"default\")."},
+    {"module", "m", true, "", "", kProgram,
+     "Run the script as a Python module: python -u -m <script>."},
+    {"no_python", "", true, "", "", kProgram,
+     "Run the script as a program, without python -u in front (any executable works)."},
+    {"run_path", "", true, "", "", kProgram,
+     "Not supported: workers always run as separate processes."},
+    {"log_dir", "", false, "DIR", "", kLogs,
+     "Directory for the workers' log files."},
+    {"redirects", "r", false, "STD", "0", kLogs,
+     "Send worker streams to files in --log_dir instead of the console: 0 none, 1 stdout, "
+     "2 stderr, 3 both; per local rank as 0:1,1:2 (default 0)."},
+    {"tee", "t", false, "STD", "0", kLogs,
+     "Like --redirects, but the streams also stay on the console."},
+    {"local_ranks_filter", "", false, "RANKS", "", kLogs,
+     "Show only these local ranks on the console, e.g. 0,2 (default: all)."},
+};
+// clang-format on
+
+/// Where one option's text came from, so errors can name the flag or the PET_ variable.
+struct RawValue {
+  std::string text;
+  std::string label;  ///< "--nproc-per-node" as typed, "PET_NPROC_PER_NODE", or "--name" (default)
+  bool from_env = false;
+  bool given = false;  ///< false: text is the default
+};
+
+/// "PET_" plus the upper-case name, as torchrun's env action builds it.
+std::string env_name(std::string_view name) {
+  std::string out = "PET_";
+  for (char c : name) out += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::string dashed(std::string_view name) {
+  std::string out(name);
+  std::replace(out.begin(), out.end(), '_', '-');
+  return out;
+}
+
+/// The CLI11 name list: "--nproc_per_node,--nproc-per-node" (the first is what CLI11 reports).
+std::string cli11_names(const OptionSpec& spec) {
+  std::string names;
+  if (!spec.short_name.empty()) names = "-" + std::string(spec.short_name) + ",";
+  names += "--" + std::string(spec.name);
+  if (spec.name.find('_') != std::string_view::npos) names += ",--" + dashed(spec.name);
+  return names;
+}
+
+/// The spelling the user typed last for spec among the option arguments ("-r", "--no-python").
+std::string typed_spelling(const OptionSpec& spec, const std::vector<std::string>& option_args) {
+  std::string found = "--" + std::string(spec.name);
+  const std::string underscored = found;
+  const std::string with_dashes = "--" + dashed(spec.name);
+  const std::string short_flag =
+      spec.short_name.empty() ? std::string() : "-" + std::string(spec.short_name);
+  for (const std::string& arg : option_args) {
+    if (arg.rfind("--", 0) == 0) {
+      const std::string name = arg.substr(0, arg.find('='));
+      if (name == underscored || name == with_dashes) found = name;
+    } else if (!short_flag.empty() && arg.rfind(short_flag, 0) == 0) {
+      found = short_flag;
+    }
+  }
+  return found;
+}
+
+/// True for "--rdzv_id", "--rdzv-id" or "-r": a spelling of an option that takes a value.
+bool takes_value(const std::string& flag) {
+  return std::any_of(std::begin(kOptions), std::end(kOptions), [&flag](const OptionSpec& spec) {
+    return !spec.is_switch &&
+           (flag == "--" + std::string(spec.name) || flag == "--" + dashed(spec.name) ||
+            (!spec.short_name.empty() && flag == "-" + std::string(spec.short_name)));
+  });
+}
+
+/// args reversed for CLI11 (it pops from the back), with two argparse spellings it reads
+/// differently rewritten in place: "--rdzv_id=" (CLI11 would take the next argument as the
+/// value; argparse reads "") and "-r=3" (CLI11 reads "=3"; argparse reads "3"). Rewriting never
+/// changes the number of arguments, so positions still match args; the script's arguments are
+/// taken from args itself, untouched.
+std::vector<std::string> prepare_for_cli11(const std::vector<std::string>& args) {
+  std::vector<std::string> reversed;
+  reversed.reserve(args.size());
+  for (auto it = args.rbegin(); it != args.rend(); ++it) {
+    std::string arg = *it;
+    const size_t eq = arg.find('=');
+    if (eq == 2 && arg[0] == '-' && takes_value(arg.substr(0, 2))) arg.erase(2, 1);  // -r=3
+    if (eq != std::string::npos && eq + 1 == it->size() && takes_value(it->substr(0, eq))) {
+      arg += kEmptyValueMarker;  // undone when the value is read
+    }
+    reversed.push_back(std::move(arg));
+  }
+  return reversed;
+}
+
+/// "--nnodes 4:2" or "PET_NNODES=4:2": how an error message names a value.
+std::string describe(const RawValue& value) {
+  if (value.from_env) return value.label + "=" + value.text;
+  return value.label + " " + (value.text.empty() ? std::string("\"\"") : value.text);
+}
+
+/// A switch is named without its value when it came from the command line.
+std::string describe_switch(const RawValue& value) {
+  return value.from_env ? describe(value) : value.label;
+}
+
+std::optional<bool> parse_env_bool(std::string_view text) {
+  const std::string lowered = to_lower(trim(text));
+  if (lowered == "1" || lowered == "true") return true;
+  if (lowered == "0" || lowered == "false") return false;
+  return std::nullopt;
+}
+
+Error parse_nnodes(const RawValue& v, LaunchConfig& config) {
+  const std::string fix = ": expected N or MIN:MAX, e.g. 2 or 1:4";
+  std::vector<std::string> parts = split(v.text, ':');
+  if (parts.size() > 2) return describe(v) + fix;
+  auto min_nodes = parse_int(trim(parts.front()));
+  auto max_nodes = parts.size() == 2 ? parse_int(trim(parts.back())) : min_nodes;
+  if (!min_nodes || !max_nodes) return describe(v) + fix;
+  if (*min_nodes < 1 || *max_nodes < 1) return describe(v) + ": needs at least 1 node";
+  if (*min_nodes > *max_nodes) {
+    return describe(v) + ": the minimum (" + std::to_string(*min_nodes) +
+           ") is larger than the maximum (" + std::to_string(*max_nodes) + ")";
+  }
+  if (*max_nodes > 1'000'000) return describe(v) + ": at most 1000000 nodes";
+  config.min_nodes = static_cast<int>(*min_nodes);
+  config.max_nodes = static_cast<int>(*max_nodes);
+  return std::nullopt;
+}
+
+Error parse_nproc(const RawValue& v, LaunchConfig& config) {
+  const std::string lowered = to_lower(trim(v.text));
+  if (lowered == "cpu") {
+    config.nproc_kind = NprocKind::Cpu;
+  } else if (lowered == "gpu") {
+    config.nproc_kind = NprocKind::Gpu;
+  } else if (lowered == "auto") {
+    config.nproc_kind = NprocKind::Auto;
+  } else {
+    auto count = parse_int(lowered);
+    if (!count || *count < 1 || *count > 1'000'000) {
+      return describe(v) + ": expected a positive integer, cpu, gpu or auto";
+    }
+    config.nproc_kind = NprocKind::Count;
+    config.nproc_per_node = static_cast<int>(*count);
+  }
+  return std::nullopt;
+}
+
+Error parse_node_rank(const RawValue& v, LaunchConfig& config) {
+  if (!v.given) return std::nullopt;
+  auto rank = parse_int(trim(v.text));
+  if (!rank || *rank < 0) return describe(v) + ": expected a node rank, 0 or more";
+  if (*rank >= config.max_nodes) {
+    return describe(v) + ": must be less than the number of nodes (" +
+           std::to_string(config.max_nodes) + "); node ranks run 0.." +
+           std::to_string(config.max_nodes - 1);
+  }
+  config.node_rank = static_cast<int>(*rank);
+  return std::nullopt;
+}
+
+Error parse_backend(const RawValue& v, LaunchConfig& config) {
+  const std::string lowered = to_lower(trim(v.text));
+  if (lowered == "etcd" || lowered == "etcd-v2") {
+    return describe(v) + ": not supported by ddprun; use c10d";
+  }
+  if (lowered != "static" && lowered != "c10d") return describe(v) + ": expected static or c10d";
+  config.rdzv_backend = lowered;
+  return std::nullopt;
+}
+
+bool valid_port(std::string_view text) {
+  auto port = parse_int(text);
+  return port && *port >= 1 && *port <= 65535;
+}
+
+bool valid_host(std::string_view host) {
+  if (host.empty()) return false;
+  return std::all_of(host.begin(), host.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' ||
+           c == ':' || c == '%';
+  });
+}
+
+Error parse_endpoint(const RawValue& v, LaunchConfig& config) {
+  if (!v.given) return std::nullopt;
+  const std::string endpoint = trim(v.text);
+  const std::string fix = ": expected host:port, [ipv6]:port or host, e.g. head:29400";
+  std::string host;
+  std::optional<std::string> port;
+  if (!endpoint.empty() && endpoint.front() == '[') {
+    const size_t close = endpoint.find(']');
+    if (close == std::string::npos) return describe(v) + ": missing ']'" + fix;
+    host = endpoint.substr(1, close - 1);
+    const std::string rest = endpoint.substr(close + 1);
+    if (!rest.empty()) {
+      if (rest.front() != ':') return describe(v) + fix;
+      port = rest.substr(1);
+    }
+  } else {
+    const size_t colon = endpoint.find(':');
+    if (colon != std::string::npos && endpoint.find(':', colon + 1) != std::string::npos) {
+      return describe(v) + ": put an IPv6 address in brackets, e.g. [fd00::1]:29400";
+    }
+    host = endpoint.substr(0, colon);
+    if (colon != std::string::npos) port = endpoint.substr(colon + 1);
+  }
+  if (!valid_host(host)) return describe(v) + fix;
+  if (port && !valid_port(*port)) return describe(v) + ": the port must be 1..65535";
+  config.rdzv_endpoint = endpoint;
+  return std::nullopt;
+}
+
+Error parse_rdzv_conf(const RawValue& v, LaunchConfig& config) {
+  static const std::array<std::string_view, 4> kSecondsKeys = {
+      "join_timeout", "last_call_timeout", "close_timeout", "keep_alive_interval"};
+  for (const std::string& piece : split(v.text, ',')) {
+    const std::string pair = trim(piece);
+    if (pair.empty()) continue;  // "a=1," is accepted, as torchrun does
+    const size_t eq = pair.find('=');
+    const std::string key = eq == std::string::npos ? "" : trim(pair.substr(0, eq));
+    const std::string value = eq == std::string::npos ? "" : trim(pair.substr(eq + 1));
+    if (key.empty() || value.empty()) {
+      return describe(v) + ": malformed pair '" + pair + "'; expected key=value,key2=value2";
+    }
+    if (std::find(kSecondsKeys.begin(), kSecondsKeys.end(), key) != kSecondsKeys.end()) {
+      auto seconds = parse_double(value);
+      if (!seconds || *seconds <= 0) {
+        return describe(v) + ": " + key + "=" + value + " must be a positive number of seconds";
+      }
+    } else if (key == "keep_alive_max_attempt") {
+      auto attempts = parse_int(value);
+      if (!attempts || *attempts < 1) {
+        return describe(v) + ": " + key + "=" + value + " must be a positive integer";
+      }
+    } else if (key == "is_host") {
+      if (!parse_env_bool(value)) {
+        return describe(v) + ": is_host=" + value + " must be 1, 0, true or false";
+      }
+    }
+    config.rdzv_conf[key] = value;
+  }
+  return std::nullopt;
+}
+
+Error parse_master_addr(const RawValue& v, LaunchConfig& config) {
+  const std::string addr = trim(v.text);
+  if (addr.empty()) return describe(v) + ": needs a host name or address, e.g. 10.0.0.1";
+  config.master_addr = addr;
+  return std::nullopt;
+}
+
+Error parse_master_port(const RawValue& v, LaunchConfig& config) {
+  if (!v.given) return std::nullopt;
+  const std::string text = trim(v.text);
+  if (!valid_port(text)) return describe(v) + ": expected a port 1..65535";
+  config.master_port = static_cast<int>(*parse_int(text));
+  return std::nullopt;
+}
+
+Error parse_max_restarts(const RawValue& v, LaunchConfig& config) {
+  auto restarts = parse_int(trim(v.text));
+  if (!restarts) return describe(v) + ": expected a whole number, 0 or more";
+  if (*restarts < 0) return describe(v) + ": must be 0 or more";
+  if (*restarts > 1'000'000'000) return describe(v) + ": at most 1000000000";
+  config.max_restarts = static_cast<int>(*restarts);
+  return std::nullopt;
+}
+
+Error parse_monitor_interval(const RawValue& v, LaunchConfig& config) {
+  auto seconds = parse_double(trim(v.text));
+  if (!seconds || *seconds <= 0) return describe(v) + ": expected a positive number of seconds";
+  config.monitor_interval = *seconds;
+  return std::nullopt;
+}
+
+Error parse_shutdown_timeout(const RawValue& v, LaunchConfig& config) {
+  auto seconds = parse_double(trim(v.text));
+  if (!seconds || *seconds < 0) return describe(v) + ": expected a number of seconds, 0 or more";
+  config.shutdown_timeout = *seconds;
+  return std::nullopt;
+}
+
+Error parse_signals(const RawValue& v, LaunchConfig& config) {
+  std::vector<int> signals;
+  for (const std::string& piece : split(v.text, ',')) {
+    const std::string item = trim(piece);
+    if (item.empty()) {
+      return describe(v) + ": expected a comma-separated list of signals, e.g. SIGTERM,SIGINT";
+    }
+    auto signum = common::parse_signal(item);
+    if (!signum) return describe(v) + ": unknown signal " + item;
+    if (*signum == SIGKILL || *signum == SIGSTOP) {
+      return describe(v) + ": " + common::signal_name(*signum) +
+             " cannot be caught by any process; drop it";
+    }
+    if (*signum == SIGCHLD) {
+      return describe(v) + ": SIGCHLD is how ddprun watches its workers; drop it";
+    }
+    if (std::find(signals.begin(), signals.end(), *signum) == signals.end()) {
+      signals.push_back(*signum);
+    }
+  }
+  config.signals_to_handle = std::move(signals);
+  return std::nullopt;
+}
+
+Error parse_start_method(const RawValue& v, LaunchConfig& config) {
+  const std::string method = trim(v.text);
+  if (method != "spawn" && method != "fork" && method != "forkserver") {
+    return describe(v) + ": expected spawn, fork or forkserver";
+  }
+  config.start_method = method;
+  return std::nullopt;
+}
+
+Error parse_role(const RawValue& v, LaunchConfig& config) {
+  const std::string role = trim(v.text);
+  if (role.empty()) return describe(v) + ": the role needs a name, e.g. trainer";
+  config.role = role;
+  return std::nullopt;
+}
+
+std::optional<StdStreams> parse_std_value(std::string_view text) {
+  auto value = parse_int(trim(text));
+  if (!value || *value < 0 || *value > 3) return std::nullopt;
+  return static_cast<StdStreams>(*value);
+}
+
+Error parse_std_spec(const RawValue& v, StdSpec& spec) {
+  const std::string fix =
+      ": expected 0 (none), 1 (stdout), 2 (stderr) or 3 (both), or per local rank like 0:1,1:2";
+  const std::string text = trim(v.text);
+  if (text.find(':') == std::string::npos) {
+    auto value = parse_std_value(text);
+    if (!value) return describe(v) + fix;
+    spec = StdSpec{*value, {}};
+    return std::nullopt;
+  }
+  StdSpec parsed;
+  for (const std::string& pair : split(text, ',')) {
+    std::vector<std::string> parts = split(pair, ':');
+    if (parts.size() != 2) return describe(v) + fix;
+    auto rank = parse_int(trim(parts[0]));
+    auto value = parse_std_value(parts[1]);
+    if (!rank || *rank < 0 || *rank > 1'000'000 || !value) return describe(v) + fix;
+    if (!parsed.per_rank.emplace(static_cast<int>(*rank), *value).second) {
+      return describe(v) + ": local rank " + std::to_string(*rank) + " is given twice";
+    }
+  }
+  spec = std::move(parsed);
+  return std::nullopt;
+}
+
+Error parse_local_ranks_filter(const RawValue& v, LaunchConfig& config) {
+  const std::string text = trim(v.text);
+  if (text.empty()) return std::nullopt;  // "" means no filter, as in torchrun
+  std::set<int> ranks;
+  for (const std::string& piece : split(text, ',')) {
+    auto rank = parse_int(trim(piece));
+    if (!rank || *rank < 0 || *rank > 1'000'000) {
+      return describe(v) + ": expected comma-separated local ranks, e.g. 0,2";
+    }
+    ranks.insert(static_cast<int>(*rank));
+  }
+  config.local_ranks_filter = std::move(ranks);
+  return std::nullopt;
+}
+
+/// A uuid4-style id, so two standalone jobs on one host never share a rendezvous.
+std::string random_run_id() {
+  std::random_device device;
+  std::array<unsigned, 16> bytes{};
+  for (unsigned& byte : bytes) byte = device() & 0xffU;
+  bytes[6] = (bytes[6] & 0x0fU) | 0x40U;
+  bytes[8] = (bytes[8] & 0x3fU) | 0x80U;
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string id;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) id += '-';
+    id += kHex[bytes[i] >> 4];
+    id += kHex[bytes[i] & 0x0fU];
+  }
+  return id;
+}
+
+/// Appends text to out, wrapped at width, every line after the first indented by indent.
+void append_wrapped(std::string& out, std::string_view text, size_t column, size_t indent,
+                    size_t width) {
+  for (const std::string& word : split(text, ' ')) {
+    if (column > indent && column + 1 + word.size() > width) {
+      out += "\n" + std::string(indent, ' ');
+      column = indent;
+    } else if (column > indent) {
+      out += ' ';
+      ++column;
+    }
+    out += word;
+    column += word.size();
+  }
+  out += '\n';
+}
+
+std::string help_text() {
+  constexpr size_t kIndent = 32;
+  constexpr size_t kWidth = 100;
+  std::string out =
+      "Usage: ddprun [options] training_script [script args...]\n"
+      "\n"
+      "Starts a group of worker processes on this node and supervises them; a drop-in for\n"
+      "torchrun. The script and everything after it are passed to the workers untouched.\n"
+      "Each option also has a dashed spelling (--nproc-per-node) and is read from\n"
+      "PET_<NAME> (e.g. PET_NPROC_PER_NODE=4) when not given; flags win over PET_ variables.\n";
+  for (std::string_view group : kGroups) {
+    out += "\n" + std::string(group) + ":\n";
+    for (const OptionSpec& spec : kOptions) {
+      if (spec.group != group) continue;
+      std::string left = "  ";
+      if (!spec.short_name.empty()) left += "-" + std::string(spec.short_name) + ", ";
+      left += "--" + std::string(spec.name);
+      if (!spec.metavar.empty()) left += " " + std::string(spec.metavar);
+      out += left;
+      if (left.size() + 1 >= kIndent) {
+        out += "\n" + std::string(kIndent, ' ');
+      } else {
+        out += std::string(kIndent - left.size(), ' ');
+      }
+      append_wrapped(out, spec.help, kIndent, kIndent, kWidth);
+    }
+  }
+  out +=
+      "\nInformation:\n"
+      "  -h, --help                    Print this help and exit.\n"
+      "  --version                     Print the version and exit.\n"
+      "\n"
+      "Examples:\n"
+      "  # four workers on this machine\n"
+      "  ddprun --standalone --nproc_per_node 4 train.py --epochs 10\n"
+      "  # two nodes of two workers; run on each node with its own --node_rank\n"
+      "  ddprun --nnodes 2 --nproc_per_node 2 --node_rank 0 --rdzv_id my_job --rdzv_backend c10d "
+      "--rdzv_endpoint head:29400 train.py\n"
+      "  # any program, not only Python\n"
+      "  ddprun --nproc_per_node 2 --no_python ./my_binary\n"
+      "\n";
+  append_wrapped(out,
+                 "Exit codes: " + std::to_string(common::kExitSuccess) +
+                     " success; the failing worker's exit code (128+N when it died of signal N); " +
+                     std::to_string(common::kExitUsage) +
+                     " usage error (bad flag or PET_ variable); " +
+                     std::to_string(common::kExitRendezvous) + " rendezvous failure; " +
+                     std::to_string(common::kExitInternal) + " internal error; " +
+                     std::to_string(common::kExitRestartsExhausted) +
+                     " restart budget (--max_restarts) exhausted.",
+                 0, 0, kWidth);
+  return out;
+}
+
+/// The rest of parse_command_line once CLI11 has split the options from the script.
+ParseResult build_config(const std::map<std::string_view, RawValue>& raw,
+                         const std::map<std::string_view, bool>& switches,
+                         std::vector<std::string> script_and_args) {
+  LaunchConfig config;
+  auto get = [&raw](std::string_view name) -> const RawValue& { return raw.at(name); };
+
+  // Program flags first: they say how the script runs, and --run_path is refused outright.
+  if (switches.at("run_path")) {
+    const std::string named = describe_switch(get("run_path"));
+    return UsageError{named +
+                      " is not supported by ddprun: workers always run as separate processes; "
+                      "drop " +
+                      named + " (the script runs as python -u <script>)"};
+  }
+  config.module = switches.at("module");
+  config.no_python = switches.at("no_python");
+  if (config.module && config.no_python) {
+    return UsageError{describe_switch(get("module")) + " and " + describe_switch(get("no_python")) +
+                      " cannot be combined: -m runs python -u -m <script>, --no_python runs "
+                      "<script> itself; keep one"};
+  }
+
+  if (auto e = parse_nnodes(get("nnodes"), config)) return UsageError{*e};
+  if (auto e = parse_nproc(get("nproc_per_node"), config)) return UsageError{*e};
+  if (auto e = parse_node_rank(get("node_rank"), config)) return UsageError{*e};
+
+  config.standalone = switches.at("standalone");
+  if (config.standalone) {
+    // torchrun overrides any explicit rendezvous flags under --standalone; so do we.
+    if (config.max_nodes != 1) {
+      return UsageError{describe_switch(get("standalone")) + " runs a single node; drop " +
+                        describe(get("nnodes")) + " or use --rdzv_endpoint"};
+    }
+    config.rdzv_backend = "c10d";
+    config.rdzv_endpoint = "localhost:0";
+    config.rdzv_id = random_run_id();
+  } else {
+    if (auto e = parse_backend(get("rdzv_backend"), config)) return UsageError{*e};
+    if (auto e = parse_endpoint(get("rdzv_endpoint"), config)) return UsageError{*e};
+    config.rdzv_id = get("rdzv_id").text;
+    if (config.rdzv_backend == "c10d" && config.max_nodes > 1 && config.rdzv_endpoint.empty()) {
+      return UsageError{describe(get("rdzv_backend")) + " with " + describe(get("nnodes")) +
+                        " needs --rdzv_endpoint host:port"};
+    }
+  }
+  if (auto e = parse_rdzv_conf(get("rdzv_conf"), config)) return UsageError{*e};
+  if (auto e = parse_master_addr(get("master_addr"), config)) return UsageError{*e};
+  if (auto e = parse_master_port(get("master_port"), config)) return UsageError{*e};
+  config.local_addr = trim(get("local_addr").text);
+
+  if (auto e = parse_max_restarts(get("max_restarts"), config)) return UsageError{*e};
+  if (auto e = parse_monitor_interval(get("monitor_interval"), config)) return UsageError{*e};
+  if (auto e = parse_shutdown_timeout(get("shutdown_timeout"), config)) return UsageError{*e};
+  if (auto e = parse_signals(get("signals_to_handle"), config)) return UsageError{*e};
+  if (auto e = parse_start_method(get("start_method"), config)) return UsageError{*e};
+  if (auto e = parse_role(get("role"), config)) return UsageError{*e};
+
+  config.log_dir = get("log_dir").text;
+  if (auto e = parse_std_spec(get("redirects"), config.redirects)) return UsageError{*e};
+  if (auto e = parse_std_spec(get("tee"), config.tee)) return UsageError{*e};
+  if (auto e = parse_local_ranks_filter(get("local_ranks_filter"), config)) return UsageError{*e};
+
+  config.script = std::move(script_and_args.front());
+  script_and_args.erase(script_and_args.begin());
+  config.script_args = std::move(script_and_args);
+  return config;
+}
+
+/// Turns a CLI11 parse error into one line that names the flag and points at --help.
+UsageError usage_error_from(const CLI::ParseError& error) {
+  const std::string what = error.what();
+  if (error.get_name() == "ArgumentMismatch") {
+    // CLI11 says "--nnodes: 1 required TEXT missing" when the value is missing.
+    const std::string flag = what.substr(0, what.find(':'));
+    if (flag.rfind("-", 0) == 0) return UsageError{flag + " needs a value: see ddprun --help"};
+  }
+  return UsageError{what + ": see ddprun --help"};
+}
+
+}  // namespace
+
+ParseResult parse_command_line(const std::vector<std::string>& args, const EnvLookup& env) {
+  CLI::App app{"ddprun", "ddprun"};
+  app.prefix_command();  // the first positional is the script; it and the rest are untouched
+  app.set_help_flag("-h,--help");
+  app.set_version_flag("--version", "ddprun " DDPRUN_VERSION);
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+
+  // std::map keeps element addresses stable, so CLI11 can write into these.
+  std::map<std::string_view, std::string> values;
+  std::map<std::string_view, bool> switches;
+  std::map<std::string_view, CLI::Option*> options;
+  for (const OptionSpec& spec : kOptions) {
+    if (spec.is_switch) {
+      options[spec.name] = app.add_flag(cli11_names(spec), switches[spec.name]);
+    } else {
+      options[spec.name] = app.add_option(cli11_names(spec), values[spec.name]);
+    }
+  }
+
+  std::vector<std::string> reversed = prepare_for_cli11(args);
+  try {
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    return InfoRequest{help_text()};
+  } catch (const CLI::CallForAllHelp&) {
+    return InfoRequest{help_text()};
+  } catch (const CLI::CallForVersion&) {
+    return InfoRequest{"ddprun " DDPRUN_VERSION "\n"};
+  } catch (const CLI::ParseError& error) {
+    return usage_error_from(error);
+  }
+
+  const std::vector<std::string> unparsed = app.remaining();
+  if (!unparsed.empty() && unparsed.front() != "--" && unparsed.front().size() > 1 &&
+      unparsed.front().front() == '-') {
+    return UsageError{"unknown option " + unparsed.front().substr(0, unparsed.front().find('=')) +
+                      ": see ddprun --help"};
+  }
+  // Past that check, what CLI11 left is the tail of args from "--" or the script on; take it
+  // from args itself so the script's arguments are byte-for-byte what the user passed.
+  const auto script_begin = args.end() - static_cast<std::ptrdiff_t>(unparsed.size());
+  const std::vector<std::string> option_args(args.begin(), script_begin);
+  std::vector<std::string> rest(script_begin, args.end());
+  if (!rest.empty() && rest.front() == "--") {
+    rest.erase(rest.begin());  // "ddprun [options] -- train.py" is allowed
+  }
+  if (rest.empty()) {
+    return UsageError{"missing the training script: ddprun [options] train.py [args...]"};
+  }
+
+  // Flag, then PET_ variable, then default: the same order as torchrun's env action.
+  std::map<std::string_view, RawValue> raw;
+  for (const OptionSpec& spec : kOptions) {
+    RawValue value;
+    if (options.at(spec.name)->count() > 0) {
+      value.label = typed_spelling(spec, option_args);
+      value.given = true;
+      if (!spec.is_switch) {
+        value.text = values.at(spec.name);
+        if (value.text == kEmptyValueMarker) value.text.clear();
+      }
+    } else if (auto from_env = env(env_name(spec.name))) {
+      value.label = env_name(spec.name);
+      value.text = *from_env;
+      value.from_env = true;
+      value.given = true;
+      if (spec.is_switch) {
+        auto on = parse_env_bool(*from_env);
+        if (!on) return UsageError{describe(value) + ": expected 1, 0, true or false"};
+        switches[spec.name] = *on;
+      }
+    } else {
+      value.label = "--" + std::string(spec.name);
+      value.text = std::string(spec.default_text);
+    }
+    raw.emplace(spec.name, std::move(value));
+  }
+  return build_config(raw, switches, std::move(rest));
+}
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,32 @@
+#pragma once
+#include <functional>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "launcher/launch_config.h"
+
+namespace ddprun::launcher {
+
+/// Reads one environment variable; nullopt when unset. Injected so parsing stays pure.
+using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
+
+/// The user asked for --help or --version: print text (it ends with a newline) to stdout as-is
+/// and exit 0.
+struct InfoRequest {
+  std::string text;
+};
+
+/// A bad flag, value or PET_ variable: one line naming the value and the fix (exit kExitUsage).
+struct UsageError {
+  std::string message;
+};
+
+using ParseResult = std::variant<LaunchConfig, InfoRequest, UsageError>;
+
+/// Parses ddprun's command line (argv[0] excluded) and PET_<NAME> variables into a validated
+/// LaunchConfig. Flags win over PET_ variables; everything from the script on is untouched.
+ParseResult parse_command_line(const std::vector<std::string>& args, const EnvLookup& env);
+
+}  // namespace ddprun::launcher

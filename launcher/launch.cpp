@@ -1,0 +1,141 @@
+#include "launcher/launch.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <filesystem>
+
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "agent/local_agent.h"
+#include "agent/worker_command.h"
+#include "common/exit_codes.h"
+#include "common/strings.h"
+#include "rendezvous/local_rendezvous.h"
+
+namespace ddprun::launcher {
+namespace {
+
+int count_visible_gpus(const agent::EnvMap& env) {
+  std::error_code ec;
+  int found = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/driver/nvidia/gpus", ec)) {
+    (void)entry;
+    ++found;
+  }
+  if (ec) return 0;
+  if (auto it = env.find("CUDA_VISIBLE_DEVICES"); it != env.end()) {
+    const std::string v = common::trim(it->second);
+    if (v.empty()) return 0;
+    const int listed = static_cast<int>(common::split(v, ',').size());
+    return std::min(found, listed);
+  }
+  return found;
+}
+
+void setup_logging(const agent::EnvMap& env) {
+  auto logger = spdlog::stderr_logger_st("ddprun");
+  logger->set_pattern("[ddprun] %^%l%$: %v");
+  spdlog::level::level_enum level = spdlog::level::info;
+  if (auto it = env.find("LOGLEVEL"); it != env.end()) {
+    const std::string v = common::to_lower(common::trim(it->second));
+    if (v == "debug" || v == "notset")
+      level = spdlog::level::debug;
+    else if (v == "warning" || v == "warn")
+      level = spdlog::level::warn;
+    else if (v == "error")
+      level = spdlog::level::err;
+    else if (v == "critical" || v == "fatal")
+      level = spdlog::level::critical;
+  }
+  logger->set_level(level);
+  spdlog::set_default_logger(logger);
+}
+
+std::string env_or(const agent::EnvMap& env, const std::string& key, const std::string& fallback) {
+  auto it = env.find(key);
+  return it == env.end() || it->second.empty() ? fallback : it->second;
+}
+
+}  // namespace
+
+NodeResources detect_node_resources(const agent::EnvMap& env) {
+  NodeResources node;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0)
+    node.cpus = CPU_COUNT(&set);
+  else
+    node.cpus = static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
+  if (node.cpus < 1) node.cpus = 1;
+  node.gpus = count_visible_gpus(env);
+  return node;
+}
+
+std::variant<int, std::string> resolve_nproc(const LaunchConfig& config,
+                                             const NodeResources& node) {
+  switch (config.nproc_kind) {
+    case NprocKind::Count:
+      return config.nproc_per_node;
+    case NprocKind::Cpu:
+      return node.cpus;
+    case NprocKind::Gpu:
+      if (node.gpus == 0)
+        return std::string(
+            "--nproc_per_node gpu: no NVIDIA GPU is visible on this node; give a number or "
+            "use cpu");
+      return node.gpus;
+    case NprocKind::Auto:
+      return node.gpus > 0 ? node.gpus : node.cpus;
+  }
+  return config.nproc_per_node;
+}
+
+int launch(const LaunchConfig& config, const agent::EnvMap& env) {
+  setup_logging(env);
+  auto nproc = resolve_nproc(config, detect_node_resources(env));
+  if (auto* why = std::get_if<std::string>(&nproc)) {
+    spdlog::error("{}", *why);
+    return common::kExitUsage;
+  }
+  if (config.max_nodes > 1) {
+    spdlog::error(
+        "--nnodes {}:{}: multi-node rendezvous is not available in this ddprun build yet; run "
+        "with --nnodes 1 (or --standalone)",
+        config.min_nodes, config.max_nodes);
+    return common::kExitRendezvous;
+  }
+
+  agent::AgentOptions opt;
+  opt.spec.role = config.role;
+  opt.spec.local_world_size = std::get<int>(nproc);
+  opt.spec.max_restarts = config.max_restarts;
+  opt.spec.shutdown_timeout =
+      std::chrono::milliseconds(static_cast<long long>(config.shutdown_timeout * 1000.0));
+  agent::CommandRequest req{config.script, config.script_args, config.module, config.no_python,
+                            env_or(env, "PYTHON_EXEC", "python3")};
+  opt.spec.argv = agent::build_worker_command(req, agent::is_executable_file);
+  opt.script = config.script;
+  opt.log_dir = config.log_dir;
+  opt.redirects = config.redirects;
+  opt.tee = config.tee;
+  opt.console_ranks = config.local_ranks_filter;
+  opt.signals_to_handle = config.signals_to_handle;
+  opt.agent_env = env;
+
+  boost::asio::io_context io;
+  const std::string master_addr =
+      config.local_addr.empty() ? config.master_addr : config.local_addr;
+  rdzv::LocalRendezvous rdzv(config.standalone ? "c10d" : config.rdzv_backend, config.rdzv_id,
+                             master_addr, config.master_port, [&io](std::function<void()> fn) {
+                               boost::asio::post(io, std::move(fn));
+                             });
+  agent::PosixProcessLauncher launcher;
+  agent::LocalAgent agent(io, std::move(opt), rdzv, launcher);
+  return agent.run();
+}
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,71 @@
+#pragma once
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace ddprun::launcher {
+
+/// How --nproc_per_node was given; gpu/cpu/auto are resolved when the node is known.
+enum class NprocKind { Count, Cpu, Gpu, Auto };
+
+/// Which standard streams of a worker go to log files (torchrun's Std: 0 none, 1 out, 2 err, 3
+/// both).
+enum class StdStreams : int { None = 0, Out = 1, Err = 2, All = 3 };
+
+/// --redirects / --tee: one default plus per-local-rank overrides ("3" or "0:1,1:2").
+struct StdSpec {
+  StdStreams all = StdStreams::None;
+  std::map<int, StdStreams> per_rank;
+  /// The setting for one local rank.
+  StdStreams for_rank(int local_rank) const {
+    auto it = per_rank.find(local_rank);
+    return it == per_rank.end() ? all : it->second;
+  }
+};
+
+/// Everything one ddprun invocation was asked to do, parsed and validated, before any effect.
+struct LaunchConfig {
+  // Node and worker counts.
+  int min_nodes = 1;
+  int max_nodes = 1;
+  NprocKind nproc_kind = NprocKind::Count;
+  int nproc_per_node = 1;  ///< meaningful when nproc_kind == Count (or after resolution)
+
+  // Rendezvous.
+  bool standalone = false;
+  std::string rdzv_backend = "static";
+  std::string rdzv_endpoint;  ///< "" when not given
+  std::string rdzv_id = "none";
+  std::map<std::string, std::string> rdzv_conf;
+  std::optional<int> node_rank;  ///< nullopt when not given (torchrun's default is 0)
+  std::string master_addr = "127.0.0.1";
+  std::optional<int> master_port;  ///< nullopt: the agent picks a free port
+  std::string local_addr;          ///< "" when not given
+
+  // Supervision.
+  int max_restarts = 0;
+  double monitor_interval =
+      0.1;  ///< seconds; accepted for compatibility, exits are observed at once
+  double shutdown_timeout = 30.0;      ///< seconds between the stop signal and SIGKILL
+  std::string start_method = "spawn";  ///< accepted for compatibility; workers are always fork+exec
+  std::vector<int> signals_to_handle;  ///< signal numbers, default SIGTERM,SIGINT,SIGHUP,SIGQUIT
+  std::string role = "default";
+
+  // How workers are started.
+  bool module = false;     ///< -m: python -u -m <script>
+  bool no_python = false;  ///< --no_python: exec the script directly
+
+  // Logs.
+  std::string log_dir;  ///< "" when not given
+  StdSpec redirects;
+  StdSpec tee;
+  std::optional<std::set<int>> local_ranks_filter;  ///< nullopt: every local rank on the console
+
+  // The training program: passed through untouched.
+  std::string script;
+  std::vector<std::string> script_args;
+};
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,34 @@
+// ddprun: a torchrun-compatible elastic launcher. Thin main over ddprun_launcher.
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "common/exit_codes.h"
+#include "launcher/cli.h"
+#include "launcher/launch.h"
+
+int main(int argc, char** argv) {
+  try {
+    std::vector<std::string> args(argv + 1, argv + argc);
+    const auto env = ddprun::agent::current_environment();
+    auto lookup = [&env](const std::string& name) -> std::optional<std::string> {
+      auto it = env.find(name);
+      if (it == env.end()) return std::nullopt;
+      return it->second;
+    };
+    auto parsed = ddprun::launcher::parse_command_line(args, lookup);
+    if (auto* info = std::get_if<ddprun::launcher::InfoRequest>(&parsed)) {
+      std::fputs(info->text.c_str(), stdout);
+      return ddprun::common::kExitSuccess;
+    }
+    if (auto* error = std::get_if<ddprun::launcher::UsageError>(&parsed)) {
+      std::fprintf(stderr, "ddprun: error: %s\n", error->message.c_str());
+      return ddprun::common::kExitUsage;
+    }
+    return ddprun::launcher::launch(std::get<ddprun::launcher::LaunchConfig>(parsed), env);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ddprun: internal error: %s\n", e.what());
+    return ddprun::common::kExitInternal;
+  }
+}

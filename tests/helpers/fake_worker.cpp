@@ -1,0 +1,145 @@
+// A worker for tests: each argument is an action, run in order.
+//   exit=N            exit with code N
+//   exit_if_rank=R:N  exit with code N when RANK == R (else go on)
+//   exit_if_restart=K:N  exit N when TORCHELASTIC_RESTART_COUNT == K
+//   signal=N          kill itself with signal N
+//   signal_if_rank=R:N   kill itself with signal N when RANK == R
+//   sleep=MS          sleep MS milliseconds
+//   hang              sleep up to 10 minutes (the test stops it)
+//   ignore=SIG        ignore signal number SIG (e.g. 15)
+//   print=TEXT        print TEXT and a newline to stdout
+//   eprint=TEXT       print TEXT and a newline to stderr
+//   partial=TEXT      print TEXT without a newline, flushed
+//   env=NAME[,NAME..] print NAME=value lines (value "<unset>" when unset)
+//   error_file=MSG    write MSG in torch's @record JSON to $TORCHELASTIC_ERROR_FILE
+//   pidfile=PATH      append "RANK PID" to PATH (a test can check the pids later)
+//   spawn_child       fork a child in the same process group that sleeps 10 minutes
+//   spam=N            print N numbered lines of 100 bytes as fast as possible
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+
+namespace {
+
+std::string env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v ? v : fallback;
+}
+
+bool split_pair(const std::string& v, std::string& a, int& b) {
+  auto colon = v.find(':');
+  if (colon == std::string::npos) return false;
+  a = v.substr(0, colon);
+  b = std::atoi(v.substr(colon + 1).c_str());
+  return true;
+}
+
+void json_escape(std::string& out, const std::string& s) {
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string rank = env_or("RANK", "?");
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    auto eq = arg.find('=');
+    std::string key = arg.substr(0, eq);
+    std::string val = eq == std::string::npos ? "" : arg.substr(eq + 1);
+    std::string who;
+    int n = 0;
+    if (key == "exit") {
+      std::fflush(stdout);
+      return std::atoi(val.c_str());
+    } else if (key == "exit_if_rank" && split_pair(val, who, n)) {
+      if (who == rank) {
+        std::fflush(stdout);
+        return n;
+      }
+    } else if (key == "exit_if_restart" && split_pair(val, who, n)) {
+      if (who == env_or("TORCHELASTIC_RESTART_COUNT", "?")) {
+        std::fflush(stdout);
+        return n;
+      }
+    } else if (key == "signal") {
+      std::fflush(stdout);
+      ::signal(std::atoi(val.c_str()), SIG_DFL);
+      ::raise(std::atoi(val.c_str()));
+    } else if (key == "signal_if_rank" && split_pair(val, who, n)) {
+      if (who == rank) {
+        std::fflush(stdout);
+        ::signal(n, SIG_DFL);
+        ::raise(n);
+      }
+    } else if (key == "sleep") {
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(val.c_str())));
+    } else if (key == "hang") {
+      std::fflush(stdout);
+      for (int s = 0; s < 600; ++s) ::sleep(1);
+    } else if (key == "ignore") {
+      ::signal(std::atoi(val.c_str()), SIG_IGN);
+    } else if (key == "print") {
+      std::printf("%s\n", val.c_str());
+      std::fflush(stdout);
+    } else if (key == "eprint") {
+      std::fprintf(stderr, "%s\n", val.c_str());
+    } else if (key == "partial") {
+      std::printf("%s", val.c_str());
+      std::fflush(stdout);
+    } else if (key == "env") {
+      size_t start = 0;
+      while (start <= val.size()) {
+        size_t comma = val.find(',', start);
+        std::string name =
+            val.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        std::printf("%s=%s\n", name.c_str(), env_or(name.c_str(), "<unset>").c_str());
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+      }
+      std::fflush(stdout);
+    } else if (key == "error_file") {
+      const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
+      if (path == nullptr) return 99;
+      std::string body = "{\"message\": {\"message\": \"";
+      json_escape(body, val);
+      body += "\", \"extraInfo\": {\"py_callstack\": \"Traceback (most recent call last):\\n  ";
+      body += "File \\\"fake_worker.cpp\\\", line 1, in main\\n";
+      json_escape(body, val);
+      body += "\\n\", \"timestamp\": \"1700000000\"}}}";
+      std::ofstream(path) << body;
+    } else if (key == "pidfile") {
+      std::ofstream(val, std::ios::app) << rank << " " << ::getpid() << "\n";
+    } else if (key == "spawn_child") {
+      if (::fork() == 0) {
+        for (int s = 0; s < 600; ++s) ::sleep(1);
+        _exit(0);
+      }
+    } else if (key == "spam") {
+      const int lines = std::atoi(val.c_str());
+      for (int l = 0; l < lines; ++l)
+        std::printf("rank%s-line%06d-%s\n", rank.c_str(), l, std::string(80, 'x').c_str());
+      std::fflush(stdout);
+    } else {
+      std::fprintf(stderr, "fake_worker: unknown action %s\n", arg.c_str());
+      return 98;
+    }
+  }
+  std::fflush(stdout);
+  return 0;
+}

@@ -1,0 +1,136 @@
+#include "tests/support/subprocess.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+extern char** environ;
+
+namespace ddprun::testing {
+namespace fs = std::filesystem;
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TempDir::TempDir() {
+  std::string tmpl = (fs::temp_directory_path() / "ddprun-test-XXXXXX").string();
+  if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  path_ = tmpl;
+}
+
+TempDir::~TempDir() {
+  std::error_code ignored;
+  fs::remove_all(path_, ignored);
+}
+
+Subprocess::Subprocess(const std::vector<std::string>& argv,
+                       const std::map<std::string, std::string>& extra_env) {
+  std::string tmpl = (fs::temp_directory_path() / "ddprun-proc-XXXXXX").string();
+  if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  dir_ = tmpl;
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string kv = *e;
+    auto eq = kv.find('=');
+    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  for (const auto& [k, v] : extra_env) env[k] = v;
+  std::vector<std::string> envs;
+  for (const auto& [k, v] : env) envs.push_back(k + "=" + v);
+  std::vector<char*> cargv, cenv;
+  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  for (const auto& e : envs) cenv.push_back(const_cast<char*>(e.c_str()));
+  cenv.push_back(nullptr);
+  const std::string out = dir_ + "/out", err = dir_ + "/err";
+  pid_ = ::fork();
+  if (pid_ == 0) {
+    int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int n = ::open("/dev/null", O_RDONLY);
+    ::dup2(n, 0);
+    ::dup2(o, 1);
+    ::dup2(e, 2);
+    ::execve(cargv[0], cargv.data(), cenv.data());
+    ::_exit(127);
+  }
+  if (pid_ < 0) throw std::runtime_error("fork failed");
+}
+
+Subprocess::~Subprocess() {
+  if (!reaped_ && pid_ > 0) {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  std::error_code ignored;
+  fs::remove_all(dir_, ignored);
+}
+
+CommandResult Subprocess::wait(std::chrono::milliseconds limit) {
+  CommandResult r;
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  int status = 0;
+  while (true) {
+    pid_t got = ::waitpid(pid_, &status, WNOHANG);
+    if (got == pid_) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      r.timed_out = true;
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  reaped_ = true;
+  r.exit_code = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+  r.out = out_so_far();
+  r.err = err_so_far();
+  return r;
+}
+
+std::string Subprocess::out_so_far() const { return read_file(dir_ + "/out"); }
+std::string Subprocess::err_so_far() const { return read_file(dir_ + "/err"); }
+
+void Subprocess::send(int sig) {
+  if (!reaped_) ::kill(pid_, sig);
+}
+
+bool Subprocess::wait_for_output(const std::string& text, std::chrono::milliseconds limit) const {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (out_so_far().find(text) != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+CommandResult run_command(const std::vector<std::string>& argv,
+                          const std::map<std::string, std::string>& extra_env,
+                          std::chrono::milliseconds limit) {
+  Subprocess p(argv, extra_env);
+  return p.wait(limit);
+}
+
+bool process_alive(pid_t pid) {
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
+  // A zombie has ended; only its parent's wait is missing.
+  std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  auto close_paren = stat.rfind(')');
+  if (close_paren == std::string::npos || close_paren + 2 >= stat.size()) return false;
+  return stat[close_paren + 2] != 'Z';
+}
+
+}  // namespace ddprun::testing

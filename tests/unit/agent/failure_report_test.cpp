@@ -1,0 +1,57 @@
+#include "agent/failure_report.h"
+
+#include <catch2/catch.hpp>
+
+using namespace ddprun::agent;
+
+namespace {
+
+ProcessFailure failure(int rank, ExitStatus status, pid_t pid) {
+  ProcessFailure f;
+  f.global_rank = rank;
+  f.local_rank = rank;
+  f.pid = pid;
+  f.status = status;
+  f.time = std::chrono::system_clock::now();
+  f.error_file = "/logs/attempt_0/" + std::to_string(rank) + "/error.json";
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("the report names the script, the root cause and its traceback", "[agent][unit]") {
+  ProcessFailure root = failure(1, {0, 11}, 4242);
+  root.error = ErrorFileContent{"RuntimeError: boom", "Traceback:\n  line 3\nRuntimeError: boom\n",
+                                1700000000};
+  std::string report =
+      format_failure_report("train.py", "node7", {root, failure(0, {2, 0}, 17)}, 1, 1);
+  CHECK(report.find("train.py FAILED") != std::string::npos);
+  CHECK(report.find("host      : node7") != std::string::npos);
+  CHECK(report.find("rank      : 1 (local_rank: 1)") != std::string::npos);
+  CHECK(report.find("exitcode  : -11 (pid: 4242)") != std::string::npos);
+  CHECK(report.find("SIGSEGV") != std::string::npos);
+  CHECK(report.find("  traceback : Traceback:\n    line 3") != std::string::npos);
+  CHECK(report.find("Restarts  : 1 of 1 used") != std::string::npos);
+  // The root cause comes after the other failures, as in torchrun's summary.
+  CHECK(report.find("Root Cause") < report.find("pid: 4242"));
+  CHECK(report.find("pid: 17") < report.find("Root Cause"));
+}
+
+TEST_CASE("a failure without an error file says how to get a traceback", "[agent][unit]") {
+  std::string report = format_failure_report("t.py", "h", {failure(0, {1, 0}, 5)}, 0, 0);
+  CHECK(report.find("<NO_OTHER_FAILURES>") != std::string::npos);
+  CHECK(report.find("error_file: <N/A>") != std::string::npos);
+  CHECK(report.find("elastic/errors.html") != std::string::npos);
+}
+
+TEST_CASE("an unreadable error file is named in the report", "[agent][unit]") {
+  ProcessFailure f = failure(0, {1, 0}, 5);
+  f.error_file_problem = "not valid JSON";
+  std::string report = format_failure_report("t.py", "h", {f}, 0, 0);
+  CHECK(report.find("unreadable: not valid JSON") != std::string::npos);
+}
+
+TEST_CASE("exits are described for humans", "[agent][unit]") {
+  CHECK(describe_exit({3, 0}) == "exit code 3");
+  CHECK(describe_exit({0, 9}) == "signal SIGKILL (9)");
+}

@@ -1,0 +1,73 @@
+#include "agent/worker_env.h"
+
+#include <catch2/catch.hpp>
+
+using namespace ddprun::agent;
+using ddprun::rdzv::RendezvousInfo;
+
+namespace {
+
+EnvMap env_for(const EnvMap& agent_env, int local_world, int local_rank, RendezvousInfo round) {
+  static WorkerSpec spec;
+  spec.role = "trainer";
+  spec.local_world_size = local_world;
+  spec.max_restarts = 3;
+  static RendezvousInfo stored;
+  stored = round;
+  auto placements = place_workers(stored, local_world);
+  WorkerEnvInputs in{&spec, &stored, placements.at(local_rank), "job42", false, "/tmp/e.json"};
+  return build_worker_env(agent_env, in);
+}
+
+}  // namespace
+
+TEST_CASE("a worker gets torchrun's environment for its place in the job", "[agent][unit]") {
+  RendezvousInfo round{1, 2, "10.0.0.1", 29500, 2};
+  EnvMap env = env_for({{"PATH", "/usr/bin"}}, 4, 3, round);
+  CHECK(env.at("LOCAL_RANK") == "3");
+  CHECK(env.at("RANK") == "7");
+  CHECK(env.at("GROUP_RANK") == "1");
+  CHECK(env.at("ROLE_RANK") == "7");
+  CHECK(env.at("ROLE_NAME") == "trainer");
+  CHECK(env.at("LOCAL_WORLD_SIZE") == "4");
+  CHECK(env.at("WORLD_SIZE") == "8");
+  CHECK(env.at("GROUP_WORLD_SIZE") == "2");
+  CHECK(env.at("ROLE_WORLD_SIZE") == "8");
+  CHECK(env.at("MASTER_ADDR") == "10.0.0.1");
+  CHECK(env.at("MASTER_PORT") == "29500");
+  CHECK(env.at("TORCHELASTIC_RESTART_COUNT") == "2");
+  CHECK(env.at("TORCHELASTIC_MAX_RESTARTS") == "3");
+  CHECK(env.at("TORCHELASTIC_RUN_ID") == "job42");
+  CHECK(env.at("TORCHELASTIC_USE_AGENT_STORE") == "False");
+  CHECK(env.at("TORCHELASTIC_ERROR_FILE") == "/tmp/e.json");
+  CHECK(env.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "1");
+  CHECK(env.at("PATH") == "/usr/bin");
+}
+
+TEST_CASE("OMP_NUM_THREADS defaults to 1 only when unset and several workers share the node",
+          "[agent][unit]") {
+  RendezvousInfo round{0, 1, "127.0.0.1", 1234, 0};
+  CHECK(env_for({}, 2, 0, round).at("OMP_NUM_THREADS") == "1");
+  CHECK(env_for({}, 1, 0, round).count("OMP_NUM_THREADS") == 0);
+  CHECK(env_for({{"OMP_NUM_THREADS", "8"}}, 2, 1, round).at("OMP_NUM_THREADS") == "8");
+  CHECK(will_default_omp_threads({}, 2));
+  CHECK_FALSE(will_default_omp_threads({{"OMP_NUM_THREADS", "8"}}, 2));
+}
+
+TEST_CASE("a user's NCCL error-handling choice is kept", "[agent][unit]") {
+  RendezvousInfo round{0, 1, "127.0.0.1", 1234, 0};
+  CHECK(env_for({{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"}}, 1, 0, round)
+            .at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "0");
+}
+
+TEST_CASE("global ranks are contiguous per node", "[agent][unit]") {
+  auto p = place_workers(RendezvousInfo{2, 3, "h", 1, 0}, 2);
+  REQUIRE(p.size() == 2);
+  CHECK(p[0].global_rank == 4);
+  CHECK(p[1].global_rank == 5);
+  CHECK(p[1].world_size == 6);
+}
+
+TEST_CASE("the environment becomes K=V strings for execve", "[agent][unit]") {
+  CHECK(to_envp({{"A", "1"}, {"B", "x=y"}}) == std::vector<std::string>{"A=1", "B=x=y"});
+}

@@ -1,0 +1,39 @@
+#include "common/strings.h"
+
+#include <catch2/catch.hpp>
+
+#include "common/signals.h"
+
+using namespace ddprun::common;
+
+TEST_CASE("split keeps empty fields so that malformed lists can be reported", "[common][unit]") {
+  CHECK(split("a,,b", ',') == std::vector<std::string>{"a", "", "b"});
+  CHECK(split("", ',') == std::vector<std::string>{""});
+  CHECK(split("x", ',') == std::vector<std::string>{"x"});
+}
+
+TEST_CASE("parse_int accepts whole integers only", "[common][unit]") {
+  CHECK(parse_int("42") == 42);
+  CHECK(parse_int("+7") == 7);
+  CHECK(parse_int("-3") == -3);
+  CHECK_FALSE(parse_int("4x"));
+  CHECK_FALSE(parse_int(""));
+  CHECK_FALSE(parse_int("99999999999999999999999"));
+}
+
+TEST_CASE("parse_double refuses junk and infinities", "[common][unit]") {
+  CHECK(parse_double("0.5") == Approx(0.5));
+  CHECK_FALSE(parse_double("1.5s"));
+  CHECK_FALSE(parse_double("inf"));
+}
+
+TEST_CASE("signals are parsed by name, short name or number", "[common][unit]") {
+  CHECK(parse_signal("SIGTERM") == 15);
+  CHECK(parse_signal("term") == 15);
+  CHECK(parse_signal("9") == 9);
+  CHECK(parse_signal(" SIGUSR1 ") == 10);
+  CHECK_FALSE(parse_signal("SIGNOPE"));
+  CHECK_FALSE(parse_signal("0"));
+  CHECK(signal_name(9) == "SIGKILL");
+  CHECK(signal_name(200) == "SIG200");
+}
