@@ -6,6 +6,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <filesystem>
+#include <optional>
 
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
@@ -60,6 +61,23 @@ std::string env_or(const agent::EnvMap& env, const std::string& key, const std::
   return it == env.end() || it->second.empty() ? fallback : it->second;
 }
 
+/// Catches a mistyped script before any worker starts (torchrun would start them all and let
+/// each one fail).
+std::optional<std::string> check_script(const LaunchConfig& config, const agent::EnvMap& env) {
+  if (config.module) return std::nullopt;
+  if (config.no_python) {
+    if (!agent::resolve_executable(config.script, env_or(env, "PATH", "/usr/bin:/bin")).empty())
+      return std::nullopt;
+    return "--no_python " + config.script + ": no executable file by that name (PATH searched); " +
+           "check the path, or chmod +x it";
+  }
+  std::error_code ec;
+  if (std::filesystem::exists(config.script, ec)) return std::nullopt;
+  return config.script + ": no such file (working directory " +
+         std::filesystem::current_path(ec).string() +
+         "); check the script path, or use -m for a module";
+}
+
 }  // namespace
 
 NodeResources detect_node_resources(const agent::EnvMap& env) {
@@ -107,6 +125,11 @@ int launch(const LaunchConfig& config, const agent::EnvMap& env) {
         "with --nnodes 1 (or --standalone)",
         config.min_nodes, config.max_nodes);
     return common::kExitRendezvous;
+  }
+
+  if (auto why = check_script(config, env)) {
+    spdlog::error("{}", *why);
+    return common::kExitUsage;
   }
 
   agent::AgentOptions opt;

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs ddprun's dependencies, builds it twice (plain, and with AddressSanitizer and
+# UBSan) and runs the whole test suite in both builds. This is what CI runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+
+bash scripts/install-deps.sh
+
+echo "== build (RelWithDebInfo) =="
+cmake -S . -B build -G Ninja
+cmake --build build -j"$jobs"
+echo "== tests =="
+(cd build && ctest --output-on-failure -j"$jobs")
+
+echo "== build (AddressSanitizer + UBSan) =="
+cmake -S . -B build-asan -G Ninja -DDDPRUN_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
+cmake --build build-asan -j"$jobs"
+echo "== launcher, agent and rendezvous tests under ASan/UBSan =="
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j"$jobs" -LE python)
