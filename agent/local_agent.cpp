@@ -217,6 +217,7 @@ class LocalAgent::Impl {
     workers_.clear();
     failures_.clear();
     stop_reason_ = StopReason::None;
+    group_ended_ = false;
     const std::string path_env =
         opt_.agent_env.count("PATH") ? opt_.agent_env.at("PATH") : "/usr/bin:/bin";
     const std::string executable = resolve_executable(opt_.spec.argv.front(), path_env);
@@ -443,7 +444,8 @@ class LocalAgent::Impl {
         ++restart_count_;
         spdlog::warn("restarting workers: restart {} of {}", restart_count_,
                      opt_.spec.max_restarts);
-        group_ended_ = false;
+        // group_ended_ stays set until the new group starts: a late SIGCHLD during the
+        // rendezvous must not see the stopped old group and restart a second time.
         return start_round();
       }
       write_all(STDERR_FILENO, format_failure_report(opt_.script, host_, failures_, restart_count_,

@@ -123,6 +123,8 @@ def main():
     trainer = Trainer(model, loader, optimizer, args.save_every, args.snapshot_path)
     trainer.train(args.total_epochs, args.fail_rank, args.fail_epoch)
     ok = trainer.check_replicas_equal()
+    # Rank 0 hosts the store: let every rank finish with it before anyone tears it down.
+    dist.barrier()
     dist.destroy_process_group()
     if not ok:
         raise SystemExit(3)

@@ -13,8 +13,13 @@
 //   env=NAME[,NAME..] print NAME=value lines (value "<unset>" when unset)
 //   error_file=MSG    write MSG in torch's @record JSON to $TORCHELASTIC_ERROR_FILE
 //   pidfile=PATH      append "RANK PID" to PATH (a test can check the pids later)
-//   spawn_child       fork a child in the same process group that sleeps 10 minutes
+//   spawn_child[=PATH] fork a child in the same process group that sleeps 10 minutes;
+//                     with PATH, append "childRANK PID" to PATH
 //   spam=N            print N numbered lines of 100 bytes as fast as possible
+//   wait_lines=PATH:N wait until PATH has N lines (e.g. every rank wrote its pidfile line);
+//                     exit 96 after 60 s
+//   wait_usr1         catch SIGUSR1, print "waiting for SIGUSR1", then on its arrival print
+//                     "got SIGUSR1" and go on; exit 97 when none arrives within 60 s
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -28,6 +33,27 @@
 #include <thread>
 
 namespace {
+
+volatile sig_atomic_t got_usr1 = 0;
+
+void on_usr1(int) { got_usr1 = 1; }
+
+/// Polls `done` every 10 ms for at most 60 s: a test that forgets to release us cannot hang.
+template <typename Pred>
+bool wait_for(Pred done) {
+  for (int tick = 0; tick < 6000; ++tick) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return done();
+}
+
+int count_lines(const std::string& path) {
+  std::ifstream in(path);
+  int lines = 0;
+  for (std::string line; std::getline(in, line);) ++lines;
+  return lines;
+}
 
 std::string env_or(const char* name, const char* fallback) {
   const char* v = std::getenv(name);
@@ -126,10 +152,30 @@ int main(int argc, char** argv) {
     } else if (key == "pidfile") {
       std::ofstream(val, std::ios::app) << rank << " " << ::getpid() << "\n";
     } else if (key == "spawn_child") {
-      if (::fork() == 0) {
+      std::fflush(stdout);
+      const pid_t child = ::fork();
+      if (child == 0) {
         for (int s = 0; s < 600; ++s) ::sleep(1);
         _exit(0);
       }
+      if (!val.empty())
+        std::ofstream(val, std::ios::app) << "child" << rank << " " << child << "\n";
+    } else if (key == "wait_lines") {
+      auto colon = val.rfind(':');
+      if (colon == std::string::npos) return 98;
+      const std::string path = val.substr(0, colon);
+      const int want = std::atoi(val.substr(colon + 1).c_str());
+      if (!wait_for([&] { return count_lines(path) >= want; })) return 96;
+    } else if (key == "wait_usr1") {
+      struct sigaction sa {};
+      sa.sa_handler = on_usr1;
+      ::sigemptyset(&sa.sa_mask);
+      ::sigaction(SIGUSR1, &sa, nullptr);
+      std::printf("waiting for SIGUSR1\n");
+      std::fflush(stdout);
+      if (!wait_for([] { return got_usr1 != 0; })) return 97;
+      std::printf("got SIGUSR1\n");
+      std::fflush(stdout);
     } else if (key == "spam") {
       const int lines = std::atoi(val.c_str());
       for (int l = 0; l < lines; ++l)

@@ -1,14 +1,239 @@
+// The agent's supervision rules with real processes: exit codes, the failure report, restarts,
+// the shutdown timeout and error files.
 #include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
 
+#include "tests/integration/ddprun_runs.h"
 #include "tests/support/subprocess.h"
 
 using namespace ddprun::testing;
 
 TEST_CASE("a group whose workers all exit 0 makes ddprun exit 0", "[agent][integration]") {
-  auto r = run_command(
-      {DDPRUN_BIN, "--nproc_per_node", "2", "--no_python", FAKE_WORKER_BIN, "print=hello"});
+  auto r = run_command(ddprun_fake({"--nproc_per_node", "2"}, {"print=hello"}));
   INFO(r.err);
   CHECK(r.exit_code == 0);
-  CHECK(r.out.find("[default0]:hello") != std::string::npos);
-  CHECK(r.out.find("[default1]:hello") != std::string::npos);
+  CHECK(contains(r.out, "[default0]:hello"));
+  CHECK(contains(r.out, "[default1]:hello"));
+  CHECK_FALSE(contains(r.err, "FAILED"));
+}
+
+TEST_CASE("the --role name is the prefix of each worker's output lines", "[agent][integration]") {
+  auto r = run_command(ddprun_fake({"--nproc_per_node", "2", "--role", "trainer"}, {"print=hi"}));
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+  CHECK(contains(r.out, "[trainer0]:hi"));
+  CHECK(contains(r.out, "[trainer1]:hi"));
+  CHECK_FALSE(contains(r.out, "[default"));
+}
+
+TEST_CASE("one failing worker stops the whole group and its exit code becomes ddprun's",
+          "[agent][integration]") {
+  TempDir dir;
+  const std::string pidfile = dir.path() + "/pids";
+  WorkerSweeper sweeper(pidfile);
+  // Rank 1 fails only once rank 0 has recorded its pid, so the hanging rank 0 is really running.
+  auto r = run_command(
+      ddprun_fake({"--nproc_per_node", "2"}, {"pidfile=" + pidfile, "wait_lines=" + pidfile + ":2",
+                                              "exit_if_rank=1:7", "hang"}),
+      {}, kJobLimit);
+  INFO(r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code == 7);
+  CHECK(contains(r.err, "FAILED"));
+  CHECK(contains(r.err, "Root Cause"));
+  CHECK(contains(r.err, "rank      : 1 (local_rank: 1)"));
+  CHECK(contains(r.err, "exitcode  : 7"));
+  // The group was stopped by the agent: rank 0 is no failure of its own.
+  CHECK(contains(r.err, "<NO_OTHER_FAILURES>"));
+  const auto pids = read_pids(pidfile);
+  REQUIRE(pids.count("0") == 1);
+  CHECK(wait_gone(pids.at("0")));
+}
+
+TEST_CASE("the failing worker's last output comes before the failure report",
+          "[agent][integration]") {
+  auto r = run_command(ddprun_fake({}, {"eprint=last words", "partial=no newline", "exit=4"}), {},
+                       kJobLimit);
+  INFO(r.err);
+  CHECK(r.exit_code == 4);
+  CHECK(contains(r.out, "[default0]:no newline"));
+  const auto words = r.err.find("[default0]:last words");
+  const auto report = r.err.find("FAILED");
+  REQUIRE(words != std::string::npos);
+  REQUIRE(report != std::string::npos);
+  CHECK(words < report);
+}
+
+TEST_CASE("a worker killed by a signal makes ddprun exit 128 plus the signal number",
+          "[agent][integration]") {
+  auto r = run_command(ddprun_fake({"--nproc_per_node", "2"}, {"signal_if_rank=0:11", "hang"}), {},
+                       kJobLimit);
+  INFO(r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code == 128 + 11);
+  CHECK(contains(r.err, "rank      : 0 (local_rank: 0)"));
+  CHECK(contains(r.err, "exitcode  : -11"));
+  CHECK(contains(r.err, "signal    : SIGSEGV (11)"));
+}
+
+TEST_CASE("a worker that fails only on the first attempt succeeds after a restart",
+          "[agent][integration]") {
+  auto r = run_command(ddprun_fake({"--nproc_per_node", "2", "--max_restarts", "2"},
+                                   {"env=TORCHELASTIC_RESTART_COUNT,TORCHELASTIC_MAX_RESTARTS",
+                                    "exit_if_restart=0:1", "print=done"}),
+                       {}, kJobLimit);
+  INFO(r.out);
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+  CHECK(contains(r.out, "[default0]:TORCHELASTIC_RESTART_COUNT=1"));
+  CHECK(contains(r.out, "[default1]:TORCHELASTIC_RESTART_COUNT=1"));
+  CHECK(contains(r.out, "[default0]:TORCHELASTIC_MAX_RESTARTS=2"));
+  CHECK(contains(r.out, "[default0]:done"));
+  CHECK(contains(r.out, "[default1]:done"));
+  CHECK_FALSE(contains(r.out, "TORCHELASTIC_RESTART_COUNT=2"));
+  CHECK(contains(r.err, "restart 1 of 2"));
+  CHECK_FALSE(contains(r.err, "FAILED"));
+}
+
+TEST_CASE("a group restarted once after a failure is not restarted again when it succeeds",
+          "[agent][integration]") {
+  // A late SIGCHLD of the failed group used to arrive while the restart's rendezvous ran and
+  // trigger a second restart, failing the job with 75 and an empty report about 1 run in 4.
+  constexpr int kRuns = 20;
+  for (int run = 0; run < kRuns; ++run) {
+    auto r = run_command(ddprun_fake({"--nproc_per_node", "2", "--max_restarts", "1"},
+                                     {"exit_if_restart=0:1", "print=done"}),
+                         {}, kJobLimit);
+    INFO("run " << run << "\n" << r.err);
+    REQUIRE(r.exit_code == 0);
+    REQUIRE(count_of(r.err, "restarting workers") == 1);
+    REQUIRE(count_of(r.out, ":done") == 2);
+  }
+}
+
+TEST_CASE("a group that keeps failing exhausts the restart budget and ddprun exits 75",
+          "[agent][integration]") {
+  auto r = run_command(
+      ddprun_fake({"--max_restarts", "1"}, {"env=TORCHELASTIC_RESTART_COUNT", "exit=3"}), {},
+      kJobLimit);
+  INFO(r.out);
+  INFO(r.err);
+  CHECK(r.exit_code == 75);
+  CHECK(contains(r.err, "FAILED"));
+  CHECK(contains(r.err, "Restarts  : 1 of 1 used"));
+  CHECK(contains(r.err, "exitcode  : 3"));
+  // Exactly two attempts ran: the first one and one restart.
+  CHECK(contains(r.out, "[default0]:TORCHELASTIC_RESTART_COUNT=0"));
+  CHECK(contains(r.out, "[default0]:TORCHELASTIC_RESTART_COUNT=1"));
+  CHECK_FALSE(contains(r.out, "TORCHELASTIC_RESTART_COUNT=2"));
+}
+
+TEST_CASE("a worker that ignores SIGTERM is killed with SIGKILL after --shutdown_timeout",
+          "[agent][integration]") {
+  TempDir dir;
+  const std::string pidfile = dir.path() + "/pids";
+  WorkerSweeper sweeper(pidfile);
+  Subprocess job(ddprun_fake({"--nproc_per_node", "2", "--shutdown_timeout", "1"},
+                             {"ignore=15", "pidfile=" + pidfile, "wait_lines=" + pidfile + ":2",
+                              "exit_if_rank=1:1", "hang"}),
+                 {{"LOGLEVEL", "debug"}});
+  // Rank 0 hangs for 10 minutes and ignores SIGTERM: only the SIGKILL ends it (and the job) in
+  // time; a broken escalation would run into this limit.
+  auto r = job.wait(std::chrono::seconds(30));
+  INFO(r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code == 1);
+  CHECK(contains(r.err, "sending SIGKILL"));
+  const auto pids = read_pids(pidfile);
+  REQUIRE(pids.count("0") == 1);
+  CHECK(contains(
+      r.err, "local rank 0 (pid " + std::to_string(pids.at("0")) + ") ended: signal SIGKILL (9)"));
+  CHECK(wait_gone(pids.at("0")));
+}
+
+TEST_CASE("an obedient hanging worker is stopped by SIGTERM, with no SIGKILL needed",
+          "[agent][integration]") {
+  TempDir dir;
+  const std::string pidfile = dir.path() + "/pids";
+  WorkerSweeper sweeper(pidfile);
+  // The default --shutdown_timeout (30 s): the worker must go on SIGTERM alone.
+  auto r = run_command(
+      ddprun_fake({"--nproc_per_node", "2"}, {"pidfile=" + pidfile, "wait_lines=" + pidfile + ":2",
+                                              "exit_if_rank=1:1", "hang"}),
+      {{"LOGLEVEL", "debug"}}, kJobLimit);
+  INFO(r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code == 1);
+  const auto pids = read_pids(pidfile);
+  REQUIRE(pids.count("0") == 1);
+  CHECK(contains(
+      r.err, "local rank 0 (pid " + std::to_string(pids.at("0")) + ") ended: signal SIGTERM (15)"));
+  CHECK_FALSE(contains(r.err, "sending SIGKILL"));
+  CHECK_FALSE(process_alive(pids.at("0")));
+}
+
+TEST_CASE("the failure report shows the message and traceback of the worker's error file",
+          "[agent][integration]") {
+  TempDir logs;
+  auto r = run_command(ddprun_fake({"--log_dir", logs.path(), "--rdzv_id", "myrun"},
+                                   {"error_file=ValueError: bad batch 17", "exit=1"}),
+                       {}, kJobLimit);
+  INFO(r.err);
+  CHECK(r.exit_code == 1);
+  const std::string error_file = logs.path() + "/myrun/attempt_0/0/error.json";
+  CHECK(contains(r.err, "error_file: " + error_file));
+  CHECK(contains(r.err, "ValueError: bad batch 17"));
+  CHECK(contains(r.err, "Traceback (most recent call last):"));
+  CHECK(contains(r.err, "fake_worker.cpp"));
+  CHECK(contains(read_file(error_file), "bad batch 17"));
+}
+
+TEST_CASE("an error file left by an earlier run with the same id is not blamed on this one",
+          "[agent][integration]") {
+  TempDir logs;
+  const std::vector<std::string> flags{"--log_dir", logs.path(), "--rdzv_id", "myrun"};
+  auto first =
+      run_command(ddprun_fake(flags, {"error_file=stale failure", "exit=1"}), {}, kJobLimit);
+  REQUIRE(first.exit_code == 1);
+  REQUIRE(contains(first.err, "stale failure"));
+  auto second = run_command(ddprun_fake(flags, {"exit=2"}), {}, kJobLimit);
+  INFO(second.err);
+  CHECK(second.exit_code == 2);
+  CHECK_FALSE(contains(second.err, "stale failure"));
+  CHECK(contains(second.err, "error_file: <N/A>"));
+}
+
+TEST_CASE("a --no_python program that cannot be executed fails the job and is named",
+          "[agent][integration]") {
+  // It exists and is executable, so ddprun starts it; execve refuses it (no ELF, no #!).
+  TempDir dir;
+  const std::string program = dir.path() + "/not-a-program";
+  std::ofstream(program) << "this is not a program\n";
+  std::filesystem::permissions(program, std::filesystem::perms::owner_all);
+  auto r =
+      run_command({DDPRUN_BIN, "--nproc_per_node", "2", "--no_python", program}, {}, kJobLimit);
+  INFO(r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code != 0);
+  CHECK(contains(r.err, "exec " + program));
+  CHECK(contains(r.err, program + " FAILED"));
+}
+
+TEST_CASE("PET_NPROC_PER_NODE sets the number of workers", "[agent][integration]") {
+  auto r = run_command(ddprun_fake({}, {"print=up"}), {{"PET_NPROC_PER_NODE", "3"}}, kJobLimit);
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+  CHECK(contains(r.out, "[default0]:up"));
+  CHECK(contains(r.out, "[default1]:up"));
+  CHECK(contains(r.out, "[default2]:up"));
+  CHECK(count_of(r.out, ":up") == 3);
+}
+
+TEST_CASE("a --nproc_per_node flag wins over PET_NPROC_PER_NODE", "[agent][integration]") {
+  auto r = run_command(ddprun_fake({"--nproc_per_node", "1"}, {"print=up"}),
+                       {{"PET_NPROC_PER_NODE", "3"}}, kJobLimit);
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+  CHECK(count_of(r.out, ":up") == 1);
 }

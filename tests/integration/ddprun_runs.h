@@ -1,0 +1,108 @@
+#pragma once
+// Shared by the integration tests: build ddprun command lines around fake_worker, read what the
+// workers recorded, and wait (bounded) for processes to go away.
+#include <signal.h>
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/support/subprocess.h"
+
+namespace ddprun::testing {
+
+/// Long enough for a loaded 2-core machine; a healthy run takes well under a second.
+inline constexpr std::chrono::seconds kJobLimit{60};
+
+/// `ddprun <flags> --no_python fake_worker <actions>`.
+inline std::vector<std::string> ddprun_fake(const std::vector<std::string>& flags,
+                                            const std::vector<std::string>& actions) {
+  std::vector<std::string> argv{DDPRUN_BIN};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  argv.push_back("--no_python");
+  argv.push_back(FAKE_WORKER_BIN);
+  argv.insert(argv.end(), actions.begin(), actions.end());
+  return argv;
+}
+
+inline bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+inline int count_of(const std::string& text, const std::string& part) {
+  int n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+
+inline std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+/// Polls `done` every 10 ms until it holds or `limit` passes; returns its last value.
+inline bool wait_until(const std::function<bool()>& done, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return done();
+}
+
+/// The "KEY PID" lines fake_worker's pidfile= and spawn_child= append ("0 1234", "child0 1240").
+inline std::map<std::string, pid_t> read_pids(const std::string& path) {
+  std::map<std::string, pid_t> pids;
+  std::istringstream in(read_file(path));
+  std::string key;
+  long pid = 0;
+  while (in >> key >> pid) pids[key] = static_cast<pid_t>(pid);
+  return pids;
+}
+
+inline bool wait_gone(pid_t pid, std::chrono::milliseconds limit = std::chrono::seconds(10)) {
+  return wait_until([pid] { return !process_alive(pid); }, limit);
+}
+
+/// SIGKILLs, at the end of a test, the fake_worker processes it recorded that are still running,
+/// so a failing test leaves nothing behind. The command line is checked first: a recycled pid
+/// that is no longer ours is left alone.
+class WorkerSweeper {
+ public:
+  explicit WorkerSweeper(std::string pidfile) : pidfiles_{std::move(pidfile)} {}
+  WorkerSweeper(std::initializer_list<std::string> pidfiles) : pidfiles_(pidfiles) {}
+  ~WorkerSweeper() {
+    for (const auto& file : pidfiles_)
+      for (const auto& [key, pid] : read_pids(file))
+        if (pid > 0 && process_alive(pid) &&
+            contains(read_file("/proc/" + std::to_string(pid) + "/cmdline"), "fake_worker"))
+          ::kill(pid, SIGKILL);
+  }
+  WorkerSweeper(const WorkerSweeper&) = delete;
+  WorkerSweeper& operator=(const WorkerSweeper&) = delete;
+
+ private:
+  std::vector<std::string> pidfiles_;
+};
+
+/// "NAME=value" lines that one rank printed (fake_worker's env= action), by the console prefix.
+inline std::map<std::string, std::string> env_printed_by(const std::string& out,
+                                                         const std::string& prefix) {
+  std::map<std::string, std::string> env;
+  for (const std::string& line : lines_of(out)) {
+    if (line.rfind(prefix, 0) != 0) continue;
+    const std::string kv = line.substr(prefix.size());
+    const auto eq = kv.find('=');
+    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return env;
+}
+
+}  // namespace ddprun::testing

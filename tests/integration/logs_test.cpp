@@ -1,0 +1,119 @@
+// Worker output: whole prefixed lines on the console, log files under --log_dir, --tee and
+// --local_ranks_filter.
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <regex>
+
+#include "tests/integration/ddprun_runs.h"
+#include "tests/support/subprocess.h"
+
+using namespace ddprun::testing;
+namespace fs = std::filesystem;
+
+TEST_CASE("a last line without a newline still reaches the console with its prefix",
+          "[agent][integration]") {
+  auto r = run_command(ddprun_fake({}, {"partial=abc"}), {}, kJobLimit);
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+  CHECK(contains(r.out, "[default0]:abc"));
+}
+
+TEST_CASE("pieces of one line written separately are shown as one line", "[agent][integration]") {
+  auto r = run_command(ddprun_fake({}, {"partial=abc", "sleep=50", "print=def"}), {}, kJobLimit);
+  INFO(r.out);
+  CHECK(r.exit_code == 0);
+  CHECK(lines_of(r.out) == std::vector<std::string>{"[default0]:abcdef"});
+}
+
+TEST_CASE("lines of workers printing at once are never interleaved", "[agent][integration]") {
+  constexpr int kLines = 2000;
+  auto r = run_command(ddprun_fake({"--nproc_per_node", "2"}, {"spam=" + std::to_string(kLines)}),
+                       {}, kJobLimit);
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  // fake_worker's spam line: rank<R>-line<NNNNNN>-<80 x>.
+  const std::regex line_re(R"(\[default([01])\]:rank([01])-line(\d{6})-x{80})");
+  int next[2] = {0, 0};
+  int bad = 0;
+  for (const std::string& line : lines_of(r.out)) {
+    std::smatch m;
+    if (!std::regex_match(line, m, line_re) || m[1] != m[2]) {
+      if (++bad <= 3) UNSCOPED_INFO("bad line: " << line);
+      continue;
+    }
+    const int rank = std::stoi(m[1]);
+    // Each worker's lines arrive whole and in order.
+    if (std::stoi(m[3]) != next[rank]) {
+      if (++bad <= 3) UNSCOPED_INFO("out of order: " << line);
+    }
+    next[rank] = std::stoi(m[3]) + 1;
+  }
+  CHECK(bad == 0);
+  CHECK(next[0] == kLines);
+  CHECK(next[1] == kLines);
+}
+
+TEST_CASE("with --redirects 3 each worker's output goes to files under --log_dir, not the console",
+          "[agent][integration]") {
+  TempDir logs;
+  auto r = run_command(ddprun_fake({"--nproc_per_node", "2", "--log_dir", logs.path(),
+                                    "--redirects", "3", "--rdzv_id", "myrun"},
+                                   {"print=to-stdout", "eprint=to-stderr"}),
+                       {}, kJobLimit);
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string dir = logs.path() + "/myrun/attempt_0/" + std::to_string(rank);
+    INFO(dir);
+    CHECK(read_file(dir + "/stdout.log") == "to-stdout\n");
+    CHECK(read_file(dir + "/stderr.log") == "to-stderr\n");
+  }
+  CHECK_FALSE(contains(r.out, "to-stdout"));
+  CHECK_FALSE(contains(r.err, "to-stderr"));
+}
+
+TEST_CASE("with --tee 1 stdout goes both to its log file and to the console",
+          "[agent][integration]") {
+  TempDir logs;
+  auto r = run_command(ddprun_fake({"--nproc_per_node", "2", "--log_dir", logs.path(), "--tee", "1",
+                                    "--rdzv_id", "myrun"},
+                                   {"print=to-stdout", "eprint=to-stderr"}),
+                       {}, kJobLimit);
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+  const std::string dir0 = logs.path() + "/myrun/attempt_0/0";
+  CHECK(read_file(dir0 + "/stdout.log") == "to-stdout\n");
+  CHECK(contains(r.out, "[default0]:to-stdout"));
+  CHECK(contains(r.out, "[default1]:to-stdout"));
+  // stderr is not teed: console only.
+  CHECK(contains(r.err, "[default0]:to-stderr"));
+  CHECK_FALSE(fs::exists(dir0 + "/stderr.log"));
+}
+
+TEST_CASE("with --local_ranks_filter only the chosen local ranks reach the console",
+          "[agent][integration]") {
+  auto r = run_command(ddprun_fake({"--nproc_per_node", "2", "--local_ranks_filter", "1"},
+                                   {"print=out-line", "eprint=err-line"}),
+                       {}, kJobLimit);
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+  CHECK(contains(r.out, "[default1]:out-line"));
+  CHECK(contains(r.err, "[default1]:err-line"));
+  CHECK_FALSE(contains(r.out, "[default0]"));
+  CHECK_FALSE(contains(r.err, "[default0]"));
+}
+
+TEST_CASE("a restarted group writes its logs to the next attempt directory",
+          "[agent][integration]") {
+  TempDir logs;
+  auto r = run_command(ddprun_fake({"--log_dir", logs.path(), "--redirects", "3", "--rdzv_id",
+                                    "myrun", "--max_restarts", "1"},
+                                   {"env=TORCHELASTIC_RESTART_COUNT", "exit_if_restart=0:1"}),
+                       {}, kJobLimit);
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+  const std::string run = logs.path() + "/myrun";
+  CHECK(read_file(run + "/attempt_0/0/stdout.log") == "TORCHELASTIC_RESTART_COUNT=0\n");
+  CHECK(read_file(run + "/attempt_1/0/stdout.log") == "TORCHELASTIC_RESTART_COUNT=1\n");
+  CHECK_FALSE(fs::exists(run + "/attempt_2"));
+}
