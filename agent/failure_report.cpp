@@ -35,11 +35,12 @@ std::string format_one(int idx, const std::string& host, const ProcessFailure& f
   os << "  host      : " << host << "\n";
   os << "  rank      : " << f.global_rank << " (local_rank: " << f.local_rank << ")\n";
   os << "  exitcode  : " << (f.status.signal != 0 ? -f.status.signal : f.status.code)
-     << " (pid: " << f.pid << ")";
+     << (f.pid > 0 ? " (pid: " + std::to_string(f.pid) + ")" : std::string(" (never started)"));
   if (f.status.signal != 0)
     os << "\n  signal    : " << common::signal_name(f.status.signal) << " (" << f.status.signal
        << ")";
-  os << "\n  error_file: " << (f.error ? f.error_file : std::string("<N/A>"));
+  os << "\n  error_file: "
+     << (f.error && !f.error_file.empty() ? f.error_file : std::string("<N/A>"));
   std::string trace;
   if (f.error) {
     const ErrorFileContent& e = *f.error;

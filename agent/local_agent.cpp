@@ -145,6 +145,8 @@ class LocalAgent::Impl {
   bool prepare_log_root() {
     if (!opt_.log_dir.empty()) {
       log_root_ = fs::path(opt_.log_dir) / rdzv_.run_id();
+      spdlog::info("worker logs and error files go to {}/attempt_<n>/<local_rank>/",
+                   log_root_.string());
     } else {
       std::string tmpl = (fs::temp_directory_path() / "ddprun-XXXXXX").string();
       if (::mkdtemp(tmpl.data()) == nullptr) {
@@ -341,6 +343,7 @@ class LocalAgent::Impl {
     f.error_file = w.error_file;
     if (!w.launch_error.empty()) {
       f.error = ErrorFileContent{w.launch_error, "", std::nullopt};
+      f.error_file.clear();  // the worker never ran, so no file of its own exists
     } else if (std::ifstream in(w.error_file); in) {
       std::stringstream text;
       text << in.rdbuf();

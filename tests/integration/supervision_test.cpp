@@ -215,9 +215,10 @@ TEST_CASE("a --no_python program that cannot be executed fails the job and is na
       run_command({DDPRUN_BIN, "--nproc_per_node", "2", "--no_python", program}, {}, kJobLimit);
   INFO(r.err);
   REQUIRE_FALSE(r.timed_out);
-  CHECK(r.exit_code != 0);
+  CHECK(r.exit_code == 127);
   CHECK(contains(r.err, "exec " + program));
   CHECK(contains(r.err, program + " FAILED"));
+  CHECK(contains(r.err, "(never started)"));
 }
 
 TEST_CASE("PET_NPROC_PER_NODE sets the number of workers", "[agent][integration]") {

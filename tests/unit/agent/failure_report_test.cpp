@@ -55,3 +55,13 @@ TEST_CASE("exits are described for humans", "[agent][unit]") {
   CHECK(describe_exit({3, 0}) == "exit code 3");
   CHECK(describe_exit({0, 9}) == "signal SIGKILL (9)");
 }
+
+TEST_CASE("a worker that never started shows no pid and no error file", "[agent][unit]") {
+  ProcessFailure f = failure(0, {127, 0}, -1);
+  f.error_file.clear();
+  f.error = ErrorFileContent{"exec ./x: Exec format error", "", std::nullopt};
+  std::string report = format_failure_report("x", "h", {f}, 0, 0);
+  CHECK(report.find("exitcode  : 127 (never started)") != std::string::npos);
+  CHECK(report.find("error_file: <N/A>") != std::string::npos);
+  CHECK(report.find("traceback : exec ./x: Exec format error") != std::string::npos);
+}

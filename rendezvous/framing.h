@@ -1,0 +1,62 @@
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+
+// Wire framing for the TCP rendezvous protocol (see docs/design.md). Pure: no sockets, no clock.
+// A frame is a 4-byte big-endian unsigned body length followed by the body, a UTF-8 JSON object.
+
+namespace ddprun::rdzv {
+
+/// Largest body a frame may carry; a larger announced length means a broken or hostile peer.
+constexpr std::size_t kMaxFrameBytes = 1 << 20;
+
+/// Size of the big-endian length prefix in front of every body.
+constexpr std::size_t kFrameHeaderBytes = 4;
+
+/// Version of the rendezvous protocol this ddprun speaks; peers must match exactly.
+constexpr int kProtocolVersion = 1;
+
+/// Serialises `body` as one frame; a body over kMaxFrameBytes is a programming error (asserts).
+std::string encode_frame(const nlohmann::json& body);
+
+/// Outcome of FrameDecoder::next().
+enum class DecodeStatus { Complete, NeedMore, Bad };
+
+/// One decoded frame, or why there is none yet, or why the stream is broken.
+struct DecodeResult {
+  /// Complete: `body` holds a JSON object; NeedMore: feed more bytes; Bad: close the connection.
+  DecodeStatus status = DecodeStatus::NeedMore;
+  /// The parsed body, set only when status is Complete.
+  nlohmann::json body;
+  /// What was wrong with the stream, set only when status is Bad.
+  std::string error;
+};
+
+/// Reassembles frames from a byte stream fed in arbitrary pieces; once Bad it stays Bad.
+class FrameDecoder {
+ public:
+  /// Appends bytes read from the connection; ignored once the decoder is Bad.
+  void feed(std::string_view bytes);
+
+  /// Returns the next complete frame, NeedMore, or Bad (sticky) for an unusable stream.
+  DecodeResult next();
+
+  /// Bytes fed but not yet returned as frames.
+  std::size_t buffered_bytes() const { return buffer_.size(); }
+
+ private:
+  DecodeResult fail(std::string error);
+
+  std::string buffer_;
+  std::optional<std::string> bad_;
+};
+
+/// Checks a peer's `{"type":"hello","protocol":N,...}`; returns nullopt if compatible, else why
+/// not.
+std::optional<std::string> check_hello(const nlohmann::json& hello);
+
+}  // namespace ddprun::rdzv
