@@ -133,3 +133,22 @@ TEST_CASE("a --standalone job gets a fresh run id", "[agent][integration]") {
   CHECK(id_a != "none");
   CHECK(id_a != id_b);
 }
+
+/// ddprun with LOGLEVEL set and OMP_NUM_THREADS unset (so the OMP notice is due).
+std::vector<std::string> with_loglevel(const std::string& level) {
+  std::vector<std::string> argv = {"/usr/bin/env", "-u", "OMP_NUM_THREADS", "LOGLEVEL=" + level};
+  for (auto& a : ddprun_fake({"--nproc_per_node", "2"}, {"exit=0"})) argv.push_back(a);
+  return argv;
+}
+
+TEST_CASE("LOGLEVEL sets how much the agent says", "[agent][integration]") {
+  auto quiet = run_command(with_loglevel("ERROR"), {}, kJobLimit);
+  INFO(quiet.err);
+  CHECK(quiet.exit_code == 0);
+  CHECK_FALSE(contains(quiet.err, "OMP_NUM_THREADS"));  // an info line, below ERROR
+  auto chatty = run_command(with_loglevel("DEBUG"), {}, kJobLimit);
+  INFO(chatty.err);
+  CHECK(chatty.exit_code == 0);
+  CHECK(contains(chatty.err, "[ddprun] debug: starting 2 workers"));
+  CHECK(contains(chatty.err, "OMP_NUM_THREADS"));
+}
