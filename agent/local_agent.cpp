@@ -220,8 +220,7 @@ class LocalAgent::Impl {
     failures_.clear();
     stop_reason_ = StopReason::None;
     group_ended_ = false;
-    const std::string path_env =
-        opt_.agent_env.count("PATH") ? opt_.agent_env.at("PATH") : "/usr/bin:/bin";
+    const std::string path_env = search_path(opt_.agent_env);
     const std::string executable = resolve_executable(opt_.spec.argv.front(), path_env);
     spdlog::debug("starting {} workers (restart {}): master {}:{}", opt_.spec.local_world_size,
                   restart_count_, round.master_addr, round.master_port);

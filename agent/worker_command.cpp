@@ -27,6 +27,11 @@ bool is_executable_file(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
 }
 
+std::string search_path(const std::map<std::string, std::string>& env) {
+  auto it = env.find("PATH");
+  return it == env.end() || it->second.empty() ? "/usr/bin:/bin" : it->second;
+}
+
 std::string resolve_executable(const std::string& name, const std::string& path_env) {
   if (name.empty()) return "";
   if (name.find('/') != std::string::npos) return is_executable_file(name) ? name : "";

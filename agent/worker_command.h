@@ -1,5 +1,6 @@
 #pragma once
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,9 @@ std::vector<std::string> build_worker_command(
 
 /// True when `path` names a regular file the current user may execute.
 bool is_executable_file(const std::string& path);
+
+/// The PATH that worker commands are searched in: the environment's, else "/usr/bin:/bin".
+std::string search_path(const std::map<std::string, std::string>& env);
 
 /// Resolves a program name through PATH (names with a '/' are taken as they are).
 /// Returns "" when nothing executable is found.

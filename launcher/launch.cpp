@@ -66,7 +66,7 @@ std::string env_or(const agent::EnvMap& env, const std::string& key, const std::
 std::optional<std::string> check_script(const LaunchConfig& config, const agent::EnvMap& env) {
   if (config.module) return std::nullopt;
   if (config.no_python) {
-    if (!agent::resolve_executable(config.script, env_or(env, "PATH", "/usr/bin:/bin")).empty())
+    if (!agent::resolve_executable(config.script, agent::search_path(env)).empty())
       return std::nullopt;
     return "--no_python " + config.script + ": no executable file by that name (PATH searched); " +
            "check the path, or chmod +x it";

@@ -44,3 +44,9 @@ TEST_CASE("programs are found through PATH", "[agent][unit]") {
   CHECK(resolve_executable("no-such-program-ddprun", "/bin:/usr/bin").empty());
   CHECK(resolve_executable("/bin/sh", "") == "/bin/sh");
 }
+
+TEST_CASE("workers are searched for in the agent's PATH, else in /usr/bin:/bin", "[agent][unit]") {
+  CHECK(search_path({{"PATH", "/opt/bin"}}) == "/opt/bin");
+  CHECK(search_path({}) == "/usr/bin:/bin");
+  CHECK(search_path({{"PATH", ""}}) == "/usr/bin:/bin");
+}
