@@ -23,10 +23,10 @@ void require_torch() {
 TEST_CASE("a torchrun DDP script trains under ddprun and sees torchrun's environment",
           "[python][integration]") {
   require_torch();
-  auto r = run_command({DDPRUN_BIN, "--standalone", "--nproc_per_node", "2", kScript, "2", "1",
-                        "--print_env"},
-                       kPython, std::chrono::seconds(120));
-  INFO(r.out << r.err);
+  auto r = run_command(
+      {DDPRUN_BIN, "--standalone", "--nproc_per_node", "2", kScript, "2", "1", "--print_env"},
+      kPython, std::chrono::seconds(120));
+  INFO((r.timed_out ? "ddprun did not finish in time and was killed\n" : "") << r.out << r.err);
   REQUIRE(r.exit_code == 0);
   for (int rank = 0; rank < 2; ++rank) {
     const std::string p = "[default" + std::to_string(rank) + "]:";
@@ -40,8 +40,9 @@ TEST_CASE("a torchrun DDP script trains under ddprun and sees torchrun's environ
                      ": parameters identical to rank 0: True") != std::string::npos);
   }
   // Both ranks agree on one store address, one run id and the restart count.
-  std::regex port("MASTER_PORT=(\\d+) TORCHELASTIC_RESTART_COUNT=0 TORCHELASTIC_MAX_RESTARTS=0 "
-                  "TORCHELASTIC_RUN_ID=([0-9a-f-]+) TORCHELASTIC_USE_AGENT_STORE=False");
+  std::regex port(
+      "MASTER_PORT=(\\d+) TORCHELASTIC_RESTART_COUNT=0 TORCHELASTIC_MAX_RESTARTS=0 "
+      "TORCHELASTIC_RUN_ID=([0-9a-f-]+) TORCHELASTIC_USE_AGENT_STORE=False");
   std::vector<std::string> seen;
   for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), port);
        it != std::sregex_iterator(); ++it)
@@ -56,7 +57,7 @@ TEST_CASE("a Python worker's @record traceback appears in ddprun's failure repor
   auto r = run_command({DDPRUN_BIN, "--standalone", "--nproc_per_node", "2", kScript, "2", "1",
                         "--fail_rank", "1", "--fail_epoch", "0"},
                        kPython, std::chrono::seconds(120));
-  INFO(r.out << r.err);
+  INFO((r.timed_out ? "ddprun did not finish in time and was killed\n" : "") << r.out << r.err);
   CHECK(r.exit_code == 1);
   CHECK(r.err.find("ddp_train.py FAILED") != std::string::npos);
   const auto root = r.err.find("Root Cause");
@@ -71,14 +72,13 @@ TEST_CASE("a Python worker's @record traceback appears in ddprun's failure repor
 TEST_CASE("a restarted DDP job resumes from its snapshot and finishes", "[python][integration]") {
   require_torch();
   TempDir dir;
-  auto r = run_command({DDPRUN_BIN, "--standalone", "--nproc_per_node", "2", "--max_restarts", "1",
-                        kScript, "3", "1", "--snapshot_path", dir.path() + "/snap.pt",
-                        "--fail_rank", "1", "--fail_epoch", "2"},
-                       kPython, std::chrono::seconds(180));
-  INFO(r.out << r.err);
+  auto r = run_command(
+      {DDPRUN_BIN, "--standalone", "--nproc_per_node", "2", "--max_restarts", "1", kScript, "3",
+       "1", "--snapshot_path", dir.path() + "/snap.pt", "--fail_rank", "1", "--fail_epoch", "2"},
+      kPython, std::chrono::seconds(180));
+  INFO((r.timed_out ? "ddprun did not finish in time and was killed\n" : "") << r.out << r.err);
   CHECK(r.exit_code == 0);
   CHECK(r.err.find("restarting workers: restart 1 of 1") != std::string::npos);
   CHECK(r.out.find("[default0]:Resuming training from snapshot at Epoch 2") != std::string::npos);
-  CHECK(r.out.find("[default1]:rank 1: parameters identical to rank 0: True") !=
-        std::string::npos);
+  CHECK(r.out.find("[default1]:rank 1: parameters identical to rank 0: True") != std::string::npos);
 }
