@@ -1,0 +1,172 @@
+#pragma once
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+// The messages of ddprun's rendezvous protocol (docs/design.md#rendezvous-protocol), as typed
+// values, and their JSON form. Pure: the server and client put these in frames (framing.h).
+//
+//   agent                                   server
+//     | hello{protocol}                       |
+//     | join{run_id, node, settings, resume?} |   (again before every round)
+//     |<------------------ waiting{...}       |   (while the round forms; a status line)
+//     |<------------------ round{rank, ...}   |   (the round is complete: start workers)
+//     | heartbeat (every keep_alive_interval) |
+//     | workers_failed / workers_succeeded    |
+//     |<------------------ restart{reason}    |   (stop workers, then join again)
+//     |<------------------ closed{outcome}    |   (the job is over: exit)
+//     |<------------------ refused{kind, msg} |   (this node cannot take part: exit)
+
+namespace ddprun::rdzv {
+
+using Millis = std::chrono::milliseconds;
+
+/// What every node of a job must agree on, plus the timeouts of --rdzv_conf.
+struct RdzvSettings {
+  int min_nodes = 1;
+  int max_nodes = 1;
+  int nproc_per_node = 1;
+  int max_restarts = 0;
+  Millis join_timeout{600'000};
+  Millis last_call_timeout{30'000};
+  Millis close_timeout{30'000};
+  Millis keep_alive_interval{5'000};
+  int keep_alive_max_attempt = 3;
+
+  /// How long a node may stay silent before it is declared lost.
+  Millis keep_alive_window() const { return keep_alive_interval * keep_alive_max_attempt; }
+};
+
+/// The round a node's workers are running, as the node remembers it: sent when the node
+/// re-registers after losing its connection (e.g. the daemon restarted) so that the server can
+/// adopt the running group instead of restarting it.
+struct RoundClaim {
+  int round = 0;
+  int group_rank = 0;
+  int group_world_size = 1;
+  int restart_count = 0;
+  std::string master_addr;
+  int master_port = 0;
+  bool succeeded = false;  ///< this node's workers already finished successfully
+};
+
+// ---- agent -> server ----------------------------------------------------------------------
+
+/// A node asks to take part in the next round of job `run_id`.
+struct Join {
+  std::string run_id;
+  std::string node_id;  ///< unique per agent process ("host:pid:random")
+  std::string name;     ///< what users see, and the numeric-aware ordering key (addr or host)
+  std::string addr;     ///< published as MASTER_ADDR if this node becomes group rank 0
+  int master_port = 0;  ///< a free port on addr, used if this node becomes group rank 0
+  std::optional<int> node_rank;  ///< --node_rank when given
+  RdzvSettings settings;
+  std::optional<RoundClaim> resume;
+};
+
+/// "I am alive", every keep_alive_interval.
+struct Heartbeat {};
+
+/// A worker of this node failed in `round`; the node is stopping its workers.
+struct WorkersFailed {
+  int round = 0;
+  std::string description;  ///< e.g. "worker rank 3 (local rank 1) exited with code 1"
+  int exit_code = 0;        ///< the worker's exit code, when it exited
+  int signal = 0;           ///< the signal that killed the worker, when it was killed
+};
+
+/// Every worker of this node exited 0 in `round`.
+struct WorkersSucceeded {
+  int round = 0;
+};
+
+/// The node leaves the job on purpose (the agent got a signal).
+struct Leave {
+  std::string reason;
+};
+
+/// `ddprun status`: describe the jobs on this server (one when run_id is set).
+struct StatusQuery {
+  std::optional<std::string> run_id;
+};
+
+using AgentMessage =
+    std::variant<Join, Heartbeat, WorkersFailed, WorkersSucceeded, Leave, StatusQuery>;
+
+// ---- server -> agent ----------------------------------------------------------------------
+
+/// Progress of the round being formed, sent to its members on every change.
+struct Waiting {
+  int round = 0;
+  std::vector<std::string> joined;  ///< names of the nodes in the forming round
+  int min_nodes = 1;
+  int max_nodes = 1;
+  std::vector<int> missing_node_ranks;  ///< given --node_rank values not yet joined (if any)
+  Millis waited{0};                     ///< since the round started forming
+  Millis join_timeout{0};
+  bool wait_listed = false;  ///< this node waits for a place in a later round
+};
+
+/// The round is complete: this node's place in the job.
+struct RoundReady {
+  int round = 0;
+  int group_rank = 0;
+  int group_world_size = 1;
+  std::string master_addr;
+  int master_port = 0;
+  int restart_count = 0;
+  std::vector<std::string> participants;  ///< names in group-rank order
+};
+
+/// Stop the workers and join again for round `next_round`.
+struct Restart {
+  int next_round = 0;
+  std::string reason;
+  bool counted = false;  ///< uses one of --max_restarts (false for a scale-up)
+  int restart_count = 0;
+};
+
+/// How a job ended.
+enum class JobOutcomeKind { Succeeded, Failed, TimedOut };
+
+/// The job is over; every node exits.
+struct Closed {
+  JobOutcomeKind outcome = JobOutcomeKind::Succeeded;
+  std::string message;
+  int exit_code = 0;  ///< root-cause worker's exit code (Failed)
+  int signal = 0;     ///< root-cause worker's signal (Failed)
+};
+
+/// Why a node cannot take part.
+enum class RefusalKind { Mismatch, DuplicateRank, BadRank, Closed, Protocol };
+
+/// This node cannot take part; it exits with the message.
+struct Refused {
+  RefusalKind kind = RefusalKind::Protocol;
+  std::string message;
+};
+
+/// Reply to StatusQuery: a JSON description of the jobs (see describe_job in rdzv_state.h).
+struct StatusReply {
+  nlohmann::json jobs;
+};
+
+using ServerMessage = std::variant<Waiting, RoundReady, Restart, Closed, Refused, StatusReply>;
+
+// ---- JSON ---------------------------------------------------------------------------------
+
+/// The message as a JSON object with a "type" field.
+nlohmann::json to_json(const AgentMessage& message);
+nlohmann::json to_json(const ServerMessage& message);
+
+/// Parses a frame body; a string naming what is wrong for anything malformed (never throws).
+std::variant<AgentMessage, std::string> parse_agent_message(const nlohmann::json& body);
+std::variant<ServerMessage, std::string> parse_server_message(const nlohmann::json& body);
+
+/// The hello each side sends first (checked with check_hello in framing.h).
+nlohmann::json make_hello(const std::string& role);
+
+}  // namespace ddprun::rdzv

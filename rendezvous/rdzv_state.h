@@ -1,0 +1,149 @@
+#pragma once
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "common/clock.h"
+#include "rendezvous/protocol.h"
+
+// The rendezvous server's logic for one job (one rdzv_id), as a pure state machine:
+// step(state, event, now) -> {next state, messages to nodes, when to wake up}. No sockets, no
+// clock reads; the Asio server (rendezvous/server.h) feeds it events and delivers its messages.
+// States and transitions are drawn in docs/design.md#rendezvous-state-machine.
+//
+//        join (first)            max joined, or min joined and last call over,
+//   [none] ------> Joining(r) ---or (r > 0) every live node of the job rejoined----> Running(r)
+//                    ^  |                                                                |
+//                    |  | join timeout, under min: Closed(TimedOut)                      |
+//                    |  v                                                                |
+//                    | Closed <--- all participants succeeded / budget used up ----------+
+//                    |                                                                   |
+//                    +--- worker failure, node lost (counted), newcomer under max (not) -+
+
+namespace ddprun::rdzv {
+
+using common::TimePoint;
+
+/// What the server knows about one node of a job.
+enum class NodeState {
+  Joined,     ///< in the round being formed
+  Running,    ///< a participant of the running round
+  Succeeded,  ///< a participant whose workers all exited 0
+  Stopping,   ///< told to restart; its Join for the next round has not arrived yet
+  WaitListed  ///< arrived while the round ran at max nodes (or while Running, before scale-up)
+};
+
+struct NodeRecord {
+  Join request;  ///< the node's latest Join
+  NodeState state = NodeState::Joined;
+  int group_rank = -1;  ///< in the running round; -1 otherwise
+  TimePoint last_seen;  ///< last message of any kind (heartbeats included)
+};
+
+enum class JobPhase { Joining, Running, Closed };
+
+/// Everything the server holds for one job.
+struct JobState {
+  std::string run_id;
+  RdzvSettings settings;      ///< set by the first node to join; later nodes must agree
+  std::string settings_from;  ///< name of the node that set them (for mismatch messages)
+  JobPhase phase = JobPhase::Joining;
+  int round = 0;          ///< the round being formed (Joining) or running (Running)
+  int restart_count = 0;  ///< counted restarts so far, job-wide
+  std::map<std::string, NodeRecord> nodes;    ///< by node_id: every live node of the job
+  std::map<std::string, int> previous_ranks;  ///< node_id -> group rank in the last round
+  TimePoint round_started;                    ///< when the forming round began
+  std::optional<TimePoint> last_call;         ///< deadline once min nodes joined (Joining)
+  std::optional<TimePoint> adopt_deadline;    ///< re-registration window after a server restart
+  std::optional<TimePoint> closed_at;         ///< set in Closed; erased after close_timeout
+  std::optional<Closed> closed;               ///< how it ended, repeated to late joiners
+};
+
+// ---- events -------------------------------------------------------------------------------
+
+/// A node's message arrived (Join, Heartbeat, WorkersFailed, WorkersSucceeded, Leave).
+/// StatusQuery is answered by the server directly and never reaches step().
+struct FromNode {
+  std::string node_id;
+  AgentMessage message;
+};
+
+/// A node's connection closed without a Leave (the agent died or its host went away).
+struct Disconnected {
+  std::string node_id;
+};
+
+/// Time passed: deadlines (join timeout, last call, heartbeats, adoption, tombstone) are due.
+struct Tick {};
+
+using Event = std::variant<FromNode, Disconnected, Tick>;
+
+// ---- outputs ------------------------------------------------------------------------------
+
+/// One message for one node.
+struct Outgoing {
+  std::string node_id;
+  ServerMessage message;
+  bool close_after = false;  ///< Refused and Closed end the connection once sent
+};
+
+struct StepResult {
+  JobState state;
+  std::vector<Outgoing> messages;
+  std::optional<TimePoint> wake_at;  ///< call step(Tick) at this time (earliest deadline)
+  bool erase = false;                ///< the job's tombstone expired: forget the job
+};
+
+/// A new, empty job (phase Joining, round 0) whose first Join will set its settings.
+JobState new_job(std::string run_id, TimePoint now);
+
+/// The state machine. Transitions (one comment each in the implementation):
+/// - Join, job Joining: settings mismatch (nproc_per_node, min/max nodes, max_restarts) ->
+///   Refused(Mismatch) naming both values and both nodes; node_rank >= max_nodes ->
+///   Refused(BadRank); node_rank held by another live node -> Refused(DuplicateRank);
+///   else Joined. At max joined -> complete. At min joined -> last call deadline. Waiting to
+///   every Joined node on each change.
+/// - Join, job Running: WaitListed; if participants < max -> scale-up round (Restart not
+///   counted to every participant). Join with `resume` matching the running round -> adopted
+///   as Running with its claimed rank.
+/// - Join, job Closed: Refused(Closed) with the job's end.
+/// - Join with `resume` on an unknown/new job (server restarted): the job is rebuilt Running at
+///   the claimed round and restart count; participants missing after keep_alive_window are
+///   lost (-> new round). A claim conflicting with the adopted round -> new round, not counted.
+/// - Complete: ranks from assign_group_ranks(); master addr/port from group rank 0's Join;
+///   RoundReady to each participant; phase Running.
+/// - Heartbeat: last_seen = now.
+/// - WorkersFailed for the running round: budget left -> restart_count+1, Restart(counted) to
+///   every participant, phase Joining(round+1), wait-listed nodes become Joined; budget used
+///   up -> Closed(Failed) to all. A WorkersFailed for an older round is ignored (one failure
+///   round per round, however many nodes report it).
+/// - WorkersSucceeded: node Succeeded; all participants Succeeded -> Closed(Succeeded).
+/// - Leave / Disconnected / keep-alive expiry (Tick): node removed. A Running participant lost
+///   -> like a failure (counted; Closed(Failed) when the budget is used up). Under min in
+///   Joining -> last call cancelled; keep waiting until the join timeout.
+/// - Tick: join timeout with fewer than min joined -> Closed(TimedOut) naming joined and
+///   missing nodes and the time waited; last call over with >= min -> complete.
+/// - Closed: erase once close_timeout has passed since closing.
+StepResult step(JobState state, const Event& event, TimePoint now);
+
+/// Group ranks for the participants of a round (node_ids), 0..n-1:
+/// - nodes that gave --node_rank are ordered by it (ranks equal node_rank when 0..n-1 are all
+///   present; gaps are closed in order);
+/// - otherwise a node keeps its previous rank while it is < n and not taken; the remaining
+///   nodes fill the lowest free ranks, previous holders first, then newcomers in
+///   numeric-aware order of their names ("node2" before "node10"), node_id breaking ties.
+std::map<std::string, int> assign_group_ranks(const std::map<std::string, NodeRecord>& nodes,
+                                              const std::vector<std::string>& participants,
+                                              const std::map<std::string, int>& previous_ranks);
+
+/// Numeric-aware "less than": digit runs compare as numbers ("n2" < "n10" < "n10a").
+bool natural_less(const std::string& a, const std::string& b);
+
+/// The job as `ddprun status` shows it: run id, phase, round, restart count, settings, and
+/// per node: name, node_id, state, group rank, seconds since last seen.
+nlohmann::json describe_job(const JobState& state, TimePoint now);
+
+}  // namespace ddprun::rdzv
