@@ -103,7 +103,7 @@ struct WorkerRuntime {
 };
 
 /// Why the current group is being stopped.
-enum class StopReason { None, WorkerFailed, Signalled };
+enum class StopReason { None, WorkerFailed, Signalled, Requested };
 
 }  // namespace
 
@@ -130,6 +130,7 @@ class LocalAgent::Impl {
   int run() {
     if (!prepare_log_root()) return job_exit_code(JobOutcome::of(JobEnd::Internal));
     install_signals();
+    rdzv_.set_notice_handler([this](rdzv::Notice notice) { on_notice(std::move(notice)); });
     if (will_default_omp_threads(opt_.agent_env, opt_.spec.local_world_size))
       spdlog::info(
           "setting OMP_NUM_THREADS=1 for each worker to avoid overloading the system; set it "
@@ -199,10 +200,9 @@ class LocalAgent::Impl {
   // ---- rounds -----------------------------------------------------------------------------
 
   void start_round() {
-    rdzv_.next_rendezvous(restart_count_, [this](rdzv::RendezvousResult result) {
+    rdzv_.next_rendezvous([this](rdzv::RendezvousResult result) {
       if (finished_) return;
-      if (pending_signal_ != 0)
-        return finish(job_exit_code(JobOutcome::signalled(pending_signal_)));
+      if (pending_signal_ != 0) return advance();
       if (auto* error = std::get_if<rdzv::RendezvousError>(&result)) {
         spdlog::error("rendezvous failed: {}", error->message);
         return finish(job_exit_code(JobOutcome::of(JobEnd::RendezvousFailed)));
@@ -211,8 +211,70 @@ class LocalAgent::Impl {
     });
   }
 
+  /// Between rounds the rendezvous decides: join again, the job is over, or it is lost.
+  void on_notice(rdzv::Notice notice) {
+    if (finished_) return;
+    if (auto* restart = std::get_if<rdzv::Restart>(&notice)) {
+      if (restart->counted)
+        spdlog::warn("restarting workers: restart {} of {} ({})", restart->restart_count,
+                     opt_.spec.max_restarts, restart->reason);
+      else
+        spdlog::warn("restarting workers for a new round: {}", restart->reason);
+      restart_ = *restart;
+    } else if (auto* closed = std::get_if<rdzv::Closed>(&notice)) {
+      closed_ = *closed;
+    } else {
+      lost_ = std::get<rdzv::RendezvousError>(notice);
+    }
+    // Healthy -> Stopped: the rendezvous asks this node to stop its workers.
+    if (!idle_ && !group_ended_ && stop_reason_ == StopReason::None)
+      stop_group(StopReason::Requested, SIGTERM);
+    advance();
+  }
+
+  /// Once no worker runs and their output is drained: act on what is pending.
+  void advance() {
+    if (finished_ || !idle_) return;
+    if (pending_signal_ != 0) {
+      rdzv_.leave("received " + common::signal_name(pending_signal_));
+      return finish(job_exit_code(JobOutcome::signalled(pending_signal_)));
+    }
+    if (lost_) {
+      spdlog::error("{}", lost_->message);
+      return finish(job_exit_code(JobOutcome::of(JobEnd::RendezvousFailed)));
+    }
+    if (closed_) return conclude(*closed_);
+    if (restart_) {
+      restart_.reset();
+      return start_round();
+    }
+    // Otherwise the rendezvous has not answered this node's report yet.
+  }
+
+  /// The job is over: report and exit as the rendezvous says, the same on every node.
+  void conclude(const rdzv::Closed& closed) {
+    switch (closed.outcome) {
+      case rdzv::JobOutcomeKind::Succeeded:
+        return finish(job_exit_code(JobOutcome::of(JobEnd::Succeeded)));
+      case rdzv::JobOutcomeKind::TimedOut:
+        spdlog::error("rendezvous failed: {}", closed.message);
+        return finish(job_exit_code(JobOutcome::of(JobEnd::RendezvousFailed)));
+      case rdzv::JobOutcomeKind::Failed:
+        break;
+    }
+    if (!failures_.empty())
+      write_all(STDERR_FILENO, format_failure_report(opt_.script, host_, failures_, restart_count_,
+                                                     opt_.spec.max_restarts));
+    else
+      spdlog::error("the job failed on another node: {}", closed.message);
+    finish(job_exit_code(JobOutcome::workers_failed(ExitStatus{closed.exit_code, closed.signal},
+                                                    opt_.spec.max_restarts)));
+  }
+
   void start_workers(const rdzv::RendezvousInfo& round) {
     round_ = round;
+    restart_count_ = round.restart_count;
+    idle_ = false;
     const fs::path attempt_dir = log_root_ / ("attempt_" + std::to_string(restart_count_));
     std::error_code ec;
     fs::remove_all(attempt_dir, ec);  // a stale error.json must not be blamed on this attempt
@@ -379,12 +441,22 @@ class LocalAgent::Impl {
       case Action::Monitor:
         return;
       case Action::Succeed:
+        // Healthy -> Succeeded: the job is done once the rendezvous says every node is.
         group_ended_ = true;
-        return drain_then([this] { finish(job_exit_code(JobOutcome::of(JobEnd::Succeeded))); });
+        return drain_then([this] {
+          idle_ = true;
+          rdzv_.report_success();
+          advance();
+        });
       case Action::StopGroup: {
+        // Healthy -> Unhealthy: report at once so other nodes stop too, then stop ours.
         const ProcessFailure& root = failures_.front();
-        spdlog::warn("worker rank {} (local rank {}, pid {}) failed with {}; stopping the group",
-                     root.global_rank, root.local_rank, root.pid, describe_exit(root.status));
+        const std::string what = fmt::format(
+            "worker rank {} (local rank {}, pid {}) on {} failed with {}", root.global_rank,
+            root.local_rank, root.pid, host_, describe_exit(root.status));
+        spdlog::warn("{}; stopping the group", what);
+        rdzv_.report_failure(
+            rdzv::WorkersFailed{round_.round, what, root.status.code, root.status.signal});
         stop_group(StopReason::WorkerFailed, SIGTERM);
         return;
       }
@@ -408,9 +480,10 @@ class LocalAgent::Impl {
     }
     pending_signal_ = sig;
     spdlog::warn("received {}: stopping the workers", common::signal_name(sig));
-    // Rendezvous in flight: its callback sees pending_signal_. Group already ending: the
-    // end of the drain sees it.
-    if (workers_.empty() || group_ended_) return;
+    // Between rounds (or in a rendezvous): leave now. Group already ending: the end of the
+    // drain leaves.
+    if (idle_) return advance();
+    if (group_ended_) return;
     stop_group(StopReason::Signalled, sig);
   }
 
@@ -438,24 +511,11 @@ class LocalAgent::Impl {
   void on_group_stopped() {
     group_ended_ = true;
     shutdown_timer_.cancel();
+    // group_ended_ stays set until the next group starts: a late SIGCHLD during the
+    // rendezvous must not see the stopped old group and act a second time.
     drain_then([this] {
-      if (stop_reason_ == StopReason::Signalled)
-        return finish(job_exit_code(JobOutcome::signalled(pending_signal_)));
-      if (pending_signal_ == 0 &&
-          decide_after_failure(restart_count_, opt_.spec.max_restarts) == AfterFailure::Restart) {
-        ++restart_count_;
-        spdlog::warn("restarting workers: restart {} of {}", restart_count_,
-                     opt_.spec.max_restarts);
-        // group_ended_ stays set until the new group starts: a late SIGCHLD during the
-        // rendezvous must not see the stopped old group and restart a second time.
-        return start_round();
-      }
-      write_all(STDERR_FILENO, format_failure_report(opt_.script, host_, failures_, restart_count_,
-                                                     opt_.spec.max_restarts));
-      if (pending_signal_ != 0)
-        return finish(job_exit_code(JobOutcome::signalled(pending_signal_)));
-      finish(job_exit_code(
-          JobOutcome::workers_failed(failures_.front().status, opt_.spec.max_restarts)));
+      idle_ = true;
+      advance();
     });
   }
 
@@ -523,6 +583,10 @@ class LocalAgent::Impl {
   std::function<void()> after_drain_;
   int restart_count_ = 0;
   int pending_signal_ = 0;
+  bool idle_ = true;  ///< no worker group runs or drains: between rounds
+  std::optional<rdzv::Restart> restart_;
+  std::optional<rdzv::Closed> closed_;
+  std::optional<rdzv::RendezvousError> lost_;
   bool group_ended_ = false;
   bool finished_ = false;
   int exit_code_ = 0;

@@ -36,10 +36,6 @@ Action decide(const GroupObservation& obs) {
   }
 }
 
-AfterFailure decide_after_failure(int restarts_used, int max_restarts) {
-  return restarts_used < max_restarts ? AfterFailure::Restart : AfterFailure::GiveUp;
-}
-
 int job_exit_code(const JobOutcome& outcome) {
   switch (outcome.end) {
     case JobEnd::Succeeded:

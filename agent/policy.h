@@ -23,12 +23,6 @@ enum class Action {
 /// Decides after each observed worker exit.
 Action decide(const GroupObservation& obs);
 
-/// What follows a stopped, failed group.
-enum class AfterFailure { Restart, GiveUp };
-
-/// Restart while the budget lasts: restarts_used counts restarts already made.
-AfterFailure decide_after_failure(int restarts_used, int max_restarts);
-
 /// How a whole ddprun run ended.
 enum class JobEnd { Succeeded, WorkersFailed, Signalled, RendezvousFailed, Internal };
 

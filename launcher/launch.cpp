@@ -153,7 +153,7 @@ int launch(const LaunchConfig& config, const agent::EnvMap& env) {
   const std::string master_addr =
       config.local_addr.empty() ? config.master_addr : config.local_addr;
   rdzv::LocalRendezvous rdzv(config.standalone ? "c10d" : config.rdzv_backend, config.rdzv_id,
-                             master_addr, config.master_port, [&io](std::function<void()> fn) {
+                             master_addr, config.master_port, config.max_restarts, [&io](std::function<void()> fn) {
                                boost::asio::post(io, std::move(fn));
                              });
   agent::PosixProcessLauncher launcher;

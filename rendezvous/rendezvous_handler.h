@@ -3,6 +3,8 @@
 #include <string>
 #include <variant>
 
+#include "rendezvous/protocol.h"
+
 namespace ddprun::rdzv {
 
 /// What one completed rendezvous round tells an agent: its place in the job and where the
@@ -14,6 +16,8 @@ struct RendezvousInfo {
   int master_port = 0;
   /// The job's restart count as held by the rendezvous (equal on every node).
   int restart_count = 0;
+  /// The rendezvous round this is (rounds that are not restarts count too).
+  int round = 0;
 };
 
 /// torchelastic's four meanings of a failed rendezvous.
@@ -27,13 +31,27 @@ struct RendezvousError {
 
 using RendezvousResult = std::variant<RendezvousInfo, RendezvousError>;
 
-/// Joins rounds of a rendezvous. Calls complete asynchronously through the callback so that
-/// network-backed handlers and the single-node handler look the same to the agent.
+/// What the rendezvous tells a node between rounds: stop the workers and join again
+/// (Restart), the job is over (Closed), or the rendezvous is lost (RendezvousError).
+using Notice = std::variant<Restart, Closed, RendezvousError>;
+
+/// Joins rounds of a rendezvous and reports how this node's workers did. Everything completes
+/// asynchronously on the agent's event loop, so the single-node handler and the networked one
+/// look the same to the agent. The rendezvous, not the agent, holds the restart budget.
 class RendezvousHandler {
  public:
   virtual ~RendezvousHandler() = default;
   /// Joins the next round; `done` is called once with the round's result.
-  virtual void next_rendezvous(int restart_count, std::function<void(RendezvousResult)> done) = 0;
+  virtual void next_rendezvous(std::function<void(RendezvousResult)> done) = 0;
+  /// Where notices go; set once, before the first round.
+  virtual void set_notice_handler(std::function<void(Notice)> handler) = 0;
+  /// A worker of this node failed in the current round; a Restart or Closed notice follows.
+  virtual void report_failure(const WorkersFailed& failure) = 0;
+  /// Every worker of this node exited 0; Closed(Succeeded) follows once the whole job is done
+  /// (or Restart, when another node failed meanwhile).
+  virtual void report_success() = 0;
+  /// This node leaves the job (signal, error); no callback runs after this.
+  virtual void leave(const std::string& reason) = 0;
   /// The backend name as torchrun reports it ("static", "c10d").
   virtual std::string backend() const = 0;
   /// The job's run id (TORCHELASTIC_RUN_ID).

@@ -23,13 +23,6 @@ TEST_CASE("the group succeeds when every worker exited 0", "[agent][unit]") {
   CHECK(group_state({0, 4, 0}) == WorkerState::Succeeded);
 }
 
-TEST_CASE("restarts continue while the budget lasts", "[agent][unit]") {
-  CHECK(decide_after_failure(0, 2) == AfterFailure::Restart);
-  CHECK(decide_after_failure(1, 2) == AfterFailure::Restart);
-  CHECK(decide_after_failure(2, 2) == AfterFailure::GiveUp);
-  CHECK(decide_after_failure(0, 0) == AfterFailure::GiveUp);
-}
-
 TEST_CASE("the exit status maps each ending to its documented code", "[agent][unit]") {
   using namespace ddprun::common;
   CHECK(job_exit_code(JobOutcome::of(JobEnd::Succeeded)) == 0);

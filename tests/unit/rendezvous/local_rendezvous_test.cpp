@@ -25,9 +25,9 @@ struct ManualLoop {
 
 TEST_CASE("a single-node round makes this node rank 0 of 1 with a free port", "[rdzv][unit]") {
   ManualLoop loop;
-  LocalRendezvous rdzv("c10d", "job", "127.0.0.1", std::nullopt, loop.poster());
+  LocalRendezvous rdzv("c10d", "job", "127.0.0.1", std::nullopt, 0, loop.poster());
   std::optional<RendezvousResult> got;
-  rdzv.next_rendezvous(3, [&](RendezvousResult r) { got = r; });
+  rdzv.next_rendezvous([&](RendezvousResult r) { got = r; });
   CHECK_FALSE(got);  // completes asynchronously, like a networked round
   loop.run();
   REQUIRE(got);
@@ -35,7 +35,8 @@ TEST_CASE("a single-node round makes this node rank 0 of 1 with a free port", "[
   REQUIRE(info);
   CHECK(info->group_rank == 0);
   CHECK(info->group_world_size == 1);
-  CHECK(info->restart_count == 3);
+  CHECK(info->restart_count == 0);
+  CHECK(info->round == 0);
   CHECK(info->master_port > 0);
   CHECK(rdzv.backend() == "c10d");
   CHECK(rdzv.run_id() == "job");
@@ -43,20 +44,64 @@ TEST_CASE("a single-node round makes this node rank 0 of 1 with a free port", "[
 
 TEST_CASE("an explicit master port is used as given", "[rdzv][unit]") {
   ManualLoop loop;
-  LocalRendezvous rdzv("static", "none", "127.0.0.1", 29555, loop.poster());
+  LocalRendezvous rdzv("static", "none", "127.0.0.1", 29555, 0, loop.poster());
   std::optional<RendezvousResult> got;
-  rdzv.next_rendezvous(0, [&](RendezvousResult r) { got = r; });
+  rdzv.next_rendezvous([&](RendezvousResult r) { got = r; });
   loop.run();
   CHECK(std::get<RendezvousInfo>(*got).master_port == 29555);
 }
 
 TEST_CASE("an address that cannot be bound is a state error naming it", "[rdzv][unit]") {
   ManualLoop loop;
-  LocalRendezvous rdzv("static", "none", "no-such-host.invalid", std::nullopt, loop.poster());
+  LocalRendezvous rdzv("static", "none", "no-such-host.invalid", std::nullopt, 0, loop.poster());
   std::optional<RendezvousResult> got;
-  rdzv.next_rendezvous(0, [&](RendezvousResult r) { got = r; });
+  rdzv.next_rendezvous([&](RendezvousResult r) { got = r; });
   loop.run();
   auto* err = std::get_if<RendezvousError>(&*got);
   REQUIRE(err);
   CHECK(err->message.find("no-such-host.invalid") != std::string::npos);
+}
+
+TEST_CASE("a single node's failures restart it while the budget lasts, then close the job",
+          "[rdzv][unit]") {
+  ManualLoop loop;
+  LocalRendezvous rdzv("c10d", "job", "127.0.0.1", std::nullopt, 2, loop.poster());
+  std::vector<Notice> notices;
+  rdzv.set_notice_handler([&](Notice n) { notices.push_back(n); });
+  for (int expected = 1; expected <= 2; ++expected) {
+    rdzv.report_failure(WorkersFailed{0, "rank 1 exited with 3", 3, 0});
+    loop.run();
+    REQUIRE(notices.size() == static_cast<size_t>(expected));
+    auto* restart = std::get_if<Restart>(&notices.back());
+    REQUIRE(restart);
+    CHECK(restart->counted);
+    CHECK(restart->restart_count == expected);
+    std::optional<RendezvousResult> got;
+    rdzv.next_rendezvous([&](RendezvousResult r) { got = r; });
+    loop.run();
+    CHECK(std::get<RendezvousInfo>(*got).restart_count == expected);
+  }
+  rdzv.report_failure(WorkersFailed{2, "rank 1 was killed by SIGKILL", 0, 9});
+  loop.run();
+  auto* closed = std::get_if<Closed>(&notices.back());
+  REQUIRE(closed);
+  CHECK(closed->outcome == JobOutcomeKind::Failed);
+  CHECK(closed->signal == 9);
+  CHECK(closed->message == "rank 1 was killed by SIGKILL");
+}
+
+TEST_CASE("a single node's success closes the job, and nothing follows a leave", "[rdzv][unit]") {
+  ManualLoop loop;
+  LocalRendezvous rdzv("c10d", "job", "127.0.0.1", std::nullopt, 0, loop.poster());
+  std::vector<Notice> notices;
+  rdzv.set_notice_handler([&](Notice n) { notices.push_back(n); });
+  rdzv.report_success();
+  loop.run();
+  REQUIRE(notices.size() == 1);
+  CHECK(std::get<Closed>(notices[0]).outcome == JobOutcomeKind::Succeeded);
+  bool called = false;
+  rdzv.next_rendezvous([&](RendezvousResult) { called = true; });
+  rdzv.leave("received SIGTERM");
+  loop.run();
+  CHECK_FALSE(called);
 }

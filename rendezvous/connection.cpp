@@ -1,0 +1,127 @@
+#include "rendezvous/connection.h"
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+
+#include <boost/asio/write.hpp>
+
+namespace ddprun::rdzv {
+
+namespace asio = boost::asio;
+using boost::system::error_code;
+
+namespace {
+
+std::string endpoint_text(const asio::ip::tcp::endpoint& e) {
+  const auto addr = e.address();
+  const std::string host = addr.is_v6() ? "[" + addr.to_string() + "]" : addr.to_string();
+  return host + ":" + std::to_string(e.port());
+}
+
+}  // namespace
+
+FramedConnection::FramedConnection(asio::ip::tcp::socket socket) : socket_(std::move(socket)) {
+  error_code ec;
+  auto remote = socket_.remote_endpoint(ec);
+  peer_ = ec ? "?" : endpoint_text(remote);
+}
+
+void FramedConnection::start(MessageHandler on_message, CloseHandler on_close) {
+  on_message_ = std::move(on_message);
+  on_close_ = std::move(on_close);
+  read_more();
+}
+
+std::string FramedConnection::local_address() const {
+  error_code ec;
+  auto local = socket_.local_endpoint(ec);
+  return ec ? std::string() : local.address().to_string();
+}
+
+void FramedConnection::read_more() {
+  socket_.async_read_some(
+      asio::buffer(chunk_), [self = shared_from_this()](error_code ec, std::size_t n) {
+        if (!self->open_) return;
+        if (n > 0) {
+          self->decoder_.feed(std::string_view(self->chunk_.data(), n));
+          while (self->open_) {
+            DecodeResult r = self->decoder_.next();
+            if (r.status == DecodeStatus::NeedMore) break;
+            if (r.status == DecodeStatus::Bad)
+              return self->end("bad frame from " + self->peer_ + ": " + r.error);
+            self->on_message_(r.body);
+          }
+        }
+        if (!self->open_) return;
+        if (ec == asio::error::eof) return self->end("");
+        if (ec) return self->end(ec.message());
+        self->read_more();
+      });
+}
+
+void FramedConnection::send(const nlohmann::json& body) {
+  if (!open_ || close_when_written_) return;
+  writes_.push_back(encode_frame(body));
+  write_next();
+}
+
+void FramedConnection::write_next() {
+  if (writing_ || !open_) return;
+  if (writes_.empty()) {
+    if (close_when_written_) {
+      error_code ignored;
+      socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+      close();
+    }
+    return;
+  }
+  writing_ = true;
+  asio::async_write(socket_, asio::buffer(writes_.front()),
+                    [self = shared_from_this()](error_code ec, std::size_t) {
+                      self->writing_ = false;
+                      if (!self->open_) return;
+                      if (ec)
+                        return self->end("cannot write to " + self->peer_ + ": " + ec.message());
+                      self->writes_.pop_front();
+                      self->write_next();
+                    });
+}
+
+void FramedConnection::close_after_writes() {
+  close_when_written_ = true;
+  write_next();
+}
+
+void FramedConnection::close() {
+  if (!open_) return;
+  open_ = false;
+  writes_.clear();
+  error_code ignored;
+  socket_.close(ignored);
+}
+
+void FramedConnection::end(const std::string& why) {
+  if (!open_) return;
+  close();
+  if (on_close_) {
+    auto handler = std::move(on_close_);
+    on_close_ = nullptr;
+    handler(why);
+  }
+}
+
+void tune_socket(asio::ip::tcp::socket& socket, std::chrono::milliseconds user_timeout) {
+  error_code ignored;
+  socket.set_option(asio::ip::tcp::no_delay(true), ignored);
+  socket.set_option(asio::socket_base::keep_alive(true), ignored);
+  const int fd = socket.native_handle();
+  const unsigned timeout = static_cast<unsigned>(user_timeout.count());
+  ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout, sizeof(timeout));
+  const int idle = std::max(1, static_cast<int>(user_timeout.count() / 3000));
+  const int count = 3;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &idle, sizeof(idle));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
+}
+
+}  // namespace ddprun::rdzv

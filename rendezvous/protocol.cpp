@@ -1,0 +1,440 @@
+#include "rendezvous/protocol.h"
+
+#include "rendezvous/framing.h"
+
+namespace ddprun::rdzv {
+
+using nlohmann::json;
+
+namespace {
+
+// ---- reading fields without exceptions ------------------------------------------------------
+
+/// Reads typed fields out of one message body, remembering the first problem.
+class Reader {
+ public:
+  Reader(const json& body, std::string type) : body_(body), type_(std::move(type)) {}
+
+  const std::optional<std::string>& error() const { return error_; }
+
+  std::string str(const char* key) {
+    auto v = field(key);
+    if (!v) return {};
+    if (!v->is_string()) return fail(key, "a string"), std::string();
+    return v->get<std::string>();
+  }
+  int integer(const char* key) {
+    auto v = field(key);
+    if (!v) return 0;
+    if (!v->is_number_integer()) return fail(key, "an integer"), 0;
+    const auto n = v->get<std::int64_t>();
+    if (n < INT32_MIN || n > INT32_MAX) return fail(key, "a 32-bit integer"), 0;
+    return static_cast<int>(n);
+  }
+  bool boolean(const char* key) {
+    auto v = field(key);
+    if (!v) return false;
+    if (!v->is_boolean()) return fail(key, "true or false"), false;
+    return v->get<bool>();
+  }
+  Millis millis(const char* key) { return Millis(integer(key)); }
+  std::vector<std::string> strings(const char* key) {
+    std::vector<std::string> out;
+    auto v = field(key);
+    if (!v) return out;
+    if (!v->is_array()) return fail(key, "an array of strings"), out;
+    for (const auto& item : *v) {
+      if (!item.is_string()) return fail(key, "an array of strings"), out;
+      out.push_back(item.get<std::string>());
+    }
+    return out;
+  }
+  std::vector<int> integers(const char* key) {
+    std::vector<int> out;
+    auto v = field(key);
+    if (!v) return out;
+    if (!v->is_array()) return fail(key, "an array of integers"), out;
+    for (const auto& item : *v) {
+      if (!item.is_number_integer()) return fail(key, "an array of integers"), out;
+      out.push_back(item.get<int>());
+    }
+    return out;
+  }
+  bool has(const char* key) const { return body_.contains(key) && !body_.at(key).is_null(); }
+  /// A nested object, read with its own Reader (errors are carried back by `adopt`).
+  std::optional<Reader> object(const char* key) {
+    auto v = field(key);
+    if (!v) return std::nullopt;
+    if (!v->is_object()) return fail(key, "an object"), std::nullopt;
+    return Reader(*v, type_ + "." + key);
+  }
+  void adopt(const Reader& inner) {
+    if (!error_ && inner.error_) error_ = inner.error_;
+  }
+  void fail_value(const char* key, const std::string& why) {
+    if (!error_) error_ = type_ + " field \"" + key + "\" " + why;
+  }
+
+ private:
+  const json* field(const char* key) {
+    auto it = body_.find(key);
+    if (it == body_.end()) {
+      if (!error_) error_ = type_ + " has no \"" + key + "\" field";
+      return nullptr;
+    }
+    return &*it;
+  }
+  void fail(const char* key, const char* expected) {
+    if (!error_) error_ = type_ + " field \"" + key + "\" must be " + expected;
+  }
+
+  const json& body_;
+  std::string type_;
+  std::optional<std::string> error_;
+};
+
+json settings_json(const RdzvSettings& s) {
+  return {{"min_nodes", s.min_nodes},
+          {"max_nodes", s.max_nodes},
+          {"nproc_per_node", s.nproc_per_node},
+          {"max_restarts", s.max_restarts},
+          {"join_timeout_ms", s.join_timeout.count()},
+          {"last_call_timeout_ms", s.last_call_timeout.count()},
+          {"close_timeout_ms", s.close_timeout.count()},
+          {"keep_alive_interval_ms", s.keep_alive_interval.count()},
+          {"keep_alive_max_attempt", s.keep_alive_max_attempt}};
+}
+
+RdzvSettings read_settings(Reader& r) {
+  RdzvSettings s;
+  s.min_nodes = r.integer("min_nodes");
+  s.max_nodes = r.integer("max_nodes");
+  s.nproc_per_node = r.integer("nproc_per_node");
+  s.max_restarts = r.integer("max_restarts");
+  s.join_timeout = r.millis("join_timeout_ms");
+  s.last_call_timeout = r.millis("last_call_timeout_ms");
+  s.close_timeout = r.millis("close_timeout_ms");
+  s.keep_alive_interval = r.millis("keep_alive_interval_ms");
+  s.keep_alive_max_attempt = r.integer("keep_alive_max_attempt");
+  if (r.error()) return s;
+  if (s.min_nodes < 1 || s.max_nodes < s.min_nodes)
+    r.fail_value("max_nodes", "must be at least min_nodes, which must be at least 1");
+  if (s.nproc_per_node < 1) r.fail_value("nproc_per_node", "must be at least 1");
+  if (s.max_restarts < 0) r.fail_value("max_restarts", "must not be negative");
+  if (s.keep_alive_interval.count() <= 0 || s.keep_alive_max_attempt < 1)
+    r.fail_value("keep_alive_interval_ms", "and keep_alive_max_attempt must be positive");
+  if (s.join_timeout.count() < 0 || s.last_call_timeout.count() < 0 || s.close_timeout.count() < 0)
+    r.fail_value("join_timeout_ms", "and the other timeouts must not be negative");
+  return s;
+}
+
+json claim_json(const RoundClaim& c) {
+  return {{"round", c.round},
+          {"group_rank", c.group_rank},
+          {"group_world_size", c.group_world_size},
+          {"restart_count", c.restart_count},
+          {"master_addr", c.master_addr},
+          {"master_port", c.master_port},
+          {"succeeded", c.succeeded}};
+}
+
+RoundClaim read_claim(Reader& r) {
+  RoundClaim c;
+  c.round = r.integer("round");
+  c.group_rank = r.integer("group_rank");
+  c.group_world_size = r.integer("group_world_size");
+  c.restart_count = r.integer("restart_count");
+  c.master_addr = r.str("master_addr");
+  c.master_port = r.integer("master_port");
+  c.succeeded = r.boolean("succeeded");
+  if (!r.error() && (c.group_world_size < 1 || c.group_rank < 0 ||
+                     c.group_rank >= c.group_world_size || c.round < 0 || c.restart_count < 0))
+    r.fail_value("group_rank", "must lie in 0..group_world_size-1 (with round >= 0)");
+  return c;
+}
+
+const char* outcome_name(JobOutcomeKind k) {
+  switch (k) {
+    case JobOutcomeKind::Succeeded:
+      return "succeeded";
+    case JobOutcomeKind::Failed:
+      return "failed";
+    case JobOutcomeKind::TimedOut:
+      return "timed_out";
+  }
+  return "failed";
+}
+
+const char* refusal_name(RefusalKind k) {
+  switch (k) {
+    case RefusalKind::Mismatch:
+      return "mismatch";
+    case RefusalKind::DuplicateRank:
+      return "duplicate_rank";
+    case RefusalKind::BadRank:
+      return "bad_rank";
+    case RefusalKind::Closed:
+      return "closed";
+    case RefusalKind::Protocol:
+      return "protocol";
+  }
+  return "protocol";
+}
+
+template <typename Enum, std::size_t N>
+std::optional<Enum> enum_from(const std::string& name,
+                              const std::pair<const char*, Enum> (&table)[N]) {
+  for (const auto& [text, value] : table)
+    if (name == text) return value;
+  return std::nullopt;
+}
+
+constexpr std::pair<const char*, JobOutcomeKind> kOutcomes[] = {
+    {"succeeded", JobOutcomeKind::Succeeded},
+    {"failed", JobOutcomeKind::Failed},
+    {"timed_out", JobOutcomeKind::TimedOut}};
+constexpr std::pair<const char*, RefusalKind> kRefusals[] = {
+    {"mismatch", RefusalKind::Mismatch},
+    {"duplicate_rank", RefusalKind::DuplicateRank},
+    {"bad_rank", RefusalKind::BadRank},
+    {"closed", RefusalKind::Closed},
+    {"protocol", RefusalKind::Protocol}};
+
+// ---- to_json --------------------------------------------------------------------------------
+
+struct AgentToJson {
+  json operator()(const Join& m) const {
+    json j = {{"type", "join"},
+              {"run_id", m.run_id},
+              {"node_id", m.node_id},
+              {"name", m.name},
+              {"addr", m.addr},
+              {"master_port", m.master_port},
+              {"node_rank", m.node_rank ? json(*m.node_rank) : json(nullptr)},
+              {"settings", settings_json(m.settings)}};
+    j["resume"] = m.resume ? claim_json(*m.resume) : json(nullptr);
+    return j;
+  }
+  json operator()(const Heartbeat&) const { return {{"type", "heartbeat"}}; }
+  json operator()(const WorkersFailed& m) const {
+    return {{"type", "workers_failed"},
+            {"round", m.round},
+            {"description", m.description},
+            {"exit_code", m.exit_code},
+            {"signal", m.signal}};
+  }
+  json operator()(const WorkersSucceeded& m) const {
+    return {{"type", "workers_succeeded"}, {"round", m.round}};
+  }
+  json operator()(const Leave& m) const { return {{"type", "leave"}, {"reason", m.reason}}; }
+  json operator()(const StatusQuery& m) const {
+    return {{"type", "status"}, {"run_id", m.run_id ? json(*m.run_id) : json(nullptr)}};
+  }
+};
+
+struct ServerToJson {
+  json operator()(const Waiting& m) const {
+    return {{"type", "waiting"},
+            {"round", m.round},
+            {"joined", m.joined},
+            {"min_nodes", m.min_nodes},
+            {"max_nodes", m.max_nodes},
+            {"missing_node_ranks", m.missing_node_ranks},
+            {"waited_ms", m.waited.count()},
+            {"join_timeout_ms", m.join_timeout.count()},
+            {"wait_listed", m.wait_listed}};
+  }
+  json operator()(const RoundReady& m) const {
+    return {{"type", "round"},
+            {"round", m.round},
+            {"group_rank", m.group_rank},
+            {"group_world_size", m.group_world_size},
+            {"master_addr", m.master_addr},
+            {"master_port", m.master_port},
+            {"restart_count", m.restart_count},
+            {"participants", m.participants}};
+  }
+  json operator()(const Restart& m) const {
+    return {{"type", "restart"},
+            {"next_round", m.next_round},
+            {"reason", m.reason},
+            {"counted", m.counted},
+            {"restart_count", m.restart_count}};
+  }
+  json operator()(const Closed& m) const {
+    return {{"type", "closed"},
+            {"outcome", outcome_name(m.outcome)},
+            {"message", m.message},
+            {"exit_code", m.exit_code},
+            {"signal", m.signal}};
+  }
+  json operator()(const Refused& m) const {
+    return {{"type", "refused"}, {"kind", refusal_name(m.kind)}, {"message", m.message}};
+  }
+  json operator()(const StatusReply& m) const {
+    return {{"type", "status_reply"}, {"jobs", m.jobs}};
+  }
+};
+
+std::optional<std::string> type_of(const json& body, std::string& type) {
+  if (!body.is_object()) return std::string("message is not a JSON object");
+  auto it = body.find("type");
+  if (it == body.end() || !it->is_string()) return std::string("message has no string \"type\"");
+  type = it->get<std::string>();
+  return std::nullopt;
+}
+
+std::variant<AgentMessage, std::string> read_agent(const std::string& type, Reader& r) {
+  if (type == "join") {
+    Join m;
+    m.run_id = r.str("run_id");
+    m.node_id = r.str("node_id");
+    m.name = r.str("name");
+    m.addr = r.str("addr");
+    m.master_port = r.integer("master_port");
+    if (r.has("node_rank")) m.node_rank = r.integer("node_rank");
+    if (auto s = r.object("settings")) {
+      m.settings = read_settings(*s);
+      r.adopt(*s);
+    }
+    if (r.has("resume")) {
+      if (auto c = r.object("resume")) {
+        m.resume = read_claim(*c);
+        r.adopt(*c);
+      }
+    }
+    if (!r.error() && (m.run_id.empty() || m.node_id.empty()))
+      r.fail_value("run_id", "and node_id must not be empty");
+    if (!r.error() && (m.master_port < 0 || m.master_port > 65535))
+      r.fail_value("master_port", "must lie in 0..65535");
+    if (!r.error() && m.node_rank && *m.node_rank < 0)
+      r.fail_value("node_rank", "must not be negative");
+    if (r.error()) return *r.error();
+    return m;
+  }
+  if (type == "heartbeat") return Heartbeat{};
+  if (type == "workers_failed") {
+    WorkersFailed m;
+    m.round = r.integer("round");
+    m.description = r.str("description");
+    m.exit_code = r.integer("exit_code");
+    m.signal = r.integer("signal");
+    if (r.error()) return *r.error();
+    return m;
+  }
+  if (type == "workers_succeeded") {
+    WorkersSucceeded m;
+    m.round = r.integer("round");
+    if (r.error()) return *r.error();
+    return m;
+  }
+  if (type == "leave") {
+    Leave m;
+    m.reason = r.str("reason");
+    if (r.error()) return *r.error();
+    return m;
+  }
+  if (type == "status") {
+    StatusQuery m;
+    if (r.has("run_id")) m.run_id = r.str("run_id");
+    if (r.error()) return *r.error();
+    return m;
+  }
+  return "unknown message type \"" + type + "\"";
+}
+
+std::variant<ServerMessage, std::string> read_server(const std::string& type, Reader& r,
+                                                     const json& body) {
+  if (type == "waiting") {
+    Waiting m;
+    m.round = r.integer("round");
+    m.joined = r.strings("joined");
+    m.min_nodes = r.integer("min_nodes");
+    m.max_nodes = r.integer("max_nodes");
+    m.missing_node_ranks = r.integers("missing_node_ranks");
+    m.waited = r.millis("waited_ms");
+    m.join_timeout = r.millis("join_timeout_ms");
+    m.wait_listed = r.boolean("wait_listed");
+    if (r.error()) return *r.error();
+    return m;
+  }
+  if (type == "round") {
+    RoundReady m;
+    m.round = r.integer("round");
+    m.group_rank = r.integer("group_rank");
+    m.group_world_size = r.integer("group_world_size");
+    m.master_addr = r.str("master_addr");
+    m.master_port = r.integer("master_port");
+    m.restart_count = r.integer("restart_count");
+    m.participants = r.strings("participants");
+    if (!r.error() &&
+        (m.group_world_size < 1 || m.group_rank < 0 || m.group_rank >= m.group_world_size))
+      r.fail_value("group_rank", "must lie in 0..group_world_size-1");
+    if (!r.error() && (m.master_port < 1 || m.master_port > 65535))
+      r.fail_value("master_port", "must lie in 1..65535");
+    if (r.error()) return *r.error();
+    return m;
+  }
+  if (type == "restart") {
+    Restart m;
+    m.next_round = r.integer("next_round");
+    m.reason = r.str("reason");
+    m.counted = r.boolean("counted");
+    m.restart_count = r.integer("restart_count");
+    if (r.error()) return *r.error();
+    return m;
+  }
+  if (type == "closed") {
+    Closed m;
+    const std::string outcome = r.str("outcome");
+    m.message = r.str("message");
+    m.exit_code = r.integer("exit_code");
+    m.signal = r.integer("signal");
+    if (r.error()) return *r.error();
+    auto kind = enum_from(outcome, kOutcomes);
+    if (!kind) return "closed field \"outcome\" has an unknown value \"" + outcome + "\"";
+    m.outcome = *kind;
+    return m;
+  }
+  if (type == "refused") {
+    Refused m;
+    const std::string kind = r.str("kind");
+    m.message = r.str("message");
+    if (r.error()) return *r.error();
+    auto k = enum_from(kind, kRefusals);
+    if (!k) return "refused field \"kind\" has an unknown value \"" + kind + "\"";
+    m.kind = *k;
+    return m;
+  }
+  if (type == "status_reply") {
+    if (!body.contains("jobs") || !body.at("jobs").is_array())
+      return std::string("status_reply field \"jobs\" must be an array");
+    return StatusReply{body.at("jobs")};
+  }
+  return "unknown message type \"" + type + "\"";
+}
+
+}  // namespace
+
+json to_json(const AgentMessage& message) { return std::visit(AgentToJson{}, message); }
+json to_json(const ServerMessage& message) { return std::visit(ServerToJson{}, message); }
+
+std::variant<AgentMessage, std::string> parse_agent_message(const json& body) {
+  std::string type;
+  if (auto bad = type_of(body, type)) return *bad;
+  Reader r(body, type);
+  return read_agent(type, r);
+}
+
+std::variant<ServerMessage, std::string> parse_server_message(const json& body) {
+  std::string type;
+  if (auto bad = type_of(body, type)) return *bad;
+  Reader r(body, type);
+  return read_server(type, r, body);
+}
+
+json make_hello(const std::string& role) {
+  return {{"type", "hello"}, {"protocol", kProtocolVersion}, {"role", role}};
+}
+
+}  // namespace ddprun::rdzv
