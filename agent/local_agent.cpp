@@ -26,6 +26,7 @@
 #include "agent/policy.h"
 #include "agent/worker_command.h"
 #include "common/signals.h"
+#include "rendezvous/local_host.h"
 
 namespace ddprun::agent {
 namespace asio = boost::asio;
@@ -49,12 +50,6 @@ void write_all(int fd, const std::string& data) {
     p += n;
     left -= static_cast<size_t>(n);
   }
-}
-
-std::string host_name() {
-  char buf[256] = {0};
-  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
-  return buf;
 }
 
 bool has_stream(launcher::StdStreams set, launcher::StdStreams which) {
@@ -118,7 +113,7 @@ class LocalAgent::Impl {
         signals_(io),
         shutdown_timer_(io),
         drain_timer_(io),
-        host_(host_name()) {}
+        host_(rdzv::local_host_name()) {}
 
   ~Impl() {
     if (!temp_dir_.empty()) {
@@ -564,6 +559,7 @@ class LocalAgent::Impl {
     // Reap what SIGKILL just ended so nothing is left as a zombie of ours.
     for (auto& w : workers_)
       if (w->running) ::waitpid(w->pid, nullptr, 0);
+    if (opt_.on_finish) opt_.on_finish();
   }
 
   asio::io_context& io_;

@@ -1,4 +1,5 @@
 #pragma once
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
@@ -27,6 +28,8 @@ struct AgentOptions {
   std::optional<std::set<int>> console_ranks;  ///< --local_ranks_filter
   std::vector<int> signals_to_handle;
   EnvMap agent_env;
+  /// Runs once when the job has ended, before run() returns (e.g. to stop an embedded server).
+  std::function<void()> on_finish;
 };
 
 /// The single-node elastic agent: rendezvous, start the worker group, watch it, stop it on the

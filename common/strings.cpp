@@ -7,6 +7,15 @@
 
 namespace ddprun::common {
 
+std::string join(const std::vector<std::string>& items, std::string_view sep) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i > 0) out += sep;
+    out += items[i];
+  }
+  return out;
+}
+
 std::vector<std::string> split(std::string_view text, char sep) {
   std::vector<std::string> parts;
   size_t start = 0;

@@ -8,6 +8,8 @@ namespace ddprun::common {
 
 /// Splits on every occurrence of sep; "a,,b" gives {"a", "", "b"}, "" gives {""}.
 std::vector<std::string> split(std::string_view text, char sep);
+/// Joins with sep between items: {"a", "b"} and ", " give "a, b".
+std::string join(const std::vector<std::string>& items, std::string_view sep);
 /// Removes leading and trailing ASCII whitespace.
 std::string trim(std::string_view text);
 /// Parses a whole string as a base-10 int; nullopt on any junk, sign errors or overflow.

@@ -5,6 +5,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <filesystem>
 #include <optional>
 
@@ -13,9 +14,14 @@
 
 #include "agent/local_agent.h"
 #include "agent/worker_command.h"
+#include "common/clock.h"
 #include "common/exit_codes.h"
 #include "common/strings.h"
+#include "launcher/rdzv_plan.h"
+#include "rendezvous/local_host.h"
 #include "rendezvous/local_rendezvous.h"
+#include "rendezvous/network_rendezvous.h"
+#include "rendezvous/server.h"
 
 namespace ddprun::launcher {
 namespace {
@@ -119,13 +125,13 @@ int launch(const LaunchConfig& config, const agent::EnvMap& env) {
     spdlog::error("{}", *why);
     return common::kExitUsage;
   }
-  if (config.max_nodes > 1) {
-    spdlog::error(
-        "--nnodes {}:{}: multi-node rendezvous is not available in this ddprun build yet; run "
-        "with --nnodes 1 (or --standalone)",
-        config.min_nodes, config.max_nodes);
-    return common::kExitRendezvous;
+  auto planned =
+      plan_rendezvous(config, std::get<int>(nproc), rdzv::local_host_name(), rdzv::is_local_host);
+  if (auto* why = std::get_if<std::string>(&planned)) {
+    spdlog::error("{}", *why);
+    return common::kExitUsage;
   }
+  RendezvousPlan plan = std::get<RendezvousPlan>(std::move(planned));
 
   if (auto why = check_script(config, env)) {
     spdlog::error("{}", *why);
@@ -150,14 +156,64 @@ int launch(const LaunchConfig& config, const agent::EnvMap& env) {
   opt.agent_env = env;
 
   boost::asio::io_context io;
-  const std::string master_addr =
-      config.local_addr.empty() ? config.master_addr : config.local_addr;
-  rdzv::LocalRendezvous rdzv(config.standalone ? "c10d" : config.rdzv_backend, config.rdzv_id,
-                             master_addr, config.master_port, config.max_restarts, [&io](std::function<void()> fn) {
-                               boost::asio::post(io, std::move(fn));
-                             });
+  common::SteadyClock clock;
+  std::unique_ptr<rdzv::RendezvousServer> server;
+  std::unique_ptr<rdzv::RendezvousHandler> rdzv;
+  if (plan.single_node) {
+    const std::string master_addr =
+        config.local_addr.empty() ? config.master_addr : config.local_addr;
+    rdzv = std::make_unique<rdzv::LocalRendezvous>(
+        config.standalone ? "c10d" : config.rdzv_backend, config.rdzv_id, master_addr,
+        config.master_port, config.max_restarts,
+        [&io](std::function<void()> fn) { boost::asio::post(io, std::move(fn)); });
+  } else {
+    // The embedded server: hosted here when the endpoint names this machine (or is_host=1),
+    // and taken over by a surviving node on this machine if the host node dies.
+    auto try_host = [&io, &clock, &server, &plan]() -> std::optional<std::string> {
+      if (server || plan.hosting == Hosting::Never) return std::nullopt;
+      auto candidate = std::make_unique<rdzv::RendezvousServer>(io, clock);
+      bool in_use = false;
+      if (auto why = candidate->listen("", plan.listen_port, &in_use)) {
+        if (plan.hosting == Hosting::Auto && in_use) return std::nullopt;  // someone else hosts
+        return why;
+      }
+      spdlog::info("hosting the rendezvous for job '{}' on port {}", plan.client.run_id,
+                   candidate->port());
+      server = std::move(candidate);
+      return std::nullopt;
+    };
+    if (auto why = try_host()) {
+      spdlog::error(
+          "cannot host the rendezvous: {}; free the port or pick another "
+          "--rdzv_endpoint port",
+          *why);
+      return common::kExitRendezvous;
+    }
+    plan.client.before_connect = [try_host] {
+      if (auto why = try_host()) spdlog::debug("not hosting the rendezvous: {}", *why);
+    };
+    rdzv = std::make_unique<rdzv::NetworkRendezvous>(io, clock, plan.client);
+  }
+  // Let the last messages (a "closed" for the other nodes, this node's "leave") go out before
+  // the event loop ends, for at most kLinger.
+  boost::asio::steady_timer linger(io);
+  auto* network = dynamic_cast<rdzv::NetworkRendezvous*>(rdzv.get());
+  std::function<void(int)> wait_flushed = [&](int polls_left) {
+    const bool flushed =
+        (!server || !server->has_pending_writes()) && (!network || network->flushed());
+    if (flushed || polls_left == 0) return io.stop();
+    linger.expires_after(std::chrono::milliseconds(10));
+    linger.async_wait([&, polls_left](const boost::system::error_code& ec) {
+      if (!ec) wait_flushed(polls_left - 1);
+    });
+  };
+  opt.on_finish = [&] {
+    if (plan.single_node) return;
+    if (server) server->shutdown();
+    wait_flushed(200);
+  };
   agent::PosixProcessLauncher launcher;
-  agent::LocalAgent agent(io, std::move(opt), rdzv, launcher);
+  agent::LocalAgent agent(io, std::move(opt), *rdzv, launcher);
   return agent.run();
 }
 

@@ -37,3 +37,9 @@ TEST_CASE("signals are parsed by name, short name or number", "[common][unit]") 
   CHECK(signal_name(9) == "SIGKILL");
   CHECK(signal_name(200) == "SIG200");
 }
+
+TEST_CASE("join puts the separator between items only", "[common][unit]") {
+  CHECK(join({}, ", ").empty());
+  CHECK(join({"a"}, ", ") == "a");
+  CHECK(join({"a", "", "b"}, ",") == "a,,b");
+}

@@ -1,0 +1,25 @@
+#pragma once
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace ddprun::rdzv {
+
+/// ddprun-rdzvd's command line.
+struct DaemonConfig {
+  std::string host;  ///< "" listens on every address (IPv6 and IPv4)
+  int port = 29400;
+};
+
+/// Parses ddprun-rdzvd's arguments; a message (help text or error) when it should not run.
+/// `exit_code` is 0 for --help/--version and 64 for a usage error.
+struct DaemonExit {
+  int exit_code = 0;
+  std::string message;
+};
+std::variant<DaemonConfig, DaemonExit> parse_daemon_args(const std::vector<std::string>& args);
+
+/// Runs the standalone rendezvous server until SIGTERM or SIGINT; returns the exit status.
+int run_daemon(const DaemonConfig& config);
+
+}  // namespace ddprun::rdzv

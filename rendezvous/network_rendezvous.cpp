@@ -1,0 +1,406 @@
+#include "rendezvous/network_rendezvous.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <random>
+
+#include "rendezvous/free_port.h"
+#include "rendezvous/local_host.h"
+
+namespace ddprun::rdzv {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using boost::system::error_code;
+
+namespace {
+
+constexpr Millis kMaxBackoff{2'000};
+
+std::string random_hex(int digits) {
+  std::random_device rd;
+  std::uniform_int_distribution<int> d(0, 15);
+  std::string out;
+  for (int i = 0; i < digits; ++i) out += "0123456789abcdef"[d(rd)];
+  return out;
+}
+
+long long seconds(Millis m) { return static_cast<long long>(m.count() / 1000); }
+
+std::string endpoint_text(const std::string& host, int port) {
+  const bool v6 = host.find(':') != std::string::npos;
+  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+}  // namespace
+
+std::string format_waiting(const Waiting& w) {
+  const int joined = static_cast<int>(w.joined.size());
+  std::string line;
+  if (w.wait_listed) {
+    line = "waiting for a place in the job: it runs with " + std::to_string(joined) +
+           " node(s), at most " + std::to_string(w.max_nodes);
+  } else {
+    const int target = joined < w.min_nodes ? w.min_nodes : w.max_nodes;
+    line =
+        "waiting for nodes: " + std::to_string(joined) + "/" + std::to_string(target) + " joined";
+    if (w.min_nodes != w.max_nodes)
+      line += " (min " + std::to_string(w.min_nodes) + ", max " + std::to_string(w.max_nodes) + ")";
+    if (!w.missing_node_ranks.empty()) {
+      line += ", node_rank ";
+      for (size_t i = 0; i < w.missing_node_ranks.size(); ++i)
+        line += (i ? ", " : "") + std::to_string(w.missing_node_ranks[i]);
+      line += " missing";
+    }
+  }
+  return line + ", " + std::to_string(seconds(w.waited)) + " s of " +
+         std::to_string(seconds(w.join_timeout)) + " s";
+}
+
+NetworkRendezvous::NetworkRendezvous(asio::io_context& io, const common::Clock& clock,
+                                     NetworkRendezvousOptions options)
+    : io_(io),
+      clock_(clock),
+      opt_(std::move(options)),
+      node_id_(local_host_name() + ":" + std::to_string(::getpid()) + ":" + random_hex(6)),
+      retry_timer_(io),
+      heartbeat_timer_(io),
+      status_timer_(io) {}
+
+NetworkRendezvous::~NetworkRendezvous() {
+  *alive_ = false;
+  if (conn_) conn_->close();
+}
+
+void NetworkRendezvous::set_notice_handler(std::function<void(Notice)> handler) {
+  on_notice_ = std::move(handler);
+}
+
+void NetworkRendezvous::next_rendezvous(std::function<void(RendezvousResult)> done) {
+  if (phase_ == Phase::Done) {
+    RendezvousError error{RendezvousErrorKind::Closed, "the rendezvous is over for this node"};
+    asio::post(io_, [done = std::move(done), error] { done(error); });
+    return;
+  }
+  done_ = std::move(done);
+  phase_ = Phase::Joining;
+  round_.reset();
+  succeeded_ = false;
+  unsent_failure_.reset();
+  if (conn_ && greeted_)
+    send_join();
+  else
+    connect();
+}
+
+void NetworkRendezvous::connect() {
+  if (connecting_ || conn_ || phase_ == Phase::Done) return;
+  connecting_ = true;
+  if (!lost_since_) lost_since_ = clock_.now();
+  if (opt_.before_connect) opt_.before_connect();
+  auto resolver = std::make_shared<tcp::resolver>(io_);
+  resolver->async_resolve(
+      opt_.endpoint_host, std::to_string(opt_.endpoint_port),
+      [this, alive = alive_, resolver](error_code ec, tcp::resolver::results_type results) {
+        if (!*alive) return;
+        if (ec) {
+          connecting_ = false;
+          return on_lost("cannot resolve " + opt_.endpoint_host + ": " + ec.message());
+        }
+        auto socket = std::make_shared<tcp::socket>(io_);
+        auto endpoints = std::make_shared<std::vector<tcp::endpoint>>();
+        for (const auto& r : results) endpoints->push_back(r.endpoint());
+        auto attempt = std::make_shared<std::function<void(size_t, std::string)>>();
+        *attempt = [this, alive, socket, endpoints, attempt](size_t i, std::string last) {
+          if (!*alive) return;
+          if (i >= endpoints->size()) {
+            connecting_ = false;
+            *attempt = nullptr;  // break the self-reference
+            return on_lost(last);
+          }
+          const tcp::endpoint target = (*endpoints)[i];
+          error_code ec;
+          if (socket->is_open()) socket->close(ec);
+          socket->open(target.protocol(), ec);
+          if (!ec && !opt_.local_addr.empty()) {
+            auto local = asio::ip::make_address(opt_.local_addr, ec);
+            if (!ec && local.is_v6() == target.address().is_v6())
+              socket->bind(tcp::endpoint(local, 0), ec);
+            else if (!ec)
+              ec = {};  // a different family: connect without binding
+            if (ec)
+              return (*attempt)(
+                  i + 1, "cannot bind --local_addr " + opt_.local_addr + ": " + ec.message());
+          }
+          socket->async_connect(target, [this, alive, socket, attempt, i](error_code ec) {
+            if (!*alive) return;
+            if (ec) return (*attempt)(i + 1, ec.message());
+            connecting_ = false;
+            tune_socket(*socket, opt_.settings.keep_alive_window());
+            auto conn = std::make_shared<FramedConnection>(std::move(*socket));
+            *attempt = nullptr;
+            on_connected(conn);
+          });
+        };
+        (*attempt)(0, "no address");
+      });
+}
+
+void NetworkRendezvous::on_connected(std::shared_ptr<FramedConnection> conn) {
+  if (phase_ == Phase::Done) return conn->close();
+  if (lost_since_ && round_)
+    spdlog::info("reconnected to the rendezvous at {}",
+                 endpoint_text(opt_.endpoint_host, opt_.endpoint_port));
+  conn_ = conn;
+  greeted_ = false;
+  lost_since_.reset();
+  backoff_ = Millis(100);
+  conn_->start(
+      [this, alive = alive_](const nlohmann::json& body) {
+        if (*alive) on_message(body);
+      },
+      [this, alive = alive_, conn](const std::string& why) {
+        if (!*alive || conn_ != conn) return;
+        on_lost(why.empty() ? "the server closed the connection" : why);
+      });
+  conn_->send(make_hello("agent"));
+  if (phase_ == Phase::Joining || phase_ == Phase::Running) send_join();
+  if (unsent_failure_) {
+    send(*unsent_failure_);
+    unsent_failure_.reset();
+  }
+  schedule_heartbeat();
+}
+
+void NetworkRendezvous::send(const AgentMessage& message) {
+  if (conn_) conn_->send(to_json(message));
+}
+
+void NetworkRendezvous::send_join() {
+  Join join;
+  join.run_id = opt_.run_id;
+  join.node_id = node_id_;
+  join.name = opt_.name;
+  join.node_rank = opt_.node_rank;
+  join.settings = opt_.settings;
+  if (opt_.master_addr)
+    join.addr = *opt_.master_addr;
+  else if (!opt_.local_addr.empty())
+    join.addr = opt_.local_addr;
+  else
+    join.addr = advertised_address(conn_->local_address());
+  if (opt_.master_port) {
+    join.master_port = *opt_.master_port;
+  } else {
+    auto port = find_free_port(join.addr);
+    if (!std::holds_alternative<int>(port)) port = find_free_port("");
+    join.master_port = std::holds_alternative<int>(port) ? std::get<int>(port) : 0;
+  }
+  if (phase_ == Phase::Running && round_) {
+    // Re-registering after a lost connection: the workers still run this round.
+    join.resume = RoundClaim{round_->round,
+                             round_->group_rank,
+                             round_->group_world_size,
+                             round_->restart_count,
+                             round_->master_addr,
+                             round_->master_port,
+                             succeeded_};
+  }
+  send(join);
+}
+
+void NetworkRendezvous::on_message(const nlohmann::json& body) {
+  if (!greeted_) {
+    if (auto bad = check_hello(body)) {
+      // A refusal instead of a hello says why (e.g. the protocol differs).
+      auto parsed = parse_server_message(body);
+      if (auto* m = std::get_if<ServerMessage>(&parsed); m && std::holds_alternative<Refused>(*m))
+        return give_up(RendezvousError{
+            RendezvousErrorKind::State,
+            "the rendezvous server refused this node: " + std::get<Refused>(*m).message});
+      return give_up(
+          RendezvousError{RendezvousErrorKind::State,
+                          "the server at " + endpoint_text(opt_.endpoint_host, opt_.endpoint_port) +
+                              " is not a ddprun rendezvous server of this version: " + *bad});
+    }
+    greeted_ = true;
+    return;
+  }
+  auto parsed = parse_server_message(body);
+  if (auto* bad = std::get_if<std::string>(&parsed))
+    return give_up(RendezvousError{RendezvousErrorKind::State,
+                                   "bad message from the rendezvous server: " + *bad});
+  ServerMessage& message = std::get<ServerMessage>(parsed);
+  if (auto* waiting = std::get_if<Waiting>(&message)) {
+    last_waiting_ = *waiting;
+    last_waiting_at_ = clock_.now();
+    const std::string line = format_waiting(*waiting);
+    // Print on a change of membership (the line without its time), else every interval.
+    const std::string key = line.substr(0, line.rfind(", "));
+    if (key != last_status_line_) {
+      last_status_line_ = key;
+      spdlog::info("{}", line);
+      schedule_status();
+    }
+  } else if (auto* ready = std::get_if<RoundReady>(&message)) {
+    if (phase_ != Phase::Joining) {
+      spdlog::debug("ignoring round {} from the server: not joining", ready->round);
+      return;
+    }
+    phase_ = Phase::Running;
+    round_ = *ready;
+    status_timer_.cancel();
+    last_status_line_.clear();
+    RendezvousInfo info;
+    info.group_rank = ready->group_rank;
+    info.group_world_size = ready->group_world_size;
+    info.master_addr = ready->master_addr;
+    info.master_port = ready->master_port;
+    info.restart_count = ready->restart_count;
+    info.round = ready->round;
+    spdlog::info(
+        "rendezvous round {} complete: group rank {} of {} nodes ({}), master {}:{}", ready->round,
+        ready->group_rank, ready->group_world_size,
+        [&] {
+          std::string names;
+          for (const auto& n : ready->participants) names += (names.empty() ? "" : ", ") + n;
+          return names;
+        }(),
+        ready->master_addr, ready->master_port);
+    auto done = std::move(done_);
+    done_ = nullptr;
+    if (done) done(info);
+  } else if (auto* restart = std::get_if<Restart>(&message)) {
+    if (phase_ != Phase::Running) return;
+    phase_ = Phase::Idle;
+    notify(*restart);
+  } else if (auto* closed = std::get_if<Closed>(&message)) {
+    const Phase was = phase_;
+    phase_ = Phase::Done;
+    if (was == Phase::Joining)
+      return fail_round(RendezvousError{closed->outcome == JobOutcomeKind::TimedOut
+                                            ? RendezvousErrorKind::Timeout
+                                            : RendezvousErrorKind::Closed,
+                                        closed->message});
+    notify(*closed);
+  } else if (auto* refused = std::get_if<Refused>(&message)) {
+    const Phase was = phase_;
+    phase_ = Phase::Done;
+    RendezvousError error{refused->kind == RefusalKind::Closed ? RendezvousErrorKind::Closed
+                                                               : RendezvousErrorKind::State,
+                          refused->message};
+    if (was == Phase::Joining) return fail_round(error);
+    notify(error);
+  }
+}
+
+void NetworkRendezvous::on_lost(const std::string& why) {
+  if (conn_) {
+    conn_->close();
+    conn_.reset();
+  }
+  greeted_ = false;
+  heartbeat_timer_.cancel();
+  if (phase_ == Phase::Done) return;
+  last_error_ = why;
+  const auto now = clock_.now();
+  if (!lost_since_) {
+    lost_since_ = now;
+    spdlog::warn("lost the rendezvous server at {}: {}; reconnecting",
+                 endpoint_text(opt_.endpoint_host, opt_.endpoint_port), why);
+  }
+  if (now - *lost_since_ >= opt_.connect_timeout) return give_up(why);
+  retry_timer_.expires_after(backoff_);
+  backoff_ = std::min(backoff_ * 2, kMaxBackoff);
+  retry_timer_.async_wait([this, alive = alive_](error_code ec) {
+    if (!ec && *alive) connect();
+  });
+}
+
+void NetworkRendezvous::give_up(const std::string& why) {
+  give_up(RendezvousError{
+      RendezvousErrorKind::Connection,
+      "cannot reach the rendezvous server at " +
+          endpoint_text(opt_.endpoint_host, opt_.endpoint_port) + " for " +
+          std::to_string(seconds(opt_.connect_timeout)) + " s (" + why +
+          "); check --rdzv_endpoint and that the node hosting it (the endpoint's host) or "
+          "ddprun-rdzvd is running"});
+}
+
+void NetworkRendezvous::give_up(RendezvousError error) {
+  const Phase was = phase_;
+  phase_ = Phase::Done;
+  if (conn_) {
+    conn_->close();
+    conn_.reset();
+  }
+  retry_timer_.cancel();
+  heartbeat_timer_.cancel();
+  status_timer_.cancel();
+  if (was == Phase::Joining) return fail_round(error);
+  notify(error);
+}
+
+void NetworkRendezvous::fail_round(RendezvousError error) {
+  status_timer_.cancel();
+  auto done = std::move(done_);
+  done_ = nullptr;
+  if (done) done(error);
+}
+
+void NetworkRendezvous::notify(Notice notice) {
+  if (on_notice_) on_notice_(std::move(notice));
+}
+
+void NetworkRendezvous::report_failure(const WorkersFailed& failure) {
+  if (phase_ != Phase::Running) return;
+  if (conn_ && greeted_)
+    send(failure);
+  else
+    unsent_failure_ = failure;
+}
+
+void NetworkRendezvous::report_success() {
+  if (phase_ != Phase::Running || !round_) return;
+  succeeded_ = true;
+  if (conn_) send(WorkersSucceeded{round_->round});
+}
+
+void NetworkRendezvous::leave(const std::string& reason) {
+  if (conn_ && phase_ != Phase::Done) {
+    send(Leave{reason});
+    conn_->close_after_writes();
+  }
+  phase_ = Phase::Done;
+  done_ = nullptr;
+  on_notice_ = nullptr;
+  retry_timer_.cancel();
+  heartbeat_timer_.cancel();
+  status_timer_.cancel();
+}
+
+void NetworkRendezvous::schedule_heartbeat() {
+  heartbeat_timer_.expires_after(opt_.settings.keep_alive_interval);
+  heartbeat_timer_.async_wait([this, alive = alive_](error_code ec) {
+    if (ec || !*alive || !conn_ || phase_ == Phase::Done) return;
+    send(Heartbeat{});
+    schedule_heartbeat();
+  });
+}
+
+void NetworkRendezvous::schedule_status() {
+  status_timer_.expires_after(opt_.status_interval);
+  status_timer_.async_wait([this, alive = alive_](error_code ec) {
+    if (ec || !*alive || phase_ != Phase::Joining || !last_waiting_) return;
+    Waiting now = *last_waiting_;
+    now.waited += std::chrono::duration_cast<Millis>(clock_.now() - last_waiting_at_);
+    spdlog::info("{}", format_waiting(now));
+    schedule_status();
+  });
+}
+
+}  // namespace ddprun::rdzv

@@ -1,0 +1,110 @@
+#pragma once
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "common/clock.h"
+#include "rendezvous/connection.h"
+#include "rendezvous/rendezvous_handler.h"
+
+namespace ddprun::rdzv {
+
+/// Everything a node tells the rendezvous server about itself.
+struct NetworkRendezvousOptions {
+  std::string backend = "c10d";
+  std::string run_id;
+  std::string endpoint_host;
+  int endpoint_port = 29400;
+  std::string name;        ///< shown to users and used to order ranks (addr or host name)
+  std::string local_addr;  ///< --local_addr: the client binds to it, and it is MASTER_ADDR
+  std::optional<int> node_rank;
+  std::optional<int> master_port;          ///< --master_port: fixed instead of a free port
+  std::optional<std::string> master_addr;  ///< static backend: fixed MASTER_ADDR for workers
+  RdzvSettings settings;
+  /// How long the server may stay unreachable (first contact or after a loss) before the node
+  /// gives up with an error naming the endpoint.
+  Millis connect_timeout{60'000};
+  /// How often the "waiting for nodes" line is repeated while nothing changes.
+  Millis status_interval{5'000};
+  /// Called before each connection attempt; may start hosting the server at the endpoint
+  /// (embedded server). Empty when this node never hosts.
+  std::function<void()> before_connect;
+};
+
+/// The agent's side of the TCP rendezvous: joins rounds at the server, keeps the connection
+/// alive with heartbeats, reports how the workers did and turns the server's pushes into
+/// RendezvousResult and Notice callbacks.
+///
+///   next_rendezvous/report_* --> FramedConnection --> server
+///   server pushes (waiting, round, restart, closed, refused) --> done / notice callbacks
+///   connection lost --> reconnect with back-off (re-register the running round) or give up
+class NetworkRendezvous final : public RendezvousHandler {
+ public:
+  NetworkRendezvous(boost::asio::io_context& io, const common::Clock& clock,
+                    NetworkRendezvousOptions options);
+  ~NetworkRendezvous() override;
+
+  void next_rendezvous(std::function<void(RendezvousResult)> done) override;
+  void set_notice_handler(std::function<void(Notice)> handler) override;
+  void report_failure(const WorkersFailed& failure) override;
+  void report_success() override;
+  void leave(const std::string& reason) override;
+  std::string backend() const override { return opt_.backend; }
+  std::string run_id() const override { return opt_.run_id; }
+
+  /// Nothing is left to send: no connection, or it has closed.
+  bool flushed() const { return !conn_ || !conn_->is_open(); }
+
+  /// This node's id at the server ("host:pid:random").
+  const std::string& node_id() const { return node_id_; }
+
+ private:
+  enum class Phase { Idle, Joining, Running, Done };
+
+  void connect();
+  void on_connected(std::shared_ptr<FramedConnection> conn);
+  void on_message(const nlohmann::json& body);
+  void on_lost(const std::string& why);
+  void send_join();
+  void send(const AgentMessage& message);
+  void schedule_heartbeat();
+  void schedule_status();
+  void give_up(const std::string& why);  ///< the server stayed unreachable
+  void give_up(RendezvousError error);
+  void fail_round(RendezvousError error);
+  void notify(Notice notice);
+
+  boost::asio::io_context& io_;
+  const common::Clock& clock_;
+  NetworkRendezvousOptions opt_;
+  std::string node_id_;
+  std::shared_ptr<FramedConnection> conn_;
+  bool connecting_ = false;
+  bool greeted_ = false;
+  Phase phase_ = Phase::Idle;
+  std::optional<RoundReady> round_;
+  bool succeeded_ = false;
+  std::optional<WorkersFailed> unsent_failure_;
+  std::function<void(RendezvousResult)> done_;
+  std::function<void(Notice)> on_notice_;
+  boost::asio::steady_timer retry_timer_;
+  boost::asio::steady_timer heartbeat_timer_;
+  boost::asio::steady_timer status_timer_;
+  std::optional<common::TimePoint> lost_since_;
+  Millis backoff_{100};
+  std::string last_error_;
+  std::optional<Waiting> last_waiting_;
+  common::TimePoint last_waiting_at_;
+  std::string last_status_line_;
+  /// Guards callbacks that may run after this object is gone.
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+};
+
+/// The status line printed while a round forms, e.g. "waiting for nodes: 3/4 joined,
+/// node_rank 2 missing, 12 s of 600 s".
+std::string format_waiting(const Waiting& waiting);
+
+}  // namespace ddprun::rdzv

@@ -1,0 +1,154 @@
+#include "rendezvous/protocol.h"
+
+#include <catch2/catch.hpp>
+
+#include "rendezvous/framing.h"
+
+using namespace ddprun::rdzv;
+using nlohmann::json;
+
+namespace {
+
+template <typename T>
+T agent_round_trip(const T& message) {
+  auto parsed = parse_agent_message(json::parse(to_json(AgentMessage{message}).dump()));
+  INFO((std::holds_alternative<std::string>(parsed) ? std::get<std::string>(parsed) : ""));
+  REQUIRE(std::holds_alternative<AgentMessage>(parsed));
+  REQUIRE(std::holds_alternative<T>(std::get<AgentMessage>(parsed)));
+  return std::get<T>(std::get<AgentMessage>(parsed));
+}
+
+template <typename T>
+T server_round_trip(const T& message) {
+  auto parsed = parse_server_message(json::parse(to_json(ServerMessage{message}).dump()));
+  INFO((std::holds_alternative<std::string>(parsed) ? std::get<std::string>(parsed) : ""));
+  REQUIRE(std::holds_alternative<ServerMessage>(parsed));
+  REQUIRE(std::holds_alternative<T>(std::get<ServerMessage>(parsed)));
+  return std::get<T>(std::get<ServerMessage>(parsed));
+}
+
+std::string agent_error(const json& body) {
+  auto parsed = parse_agent_message(body);
+  REQUIRE(std::holds_alternative<std::string>(parsed));
+  return std::get<std::string>(parsed);
+}
+
+Join sample_join() {
+  Join j;
+  j.run_id = "my_job";
+  j.node_id = "host:12:abc";
+  j.name = "127.0.0.2";
+  j.addr = "127.0.0.2";
+  j.master_port = 23456;
+  j.node_rank = 1;
+  j.settings.min_nodes = 2;
+  j.settings.max_nodes = 3;
+  j.settings.nproc_per_node = 4;
+  j.settings.max_restarts = 2;
+  j.settings.keep_alive_interval = Millis(250);
+  return j;
+}
+
+}  // namespace
+
+TEST_CASE("a join survives the trip through JSON with its settings and resume claim",
+          "[rdzv][unit]") {
+  Join j = sample_join();
+  j.resume = RoundClaim{3, 1, 2, 1, "127.0.0.1", 29501, true};
+  Join back = agent_round_trip(j);
+  CHECK(back.run_id == "my_job");
+  CHECK(back.node_id == "host:12:abc");
+  CHECK(back.node_rank == 1);
+  CHECK(back.master_port == 23456);
+  CHECK(back.settings.max_nodes == 3);
+  CHECK(back.settings.nproc_per_node == 4);
+  CHECK(back.settings.keep_alive_interval == Millis(250));
+  REQUIRE(back.resume);
+  CHECK(back.resume->round == 3);
+  CHECK(back.resume->master_port == 29501);
+  CHECK(back.resume->succeeded);
+  j.node_rank.reset();
+  j.resume.reset();
+  back = agent_round_trip(j);
+  CHECK_FALSE(back.node_rank);
+  CHECK_FALSE(back.resume);
+}
+
+TEST_CASE("every other agent message survives the trip through JSON", "[rdzv][unit]") {
+  agent_round_trip(Heartbeat{});
+  WorkersFailed f = agent_round_trip(WorkersFailed{4, "rank 3 exited with 1", 1, 0});
+  CHECK(f.round == 4);
+  CHECK(f.description == "rank 3 exited with 1");
+  CHECK(agent_round_trip(WorkersSucceeded{7}).round == 7);
+  CHECK(agent_round_trip(Leave{"received SIGTERM"}).reason == "received SIGTERM");
+  CHECK(agent_round_trip(StatusQuery{"j"}).run_id == "j");
+  CHECK_FALSE(agent_round_trip(StatusQuery{}).run_id);
+}
+
+TEST_CASE("every server message survives the trip through JSON", "[rdzv][unit]") {
+  Waiting w =
+      server_round_trip(Waiting{1, {"a", "b"}, 3, 4, {2}, Millis(12000), Millis(600000), false});
+  CHECK(w.joined == std::vector<std::string>{"a", "b"});
+  CHECK(w.missing_node_ranks == std::vector<int>{2});
+  CHECK(w.waited == Millis(12000));
+  RoundReady r = server_round_trip(RoundReady{2, 1, 3, "10.0.0.1", 29500, 1, {"a", "b", "c"}});
+  CHECK(r.group_rank == 1);
+  CHECK(r.master_addr == "10.0.0.1");
+  CHECK(r.participants.size() == 3);
+  Restart s = server_round_trip(Restart{3, "node b lost", true, 2});
+  CHECK(s.counted);
+  CHECK(s.restart_count == 2);
+  Closed c = server_round_trip(Closed{JobOutcomeKind::TimedOut, "join timeout", 0, 0});
+  CHECK(c.outcome == JobOutcomeKind::TimedOut);
+  Refused f = server_round_trip(Refused{RefusalKind::DuplicateRank, "taken"});
+  CHECK(f.kind == RefusalKind::DuplicateRank);
+  StatusReply st = server_round_trip(StatusReply{json::array({{{"run_id", "j"}}})});
+  CHECK(st.jobs[0]["run_id"] == "j");
+}
+
+TEST_CASE("malformed agent messages are refused with the field named", "[rdzv][unit]") {
+  CHECK(agent_error(json::array()) == "message is not a JSON object");
+  CHECK(agent_error({{"type", 3}}) == "message has no string \"type\"");
+  CHECK(agent_error({{"type", "dance"}}) == "unknown message type \"dance\"");
+  json j = to_json(AgentMessage{sample_join()});
+  j.erase("run_id");
+  CHECK(agent_error(j) == "join has no \"run_id\" field");
+  j = to_json(AgentMessage{sample_join()});
+  j["master_port"] = "29500";
+  CHECK(agent_error(j) == "join field \"master_port\" must be an integer");
+  j = to_json(AgentMessage{sample_join()});
+  j["master_port"] = 70000;
+  CHECK(agent_error(j).find("master_port") != std::string::npos);
+  j = to_json(AgentMessage{sample_join()});
+  j["settings"]["min_nodes"] = 5;
+  CHECK(agent_error(j).find("min_nodes") != std::string::npos);
+  j = to_json(AgentMessage{sample_join()});
+  j["settings"]["nproc_per_node"] = 1e30;
+  CHECK(agent_error(j).find("nproc_per_node") != std::string::npos);
+  j = to_json(AgentMessage{sample_join()});
+  j["node_rank"] = -1;
+  CHECK(agent_error(j).find("node_rank") != std::string::npos);
+  CHECK(agent_error({{"type", "workers_failed"}, {"round", 1}}).find("description") !=
+        std::string::npos);
+}
+
+TEST_CASE("malformed server messages are refused with the field named", "[rdzv][unit]") {
+  auto error = [](const json& body) {
+    auto parsed = parse_server_message(body);
+    REQUIRE(std::holds_alternative<std::string>(parsed));
+    return std::get<std::string>(parsed);
+  };
+  json r = to_json(ServerMessage{RoundReady{0, 3, 2, "a", 1, 0, {}}});
+  CHECK(error(r).find("group_rank") != std::string::npos);
+  json c = to_json(ServerMessage{Closed{}});
+  c["outcome"] = "exploded";
+  CHECK(error(c) == "closed field \"outcome\" has an unknown value \"exploded\"");
+  CHECK(error({{"type", "status_reply"}, {"jobs", 1}}).find("jobs") != std::string::npos);
+}
+
+TEST_CASE("the hello carries this build's protocol version", "[rdzv][unit]") {
+  CHECK_FALSE(check_hello(make_hello("agent")));
+  json old = make_hello("agent");
+  old["protocol"] = kProtocolVersion + 1;
+  CHECK(check_hello(old));
+}
