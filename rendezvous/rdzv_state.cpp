@@ -441,6 +441,7 @@ void on_resume_join(Step& st, const std::string& id, const Join& join) {
     s.nodes[id] = record_for(join, claimed_state, claim.group_rank, st.now);
     s.previous_ranks = {{id, claim.group_rank}};
     finish_adoption_if_complete(st);
+    if (s.phase == JobPhase::Running) send_waiting(st);  // to the wait-listed, if any
     return;
   }
   if (s.phase == JobPhase::Running) {

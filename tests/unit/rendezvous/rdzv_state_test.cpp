@@ -376,6 +376,45 @@ TEST_CASE("no scale-up once a participant's workers succeeded; the newcomer hear
   CHECK(to<Closed>(closed, "c").size() == 1);
 }
 
+TEST_CASE("a newcomer during a re-round does not take the place of a restarting node",
+          "[rdzv][unit]") {
+  Job job = running_job({"a", "b"}, nnodes(2, 2));
+  job.send("a", WorkersFailed{0, "worker rank 0 exited with code 1", 1, 0});
+  const auto& out = job.join(join_of("c", nnodes(2, 2)));
+  CHECK(job.node("c").state == NodeState::WaitListed);
+  CHECK(to<Waiting>(out, "c").at(0).wait_listed);
+  job.join(join_of("a", nnodes(2, 2)));
+  job.join(join_of("b", nnodes(2, 2)));
+  REQUIRE(job.state.phase == JobPhase::Running);
+  CHECK(job.node("a").state == NodeState::Running);
+  CHECK(job.node("b").state == NodeState::Running);
+  CHECK(job.node("c").state == NodeState::WaitListed);
+}
+
+TEST_CASE("a participant joining again while its round runs costs a restart", "[rdzv][unit]") {
+  Job job = running_job({"a", "b"}, nnodes(2, 2));
+  const auto& out = job.join(join_of("a", nnodes(2, 2)));
+  CHECK(to<Restart>(out, "a").empty());  // it already asked to join
+  const auto restart = to<Restart>(out, "b");
+  REQUIRE(restart.size() == 1);
+  CHECK(restart[0].counted);
+  CHECK(job.state.restart_count == 1);
+  CHECK(job.node("a").state == NodeState::Joined);
+  const auto& ready = job.join(join_of("b", nnodes(2, 2)));
+  CHECK(to<RoundReady>(ready, "a").at(0).restart_count == 1);
+}
+
+TEST_CASE("a joined node that goes silent is dropped from the forming round", "[rdzv][unit]") {
+  Job job;
+  job.join(join_of("a", nnodes(3, 3)));
+  job.join(join_of("b", nnodes(3, 3)));
+  const auto out = job.pass(15s, {"b"});
+  CHECK_FALSE(job.state.nodes.count(id_of("b")));
+  const auto waiting = to<Waiting>(out, "a");
+  REQUIRE_FALSE(waiting.empty());
+  CHECK(waiting.back().joined == std::vector<std::string>{"a"});
+}
+
 // ---- worker failures and the end of the job ------------------------------------------------
 
 TEST_CASE("a worker failure restarts every node once even when two nodes report it",
@@ -724,6 +763,29 @@ TEST_CASE("a node re-registering a finished round while the next one forms is to
   REQUIRE(restart.size() == 1);
   CHECK(restart[0].next_round == 1);
   CHECK_FALSE(restart[0].counted);
+}
+
+TEST_CASE("nodes that only waited when the server restarted queue behind the re-registered round",
+          "[rdzv][unit]") {
+  Job job;
+  job.join(join_of("c", nnodes(1, 3)));  // reconnects first, with no round to claim
+  Join a = join_of("a", nnodes(1, 3));
+  a.resume = claim(4, 0, 2, 1);
+  const auto& adopted = job.join(a);
+  CHECK(job.state.phase == JobPhase::Running);
+  CHECK(job.node("c").state == NodeState::WaitListed);
+  CHECK(to<Waiting>(adopted, "c").at(0).wait_listed);
+  CHECK(count_of<RoundReady>(job.pass(10s)) == 0);  // c's last call no longer applies
+
+  Join b = join_of("b", nnodes(1, 3));
+  b.resume = claim(4, 1, 2, 1);
+  const auto& out = job.join(b);
+  // Adoption is complete and the job runs under max: c is taken in by a scale-up round.
+  const auto restart = to<Restart>(out, "a");
+  REQUIRE(restart.size() == 1);
+  CHECK_FALSE(restart[0].counted);
+  CHECK(restart[0].next_round == 5);
+  CHECK(job.node("c").state == NodeState::Joined);
 }
 
 // ---- robustness and deadlines --------------------------------------------------------------
