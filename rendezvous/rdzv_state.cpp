@@ -1,0 +1,944 @@
+#include "rendezvous/rdzv_state.h"
+
+#include <algorithm>
+#include <cassert>
+#include <set>
+#include <utility>
+
+namespace ddprun::rdzv {
+namespace {
+
+using std::chrono::duration_cast;
+
+/// The job being stepped and the messages the step has produced so far.
+struct Step {
+  JobState s;
+  std::vector<Outgoing> out;
+  TimePoint now;
+  bool erase = false;
+};
+
+/// "15 s" for whole seconds, "1500 ms" otherwise: users read these in error messages.
+std::string duration_text(Millis ms) {
+  if (ms.count() % 1000 == 0) return std::to_string(ms.count() / 1000) + " s";
+  return std::to_string(ms.count()) + " ms";
+}
+
+Millis since(TimePoint from, TimePoint now) { return duration_cast<Millis>(now - from); }
+
+/// --nnodes as the user typed it: "2" or "2:4".
+std::string nnodes_text(const RdzvSettings& settings) {
+  if (settings.min_nodes == settings.max_nodes) return std::to_string(settings.min_nodes);
+  return std::to_string(settings.min_nodes) + ":" + std::to_string(settings.max_nodes);
+}
+
+std::string join_names(const std::vector<std::string>& names) {
+  std::string text;
+  for (const std::string& name : names) text += (text.empty() ? "" : ", ") + name;
+  return text;
+}
+
+bool is_participant(NodeState state) {
+  return state == NodeState::Running || state == NodeState::Succeeded;
+}
+
+int count_in(const JobState& s, NodeState state) {
+  return static_cast<int>(std::count_if(s.nodes.begin(), s.nodes.end(), [&](const auto& node) {
+    return node.second.state == state;
+  }));
+}
+
+int count_participants(const JobState& s) {
+  return count_in(s, NodeState::Running) + count_in(s, NodeState::Succeeded);
+}
+
+/// Node ids matching `keep`, in numeric-aware order of their names (node_id breaks ties), so that
+/// every message list and every choice among nodes is deterministic.
+template <typename Pred>
+std::vector<std::string> ids_where(const JobState& s, Pred keep) {
+  std::vector<std::string> ids;
+  for (const auto& [id, node] : s.nodes) {
+    if (keep(node)) ids.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end(), [&](const std::string& a, const std::string& b) {
+    const std::string& name_a = s.nodes.at(a).request.name;
+    const std::string& name_b = s.nodes.at(b).request.name;
+    if (natural_less(name_a, name_b)) return true;
+    if (natural_less(name_b, name_a)) return false;
+    return a < b;
+  });
+  return ids;
+}
+
+std::vector<std::string> ids_in(const JobState& s, NodeState state) {
+  return ids_where(s, [&](const NodeRecord& node) { return node.state == state; });
+}
+
+std::vector<std::string> names_of(const JobState& s, const std::vector<std::string>& ids) {
+  std::vector<std::string> names;
+  for (const std::string& id : ids) names.push_back(s.nodes.at(id).request.name);
+  return names;
+}
+
+void send(Step& st, const std::string& id, ServerMessage message, bool close_after = false) {
+  st.out.push_back(Outgoing{id, std::move(message), close_after});
+}
+
+/// --node_rank values in 0..min_nodes-1 that no joined node holds, when the nodes use --node_rank.
+std::vector<int> missing_node_ranks(const JobState& s) {
+  bool ranks_given = false;
+  std::set<int> held;
+  for (const auto& [id, node] : s.nodes) {
+    if (!node.request.node_rank) continue;
+    ranks_given = true;
+    if (node.state == NodeState::Joined) held.insert(*node.request.node_rank);
+  }
+  std::vector<int> missing;
+  if (!ranks_given) return missing;
+  for (int rank = 0; rank < s.settings.min_nodes; ++rank) {
+    if (!held.count(rank)) missing.push_back(rank);
+  }
+  return missing;
+}
+
+/// Tells every member of the forming round (and every wait-listed node) where the round stands.
+void send_waiting(Step& st) {
+  const JobState& s = st.s;
+  if (s.phase == JobPhase::Joining) {
+    const std::vector<std::string> joined = ids_in(s, NodeState::Joined);
+    const std::vector<std::string> names = names_of(s, joined);
+    const std::vector<int> missing = missing_node_ranks(s);
+    for (const std::string& id : ids_where(s, [](const NodeRecord& node) {
+           return node.state == NodeState::Joined || node.state == NodeState::WaitListed;
+         })) {
+      const bool wait_listed = s.nodes.at(id).state == NodeState::WaitListed;
+      send(st, id,
+           Waiting{s.round, names, s.settings.min_nodes, s.settings.max_nodes, missing,
+                   since(s.round_started, st.now), s.settings.join_timeout, wait_listed});
+    }
+  } else if (s.phase == JobPhase::Running) {
+    // While a round runs, the wait list is who would join the next round; it has no deadline
+    // (join_timeout 0): a place opens when the round loses a node or scales up.
+    const std::vector<std::string> waiting = ids_in(s, NodeState::WaitListed);
+    for (const std::string& id : waiting) {
+      send(st, id,
+           Waiting{s.round + 1,
+                   names_of(s, waiting),
+                   s.settings.min_nodes,
+                   s.settings.max_nodes,
+                   {},
+                   Millis{0},
+                   Millis{0},
+                   true});
+    }
+  }
+}
+
+/// Ends the job: every node hears how, and the job stays as a tombstone for close_timeout.
+void close_job(Step& st, Closed closed) {
+  JobState& s = st.s;
+  assert(s.phase != JobPhase::Closed);
+  s.phase = JobPhase::Closed;
+  s.closed = closed;
+  s.closed_at = st.now;
+  s.last_call.reset();
+  s.adopt_deadline.reset();
+  for (const std::string& id : ids_where(s, [](const NodeRecord&) { return true; })) {
+    send(st, id, closed, true);
+  }
+}
+
+/// Promotes wait-listed nodes into the forming round while places are free; places of nodes that
+/// are stopping to rejoin stay reserved for them, so survivors keep their ranks.
+bool fill_places(JobState& s) {
+  if (s.phase != JobPhase::Joining) return false;
+  int room =
+      s.settings.max_nodes - count_in(s, NodeState::Joined) - count_in(s, NodeState::Stopping);
+  bool changed = false;
+  for (const std::string& id : ids_in(s, NodeState::WaitListed)) {
+    if (room <= 0) break;
+    // WaitListed -> Joined: a place in the forming round is free
+    s.nodes.at(id).state = NodeState::Joined;
+    --room;
+    changed = true;
+  }
+  return changed;
+}
+
+/// Starts the round: ranks, master address, RoundReady to each participant.
+void complete_round(Step& st) {
+  JobState& s = st.s;
+  assert(s.phase == JobPhase::Joining);
+  const std::vector<std::string> joined = ids_in(s, NodeState::Joined);
+  assert(!joined.empty() && static_cast<int>(joined.size()) <= s.settings.max_nodes);
+  const std::map<std::string, int> ranks = assign_group_ranks(s.nodes, joined, s.previous_ranks);
+  std::vector<std::string> by_rank(joined.size());
+  for (const auto& [id, rank] : ranks) by_rank.at(static_cast<std::size_t>(rank)) = id;
+  const std::vector<std::string> names = names_of(s, by_rank);
+  const Join& master = s.nodes.at(by_rank.front()).request;
+  const int world_size = static_cast<int>(by_rank.size());
+  for (const std::string& id : by_rank) {
+    NodeRecord& node = s.nodes.at(id);
+    node.state = NodeState::Running;
+    node.group_rank = ranks.at(id);
+    send(st, id,
+         RoundReady{s.round, node.group_rank, world_size, master.addr, master.master_port,
+                    s.restart_count, names});
+  }
+  s.previous_ranks = ranks;
+  s.phase = JobPhase::Running;
+  s.last_call.reset();
+}
+
+/// Completes the forming round when it may, else keeps its last call deadline up to date.
+void maybe_complete(Step& st) {
+  JobState& s = st.s;
+  if (s.phase != JobPhase::Joining || s.settings_from.empty()) return;
+  const int joined = count_in(s, NodeState::Joined);
+  if (joined >= s.settings.max_nodes) {
+    // Joining -> Running: max nodes joined
+    complete_round(st);
+  } else if (joined >= s.settings.min_nodes && s.last_call && st.now >= *s.last_call) {
+    // Joining -> Running: min nodes joined and the last call is over
+    complete_round(st);
+  } else if (s.round > 0 && joined >= s.settings.min_nodes &&
+             count_in(s, NodeState::Stopping) == 0) {
+    // Joining -> Running: a re-round in which every live node of the job rejoined
+    complete_round(st);
+  } else if (joined >= s.settings.min_nodes) {
+    if (!s.last_call) s.last_call = st.now + s.settings.last_call_timeout;
+  } else {
+    s.last_call.reset();
+  }
+}
+
+/// Why a Closed(Failed) ends the job when a restart is needed and the budget is used up.
+std::string budget_used_up(const JobState& s, const std::string& reason) {
+  return reason + "; no restart left: " + std::to_string(s.restart_count) + " of --max_restarts " +
+         std::to_string(s.settings.max_restarts) + " used";
+}
+
+/// Stops the running round and forms the next one. `rejoiner` (if any) already asked to join
+/// and goes straight to Joined instead of being told to restart.
+void restart_round(Step& st, const std::string& reason, bool counted, Closed if_no_budget,
+                   const std::string& rejoiner = {}) {
+  JobState& s = st.s;
+  assert(s.phase == JobPhase::Running);
+  if (counted && s.restart_count >= s.settings.max_restarts) {
+    // Running -> Closed: a restart is needed and the budget is used up
+    if_no_budget.outcome = JobOutcomeKind::Failed;
+    close_job(st, if_no_budget);
+    return;
+  }
+  if (counted) ++s.restart_count;
+  s.previous_ranks.clear();
+  for (const std::string& id :
+       ids_where(s, [](const NodeRecord& node) { return is_participant(node.state); })) {
+    NodeRecord& node = s.nodes.at(id);
+    if (node.group_rank >= 0) s.previous_ranks[id] = node.group_rank;
+    node.group_rank = -1;
+    if (id == rejoiner) {
+      node.state = NodeState::Joined;
+      continue;
+    }
+    node.state = NodeState::Stopping;
+    send(st, id, Restart{s.round + 1, reason, counted, s.restart_count});
+  }
+  ++s.round;
+  s.phase = JobPhase::Joining;
+  s.round_started = st.now;
+  s.last_call.reset();
+  s.adopt_deadline.reset();
+  fill_places(s);
+  maybe_complete(st);
+  if (s.phase == JobPhase::Joining) send_waiting(st);
+}
+
+/// Starts a scale-up round when nodes wait, the round runs under max nodes and nothing has
+/// finished yet. Returns whether it did.
+bool maybe_scale_up(Step& st) {
+  JobState& s = st.s;
+  if (s.phase != JobPhase::Running || s.adopt_deadline) return false;
+  const std::vector<std::string> waiting = ids_in(s, NodeState::WaitListed);
+  const int participants = count_participants(s);
+  if (waiting.empty() || participants >= s.settings.max_nodes) return false;
+  if (count_in(s, NodeState::Succeeded) > 0) return false;  // the job is finishing
+  const int next = std::min(s.settings.max_nodes, participants + static_cast<int>(waiting.size()));
+  // Running -> Joining (not counted): newcomers while the round runs under max nodes
+  restart_round(st,
+                join_names(names_of(s, waiting)) + " joined: scaling up from " +
+                    std::to_string(participants) + " to " + std::to_string(next) + " nodes",
+                false, Closed{});
+  return true;
+}
+
+/// Closes the job once every participant's workers succeeded.
+void maybe_close_succeeded(Step& st) {
+  JobState& s = st.s;
+  if (s.phase != JobPhase::Running || s.adopt_deadline) return;
+  const int succeeded = count_in(s, NodeState::Succeeded);
+  if (succeeded == 0 || count_in(s, NodeState::Running) > 0) return;
+  // Running -> Closed: every participant's workers succeeded
+  close_job(st, Closed{JobOutcomeKind::Succeeded,
+                       "the workers of all " + std::to_string(succeeded) +
+                           " nodes succeeded in round " + std::to_string(s.round),
+                       0, 0});
+}
+
+/// Forgets a node (left, disconnected, silent, refused) and repairs the job around the gap.
+void remove_node(Step& st, const std::string& id, const std::string& reason) {
+  JobState& s = st.s;
+  auto it = s.nodes.find(id);
+  if (it == s.nodes.end()) return;
+  const NodeState was = it->second.state;
+  s.nodes.erase(it);
+  s.previous_ranks.erase(id);
+  if (s.phase == JobPhase::Running) {
+    if (was == NodeState::Running) {
+      // Running -> Joining (counted): a participant was lost; its workers' state is gone
+      restart_round(st, reason, true, Closed{JobOutcomeKind::Failed, budget_used_up(s, reason)});
+    } else if (was == NodeState::Succeeded) {
+      maybe_close_succeeded(st);
+    }
+  } else if (s.phase == JobPhase::Joining) {
+    // Joining -> Joining: the forming round lost a member (under min: last call cancelled)
+    const bool promoted = fill_places(s);
+    maybe_complete(st);
+    if (s.phase == JobPhase::Joining && (was == NodeState::Joined || promoted)) send_waiting(st);
+  }
+}
+
+/// Refuses a Join; a node already in the job is removed as if it had left.
+void refuse(Step& st, const std::string& id, RefusalKind kind, const std::string& message) {
+  send(st, id, Refused{kind, message}, true);
+  if (st.s.nodes.count(id)) {
+    remove_node(st, id, "node " + st.s.nodes.at(id).request.name + " was refused: " + message);
+  }
+}
+
+/// Settings no job can run with; the first node sets the job's settings, so check them once.
+std::optional<std::string> invalid_settings(const Join& join) {
+  const RdzvSettings& settings = join.settings;
+  const std::string node = "node " + join.name + " was started with ";
+  if (settings.min_nodes < 1) {
+    return node + "--nnodes " + nnodes_text(settings) + ": the minimum must be at least 1";
+  }
+  if (settings.min_nodes > settings.max_nodes) {
+    return node + "--nnodes " + nnodes_text(settings) + ": the minimum (" +
+           std::to_string(settings.min_nodes) + ") is larger than the maximum (" +
+           std::to_string(settings.max_nodes) + ")";
+  }
+  if (settings.nproc_per_node < 1) {
+    return node + "--nproc_per_node " + std::to_string(settings.nproc_per_node) +
+           ": it must be at least 1";
+  }
+  if (settings.max_restarts < 0) {
+    return node + "--max_restarts " + std::to_string(settings.max_restarts) +
+           ": it must be 0 or more";
+  }
+  return std::nullopt;
+}
+
+/// The first setting on which `join` disagrees with the job, as a message naming both values.
+std::optional<std::string> settings_mismatch(const JobState& s, const Join& join) {
+  const auto mismatch = [&](const std::string& option, const std::string& theirs,
+                            const std::string& ours) -> std::optional<std::string> {
+    if (theirs == ours) return std::nullopt;
+    return "node " + join.name + " was started with " + option + " " + theirs + ", but job '" +
+           s.run_id + "' runs with " + option + " " + ours + " (set by node " + s.settings_from +
+           "): start every node with the same value";
+  };
+  if (auto m = mismatch("--nproc_per_node", std::to_string(join.settings.nproc_per_node),
+                        std::to_string(s.settings.nproc_per_node))) {
+    return m;
+  }
+  if (auto m = mismatch("--nnodes", nnodes_text(join.settings), nnodes_text(s.settings))) return m;
+  return mismatch("--max_restarts", std::to_string(join.settings.max_restarts),
+                  std::to_string(s.settings.max_restarts));
+}
+
+/// The world size of the running round: the claimed one while adopting, else its participants.
+int round_world_size(const JobState& s) {
+  for (const auto& [id, node] : s.nodes) {
+    if (is_participant(node.state) && node.request.resume) {
+      return node.request.resume->group_world_size;
+    }
+  }
+  return count_participants(s);
+}
+
+/// Whether a re-registering node's claim fits the running round: same round and restart count,
+/// same world size and master, and a group rank nobody else holds.
+bool claim_fits(const JobState& s, const std::string& id, const RoundClaim& claim) {
+  if (s.phase != JobPhase::Running || claim.round != s.round ||
+      claim.restart_count != s.restart_count || claim.group_world_size != round_world_size(s)) {
+    return false;
+  }
+  for (const auto& [other_id, node] : s.nodes) {
+    if (!is_participant(node.state)) continue;
+    if (other_id == id) {
+      if (node.group_rank != claim.group_rank) return false;
+      continue;
+    }
+    if (node.group_rank == claim.group_rank) return false;
+    // Every participant must have been told the same master; a resumed one's claim says which,
+    // a RoundReady one got it from group rank 0's Join.
+    if (node.request.resume) {
+      if (node.request.resume->master_addr != claim.master_addr ||
+          node.request.resume->master_port != claim.master_port) {
+        return false;
+      }
+    } else if (node.group_rank == 0 && (node.request.addr != claim.master_addr ||
+                                        node.request.master_port != claim.master_port)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+/// Group ranks of the adopted round nobody has re-registered for (yet).
+std::vector<int> unclaimed_ranks(const JobState& s) {
+  std::set<int> held;
+  for (const auto& [id, node] : s.nodes) {
+    if (is_participant(node.state)) held.insert(node.group_rank);
+  }
+  std::vector<int> missing;
+  for (int rank = 0; rank < round_world_size(s); ++rank) {
+    if (!held.count(rank)) missing.push_back(rank);
+  }
+  return missing;
+}
+
+/// Ends the adoption window once every group rank of the adopted round is back.
+void finish_adoption_if_complete(Step& st) {
+  JobState& s = st.s;
+  if (s.phase != JobPhase::Running || !s.adopt_deadline || !unclaimed_ranks(s).empty()) return;
+  s.adopt_deadline.reset();
+  maybe_close_succeeded(st);
+  maybe_scale_up(st);
+}
+
+NodeRecord record_for(const Join& join, NodeState state, int group_rank, TimePoint now) {
+  return NodeRecord{join, state, group_rank, now};
+}
+
+/// A Join carrying a RoundClaim: the node's workers run a round it got before losing its
+/// connection (typically the server restarted).
+void on_resume_join(Step& st, const std::string& id, const Join& join) {
+  JobState& s = st.s;
+  const RoundClaim& claim = *join.resume;
+  const NodeState claimed_state = claim.succeeded ? NodeState::Succeeded : NodeState::Running;
+  if (s.phase == JobPhase::Joining && s.round == 0) {
+    // [none] -> Running: the server restarted and a node re-registers its running round; nodes
+    // that only waited for a round are wait-listed behind it
+    for (auto& [other_id, node] : s.nodes) node.state = NodeState::WaitListed;
+    s.phase = JobPhase::Running;
+    s.round = claim.round;
+    s.restart_count = claim.restart_count;
+    s.round_started = st.now;
+    s.last_call.reset();
+    s.adopt_deadline = st.now + s.settings.keep_alive_window();
+    s.nodes[id] = record_for(join, claimed_state, claim.group_rank, st.now);
+    s.previous_ranks = {{id, claim.group_rank}};
+    finish_adoption_if_complete(st);
+    if (s.phase == JobPhase::Running) send_waiting(st);  // to the wait-listed, if any
+    return;
+  }
+  if (s.phase == JobPhase::Running) {
+    if (claim_fits(s, id, join.resume.value())) {
+      // Running -> Running: a participant of the running round re-registered; it carries on
+      s.nodes[id] = record_for(join, claimed_state, claim.group_rank, st.now);
+      s.previous_ranks[id] = claim.group_rank;
+      finish_adoption_if_complete(st);
+      return;
+    }
+    // Running -> Joining (not counted): the claim conflicts with the running round, so nobody
+    // can tell which group is right; everyone (the claimant too) stops and forms a new round
+    const std::string reason =
+        "node " + join.name + " claims round " + std::to_string(claim.round) + " (group rank " +
+        std::to_string(claim.group_rank) + " of " + std::to_string(claim.group_world_size) +
+        ", restart count " + std::to_string(claim.restart_count) +
+        "), which conflicts with the running round " + std::to_string(s.round);
+    s.nodes[id] = record_for(join, NodeState::Running, -1, st.now);
+    restart_round(st, reason, false, Closed{});
+    return;
+  }
+  // Joining -> Joining: the node's workers run a round that has ended; it stops them and joins
+  // the forming round like every other restarted node
+  s.nodes[id] = record_for(join, NodeState::Stopping, -1, st.now);
+  send(st, id,
+       Restart{s.round,
+               "node " + join.name + " re-registered round " + std::to_string(claim.round) +
+                   ", but job '" + s.run_id + "' is forming round " + std::to_string(s.round),
+               false, s.restart_count});
+}
+
+void on_join(Step& st, const std::string& id, Join join) {
+  JobState& s = st.s;
+  join.node_id = id;  // the connection's identity is authoritative
+  if (s.phase == JobPhase::Closed) {
+    // Closed -> Closed: a late join is refused with the job's end
+    const std::string end = s.closed ? s.closed->message : "it ended";
+    send(st, id,
+         Refused{RefusalKind::Closed, "job '" + s.run_id + "' is closed (" + end +
+                                          "): start a new job with another --rdzv_id"},
+         true);
+    return;
+  }
+  const bool first = s.settings_from.empty();
+  if (first) {
+    if (auto invalid = invalid_settings(join)) {
+      refuse(st, id, RefusalKind::Protocol, *invalid);
+      return;
+    }
+  } else if (auto mismatch = settings_mismatch(s, join)) {
+    refuse(st, id, RefusalKind::Mismatch, *mismatch);
+    return;
+  }
+  const RdzvSettings& settings = first ? join.settings : s.settings;
+  if (join.node_rank && (*join.node_rank < 0 || *join.node_rank >= settings.max_nodes)) {
+    refuse(st, id, RefusalKind::BadRank,
+           "node " + join.name + " was started with --node_rank " +
+               std::to_string(*join.node_rank) + ", but job '" + s.run_id + "' has at most " +
+               std::to_string(settings.max_nodes) + " nodes (--nnodes " + nnodes_text(settings) +
+               "): use a --node_rank from 0 to " + std::to_string(settings.max_nodes - 1));
+    return;
+  }
+  if (join.node_rank) {
+    for (const auto& [other_id, node] : s.nodes) {
+      if (other_id != id && node.request.node_rank == join.node_rank) {
+        refuse(st, id, RefusalKind::DuplicateRank,
+               "node " + join.name + " was started with --node_rank " +
+                   std::to_string(*join.node_rank) + ", which node " + node.request.name +
+                   " already holds in job '" + s.run_id + "': give every node its own --node_rank");
+        return;
+      }
+    }
+  }
+  if (join.resume) {
+    const RoundClaim& claim = *join.resume;
+    if (claim.group_world_size < 1 || claim.group_world_size > settings.max_nodes ||
+        claim.group_rank < 0 || claim.group_rank >= claim.group_world_size || claim.round < 0 ||
+        claim.restart_count < 0) {
+      refuse(st, id, RefusalKind::Protocol,
+             "node " + join.name + " re-registered an impossible round: group rank " +
+                 std::to_string(claim.group_rank) + " of " +
+                 std::to_string(claim.group_world_size) + " nodes in round " +
+                 std::to_string(claim.round) + " (--nnodes " + nnodes_text(settings) + ")");
+      return;
+    }
+  }
+  if (first) {
+    s.settings = join.settings;
+    s.settings_from = join.name;
+    s.round_started = st.now;  // round 0 forms from the first Join on
+  }
+  if (join.resume) {
+    on_resume_join(st, id, join);
+    return;
+  }
+
+  auto known = s.nodes.find(id);
+  if (known != s.nodes.end()) {
+    NodeRecord& node = known->second;
+    const NodeState was = node.state;
+    if (was == NodeState::Succeeded) return;  // finished; waits for the job to close
+    node.request = join;
+    if (s.phase == JobPhase::Joining) {
+      if (was == NodeState::Stopping) {
+        // Stopping -> Joined: a restarted node joins the forming round (its place was kept)
+        node.state = NodeState::Joined;
+        maybe_complete(st);
+      }
+      if (s.phase == JobPhase::Joining) send_waiting(st);
+    } else if (was == NodeState::Running) {
+      // Running -> Joining (counted): a participant left its running round to join again, so its
+      // workers stopped; leaving and rejoining must not bypass --max_restarts
+      const std::string reason =
+          "node " + join.name + " left round " + std::to_string(s.round) + " and joined again";
+      restart_round(st, reason, true, Closed{JobOutcomeKind::Failed, budget_used_up(s, reason)},
+                    id);
+    } else if (was == NodeState::Stopping) {
+      // Stopping -> WaitListed: the round it was to rejoin completed without it
+      node.state = NodeState::WaitListed;
+      if (!maybe_scale_up(st)) send_waiting(st);
+    }
+    return;
+  }
+
+  if (s.phase == JobPhase::Joining) {
+    const int room =
+        s.settings.max_nodes - count_in(s, NodeState::Joined) - count_in(s, NodeState::Stopping);
+    // [new] -> Joined; or [new] -> WaitListed when the free places are kept for restarted nodes
+    s.nodes[id] =
+        record_for(join, room > 0 ? NodeState::Joined : NodeState::WaitListed, -1, st.now);
+    maybe_complete(st);
+    if (s.phase == JobPhase::Joining) send_waiting(st);
+    return;
+  }
+  // [new] -> WaitListed: the round is running; under max nodes this starts a scale-up round
+  s.nodes[id] = record_for(join, NodeState::WaitListed, -1, st.now);
+  if (!maybe_scale_up(st)) send_waiting(st);
+}
+
+void on_workers_failed(Step& st, const std::string& id, const WorkersFailed& failed) {
+  JobState& s = st.s;
+  const NodeRecord& node = s.nodes.at(id);
+  // One failure round per round: reports for an older round (or the forming one) are late echoes.
+  if (s.phase != JobPhase::Running || failed.round != s.round || node.state != NodeState::Running) {
+    return;
+  }
+  const std::string reason =
+      "worker failure on node " + node.request.name + ": " + failed.description;
+  // Running -> Joining (counted): a worker failed
+  restart_round(
+      st, reason, true,
+      Closed{JobOutcomeKind::Failed, budget_used_up(s, reason), failed.exit_code, failed.signal});
+}
+
+void on_workers_succeeded(Step& st, const std::string& id, const WorkersSucceeded& succeeded) {
+  JobState& s = st.s;
+  NodeRecord& node = s.nodes.at(id);
+  if (s.phase != JobPhase::Running || succeeded.round != s.round ||
+      node.state != NodeState::Running) {
+    return;
+  }
+  // Running -> Succeeded: this node's workers all exited 0
+  node.state = NodeState::Succeeded;
+  maybe_close_succeeded(st);
+}
+
+void on_from_node(Step& st, const FromNode& from) {
+  if (const auto* join = std::get_if<Join>(&from.message)) {
+    auto known = st.s.nodes.find(from.node_id);
+    if (known != st.s.nodes.end() && st.s.phase != JobPhase::Closed) {
+      known->second.last_seen = st.now;
+    }
+    on_join(st, from.node_id, *join);
+    return;
+  }
+  auto known = st.s.nodes.find(from.node_id);
+  if (known == st.s.nodes.end() || st.s.phase == JobPhase::Closed) return;  // stale or unknown
+  known->second.last_seen = st.now;  // any message proves the node alive
+  const std::string name = known->second.request.name;
+  if (const auto* failed = std::get_if<WorkersFailed>(&from.message)) {
+    on_workers_failed(st, from.node_id, *failed);
+  } else if (const auto* succeeded = std::get_if<WorkersSucceeded>(&from.message)) {
+    on_workers_succeeded(st, from.node_id, *succeeded);
+  } else if (const auto* leave = std::get_if<Leave>(&from.message)) {
+    remove_node(
+        st, from.node_id,
+        "node " + name + " left" + (leave->reason.empty() ? "" : " (" + leave->reason + ")"));
+  }
+  // Heartbeat: last_seen above is all it does. StatusQuery never reaches step().
+}
+
+/// Deadlines that are due at `now`: tombstone, keep-alive, adoption, last call, join timeout.
+void run_deadlines(Step& st) {
+  JobState& s = st.s;
+  if (s.phase == JobPhase::Closed) {
+    // Closed -> [erased]: the tombstone has answered late joiners for close_timeout
+    if (s.closed_at && st.now >= *s.closed_at + s.settings.close_timeout) st.erase = true;
+    return;
+  }
+  const Millis window = s.settings.keep_alive_window();
+  for (const std::string& id :
+       ids_where(s, [&](const NodeRecord& node) { return node.last_seen + window <= st.now; })) {
+    if (s.phase == JobPhase::Closed) return;
+    auto it = s.nodes.find(id);
+    if (it == s.nodes.end()) continue;
+    // any state -> [removed]: the node stopped sending heartbeats
+    remove_node(st, id,
+                "node " + it->second.request.name + " was lost: nothing heard from it for " +
+                    duration_text(duration_cast<Millis>(st.now - it->second.last_seen)) +
+                    " (keep_alive_interval " + duration_text(s.settings.keep_alive_interval) +
+                    " x keep_alive_max_attempt " +
+                    std::to_string(s.settings.keep_alive_max_attempt) + ")");
+  }
+  if (s.phase == JobPhase::Closed) return;
+  if (s.phase == JobPhase::Running && s.adopt_deadline && st.now >= *s.adopt_deadline) {
+    const std::vector<int> missing = unclaimed_ranks(s);
+    if (missing.empty()) {
+      finish_adoption_if_complete(st);
+    } else {
+      std::string ranks;
+      for (int rank : missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(rank);
+      const std::string reason = "group rank " + ranks + " of round " + std::to_string(s.round) +
+                                 " did not re-register within " +
+                                 duration_text(s.settings.keep_alive_window()) +
+                                 " after the rendezvous server restarted";
+      s.adopt_deadline.reset();
+      // Running -> Joining (counted): participants of the adopted round were lost
+      restart_round(st, reason, true, Closed{JobOutcomeKind::Failed, budget_used_up(s, reason)});
+    }
+  }
+  if (s.phase != JobPhase::Joining || s.settings_from.empty()) return;
+  maybe_complete(st);  // the last call may be over
+  if (s.phase != JobPhase::Joining) return;
+  const std::vector<std::string> joined = ids_in(s, NodeState::Joined);
+  const int count = static_cast<int>(joined.size());
+  if (count >= s.settings.min_nodes || st.now < s.round_started + s.settings.join_timeout) return;
+  std::string missing_text;
+  const std::vector<int> missing_ranks = missing_node_ranks(s);
+  if (!missing_ranks.empty()) {
+    missing_text = missing_ranks.size() == 1 ? "node_rank " : "node_ranks ";
+    for (std::size_t i = 0; i < missing_ranks.size(); ++i) {
+      missing_text += (i ? ", " : "") + std::to_string(missing_ranks[i]);
+    }
+  } else {
+    const int more = s.settings.min_nodes - count;
+    missing_text = std::to_string(more) + " more node" + (more == 1 ? "" : "s");
+  }
+  const std::vector<std::string> names = names_of(s, joined);
+  // Joining -> Closed: the join timeout passed with fewer than min nodes
+  close_job(st,
+            Closed{JobOutcomeKind::TimedOut,
+                   "join timeout: waited " + duration_text(since(s.round_started, st.now)) +
+                       " for job '" + s.run_id + "'" +
+                       (s.round > 0 ? " (round " + std::to_string(s.round) + ")" : "") + ": " +
+                       std::to_string(count) + " of min " + std::to_string(s.settings.min_nodes) +
+                       " nodes joined (" + (names.empty() ? "none" : join_names(names)) +
+                       "); missing: " + missing_text,
+                   0, 0});
+}
+
+/// The earliest time at which run_deadlines() has something to do.
+std::optional<TimePoint> next_wake(const JobState& s) {
+  std::optional<TimePoint> wake;
+  const auto consider = [&](TimePoint t) {
+    if (!wake || t < *wake) wake = t;
+  };
+  if (s.phase == JobPhase::Closed) {
+    if (s.closed_at) consider(*s.closed_at + s.settings.close_timeout);
+    return wake;
+  }
+  for (const auto& [id, node] : s.nodes) consider(node.last_seen + s.settings.keep_alive_window());
+  if (s.adopt_deadline) consider(*s.adopt_deadline);
+  if (s.phase == JobPhase::Joining && !s.settings_from.empty()) {
+    if (s.last_call) consider(*s.last_call);
+    if (count_in(s, NodeState::Joined) < s.settings.min_nodes) {
+      consider(s.round_started + s.settings.join_timeout);
+    }
+  }
+  return wake;
+}
+
+std::string phase_name(JobPhase phase) {
+  switch (phase) {
+    case JobPhase::Joining:
+      return "joining";
+    case JobPhase::Running:
+      return "running";
+    case JobPhase::Closed:
+      return "closed";
+  }
+  return "unknown";
+}
+
+std::string node_state_name(NodeState state) {
+  switch (state) {
+    case NodeState::Joined:
+      return "joined";
+    case NodeState::Running:
+      return "running";
+    case NodeState::Succeeded:
+      return "succeeded";
+    case NodeState::Stopping:
+      return "stopping";
+    case NodeState::WaitListed:
+      return "wait-listed";
+  }
+  return "unknown";
+}
+
+std::string outcome_name(JobOutcomeKind outcome) {
+  switch (outcome) {
+    case JobOutcomeKind::Succeeded:
+      return "succeeded";
+    case JobOutcomeKind::Failed:
+      return "failed";
+    case JobOutcomeKind::TimedOut:
+      return "timed out";
+  }
+  return "unknown";
+}
+
+}  // namespace
+
+JobState new_job(std::string run_id, TimePoint now) {
+  JobState s;
+  s.run_id = std::move(run_id);
+  s.round_started = now;
+  return s;
+}
+
+StepResult step(JobState state, const Event& event, TimePoint now) {
+  Step st{std::move(state), {}, now, false};
+  if (const auto* from = std::get_if<FromNode>(&event)) {
+    on_from_node(st, *from);
+  } else if (const auto* gone = std::get_if<Disconnected>(&event)) {
+    auto it = st.s.nodes.find(gone->node_id);
+    if (it != st.s.nodes.end() && st.s.phase != JobPhase::Closed) {
+      remove_node(st, gone->node_id,
+                  "node " + it->second.request.name + " disconnected without leaving");
+    }
+  }
+  // Every event (not only Tick) runs the due deadlines, so a late Tick cannot reorder outcomes.
+  run_deadlines(st);
+  StepResult result;
+  result.wake_at = st.erase ? std::nullopt : next_wake(st.s);
+  result.state = std::move(st.s);
+  result.messages = std::move(st.out);
+  result.erase = st.erase;
+  return result;
+}
+
+std::map<std::string, int> assign_group_ranks(const std::map<std::string, NodeRecord>& nodes,
+                                              const std::vector<std::string>& participants,
+                                              const std::map<std::string, int>& previous_ranks) {
+  const auto name_less = [&](const std::string& a, const std::string& b) {
+    const std::string& name_a = nodes.at(a).request.name;
+    const std::string& name_b = nodes.at(b).request.name;
+    if (natural_less(name_a, name_b)) return true;
+    if (natural_less(name_b, name_a)) return false;
+    return a < b;
+  };
+  const int n = static_cast<int>(participants.size());
+  std::map<std::string, int> ranks;
+  std::vector<bool> taken(participants.size(), false);
+
+  // --node_rank first, in its order: equal to the given values when 0..k-1 are all there.
+  std::vector<std::string> ranked;
+  std::vector<std::string> others;
+  for (const std::string& id : participants) {
+    (nodes.at(id).request.node_rank ? ranked : others).push_back(id);
+  }
+  std::sort(ranked.begin(), ranked.end(), [&](const std::string& a, const std::string& b) {
+    const int rank_a = *nodes.at(a).request.node_rank;
+    const int rank_b = *nodes.at(b).request.node_rank;
+    return rank_a != rank_b ? rank_a < rank_b : name_less(a, b);
+  });
+  int next_rank = 0;
+  for (const std::string& id : ranked) {
+    taken[static_cast<std::size_t>(next_rank)] = true;
+    ranks[id] = next_rank++;
+  }
+
+  // Survivors keep their previous rank while it still fits and nobody took it.
+  std::vector<std::string> holders;
+  std::vector<std::string> newcomers;
+  for (const std::string& id : others) {
+    (previous_ranks.count(id) ? holders : newcomers).push_back(id);
+  }
+  std::sort(holders.begin(), holders.end(), [&](const std::string& a, const std::string& b) {
+    return previous_ranks.at(a) != previous_ranks.at(b)
+               ? previous_ranks.at(a) < previous_ranks.at(b)
+               : name_less(a, b);
+  });
+  std::sort(newcomers.begin(), newcomers.end(), name_less);
+  std::vector<std::string> unplaced;
+  for (const std::string& id : holders) {
+    const int previous = previous_ranks.at(id);
+    if (previous >= 0 && previous < n && !taken[static_cast<std::size_t>(previous)]) {
+      taken[static_cast<std::size_t>(previous)] = true;
+      ranks[id] = previous;
+    } else {
+      unplaced.push_back(id);
+    }
+  }
+  // Everyone else fills the lowest free ranks: displaced holders first, then newcomers.
+  unplaced.insert(unplaced.end(), newcomers.begin(), newcomers.end());
+  std::size_t free_rank = 0;
+  for (const std::string& id : unplaced) {
+    while (taken[free_rank]) ++free_rank;
+    taken[free_rank] = true;
+    ranks[id] = static_cast<int>(free_rank);
+  }
+  return ranks;
+}
+
+bool natural_less(const std::string& a, const std::string& b) {
+  const auto is_digit = [](char c) { return c >= '0' && c <= '9'; };
+  std::size_t i = 0;
+  std::size_t j = 0;
+  while (i < a.size() && j < b.size()) {
+    if (is_digit(a[i]) && is_digit(b[j])) {
+      // Compare the digit runs as numbers of any length: skip leading zeros, then the longer
+      // run is larger, else the first differing digit decides.
+      std::size_t end_a = i;
+      std::size_t end_b = j;
+      while (end_a < a.size() && is_digit(a[end_a])) ++end_a;
+      while (end_b < b.size() && is_digit(b[end_b])) ++end_b;
+      std::size_t start_a = i;
+      std::size_t start_b = j;
+      while (start_a + 1 < end_a && a[start_a] == '0') ++start_a;
+      while (start_b + 1 < end_b && b[start_b] == '0') ++start_b;
+      const std::size_t length_a = end_a - start_a;
+      const std::size_t length_b = end_b - start_b;
+      if (length_a != length_b) return length_a < length_b;
+      const int order = a.compare(start_a, length_a, b, start_b, length_b);
+      if (order != 0) return order < 0;
+      i = end_a;
+      j = end_b;
+      continue;
+    }
+    if (a[i] != b[j]) {
+      return static_cast<unsigned char>(a[i]) < static_cast<unsigned char>(b[j]);
+    }
+    ++i;
+    ++j;
+  }
+  if ((i < a.size()) != (j < b.size())) return j < b.size();  // a proper prefix comes first
+  // Equal as numbers ("n01" and "n1"): plain order keeps this a strict weak ordering.
+  return a < b;
+}
+
+nlohmann::json describe_job(const JobState& state, TimePoint now) {
+  nlohmann::json nodes = nlohmann::json::array();
+  std::vector<std::string> ids = ids_where(state, [](const NodeRecord&) { return true; });
+  std::stable_sort(ids.begin(), ids.end(), [&](const std::string& a, const std::string& b) {
+    // Participants in group-rank order first, then everyone else by name.
+    const int rank_a = state.nodes.at(a).group_rank;
+    const int rank_b = state.nodes.at(b).group_rank;
+    if ((rank_a < 0) != (rank_b < 0)) return rank_b < 0;
+    return rank_a >= 0 && rank_a < rank_b;
+  });
+  for (const std::string& id : ids) {
+    const NodeRecord& node = state.nodes.at(id);
+    nlohmann::json entry = {
+        {"name", node.request.name},
+        {"node_id", id},
+        {"state", node_state_name(node.state)},
+        {"group_rank", node.group_rank},
+        {"last_seen_s", duration_cast<std::chrono::duration<double>>(now - node.last_seen).count()},
+    };
+    if (node.request.node_rank) entry["node_rank"] = *node.request.node_rank;
+    nodes.push_back(std::move(entry));
+  }
+  const RdzvSettings& settings = state.settings;
+  nlohmann::json job = {
+      {"run_id", state.run_id},
+      {"phase", phase_name(state.phase)},
+      {"round", state.round},
+      {"restart_count", state.restart_count},
+      {"settings",
+       {{"min_nodes", settings.min_nodes},
+        {"max_nodes", settings.max_nodes},
+        {"nproc_per_node", settings.nproc_per_node},
+        {"max_restarts", settings.max_restarts},
+        {"join_timeout_s", settings.join_timeout.count() / 1000.0},
+        {"last_call_timeout_s", settings.last_call_timeout.count() / 1000.0},
+        {"close_timeout_s", settings.close_timeout.count() / 1000.0},
+        {"keep_alive_interval_s", settings.keep_alive_interval.count() / 1000.0},
+        {"keep_alive_max_attempt", settings.keep_alive_max_attempt}}},
+      {"settings_from", state.settings_from},
+      {"nodes", std::move(nodes)},
+  };
+  if (state.closed) {
+    job["outcome"] = outcome_name(state.closed->outcome);
+    job["message"] = state.closed->message;
+  }
+  return job;
+}
+
+}  // namespace ddprun::rdzv

@@ -1,0 +1,854 @@
+#include "rendezvous/rdzv_state.h"
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <string>
+#include <vector>
+
+using namespace ddprun::rdzv;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// Fake time: a fixed origin that tests move forward by hand.
+const TimePoint kStart = TimePoint{} + 1000h;
+
+RdzvSettings nnodes(int min_nodes, int max_nodes, int max_restarts = 3) {
+  RdzvSettings settings;
+  settings.min_nodes = min_nodes;
+  settings.max_nodes = max_nodes;
+  settings.nproc_per_node = 2;
+  settings.max_restarts = max_restarts;
+  return settings;  // timeouts: join 600 s, last call 30 s, close 30 s, keep-alive 5 s x 3
+}
+
+std::string id_of(const std::string& name) { return name + ":4242:abcd"; }
+
+Join join_of(const std::string& name, const RdzvSettings& settings,
+             std::optional<int> node_rank = std::nullopt) {
+  Join join;
+  join.run_id = "my_job";
+  join.node_id = id_of(name);
+  join.name = name;
+  join.addr = name;
+  join.master_port = 29500;
+  join.node_rank = node_rank;
+  join.settings = settings;
+  return join;
+}
+
+RoundClaim claim(int round, int rank, int world_size, int restart_count) {
+  RoundClaim c;
+  c.round = round;
+  c.group_rank = rank;
+  c.group_world_size = world_size;
+  c.restart_count = restart_count;
+  c.master_addr = "10.0.0.1";
+  c.master_port = 29500;
+  return c;
+}
+
+/// One job driven through step() with a clock the test moves.
+struct Job {
+  JobState state = new_job("my_job", kStart);
+  TimePoint now = kStart;
+  StepResult last;
+
+  const std::vector<Outgoing>& apply(const Event& event) {
+    last = step(state, event, now);
+    state = last.state;
+    return last.messages;
+  }
+  const std::vector<Outgoing>& join(const Join& join) {
+    return apply(FromNode{join.node_id, join});
+  }
+  const std::vector<Outgoing>& send(const std::string& name, AgentMessage message) {
+    return apply(FromNode{id_of(name), std::move(message)});
+  }
+  const std::vector<Outgoing>& tick() { return apply(Tick{}); }
+
+  /// Moves time on by `total` as live agents would see it: every node except `silent` sends a
+  /// heartbeat every second, and the server ticks. Returns every message sent meanwhile.
+  std::vector<Outgoing> pass(std::chrono::seconds total,
+                             const std::vector<std::string>& silent = {}) {
+    std::vector<Outgoing> all;
+    for (std::chrono::seconds done{0}; done < total; ++done) {
+      now += 1s;
+      std::vector<std::string> alive;
+      for (const auto& [id, node] : state.nodes) {
+        if (std::find(silent.begin(), silent.end(), node.request.name) == silent.end()) {
+          alive.push_back(id);
+        }
+      }
+      for (const std::string& id : alive) {
+        if (!state.nodes.count(id)) continue;
+        const auto& out = apply(FromNode{id, Heartbeat{}});
+        all.insert(all.end(), out.begin(), out.end());
+      }
+      const auto& out = tick();
+      all.insert(all.end(), out.begin(), out.end());
+    }
+    return all;
+  }
+
+  const NodeRecord& node(const std::string& name) const { return state.nodes.at(id_of(name)); }
+};
+
+/// The messages of type T addressed to node `name`, in order.
+template <typename T>
+std::vector<T> to(const std::vector<Outgoing>& messages, const std::string& name) {
+  std::vector<T> found;
+  for (const Outgoing& out : messages) {
+    if (out.node_id != id_of(name)) continue;
+    if (const T* message = std::get_if<T>(&out.message)) found.push_back(*message);
+  }
+  return found;
+}
+
+template <typename T>
+std::size_t count_of(const std::vector<Outgoing>& messages) {
+  std::size_t n = 0;
+  for (const Outgoing& out : messages) n += std::holds_alternative<T>(out.message) ? 1 : 0;
+  return n;
+}
+
+/// A job of `names` whose round 0 completed at max nodes.
+Job running_job(const std::vector<std::string>& names, RdzvSettings settings) {
+  settings.min_nodes = std::min(settings.min_nodes, static_cast<int>(names.size()));
+  settings.max_nodes = static_cast<int>(names.size());
+  Job job;
+  for (const std::string& name : names) job.join(join_of(name, settings));
+  REQUIRE(job.state.phase == JobPhase::Running);
+  return job;
+}
+
+/// A job of 2:3 nodes running round 0 with `names` (2 of them), completed by the last call.
+Job running_under_max(const std::vector<std::string>& names, int max_restarts = 3) {
+  Job job;
+  for (const std::string& name : names) job.join(join_of(name, nnodes(2, 3, max_restarts)));
+  job.pass(30s);
+  REQUIRE(job.state.phase == JobPhase::Running);
+  return job;
+}
+
+}  // namespace
+
+// ---- join, waiting, last call, complete ----------------------------------------------------
+
+TEST_CASE("the first node to join sets the job's settings and hears that it waits",
+          "[rdzv][unit]") {
+  Job job;
+  const auto& out = job.join(join_of("127.0.0.2", nnodes(2, 2)));
+  CHECK(job.state.phase == JobPhase::Joining);
+  CHECK(job.state.settings_from == "127.0.0.2");
+  CHECK(job.node("127.0.0.2").state == NodeState::Joined);
+  const auto waiting = to<Waiting>(out, "127.0.0.2");
+  REQUIRE(waiting.size() == 1);
+  CHECK(waiting[0].round == 0);
+  CHECK(waiting[0].joined == std::vector<std::string>{"127.0.0.2"});
+  CHECK(waiting[0].min_nodes == 2);
+  CHECK(waiting[0].max_nodes == 2);
+  CHECK(waiting[0].join_timeout == 600s);
+  CHECK_FALSE(waiting[0].wait_listed);
+}
+
+TEST_CASE("every joined node hears who joined each time the forming round changes",
+          "[rdzv][unit]") {
+  Job job;
+  job.join(join_of("127.0.0.2", nnodes(3, 4)));
+  job.now += 12s;
+  const auto& out = job.join(join_of("127.0.0.3", nnodes(3, 4)));
+  for (const std::string name : {"127.0.0.2", "127.0.0.3"}) {
+    const auto waiting = to<Waiting>(out, name);
+    REQUIRE(waiting.size() == 1);
+    CHECK(waiting[0].joined == std::vector<std::string>{"127.0.0.2", "127.0.0.3"});
+    CHECK(waiting[0].waited == 12s);
+    CHECK(waiting[0].missing_node_ranks.empty());
+  }
+}
+
+TEST_CASE("waiting nodes that gave --node_rank hear which node ranks are missing", "[rdzv][unit]") {
+  Job job;
+  job.join(join_of("a", nnodes(3, 3), 0));
+  const auto& out = job.join(join_of("b", nnodes(3, 3), 2));
+  const auto waiting = to<Waiting>(out, "a");
+  REQUIRE(waiting.size() == 1);
+  CHECK(waiting[0].missing_node_ranks == std::vector<int>{1});
+}
+
+TEST_CASE("at min nodes the last call starts and its end completes the round", "[rdzv][unit]") {
+  Job job;
+  job.join(join_of("127.0.0.2", nnodes(2, 4)));
+  job.now += 5s;
+  job.join(join_of("127.0.0.3", nnodes(2, 4)));
+  REQUIRE(job.state.last_call == kStart + 5s + 30s);
+
+  // Round 0 waits the whole last call even though every node that ever came has joined.
+  const auto before = job.pass(29s);
+  CHECK(count_of<RoundReady>(before) == 0);
+  CHECK(job.state.phase == JobPhase::Joining);
+
+  const auto after = job.pass(1s);
+  CHECK(job.state.phase == JobPhase::Running);
+  const auto first = to<RoundReady>(after, "127.0.0.2");
+  const auto second = to<RoundReady>(after, "127.0.0.3");
+  REQUIRE(first.size() == 1);
+  REQUIRE(second.size() == 1);
+  CHECK(first[0].group_world_size == 2);
+  CHECK(first[0].group_rank + second[0].group_rank == 1);
+}
+
+TEST_CASE("a round completes at once when max nodes joined, with rank 0's address as master",
+          "[rdzv][unit]") {
+  Job job;
+  for (const std::string name : {"127.0.0.3", "127.0.0.2"}) {
+    Join join = join_of(name, nnodes(2, 3));
+    join.master_port = name == "127.0.0.2" ? 29611 : 29622;
+    job.join(join);
+  }
+  CHECK(job.state.phase == JobPhase::Joining);
+  Join third = join_of("127.0.0.4", nnodes(2, 3));
+  third.master_port = 29633;
+  const auto& out = job.join(third);
+  REQUIRE(job.state.phase == JobPhase::Running);
+  CHECK_FALSE(job.state.last_call.has_value());
+  REQUIRE(count_of<RoundReady>(out) == 3);
+  const RoundReady ready = to<RoundReady>(out, "127.0.0.4").at(0);
+  CHECK(ready.round == 0);
+  CHECK(ready.group_rank == 2);
+  CHECK(ready.group_world_size == 3);
+  CHECK(ready.master_addr == "127.0.0.2");
+  CHECK(ready.master_port == 29611);
+  CHECK(ready.restart_count == 0);
+  CHECK(ready.participants == std::vector<std::string>{"127.0.0.2", "127.0.0.3", "127.0.0.4"});
+}
+
+TEST_CASE("a node joining a complete round goes to the wait list", "[rdzv][unit]") {
+  Job job = running_job({"a", "b"}, nnodes(2, 2));
+  const auto& out = job.join(join_of("c", nnodes(2, 2)));
+  CHECK(job.node("c").state == NodeState::WaitListed);
+  CHECK(count_of<Restart>(out) == 0);
+  const auto waiting = to<Waiting>(out, "c");
+  REQUIRE(waiting.size() == 1);
+  CHECK(waiting[0].wait_listed);
+  CHECK(job.state.phase == JobPhase::Running);
+}
+
+// ---- losing nodes --------------------------------------------------------------------------
+
+TEST_CASE("a participant whose heartbeats stop is lost and the others restart, counted",
+          "[rdzv][unit]") {
+  Job job = running_job({"a", "b", "c"}, nnodes(2, 3));
+  const auto before = job.pass(14s, {"c"});
+  CHECK(count_of<Restart>(before) == 0);
+  const auto out = job.pass(1s, {"c"});  // 15 s = keep_alive_interval 5 s x 3 attempts
+  CHECK_FALSE(job.state.nodes.count(id_of("c")));
+  for (const std::string name : {"a", "b"}) {
+    const auto restart = to<Restart>(out, name);
+    REQUIRE(restart.size() == 1);
+    CHECK(restart[0].counted);
+    CHECK(restart[0].restart_count == 1);
+    CHECK(restart[0].next_round == 1);
+    CHECK_THAT(restart[0].reason, Catch::Contains("node c was lost"));
+    CHECK(job.node(name).state == NodeState::Stopping);
+  }
+  CHECK(job.state.restart_count == 1);
+
+  // Every live node rejoined: the re-round completes without waiting the last call.
+  job.join(join_of("a", nnodes(2, 3)));
+  CHECK(job.state.phase == JobPhase::Joining);
+  const auto& ready = job.join(join_of("b", nnodes(2, 3)));
+  REQUIRE(job.state.phase == JobPhase::Running);
+  const auto got = to<RoundReady>(ready, "b");
+  REQUIRE(got.size() == 1);
+  CHECK(got[0].round == 1);
+  CHECK(got[0].group_world_size == 2);
+  CHECK(got[0].restart_count == 1);
+}
+
+TEST_CASE("a participant whose connection drops is lost at once", "[rdzv][unit]") {
+  Job job = running_job({"a", "b"}, nnodes(1, 2));
+  const auto& out = job.apply(Disconnected{id_of("b")});
+  const auto restart = to<Restart>(out, "a");
+  REQUIRE(restart.size() == 1);
+  CHECK(restart[0].counted);
+  CHECK_THAT(restart[0].reason, Catch::Contains("node b disconnected"));
+  CHECK(to<Restart>(out, "b").empty());
+}
+
+TEST_CASE("a node lost with no restart left closes the job as failed naming the node",
+          "[rdzv][unit]") {
+  Job job = running_job({"a", "b"}, nnodes(2, 2, 0));
+  const auto& out = job.send("b", Leave{"SIGTERM"});
+  CHECK(job.state.phase == JobPhase::Closed);
+  const auto closed = to<Closed>(out, "a");
+  REQUIRE(closed.size() == 1);
+  CHECK(closed[0].outcome == JobOutcomeKind::Failed);
+  CHECK_THAT(closed[0].message, Catch::Contains("node b left (SIGTERM)"));
+  CHECK_THAT(closed[0].message, Catch::Contains("--max_restarts 0"));
+  CHECK(out.at(0).close_after);
+}
+
+TEST_CASE("a re-round under min nodes waits for a replacement until the join timeout",
+          "[rdzv][unit]") {
+  Job job = running_under_max({"a", "b"});
+  job.apply(Disconnected{id_of("b")});
+  const TimePoint restarted = job.now;
+  job.join(join_of("a", nnodes(2, 3)));
+  CHECK(job.state.phase == JobPhase::Joining);
+  CHECK(job.last.wake_at == restarted + 15s);  // a's keep-alive comes before the join timeout
+
+  SECTION("a replacement completes the round") {
+    job.pass(100s);
+    const auto& out = job.join(join_of("c", nnodes(2, 3)));
+    CHECK(job.state.phase == JobPhase::Running);
+    CHECK(to<RoundReady>(out, "c").size() == 1);
+  }
+  SECTION("without one the job times out naming who joined and how many are missing") {
+    const auto out = job.pass(600s);
+    CHECK(job.state.phase == JobPhase::Closed);
+    const auto closed = to<Closed>(out, "a");
+    REQUIRE(closed.size() == 1);
+    CHECK(closed[0].outcome == JobOutcomeKind::TimedOut);
+    CHECK(closed[0].message ==
+          "join timeout: waited 600 s for job 'my_job' (round 1): 1 of min 2 nodes joined (a); "
+          "missing: 1 more node");
+  }
+}
+
+// ---- scale-up and the wait list ------------------------------------------------------------
+
+TEST_CASE("a newcomer while the round runs under max nodes scales up without counting a restart",
+          "[rdzv][unit]") {
+  Job job = running_under_max({"a", "b"});
+  const int rank_a = job.node("a").group_rank;
+  const int rank_b = job.node("b").group_rank;
+  const auto& out = job.join(join_of("c", nnodes(2, 3)));
+  for (const std::string name : {"a", "b"}) {
+    const auto restart = to<Restart>(out, name);
+    REQUIRE(restart.size() == 1);
+    CHECK_FALSE(restart[0].counted);
+    CHECK(restart[0].restart_count == 0);
+    CHECK_THAT(restart[0].reason, Catch::Contains("scaling up from 2 to 3 nodes"));
+  }
+  CHECK(job.node("c").state == NodeState::Joined);
+  const auto waiting = to<Waiting>(out, "c");
+  REQUIRE(waiting.size() == 1);
+  CHECK_FALSE(waiting[0].wait_listed);
+  CHECK(job.state.restart_count == 0);
+
+  job.join(join_of("b", nnodes(2, 3)));
+  CHECK(job.state.phase == JobPhase::Joining);  // a has not rejoined yet
+  const auto& ready = job.join(join_of("a", nnodes(2, 3)));
+  REQUIRE(job.state.phase == JobPhase::Running);
+  CHECK(to<RoundReady>(ready, "a").at(0).group_world_size == 3);
+  CHECK(to<RoundReady>(ready, "a").at(0).restart_count == 0);
+  CHECK(job.node("a").group_rank == rank_a);
+  CHECK(job.node("b").group_rank == rank_b);
+  CHECK(job.node("c").group_rank == 2);
+}
+
+TEST_CASE("a node wait-listed at max nodes joins the round after a node is lost", "[rdzv][unit]") {
+  Job job = running_job({"a", "b"}, nnodes(2, 2));
+  job.join(join_of("c", nnodes(2, 2)));
+  REQUIRE(job.node("c").state == NodeState::WaitListed);
+
+  const auto& out = job.apply(Disconnected{id_of("a")});
+  CHECK(to<Restart>(out, "b").at(0).counted);
+  CHECK(job.node("c").state == NodeState::Joined);
+  CHECK_FALSE(to<Waiting>(out, "c").at(0).wait_listed);
+
+  const auto& ready = job.join(join_of("b", nnodes(2, 2)));
+  REQUIRE(job.state.phase == JobPhase::Running);
+  CHECK(to<RoundReady>(ready, "b").at(0).group_rank == 1);  // b keeps its rank
+  CHECK(to<RoundReady>(ready, "c").at(0).group_rank == 0);  // c fills the free one
+  CHECK(to<RoundReady>(ready, "c").at(0).restart_count == 1);
+}
+
+TEST_CASE("no scale-up once a participant's workers succeeded; the newcomer hears the job close",
+          "[rdzv][unit]") {
+  Job job = running_under_max({"a", "b"});
+  job.send("a", WorkersSucceeded{0});
+  const auto& out = job.join(join_of("c", nnodes(2, 3)));
+  CHECK(count_of<Restart>(out) == 0);
+  CHECK(job.node("c").state == NodeState::WaitListed);
+  const auto& closed = job.send("b", WorkersSucceeded{0});
+  CHECK(to<Closed>(closed, "c").size() == 1);
+}
+
+TEST_CASE("a newcomer during a re-round does not take the place of a restarting node",
+          "[rdzv][unit]") {
+  Job job = running_job({"a", "b"}, nnodes(2, 2));
+  job.send("a", WorkersFailed{0, "worker rank 0 exited with code 1", 1, 0});
+  const auto& out = job.join(join_of("c", nnodes(2, 2)));
+  CHECK(job.node("c").state == NodeState::WaitListed);
+  CHECK(to<Waiting>(out, "c").at(0).wait_listed);
+  job.join(join_of("a", nnodes(2, 2)));
+  job.join(join_of("b", nnodes(2, 2)));
+  REQUIRE(job.state.phase == JobPhase::Running);
+  CHECK(job.node("a").state == NodeState::Running);
+  CHECK(job.node("b").state == NodeState::Running);
+  CHECK(job.node("c").state == NodeState::WaitListed);
+}
+
+TEST_CASE("a participant joining again while its round runs costs a restart", "[rdzv][unit]") {
+  Job job = running_job({"a", "b"}, nnodes(2, 2));
+  const auto& out = job.join(join_of("a", nnodes(2, 2)));
+  CHECK(to<Restart>(out, "a").empty());  // it already asked to join
+  const auto restart = to<Restart>(out, "b");
+  REQUIRE(restart.size() == 1);
+  CHECK(restart[0].counted);
+  CHECK(job.state.restart_count == 1);
+  CHECK(job.node("a").state == NodeState::Joined);
+  const auto& ready = job.join(join_of("b", nnodes(2, 2)));
+  CHECK(to<RoundReady>(ready, "a").at(0).restart_count == 1);
+}
+
+TEST_CASE("a joined node that goes silent is dropped from the forming round", "[rdzv][unit]") {
+  Job job;
+  job.join(join_of("a", nnodes(3, 3)));
+  job.join(join_of("b", nnodes(3, 3)));
+  const auto out = job.pass(15s, {"b"});
+  CHECK_FALSE(job.state.nodes.count(id_of("b")));
+  const auto waiting = to<Waiting>(out, "a");
+  REQUIRE_FALSE(waiting.empty());
+  CHECK(waiting.back().joined == std::vector<std::string>{"a"});
+}
+
+// ---- worker failures and the end of the job ------------------------------------------------
+
+TEST_CASE("a worker failure restarts every node once even when two nodes report it",
+          "[rdzv][unit]") {
+  Job job = running_job({"a", "b"}, nnodes(2, 2));
+  const auto& out = job.send("a", WorkersFailed{0, "worker rank 1 exited with code 1", 1, 0});
+  CHECK(count_of<Restart>(out) == 2);
+  const auto restart = to<Restart>(out, "b").at(0);
+  CHECK(restart.counted);
+  CHECK(restart.restart_count == 1);
+  CHECK_THAT(restart.reason, Catch::Contains("worker failure on node a"));
+
+  const auto& echo = job.send("b", WorkersFailed{0, "worker rank 2 exited with code 1", 1, 0});
+  CHECK(echo.empty());
+  CHECK(job.state.restart_count == 1);
+  CHECK(job.state.round == 1);
+}
+
+TEST_CASE("a worker failure with no restart left closes the job as failed with its exit status",
+          "[rdzv][unit]") {
+  Job job = running_job({"a", "b"}, nnodes(2, 2, 1));
+  job.send("a", WorkersFailed{0, "worker rank 0 exited with code 3", 3, 0});
+  job.join(join_of("a", nnodes(2, 2, 1)));
+  job.join(join_of("b", nnodes(2, 2, 1)));
+  REQUIRE(job.state.phase == JobPhase::Running);
+
+  const auto& out =
+      job.send("b", WorkersFailed{1, "worker rank 3 (local rank 1) was killed by SIGKILL", 0, 9});
+  CHECK(job.state.phase == JobPhase::Closed);
+  REQUIRE(out.size() == 2);
+  for (const std::string name : {"a", "b"}) {
+    const auto closed = to<Closed>(out, name);
+    REQUIRE(closed.size() == 1);
+    CHECK(closed[0].outcome == JobOutcomeKind::Failed);
+    CHECK(closed[0].signal == 9);
+    CHECK_THAT(closed[0].message,
+               Catch::Contains("worker rank 3 (local rank 1) was killed by SIGKILL") &&
+                   Catch::Contains("1 of --max_restarts 1 used"));
+  }
+  CHECK(out[0].close_after);
+  CHECK(out[1].close_after);
+}
+
+TEST_CASE("the failure's exit code reaches every node when the job closes as failed",
+          "[rdzv][unit]") {
+  Job job = running_job({"a", "b"}, nnodes(2, 2, 0));
+  const auto& out = job.send("a", WorkersFailed{0, "worker rank 0 exited with code 7", 7, 0});
+  CHECK(to<Closed>(out, "b").at(0).exit_code == 7);
+  CHECK(to<Closed>(out, "a").at(0).exit_code == 7);
+}
+
+TEST_CASE("the job closes as succeeded when every participant's workers succeeded",
+          "[rdzv][unit]") {
+  Job job = running_job({"a", "b"}, nnodes(2, 2));
+  CHECK(job.send("a", WorkersSucceeded{0}).empty());
+  CHECK(job.node("a").state == NodeState::Succeeded);
+  const auto& out = job.send("b", WorkersSucceeded{0});
+  CHECK(job.state.phase == JobPhase::Closed);
+  CHECK(to<Closed>(out, "a").at(0).outcome == JobOutcomeKind::Succeeded);
+  CHECK(to<Closed>(out, "b").at(0).outcome == JobOutcomeKind::Succeeded);
+}
+
+TEST_CASE("a closed job refuses late joins until its tombstone expires, then is forgotten",
+          "[rdzv][unit]") {
+  Job job = running_job({"a", "b"}, nnodes(2, 2));
+  job.send("a", WorkersSucceeded{0});
+  job.send("b", WorkersSucceeded{0});
+  const TimePoint closed_at = job.now;
+  CHECK(job.last.wake_at == closed_at + 30s);
+
+  job.now += 29s;
+  const auto& out = job.join(join_of("c", nnodes(2, 2)));
+  const auto refused = to<Refused>(out, "c");
+  REQUIRE(refused.size() == 1);
+  CHECK(refused[0].kind == RefusalKind::Closed);
+  CHECK_THAT(refused[0].message, Catch::Contains("job 'my_job' is closed"));
+  CHECK(out.at(0).close_after);
+  CHECK_FALSE(job.last.erase);
+
+  job.now += 1s;
+  job.tick();
+  CHECK(job.last.erase);
+}
+
+TEST_CASE("the join timeout closes the job naming the joined nodes, the missing ones and the wait",
+          "[rdzv][unit]") {
+  SECTION("without --node_rank: how many are missing") {
+    Job job;
+    job.join(join_of("127.0.0.3", nnodes(3, 3)));
+    job.join(join_of("127.0.0.2", nnodes(3, 3)));
+    CHECK(count_of<Closed>(job.pass(599s)) == 0);
+    const auto out = job.pass(1s);
+    CHECK(job.state.phase == JobPhase::Closed);
+    const auto closed = to<Closed>(out, "127.0.0.2");
+    REQUIRE(closed.size() == 1);
+    CHECK(closed[0].outcome == JobOutcomeKind::TimedOut);
+    CHECK(closed[0].message ==
+          "join timeout: waited 600 s for job 'my_job': 2 of min 3 nodes joined (127.0.0.2, "
+          "127.0.0.3); missing: 1 more node");
+    CHECK(to<Closed>(out, "127.0.0.3").size() == 1);
+  }
+  SECTION("with --node_rank: which node ranks are missing") {
+    Job job;
+    job.join(join_of("127.0.0.2", nnodes(3, 3), 0));
+    job.join(join_of("127.0.0.3", nnodes(3, 3), 1));
+    const auto out = job.pass(600s);
+    CHECK(to<Closed>(out, "127.0.0.2").at(0).message ==
+          "join timeout: waited 600 s for job 'my_job': 2 of min 3 nodes joined (127.0.0.2, "
+          "127.0.0.3); missing: node_rank 2");
+  }
+}
+
+// ---- refusals ------------------------------------------------------------------------------
+
+TEST_CASE("a node started with other settings is refused naming both values and both nodes",
+          "[rdzv][unit]") {
+  Job job;
+  job.join(join_of("127.0.0.2", nnodes(2, 2)));
+  RdzvSettings other = nnodes(2, 2);
+  std::string expected;
+  SECTION("--nproc_per_node") {
+    other.nproc_per_node = 4;
+    expected =
+        "node 127.0.0.3 was started with --nproc_per_node 4, but job 'my_job' runs with "
+        "--nproc_per_node 2 (set by node 127.0.0.2): start every node with the same value";
+  }
+  SECTION("--nnodes") {
+    other.max_nodes = 3;
+    expected =
+        "node 127.0.0.3 was started with --nnodes 2:3, but job 'my_job' runs with --nnodes 2 "
+        "(set by node 127.0.0.2): start every node with the same value";
+  }
+  SECTION("--max_restarts") {
+    other.max_restarts = 5;
+    expected =
+        "node 127.0.0.3 was started with --max_restarts 5, but job 'my_job' runs with "
+        "--max_restarts 3 (set by node 127.0.0.2): start every node with the same value";
+  }
+  const auto& out = job.join(join_of("127.0.0.3", other));
+  const auto refused = to<Refused>(out, "127.0.0.3");
+  REQUIRE(refused.size() == 1);
+  CHECK(refused[0].kind == RefusalKind::Mismatch);
+  CHECK(refused[0].message == expected);
+  CHECK(out.at(0).close_after);
+  CHECK_FALSE(job.state.nodes.count(id_of("127.0.0.3")));
+  CHECK(job.state.phase == JobPhase::Joining);
+}
+
+TEST_CASE("a second node with the same --node_rank is refused naming the holder", "[rdzv][unit]") {
+  Job job;
+  job.join(join_of("127.0.0.2", nnodes(2, 2), 1));
+  const auto& out = job.join(join_of("127.0.0.3", nnodes(2, 2), 1));
+  const auto refused = to<Refused>(out, "127.0.0.3");
+  REQUIRE(refused.size() == 1);
+  CHECK(refused[0].kind == RefusalKind::DuplicateRank);
+  CHECK(refused[0].message ==
+        "node 127.0.0.3 was started with --node_rank 1, which node 127.0.0.2 already holds in job "
+        "'my_job': give every node its own --node_rank");
+  CHECK(job.state.nodes.size() == 1);
+}
+
+TEST_CASE("a --node_rank beyond the job's maximum node count is refused", "[rdzv][unit]") {
+  Job job;
+  const auto& out = job.join(join_of("127.0.0.2", nnodes(2, 3), 3));
+  const auto refused = to<Refused>(out, "127.0.0.2");
+  REQUIRE(refused.size() == 1);
+  CHECK(refused[0].kind == RefusalKind::BadRank);
+  CHECK(refused[0].message ==
+        "node 127.0.0.2 was started with --node_rank 3, but job 'my_job' has at most 3 nodes "
+        "(--nnodes 2:3): use a --node_rank from 0 to 2");
+  CHECK(job.state.nodes.empty());
+  CHECK(job.state.settings_from.empty());  // a refused node does not set the job's settings
+}
+
+TEST_CASE("a first node with an impossible --nnodes is refused naming the values", "[rdzv][unit]") {
+  Job job;
+  const auto& out = job.join(join_of("a", nnodes(4, 2)));
+  const auto refused = to<Refused>(out, "a");
+  REQUIRE(refused.size() == 1);
+  CHECK_THAT(refused[0].message, Catch::Contains("the minimum (4) is larger than the maximum (2)"));
+}
+
+// ---- ranks ---------------------------------------------------------------------------------
+
+TEST_CASE("a survivor keeps its group rank across rounds and a newcomer fills the free rank",
+          "[rdzv][unit]") {
+  Job job = running_job({"a", "b", "c"}, nnodes(2, 3));
+  REQUIRE(job.node("c").group_rank == 2);
+  job.apply(Disconnected{id_of("b")});  // b held rank 1
+  job.join(join_of("c", nnodes(2, 3)));
+  job.join(join_of("a", nnodes(2, 3)));
+  REQUIRE(job.state.phase == JobPhase::Running);
+  CHECK(job.node("a").group_rank == 0);
+  CHECK(job.node("c").group_rank == 1);  // rank 2 no longer fits a world of 2
+
+  job.join(join_of("d", nnodes(2, 3)));  // scale-up
+  job.join(join_of("a", nnodes(2, 3)));
+  job.join(join_of("c", nnodes(2, 3)));
+  REQUIRE(job.state.phase == JobPhase::Running);
+  CHECK(job.node("a").group_rank == 0);
+  CHECK(job.node("c").group_rank == 1);
+  CHECK(job.node("d").group_rank == 2);
+}
+
+TEST_CASE("previous holders keep ranks that fit and newcomers take the lowest free ones",
+          "[rdzv][unit]") {
+  std::map<std::string, NodeRecord> nodes;
+  for (const std::string name : {"n1", "n2", "n3", "n4", "n5"}) {
+    nodes[name].request = join_of(name, nnodes(1, 5));
+  }
+  const std::map<std::string, int> previous = {{"n4", 2}, {"n5", 4}, {"n2", 0}};
+  const auto ranks = assign_group_ranks(nodes, {"n1", "n2", "n3", "n4", "n5"}, previous);
+  CHECK(ranks.at("n2") == 0);
+  CHECK(ranks.at("n4") == 2);
+  CHECK(ranks.at("n5") == 4);
+  CHECK(ranks.at("n1") == 1);
+  CHECK(ranks.at("n3") == 3);
+
+  // n5's rank 4 does not fit a world of 3: it takes the lowest free rank before newcomers.
+  const auto smaller = assign_group_ranks(nodes, {"n1", "n5", "n4"}, previous);
+  CHECK(smaller.at("n4") == 2);
+  CHECK(smaller.at("n5") == 0);
+  CHECK(smaller.at("n1") == 1);
+}
+
+TEST_CASE("--node_rank decides the group rank and so the master address", "[rdzv][unit]") {
+  Job job;
+  job.join(join_of("node1", nnodes(2, 2), 1));
+  const auto& out = job.join(join_of("node2", nnodes(2, 2), 0));
+  REQUIRE(job.state.phase == JobPhase::Running);
+  CHECK(job.node("node2").group_rank == 0);
+  CHECK(job.node("node1").group_rank == 1);
+  CHECK(to<RoundReady>(out, "node1").at(0).master_addr == "node2");
+}
+
+TEST_CASE("--node_rank values with gaps become consecutive group ranks in their order",
+          "[rdzv][unit]") {
+  Job job;
+  job.join(join_of("x", nnodes(2, 4), 3));
+  job.join(join_of("y", nnodes(2, 4), 1));
+  job.pass(30s);
+  REQUIRE(job.state.phase == JobPhase::Running);
+  CHECK(job.node("y").group_rank == 0);
+  CHECK(job.node("x").group_rank == 1);
+}
+
+TEST_CASE("newcomers are ranked in numeric-aware order of their names", "[rdzv][unit]") {
+  SECTION("host names") {
+    Job job = running_job({"node10", "node2", "node1"}, nnodes(3, 3));
+    CHECK(job.node("node1").group_rank == 0);
+    CHECK(job.node("node2").group_rank == 1);
+    CHECK(job.node("node10").group_rank == 2);
+  }
+  SECTION("IPv4 addresses") {
+    Job job = running_job({"127.0.0.10", "127.0.0.2"}, nnodes(2, 2));
+    CHECK(job.node("127.0.0.2").group_rank == 0);
+    CHECK(job.node("127.0.0.10").group_rank == 1);
+  }
+}
+
+TEST_CASE("natural_less compares digit runs as numbers", "[rdzv][unit]") {
+  CHECK(natural_less("node2", "node10"));
+  CHECK_FALSE(natural_less("node10", "node2"));
+  CHECK(natural_less("n10", "n10a"));
+  CHECK(natural_less("127.0.0.2", "127.0.0.10"));
+  CHECK(natural_less("a99", "b1"));
+  CHECK(natural_less("n99999999999999999999", "n100000000000000000000"));  // beyond 64 bits
+  CHECK_FALSE(natural_less("node2", "node2"));
+  // Equal as numbers but different text still orders one way only.
+  CHECK(natural_less("n01", "n1") != natural_less("n1", "n01"));
+}
+
+// ---- server restart: adoption --------------------------------------------------------------
+
+TEST_CASE("after a server restart the nodes re-register their round and carry on unrestarted",
+          "[rdzv][unit]") {
+  Job job;
+  Join a = join_of("a", nnodes(2, 2));
+  a.resume = claim(4, 0, 2, 1);
+  Join b = join_of("b", nnodes(2, 2));
+  b.resume = claim(4, 1, 2, 1);
+  const auto& first = job.join(a);
+  CHECK(first.empty());
+  CHECK(job.state.phase == JobPhase::Running);
+  CHECK(job.state.adopt_deadline == kStart + 15s);
+  job.now += 3s;
+  const auto& second = job.join(b);
+  CHECK(second.empty());
+  CHECK_FALSE(job.state.adopt_deadline.has_value());
+  CHECK(job.state.round == 4);
+  CHECK(job.state.restart_count == 1);
+  CHECK(count_of<Restart>(job.pass(20s)) == 0);
+
+  // The job-wide restart count carried over: the next failure is restart 2.
+  const auto& out = job.send("b", WorkersFailed{4, "worker rank 3 exited with code 1", 1, 0});
+  CHECK(to<Restart>(out, "a").at(0).restart_count == 2);
+}
+
+TEST_CASE("a participant that does not re-register after a server restart is lost",
+          "[rdzv][unit]") {
+  Job job;
+  Join a = join_of("a", nnodes(1, 2));
+  a.resume = claim(4, 0, 2, 1);
+  job.join(a);
+  CHECK(count_of<Restart>(job.pass(14s)) == 0);
+  const auto out = job.pass(1s);
+  const auto restart = to<Restart>(out, "a");
+  REQUIRE(restart.size() == 1);
+  CHECK(restart[0].counted);
+  CHECK(restart[0].restart_count == 2);
+  CHECK(restart[0].next_round == 5);
+  CHECK_THAT(restart[0].reason, Catch::Contains("group rank 1 of round 4 did not re-register"));
+}
+
+TEST_CASE("a claim that conflicts with the adopted round starts a new round, not counted",
+          "[rdzv][unit]") {
+  Job job;
+  Join a = join_of("a", nnodes(2, 2));
+  a.resume = claim(4, 0, 2, 1);
+  job.join(a);
+  Join b = join_of("b", nnodes(2, 2));
+  b.resume = claim(4, 0, 2, 1);  // the same rank as a
+  const auto& out = job.join(b);
+  for (const std::string name : {"a", "b"}) {
+    const auto restart = to<Restart>(out, name);
+    REQUIRE(restart.size() == 1);
+    CHECK_FALSE(restart[0].counted);
+    CHECK(restart[0].restart_count == 1);
+    CHECK(restart[0].next_round == 5);
+  }
+  CHECK(job.state.restart_count == 1);
+  job.join(join_of("a", nnodes(2, 2)));
+  const auto& ready = job.join(join_of("b", nnodes(2, 2)));
+  CHECK(to<RoundReady>(ready, "a").at(0).round == 5);
+}
+
+TEST_CASE("a node re-registering a finished round while the next one forms is told to restart",
+          "[rdzv][unit]") {
+  Job job = running_job({"a", "b"}, nnodes(2, 2));
+  job.apply(Disconnected{id_of("b")});
+  REQUIRE(job.state.phase == JobPhase::Joining);
+  Join b = join_of("b", nnodes(2, 2));
+  b.resume = claim(0, 1, 2, 0);
+  const auto& out = job.join(b);
+  const auto restart = to<Restart>(out, "b");
+  REQUIRE(restart.size() == 1);
+  CHECK(restart[0].next_round == 1);
+  CHECK_FALSE(restart[0].counted);
+}
+
+TEST_CASE("nodes that only waited when the server restarted queue behind the re-registered round",
+          "[rdzv][unit]") {
+  Job job;
+  job.join(join_of("c", nnodes(1, 3)));  // reconnects first, with no round to claim
+  Join a = join_of("a", nnodes(1, 3));
+  a.resume = claim(4, 0, 2, 1);
+  const auto& adopted = job.join(a);
+  CHECK(job.state.phase == JobPhase::Running);
+  CHECK(job.node("c").state == NodeState::WaitListed);
+  CHECK(to<Waiting>(adopted, "c").at(0).wait_listed);
+  CHECK(count_of<RoundReady>(job.pass(10s)) == 0);  // c's last call no longer applies
+
+  Join b = join_of("b", nnodes(1, 3));
+  b.resume = claim(4, 1, 2, 1);
+  const auto& out = job.join(b);
+  // Adoption is complete and the job runs under max: c is taken in by a scale-up round.
+  const auto restart = to<Restart>(out, "a");
+  REQUIRE(restart.size() == 1);
+  CHECK_FALSE(restart[0].counted);
+  CHECK(restart[0].next_round == 5);
+  CHECK(job.node("c").state == NodeState::Joined);
+}
+
+// ---- robustness and deadlines --------------------------------------------------------------
+
+TEST_CASE("messages from unknown nodes and for other rounds change nothing", "[rdzv][unit]") {
+  Job job = running_job({"a", "b"}, nnodes(2, 2));
+  CHECK(job.apply(FromNode{"ghost", Heartbeat{}}).empty());
+  CHECK(job.apply(FromNode{"ghost", WorkersFailed{0, "x", 1, 0}}).empty());
+  CHECK(job.apply(Disconnected{"ghost"}).empty());
+  CHECK(job.send("a", WorkersFailed{7, "from a future round", 1, 0}).empty());
+  CHECK(job.send("a", WorkersSucceeded{3}).empty());
+  CHECK(job.state.phase == JobPhase::Running);
+  CHECK(job.state.restart_count == 0);
+}
+
+TEST_CASE(
+    "a node leaving the forming round is dropped from the others' Waiting and cancels the "
+    "last call",
+    "[rdzv][unit]") {
+  Job job;
+  job.join(join_of("a", nnodes(2, 3)));
+  job.join(join_of("b", nnodes(2, 3)));
+  REQUIRE(job.state.last_call.has_value());
+  const auto& out = job.send("b", Leave{"interrupted"});
+  CHECK_FALSE(job.state.last_call.has_value());
+  CHECK(to<Waiting>(out, "a").at(0).joined == std::vector<std::string>{"a"});
+  CHECK(count_of<RoundReady>(job.pass(60s)) == 0);
+}
+
+TEST_CASE("wake_at is the earliest pending deadline", "[rdzv][unit]") {
+  RdzvSettings settings = nnodes(2, 3);
+  settings.join_timeout = 60s;
+  settings.keep_alive_interval = 100s;  // keep-alive window 300 s
+  Job job;
+  job.join(join_of("a", settings));
+  CHECK(job.last.wake_at == kStart + 60s);  // join timeout
+
+  job.now += 10s;
+  job.join(join_of("b", settings));
+  CHECK(job.last.wake_at == kStart + 40s);  // last call, 30 s after min was reached
+
+  job.now += 30s;
+  job.tick();
+  REQUIRE(job.state.phase == JobPhase::Running);
+  CHECK(job.last.wake_at == kStart + 300s);  // a's keep-alive expiry
+
+  job.send("a", Heartbeat{});
+  CHECK(job.last.wake_at == kStart + 310s);  // now b's
+}
+
+TEST_CASE("status describes the job's nodes with their ranks and last heartbeat", "[rdzv][unit]") {
+  Job job = running_job({"b", "a"}, nnodes(2, 2));
+  job.now += 2s;
+  job.join(join_of("c", nnodes(2, 2)));
+  const nlohmann::json status = describe_job(job.state, job.now + 1s);
+  CHECK(status["run_id"] == "my_job");
+  CHECK(status["phase"] == "running");
+  CHECK(status["round"] == 0);
+  CHECK(status["settings"]["nproc_per_node"] == 2);
+  REQUIRE(status["nodes"].size() == 3);
+  CHECK(status["nodes"][0]["name"] == "a");
+  CHECK(status["nodes"][0]["group_rank"] == 0);
+  CHECK(status["nodes"][0]["last_seen_s"] == 3.0);
+  CHECK(status["nodes"][2]["name"] == "c");
+  CHECK(status["nodes"][2]["state"] == "wait-listed");
+}
