@@ -111,43 +111,38 @@ void NetworkRendezvous::connect() {
           connecting_ = false;
           return on_lost("cannot resolve " + opt_.endpoint_host + ": " + ec.message());
         }
-        auto socket = std::make_shared<tcp::socket>(io_);
-        auto endpoints = std::make_shared<std::vector<tcp::endpoint>>();
-        for (const auto& r : results) endpoints->push_back(r.endpoint());
-        auto attempt = std::make_shared<std::function<void(size_t, std::string)>>();
-        *attempt = [this, alive, socket, endpoints, attempt](size_t i, std::string last) {
-          if (!*alive) return;
-          if (i >= endpoints->size()) {
-            connecting_ = false;
-            *attempt = nullptr;  // break the self-reference
-            return on_lost(last);
-          }
-          const tcp::endpoint target = (*endpoints)[i];
-          error_code ec;
-          if (socket->is_open()) socket->close(ec);
-          socket->open(target.protocol(), ec);
-          if (!ec && !opt_.local_addr.empty()) {
-            auto local = asio::ip::make_address(opt_.local_addr, ec);
-            if (!ec && local.is_v6() == target.address().is_v6())
-              socket->bind(tcp::endpoint(local, 0), ec);
-            else if (!ec)
-              ec = {};  // a different family: connect without binding
-            if (ec)
-              return (*attempt)(
-                  i + 1, "cannot bind --local_addr " + opt_.local_addr + ": " + ec.message());
-          }
-          socket->async_connect(target, [this, alive, socket, attempt, i](error_code ec) {
-            if (!*alive) return;
-            if (ec) return (*attempt)(i + 1, ec.message());
-            connecting_ = false;
-            tune_socket(*socket, opt_.settings.keep_alive_window());
-            auto conn = std::make_shared<FramedConnection>(std::move(*socket));
-            *attempt = nullptr;
-            on_connected(conn);
-          });
-        };
-        (*attempt)(0, "no address");
+        endpoints_.clear();
+        for (const auto& r : results) endpoints_.push_back(r.endpoint());
+        try_endpoint(0, "no address");
       });
+}
+
+void NetworkRendezvous::try_endpoint(size_t index, const std::string& last_error) {
+  if (index >= endpoints_.size()) {
+    connecting_ = false;
+    return on_lost(last_error);
+  }
+  const tcp::endpoint target = endpoints_[index];
+  auto socket = std::make_shared<tcp::socket>(io_);
+  error_code ec;
+  socket->open(target.protocol(), ec);
+  if (!ec && !opt_.local_addr.empty()) {
+    auto local = asio::ip::make_address(opt_.local_addr, ec);
+    // A --local_addr of the other family: connect without binding.
+    if (!ec && local.is_v6() == target.address().is_v6())
+      socket->bind(tcp::endpoint(local, 0), ec);
+    if (ec)
+      return try_endpoint(index + 1,
+                          "cannot bind --local_addr " + opt_.local_addr + ": " + ec.message());
+  }
+  if (ec) return try_endpoint(index + 1, ec.message());
+  socket->async_connect(target, [this, alive = alive_, socket, index](error_code ec) {
+    if (!*alive) return;
+    if (ec) return try_endpoint(index + 1, ec.message());
+    connecting_ = false;
+    tune_socket(*socket, opt_.settings.keep_alive_window());
+    on_connected(std::make_shared<FramedConnection>(std::move(*socket)));
+  });
 }
 
 void NetworkRendezvous::on_connected(std::shared_ptr<FramedConnection> conn) {

@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/clock.h"
 #include "rendezvous/connection.h"
@@ -65,6 +66,7 @@ class NetworkRendezvous final : public RendezvousHandler {
   enum class Phase { Idle, Joining, Running, Done };
 
   void connect();
+  void try_endpoint(size_t index, const std::string& last_error);
   void on_connected(std::shared_ptr<FramedConnection> conn);
   void on_message(const nlohmann::json& body);
   void on_lost(const std::string& why);
@@ -82,6 +84,7 @@ class NetworkRendezvous final : public RendezvousHandler {
   NetworkRendezvousOptions opt_;
   std::string node_id_;
   std::shared_ptr<FramedConnection> conn_;
+  std::vector<boost::asio::ip::tcp::endpoint> endpoints_;  ///< of the endpoint, being tried
   bool connecting_ = false;
   bool greeted_ = false;
   Phase phase_ = Phase::Idle;

@@ -6,6 +6,7 @@
 //   signal_if_rank=R:N   kill itself with signal N when RANK == R
 //   sleep=MS          sleep MS milliseconds
 //   hang              sleep up to 10 minutes (the test stops it)
+//   hang_unless=NAME=VALUE  hang (as above) unless the variable NAME equals VALUE
 //   ignore=SIG        ignore signal number SIG (e.g. 15)
 //   print=TEXT        print TEXT and a newline to stdout
 //   eprint=TEXT       print TEXT and a newline to stderr
@@ -118,6 +119,14 @@ int main(int argc, char** argv) {
     } else if (key == "hang") {
       std::fflush(stdout);
       for (int s = 0; s < 600; ++s) ::sleep(1);
+    } else if (key == "hang_unless") {
+      const auto sep = val.find('=');
+      const std::string name = val.substr(0, sep);
+      const std::string want = sep == std::string::npos ? "" : val.substr(sep + 1);
+      if (env_or(name.c_str(), "<unset>") != want) {
+        std::fflush(stdout);
+        for (int s = 0; s < 600; ++s) ::sleep(1);
+      }
     } else if (key == "ignore") {
       ::signal(std::atoi(val.c_str()), SIG_IGN);
     } else if (key == "print") {

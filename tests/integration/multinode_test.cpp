@@ -1,0 +1,314 @@
+// Several ddprun agents on one machine, each advertising its own 127.0.0.x address, meeting at
+// an embedded server or at ddprun-rdzvd.
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <memory>
+#include <set>
+
+#include "rendezvous/free_port.h"
+#include "tests/integration/ddprun_runs.h"
+
+using namespace ddprun::testing;
+
+namespace {
+
+/// Quick keep-alive and last call so that tests of node loss and scale-up take seconds.
+const std::string kFastConf =
+    "join_timeout=60,last_call_timeout=1,keep_alive_interval=0.2,keep_alive_max_attempt=3,"
+    "connect_timeout=20";
+
+int free_port() {
+  auto p = ddprun::rdzv::find_free_port("127.0.0.1");
+  REQUIRE(std::holds_alternative<int>(p));
+  return std::get<int>(p);
+}
+
+/// One agent: `ddprun --rdzv_backend c10d --rdzv_endpoint E --rdzv_id ID --local_addr A ...`.
+std::unique_ptr<Subprocess> start_node(const std::string& endpoint, const std::string& addr,
+                                       const std::vector<std::string>& flags,
+                                       const std::vector<std::string>& actions) {
+  std::vector<std::string> all{"--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint,
+                               "--rdzv_id",      "job",  "--local_addr",    addr};
+  all.insert(all.end(), flags.begin(), flags.end());
+  return std::make_unique<Subprocess>(ddprun_fake(all, actions));
+}
+
+std::string node_addr(int i) { return "127.0.0." + std::to_string(i + 2); }
+
+/// Every "RANK=" a node's workers printed.
+std::set<int> ranks_printed(const std::string& out) {
+  std::set<int> ranks;
+  for (const std::string& line : lines_of(out)) {
+    const auto at = line.find("]:RANK=");
+    if (at != std::string::npos) ranks.insert(std::stoi(line.substr(at + 7)));
+  }
+  return ranks;
+}
+
+}  // namespace
+
+TEST_CASE("three agents with an embedded server get unique ranks and one master",
+          "[integration][multinode]") {
+  const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int i = 0; i < 3; ++i)
+    nodes.push_back(start_node(endpoint, node_addr(i),
+                               {"--nnodes", "3", "--nproc_per_node", "2"},
+                               {"env=RANK,GROUP_RANK,WORLD_SIZE,MASTER_ADDR,MASTER_PORT"}));
+  std::set<int> all_ranks;
+  std::set<std::string> masters;
+  std::set<std::string> group_ranks;
+  for (auto& node : nodes) {
+    auto r = node->wait(kJobLimit);
+    INFO(r.out << r.err);
+    CHECK(r.exit_code == 0);
+    for (int local = 0; local < 2; ++local) {
+      auto env = env_printed_by(r.out, "[default" + std::to_string(local) + "]:");
+      CHECK(env["WORLD_SIZE"] == "6");
+      masters.insert(env["MASTER_ADDR"] + ":" + env["MASTER_PORT"]);
+      group_ranks.insert(env["GROUP_RANK"]);
+    }
+    for (int rank : ranks_printed(r.out)) CHECK(all_ranks.insert(rank).second);
+  }
+  CHECK(all_ranks == std::set<int>{0, 1, 2, 3, 4, 5});
+  CHECK(group_ranks == std::set<std::string>{"0", "1", "2"});
+  CHECK(masters.size() == 1);
+}
+
+TEST_CASE("the standalone daemon hosts a job and nodes honour --node_rank",
+          "[integration][multinode]") {
+  const int port = free_port();
+  Subprocess daemon({RDZVD_BIN, "--port", std::to_string(port), "--host", "127.0.0.1"});
+  const std::string endpoint = "127.0.0.1:" + std::to_string(port);
+  // node_rank 1 starts first and still gets group rank 1.
+  auto second = start_node(endpoint, node_addr(0),
+                           {"--nnodes", "2", "--node_rank", "1", "--rdzv_conf", "is_host=0"},
+                           {"env=GROUP_RANK,RANK,MASTER_ADDR"});
+  auto first = start_node(endpoint, node_addr(1),
+                          {"--nnodes", "2", "--node_rank", "0", "--rdzv_conf", "is_host=0"},
+                          {"env=GROUP_RANK,RANK,MASTER_ADDR"});
+  auto r1 = second->wait(kJobLimit);
+  auto r0 = first->wait(kJobLimit);
+  INFO(r0.out << r0.err << r1.out << r1.err << daemon.err_so_far());
+  CHECK(r0.exit_code == 0);
+  CHECK(r1.exit_code == 0);
+  CHECK(contains(r0.out, "[default0]:GROUP_RANK=0"));
+  CHECK(contains(r1.out, "[default0]:GROUP_RANK=1"));
+  // Group rank 0 publishes its own --local_addr as MASTER_ADDR.
+  CHECK(contains(r1.out, "[default0]:MASTER_ADDR=" + node_addr(1)));
+  CHECK(contains(daemon.err_so_far(), "round 0 complete with 2 node(s)"));
+  daemon.send(SIGTERM);
+  CHECK(daemon.wait(std::chrono::seconds(10)).exit_code == 0);
+}
+
+TEST_CASE("the static backend gives workers --master_addr and --master_port as given",
+          "[integration][multinode]") {
+  const int port = free_port();
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int rank : {1, 0}) {
+    nodes.push_back(std::make_unique<Subprocess>(ddprun_fake(
+        {"--nnodes", "2", "--node_rank", std::to_string(rank), "--master_addr", "127.0.0.1",
+         "--master_port", std::to_string(port), "--local_addr", node_addr(rank)},
+        {"env=GROUP_RANK,MASTER_ADDR,MASTER_PORT"})));
+  }
+  for (int i = 0; i < 2; ++i) {
+    auto r = nodes[i]->wait(kJobLimit);
+    INFO(r.out << r.err);
+    CHECK(r.exit_code == 0);
+    const int rank = i == 0 ? 1 : 0;
+    CHECK(contains(r.out, "[default0]:GROUP_RANK=" + std::to_string(rank)));
+    CHECK(contains(r.out, "[default0]:MASTER_ADDR=127.0.0.1"));
+    CHECK(contains(r.out, "[default0]:MASTER_PORT=" + std::to_string(port)));
+  }
+}
+
+TEST_CASE("a worker failure on one node restarts every node with one restart count",
+          "[integration][multinode]") {
+  const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int i = 0; i < 2; ++i)
+    nodes.push_back(start_node(
+        endpoint, node_addr(i),
+        {"--nnodes", "2", "--nproc_per_node", "2", "--max_restarts", "2", "--node_rank",
+         std::to_string(i)},
+        // Attempt 0: rank 3 (node 1) fails, the others wait to be stopped. Attempt 1: all pass.
+        {"env=TORCHELASTIC_RESTART_COUNT", "exit_if_restart=1:0", "exit_if_rank=3:5", "hang"}));
+  for (int i = 0; i < 2; ++i) {
+    auto r = nodes[i]->wait(kJobLimit);
+    INFO(r.out << r.err);
+    CHECK(r.exit_code == 0);
+    CHECK(count_of(r.out, "TORCHELASTIC_RESTART_COUNT=1") == 2);
+    CHECK(count_of(r.err, "restarting workers: restart 1 of 2") == 1);
+    CHECK_FALSE(contains(r.err, "restart 2 of 2"));
+  }
+}
+
+TEST_CASE("with restarts used up a failure ends every node with the root cause's code",
+          "[integration][multinode]") {
+  const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int i = 0; i < 2; ++i)
+    nodes.push_back(start_node(endpoint, node_addr(i),
+                               {"--nnodes", "2", "--node_rank", std::to_string(i)},
+                               {"exit_if_rank=1:7", "hang"}));
+  auto r0 = nodes[0]->wait(kJobLimit);
+  auto r1 = nodes[1]->wait(kJobLimit);
+  INFO(r0.err << r1.err);
+  CHECK(r0.exit_code == 7);
+  CHECK(r1.exit_code == 7);
+  CHECK(contains(r1.err, "Root Cause"));
+  CHECK(contains(r0.err, "the job failed on another node"));
+  CHECK(contains(r0.err, "exit code 7"));
+}
+
+TEST_CASE("a node killed with SIGKILL under --nnodes 2:3 leaves survivors that carry on",
+          "[integration][multinode][fault]") {
+  TempDir dir;
+  const std::string pids = dir.path() + "/pids";
+  WorkerSweeper sweeper(pids);
+  const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int i = 0; i < 3; ++i)
+    nodes.push_back(start_node(
+        endpoint, node_addr(i),
+        {"--nnodes", "2:3", "--max_restarts", "1", "--node_rank", std::to_string(i),
+         "--rdzv_conf", kFastConf},
+        // Round 0 (3 nodes) runs until the loss; the restarted round of 2 nodes finishes.
+        {"pidfile=" + pids, "env=GROUP_WORLD_SIZE", "hang_unless=GROUP_WORLD_SIZE=2", "exit=0"}));
+  REQUIRE(wait_until([&] { return read_pids(pids).size() == 3; }, kJobLimit));
+  // The node that does not host the server dies with its agent.
+  nodes[2]->send(SIGKILL);
+  nodes[2]->wait(std::chrono::seconds(10));
+  for (int i = 0; i < 2; ++i) {
+    auto r = nodes[i]->wait(kJobLimit);
+    INFO(r.out << r.err);
+    CHECK(r.exit_code == 0);
+    CHECK(contains(r.out, "GROUP_WORLD_SIZE=3"));
+    CHECK(contains(r.out, "GROUP_WORLD_SIZE=2"));
+    CHECK(contains(r.err, "restarting workers: restart 1 of 1"));
+    CHECK(contains(r.err, node_addr(2)));
+  }
+  // The killed agent's worker did not outlive it.
+  for (const auto& [rank, pid] : read_pids(pids)) CHECK(wait_gone(pid));
+}
+
+TEST_CASE("an agent arriving while the job runs under its maximum scales it up",
+          "[integration][multinode]") {
+  const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  const std::vector<std::string> flags{"--nnodes", "2:3", "--rdzv_conf", kFastConf};
+  const std::vector<std::string> actions{"env=GROUP_WORLD_SIZE,TORCHELASTIC_RESTART_COUNT",
+                                         "hang_unless=GROUP_WORLD_SIZE=3", "exit=0"};
+  auto a = start_node(endpoint, node_addr(0), flags, actions);
+  auto b = start_node(endpoint, node_addr(1), flags, actions);
+  REQUIRE(a->wait_for_output("GROUP_WORLD_SIZE=2", kJobLimit));
+  REQUIRE(b->wait_for_output("GROUP_WORLD_SIZE=2", kJobLimit));
+  auto c = start_node(endpoint, node_addr(2), flags, actions);
+  for (auto* node : {a.get(), b.get(), c.get()}) {
+    auto r = node->wait(kJobLimit);
+    INFO(r.out << r.err);
+    CHECK(r.exit_code == 0);
+    CHECK(contains(r.out, "GROUP_WORLD_SIZE=3"));
+    // Scaling up is not a restart.
+    CHECK_FALSE(contains(r.out, "TORCHELASTIC_RESTART_COUNT=1"));
+  }
+}
+
+TEST_CASE("the daemon killed and restarted mid-run does not stop the job",
+          "[integration][multinode][fault]") {
+  TempDir dir;
+  const std::string go = dir.path() + "/go";
+  const int port = free_port();
+  const std::vector<std::string> daemon_argv{RDZVD_BIN, "--port", std::to_string(port)};
+  auto daemon = std::make_unique<Subprocess>(daemon_argv);
+  const std::string endpoint = "127.0.0.1:" + std::to_string(port);
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int i = 0; i < 2; ++i)
+    nodes.push_back(start_node(endpoint, node_addr(i),
+                               {"--nnodes", "2", "--rdzv_conf", "is_host=0," + kFastConf},
+                               {"print=started", "wait_lines=" + go + ":1",
+                                "env=TORCHELASTIC_RESTART_COUNT"}));
+  for (auto& n : nodes) REQUIRE(n->wait_for_output("started", kJobLimit));
+  daemon->send(SIGKILL);
+  daemon->wait(std::chrono::seconds(10));
+  daemon = std::make_unique<Subprocess>(daemon_argv);
+  // The nodes re-register their running round with the new daemon.
+  REQUIRE(wait_until([&] { return count_of(daemon->err_so_far(), "adopted") > 0 ||
+                                  count_of(nodes[0]->err_so_far(), "reconnected") > 0; },
+                     kJobLimit));
+  { std::ofstream(go) << "go\n"; }
+  for (auto& n : nodes) {
+    auto r = n->wait(kJobLimit);
+    INFO(r.out << r.err << daemon->err_so_far());
+    CHECK(r.exit_code == 0);
+    CHECK(contains(r.out, "TORCHELASTIC_RESTART_COUNT=0"));
+    CHECK_FALSE(contains(r.err, "restarting workers"));
+  }
+}
+
+TEST_CASE("an IPv6 loopback endpoint works", "[integration][multinode]") {
+  auto p = ddprun::rdzv::find_free_port("::1");
+  REQUIRE(std::holds_alternative<int>(p));
+  const std::string endpoint = "[::1]:" + std::to_string(std::get<int>(p));
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int i = 0; i < 2; ++i)
+    nodes.push_back(std::make_unique<Subprocess>(ddprun_fake(
+        {"--nnodes", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint, "--rdzv_id",
+         "v6"},
+        {"env=GROUP_RANK"})));
+  std::set<std::string> seen;
+  for (auto& n : nodes) {
+    auto r = n->wait(kJobLimit);
+    INFO(r.out << r.err);
+    CHECK(r.exit_code == 0);
+    seen.insert(env_printed_by(r.out, "[default0]:")["GROUP_RANK"]);
+  }
+  CHECK(seen == std::set<std::string>{"0", "1"});
+}
+
+TEST_CASE("a node started with another --nproc_per_node is refused naming both values",
+          "[integration][multinode]") {
+  const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  auto a = start_node(endpoint, node_addr(0),
+                      {"--nnodes", "2", "--nproc_per_node", "2", "--rdzv_conf", kFastConf},
+                      {"exit=0"});
+  REQUIRE(wait_until([&] { return contains(a->err_so_far(), "waiting for nodes"); }, kJobLimit));
+  auto r = start_node(endpoint, node_addr(1), {"--nnodes", "2", "--nproc_per_node", "3"},
+                      {"exit=0"})
+               ->wait(kJobLimit);
+  INFO(r.err);
+  CHECK(r.exit_code == 69);
+  CHECK(contains(r.err, "--nproc_per_node 3"));
+  CHECK(contains(r.err, "--nproc_per_node 2"));
+  CHECK(contains(r.err, node_addr(0)));
+  a->send(SIGTERM);
+  CHECK(a->wait(kJobLimit).exit_code == 128 + SIGTERM);
+}
+
+TEST_CASE("a join timeout names the nodes that came, the ones missing and the wait",
+          "[integration][multinode]") {
+  const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  auto r = start_node(endpoint, node_addr(0),
+                      {"--nnodes", "2", "--node_rank", "0", "--rdzv_conf", "join_timeout=1"},
+                      {"exit=0"})
+               ->wait(kJobLimit);
+  INFO(r.err);
+  CHECK(r.exit_code == 69);
+  CHECK(contains(r.err, node_addr(0)));
+  CHECK(contains(r.err, "node_rank 1"));
+  CHECK(contains(r.err, "1 s"));
+}
+
+TEST_CASE("an endpoint nobody serves is retried, then named in the error",
+          "[integration][multinode]") {
+  const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  auto r = start_node(endpoint, node_addr(0),
+                      {"--nnodes", "2", "--rdzv_conf", "is_host=0,connect_timeout=1"},
+                      {"exit=0"})
+               ->wait(kJobLimit);
+  INFO(r.err);
+  CHECK(r.exit_code == 69);
+  CHECK(contains(r.err, "cannot reach the rendezvous server at " + endpoint));
+  CHECK(contains(r.err, "Connection refused"));
+}
