@@ -56,17 +56,19 @@ int count_participants(const JobState& s) {
 /// every message list and every choice among nodes is deterministic.
 template <typename Pred>
 std::vector<std::string> ids_where(const JobState& s, Pred keep) {
-  std::vector<std::string> ids;
+  // Sorted as (name, id) pointers: no map look-ups inside the comparisons.
+  std::vector<std::pair<const std::string*, const std::string*>> keyed;
   for (const auto& [id, node] : s.nodes) {
-    if (keep(node)) ids.push_back(id);
+    if (keep(node)) keyed.emplace_back(&node.request.name, &id);
   }
-  std::sort(ids.begin(), ids.end(), [&](const std::string& a, const std::string& b) {
-    const std::string& name_a = s.nodes.at(a).request.name;
-    const std::string& name_b = s.nodes.at(b).request.name;
-    if (natural_less(name_a, name_b)) return true;
-    if (natural_less(name_b, name_a)) return false;
-    return a < b;
+  std::sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) {
+    if (natural_less(*a.first, *b.first)) return true;
+    if (natural_less(*b.first, *a.first)) return false;
+    return *a.second < *b.second;
   });
+  std::vector<std::string> ids;
+  ids.reserve(keyed.size());
+  for (const auto& key : keyed) ids.push_back(*key.second);
   return ids;
 }
 

@@ -415,6 +415,21 @@ TEST_CASE("a joined node that goes silent is dropped from the forming round", "[
   CHECK(waiting.back().joined == std::vector<std::string>{"a"});
 }
 
+TEST_CASE("a restarting node that misses the re-round waits for the next one", "[rdzv][unit]") {
+  Job job = running_under_max({"a", "b"});
+  job.send("a", WorkersFailed{0, "worker rank 0 exited with code 1", 1, 0});
+  job.join(join_of("a", nnodes(2, 3)));
+  job.join(join_of("c", nnodes(2, 3)));  // min reached while b still stops: last call
+  job.pass(30s);
+  REQUIRE(job.state.phase == JobPhase::Running);
+  CHECK(job.node("b").state == NodeState::Stopping);
+  // b rejoins after the round completed under max: a scale-up round takes it in, not counted.
+  const auto& out = job.join(join_of("b", nnodes(2, 3)));
+  CHECK(job.node("b").state == NodeState::Joined);
+  CHECK_FALSE(to<Restart>(out, "a").at(0).counted);
+  CHECK(job.state.restart_count == 1);
+}
+
 // ---- worker failures and the end of the job ------------------------------------------------
 
 TEST_CASE("a worker failure restarts every node once even when two nodes report it",
@@ -786,6 +801,19 @@ TEST_CASE("nodes that only waited when the server restarted queue behind the re-
   CHECK_FALSE(restart[0].counted);
   CHECK(restart[0].next_round == 5);
   CHECK(job.node("c").state == NodeState::Joined);
+}
+
+TEST_CASE("nodes whose workers had already succeeded when the server restarted close the job",
+          "[rdzv][unit]") {
+  Job job;
+  for (int rank = 0; rank < 2; ++rank) {
+    Join join = join_of(rank == 0 ? "a" : "b", nnodes(2, 2));
+    join.resume = claim(2, rank, 2, 0);
+    join.resume->succeeded = true;
+    job.join(join);
+  }
+  CHECK(job.state.phase == JobPhase::Closed);
+  CHECK(to<Closed>(job.last.messages, "a").at(0).outcome == JobOutcomeKind::Succeeded);
 }
 
 // ---- robustness and deadlines --------------------------------------------------------------
