@@ -262,8 +262,10 @@ class LocalAgent::Impl {
                                                      opt_.spec.max_restarts));
     else
       spdlog::error("the job failed on another node: {}", closed.message);
-    finish(job_exit_code(JobOutcome::workers_failed(ExitStatus{closed.exit_code, closed.signal},
-                                                    opt_.spec.max_restarts)));
+    // A job that failed without a worker failing (a node was lost) still must not exit 0.
+    ExitStatus root{closed.exit_code, closed.signal};
+    if (root.ok()) root.code = 1;
+    finish(job_exit_code(JobOutcome::workers_failed(root, opt_.spec.max_restarts)));
   }
 
   void start_workers(const rdzv::RendezvousInfo& round) {

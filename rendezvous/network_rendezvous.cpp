@@ -39,7 +39,7 @@ std::string endpoint_text(const std::string& host, int port) {
 }  // namespace
 
 std::string format_waiting(const Waiting& w) {
-  const int joined = static_cast<int>(w.joined.size());
+  const int joined = w.joined_count;
   std::string line;
   if (w.wait_listed) {
     line = "waiting for a place in the job: it runs with " + std::to_string(joined) +
@@ -129,8 +129,7 @@ void NetworkRendezvous::try_endpoint(size_t index, const std::string& last_error
   if (!ec && !opt_.local_addr.empty()) {
     auto local = asio::ip::make_address(opt_.local_addr, ec);
     // A --local_addr of the other family: connect without binding.
-    if (!ec && local.is_v6() == target.address().is_v6())
-      socket->bind(tcp::endpoint(local, 0), ec);
+    if (!ec && local.is_v6() == target.address().is_v6()) socket->bind(tcp::endpoint(local, 0), ec);
     if (ec)
       return try_endpoint(index + 1,
                           "cannot bind --local_addr " + opt_.local_addr + ": " + ec.message());
@@ -182,6 +181,7 @@ void NetworkRendezvous::send_join() {
   join.name = opt_.name;
   join.node_rank = opt_.node_rank;
   join.settings = opt_.settings;
+  join.restart_count = known_restart_count_;
   if (opt_.master_addr)
     join.addr = *opt_.master_addr;
   else if (!opt_.local_addr.empty())
@@ -248,6 +248,7 @@ void NetworkRendezvous::on_message(const nlohmann::json& body) {
     }
     phase_ = Phase::Running;
     round_ = *ready;
+    known_restart_count_ = ready->restart_count;
     status_timer_.cancel();
     last_status_line_.clear();
     RendezvousInfo info;
@@ -272,6 +273,7 @@ void NetworkRendezvous::on_message(const nlohmann::json& body) {
   } else if (auto* restart = std::get_if<Restart>(&message)) {
     if (phase_ != Phase::Running) return;
     phase_ = Phase::Idle;
+    known_restart_count_ = std::max(known_restart_count_, restart->restart_count);
     notify(*restart);
   } else if (auto* closed = std::get_if<Closed>(&message)) {
     const Phase was = phase_;

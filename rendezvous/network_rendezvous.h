@@ -90,6 +90,7 @@ class NetworkRendezvous final : public RendezvousHandler {
   Phase phase_ = Phase::Idle;
   std::optional<RoundReady> round_;
   bool succeeded_ = false;
+  int known_restart_count_ = 0;  ///< the job's count as last heard, sent with every join
   std::optional<WorkersFailed> unsent_failure_;
   std::function<void(RendezvousResult)> done_;
   std::function<void(Notice)> on_notice_;

@@ -211,7 +211,8 @@ struct AgentToJson {
               {"addr", m.addr},
               {"master_port", m.master_port},
               {"node_rank", m.node_rank ? json(*m.node_rank) : json(nullptr)},
-              {"settings", settings_json(m.settings)}};
+              {"settings", settings_json(m.settings)},
+              {"restart_count", m.restart_count}};
     j["resume"] = m.resume ? claim_json(*m.resume) : json(nullptr);
     return j;
   }
@@ -237,6 +238,7 @@ struct ServerToJson {
     return {{"type", "waiting"},
             {"round", m.round},
             {"joined", m.joined},
+            {"joined_count", m.joined_count},
             {"min_nodes", m.min_nodes},
             {"max_nodes", m.max_nodes},
             {"missing_node_ranks", m.missing_node_ranks},
@@ -293,6 +295,7 @@ std::variant<AgentMessage, std::string> read_agent(const std::string& type, Read
     m.addr = r.str("addr");
     m.master_port = r.integer("master_port");
     if (r.has("node_rank")) m.node_rank = r.integer("node_rank");
+    m.restart_count = r.integer("restart_count");
     if (auto s = r.object("settings")) {
       m.settings = read_settings(*s);
       r.adopt(*s);
@@ -309,6 +312,7 @@ std::variant<AgentMessage, std::string> read_agent(const std::string& type, Read
       r.fail_value("master_port", "must lie in 0..65535");
     if (!r.error() && m.node_rank && *m.node_rank < 0)
       r.fail_value("node_rank", "must not be negative");
+    if (!r.error() && m.restart_count < 0) r.fail_value("restart_count", "must not be negative");
     if (r.error()) return *r.error();
     return m;
   }
@@ -349,6 +353,7 @@ std::variant<ServerMessage, std::string> read_server(const std::string& type, Re
     Waiting m;
     m.round = r.integer("round");
     m.joined = r.strings("joined");
+    m.joined_count = r.integer("joined_count");
     m.min_nodes = r.integer("min_nodes");
     m.max_nodes = r.integer("max_nodes");
     m.missing_node_ranks = r.integers("missing_node_ranks");

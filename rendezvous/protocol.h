@@ -64,6 +64,7 @@ struct Join {
   int master_port = 0;  ///< a free port on addr, used if this node becomes group rank 0
   std::optional<int> node_rank;  ///< --node_rank when given
   RdzvSettings settings;
+  int restart_count = 0;  ///< the job's restart count as this node last heard it
   std::optional<RoundClaim> resume;
 };
 
@@ -101,7 +102,8 @@ using AgentMessage =
 /// Progress of the round being formed, sent to its members on every change.
 struct Waiting {
   int round = 0;
-  std::vector<std::string> joined;  ///< names of the nodes in the forming round
+  std::vector<std::string> joined;  ///< names of the nodes in the forming round (the first few)
+  int joined_count = 0;             ///< how many nodes are in the forming round
   int min_nodes = 1;
   int max_nodes = 1;
   std::vector<int> missing_node_ranks;  ///< given --node_rank values not yet joined (if any)
@@ -118,7 +120,7 @@ struct RoundReady {
   std::string master_addr;
   int master_port = 0;
   int restart_count = 0;
-  std::vector<std::string> participants;  ///< names in group-rank order
+  std::vector<std::string> participants;  ///< names in group-rank order (the first few)
 };
 
 /// Stop the workers and join again for round `next_round`.

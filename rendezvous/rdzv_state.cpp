@@ -103,29 +103,48 @@ std::vector<int> missing_node_ranks(const JobState& s) {
   return missing;
 }
 
-/// Tells every member of the forming round (and every wait-listed node) where the round stands.
-void send_waiting(Step& st) {
-  const JobState& s = st.s;
+/// The first kMaxNamesInMessage names: messages stay small however large the job.
+std::vector<std::string> first_names(std::vector<std::string> names) {
+  if (names.size() > kMaxNamesInMessage) names.resize(kMaxNamesInMessage);
+  return names;
+}
+
+/// Where the round stands, for the members of the forming round (and the wait-listed). Sent to
+/// all of them at most once per kWaitingQuietPeriod; in between only `trigger` (the node whose
+/// join or return changed things) hears at once, and a broadcast is owed at the period's end.
+void send_waiting(Step& st, const std::string& trigger = "") {
+  JobState& s = st.s;
+  const bool quiet = s.waiting_quiet_until && st.now < *s.waiting_quiet_until;
+  // In the quiet period a node other than the trigger is skipped: a broadcast is owed.
+  const auto skip = [&](const std::string& id) {
+    if (!quiet || id == trigger) return false;
+    s.waiting_dirty = true;
+    return true;
+  };
   if (s.phase == JobPhase::Joining) {
     const std::vector<std::string> joined = ids_in(s, NodeState::Joined);
-    const std::vector<std::string> names = names_of(s, joined);
+    const std::vector<std::string> names = first_names(names_of(s, joined));
     const std::vector<int> missing = missing_node_ranks(s);
     for (const std::string& id : ids_where(s, [](const NodeRecord& node) {
            return node.state == NodeState::Joined || node.state == NodeState::WaitListed;
          })) {
+      if (skip(id)) continue;
       const bool wait_listed = s.nodes.at(id).state == NodeState::WaitListed;
       send(st, id,
-           Waiting{s.round, names, s.settings.min_nodes, s.settings.max_nodes, missing,
-                   since(s.round_started, st.now), s.settings.join_timeout, wait_listed});
+           Waiting{s.round, names, static_cast<int>(joined.size()), s.settings.min_nodes,
+                   s.settings.max_nodes, missing, since(s.round_started, st.now),
+                   s.settings.join_timeout, wait_listed});
     }
   } else if (s.phase == JobPhase::Running) {
     // While a round runs, the wait list is who would join the next round; it has no deadline
     // (join_timeout 0): a place opens when the round loses a node or scales up.
     const std::vector<std::string> waiting = ids_in(s, NodeState::WaitListed);
     for (const std::string& id : waiting) {
+      if (skip(id)) continue;
       send(st, id,
            Waiting{s.round + 1,
-                   names_of(s, waiting),
+                   first_names(names_of(s, waiting)),
+                   static_cast<int>(waiting.size()),
                    s.settings.min_nodes,
                    s.settings.max_nodes,
                    {},
@@ -133,6 +152,10 @@ void send_waiting(Step& st) {
                    Millis{0},
                    true});
     }
+  }
+  if (!quiet) {
+    s.waiting_quiet_until = st.now + kWaitingQuietPeriod;
+    s.waiting_dirty = false;
   }
 }
 
@@ -185,11 +208,13 @@ void complete_round(Step& st) {
     node.group_rank = ranks.at(id);
     send(st, id,
          RoundReady{s.round, node.group_rank, world_size, master.addr, master.master_port,
-                    s.restart_count, names});
+                    s.restart_count, first_names(names)});
   }
   s.previous_ranks = ranks;
   s.phase = JobPhase::Running;
   s.last_call.reset();
+  s.waiting_dirty = false;
+  s.waiting_quiet_until.reset();
 }
 
 /// Completes the forming round when it may, else keeps its last call deadline up to date.
@@ -251,6 +276,7 @@ void restart_round(Step& st, const std::string& reason, bool counted, Closed if_
   s.round_started = st.now;
   s.last_call.reset();
   s.adopt_deadline.reset();
+  s.waiting_quiet_until.reset();  // a new round: everyone hears of it at once
   fill_places(s);
   maybe_complete(st);
   if (s.phase == JobPhase::Joining) send_waiting(st);
@@ -440,10 +466,11 @@ void on_resume_join(Step& st, const std::string& id, const Join& join) {
     s.round_started = st.now;
     s.last_call.reset();
     s.adopt_deadline = st.now + s.settings.keep_alive_window();
+    s.waiting_quiet_until.reset();  // the job is Running again: the wait-listed hear it at once
     s.nodes[id] = record_for(join, claimed_state, claim.group_rank, st.now);
     s.previous_ranks = {{id, claim.group_rank}};
     finish_adoption_if_complete(st);
-    if (s.phase == JobPhase::Running) send_waiting(st);  // to the wait-listed, if any
+    if (s.phase == JobPhase::Running) send_waiting(st, id);  // to the wait-listed, if any
     return;
   }
   if (s.phase == JobPhase::Running) {
@@ -535,6 +562,9 @@ void on_join(Step& st, const std::string& id, Join join) {
     s.settings_from = join.name;
     s.round_started = st.now;  // round 0 forms from the first Join on
   }
+  // A node remembers the job's count: a restarted server keeps counting where it was, so
+  // losing the server cannot hand out restarts again.
+  s.restart_count = std::max(s.restart_count, join.restart_count);
   if (join.resume) {
     on_resume_join(st, id, join);
     return;
@@ -552,7 +582,7 @@ void on_join(Step& st, const std::string& id, Join join) {
         node.state = NodeState::Joined;
         maybe_complete(st);
       }
-      if (s.phase == JobPhase::Joining) send_waiting(st);
+      if (s.phase == JobPhase::Joining) send_waiting(st, id);
     } else if (was == NodeState::Running) {
       // Running -> Joining (counted): a participant left its running round to join again, so its
       // workers stopped; leaving and rejoining must not bypass --max_restarts
@@ -563,7 +593,7 @@ void on_join(Step& st, const std::string& id, Join join) {
     } else if (was == NodeState::Stopping) {
       // Stopping -> WaitListed: the round it was to rejoin completed without it
       node.state = NodeState::WaitListed;
-      if (!maybe_scale_up(st)) send_waiting(st);
+      if (!maybe_scale_up(st)) send_waiting(st, id);
     }
     return;
   }
@@ -575,12 +605,12 @@ void on_join(Step& st, const std::string& id, Join join) {
     s.nodes[id] =
         record_for(join, room > 0 ? NodeState::Joined : NodeState::WaitListed, -1, st.now);
     maybe_complete(st);
-    if (s.phase == JobPhase::Joining) send_waiting(st);
+    if (s.phase == JobPhase::Joining) send_waiting(st, id);
     return;
   }
   // [new] -> WaitListed: the round is running; under max nodes this starts a scale-up round
   s.nodes[id] = record_for(join, NodeState::WaitListed, -1, st.now);
-  if (!maybe_scale_up(st)) send_waiting(st);
+  if (!maybe_scale_up(st)) send_waiting(st, id);
 }
 
 void on_workers_failed(Step& st, const std::string& id, const WorkersFailed& failed) {
@@ -674,6 +704,10 @@ void run_deadlines(Step& st) {
       restart_round(st, reason, true, Closed{JobOutcomeKind::Failed, budget_used_up(s, reason)});
     }
   }
+  if (s.waiting_dirty && s.waiting_quiet_until && st.now >= *s.waiting_quiet_until) {
+    s.waiting_quiet_until.reset();
+    send_waiting(st);  // the broadcast owed since the quiet period began
+  }
   if (s.phase != JobPhase::Joining || s.settings_from.empty()) return;
   maybe_complete(st);  // the last call may be over
   if (s.phase != JobPhase::Joining) return;
@@ -716,6 +750,7 @@ std::optional<TimePoint> next_wake(const JobState& s) {
   }
   for (const auto& [id, node] : s.nodes) consider(node.last_seen + s.settings.keep_alive_window());
   if (s.adopt_deadline) consider(*s.adopt_deadline);
+  if (s.waiting_dirty && s.waiting_quiet_until) consider(*s.waiting_quiet_until);
   if (s.phase == JobPhase::Joining && !s.settings_from.empty()) {
     if (s.last_call) consider(*s.last_call);
     if (count_in(s, NodeState::Joined) < s.settings.min_nodes) {

@@ -60,7 +60,18 @@ struct JobState {
   std::optional<TimePoint> adopt_deadline;    ///< re-registration window after a server restart
   std::optional<TimePoint> closed_at;         ///< set in Closed; erased after close_timeout
   std::optional<Closed> closed;               ///< how it ended, repeated to late joiners
+  /// Waiting broadcasts go out at most once per kWaitingQuietPeriod: until this time only the
+  /// node that caused a change hears about it; `waiting_dirty` marks a broadcast owed then.
+  /// (Thousands of nodes joining within a second cost O(N) messages, not O(N^2).)
+  std::optional<TimePoint> waiting_quiet_until;
+  bool waiting_dirty = false;
 };
+
+/// The shortest time between two Waiting broadcasts of one job.
+constexpr Millis kWaitingQuietPeriod{1'000};
+
+/// At most this many names travel in Waiting.joined and RoundReady.participants.
+constexpr std::size_t kMaxNamesInMessage = 16;
 
 // ---- events -------------------------------------------------------------------------------
 

@@ -9,7 +9,9 @@ using namespace ddprun::testing;
 namespace {
 
 const std::string kScript = std::string(DDPRUN_SOURCE_DIR) + "/examples/ddp_train.py";
-const std::map<std::string, std::string> kPython = {{"PYTHON_EXEC", "/usr/bin/python3"}};
+// PYTHONFAULTHANDLER: a worker that hangs prints its stacks when the test gives up on it.
+const std::map<std::string, std::string> kPython = {{"PYTHON_EXEC", "/usr/bin/python3"},
+                                                    {"PYTHONFAULTHANDLER", "1"}};
 
 void require_torch() {
   auto probe = run_command({"/usr/bin/python3", "-c", "import torch.distributed"}, {},
@@ -23,7 +25,7 @@ void require_torch() {
 TEST_CASE("a torchrun DDP script trains under ddprun and sees torchrun's environment",
           "[python][integration]") {
   require_torch();
-  auto r = run_command(
+  auto r = run_command_diagnosed(
       {DDPRUN_BIN, "--standalone", "--nproc_per_node", "2", kScript, "2", "1", "--print_env"},
       kPython, std::chrono::seconds(120));
   INFO((r.timed_out ? "ddprun did not finish in time and was killed\n" : "") << r.out << r.err);
@@ -54,9 +56,9 @@ TEST_CASE("a torchrun DDP script trains under ddprun and sees torchrun's environ
 TEST_CASE("a Python worker's @record traceback appears in ddprun's failure report",
           "[python][integration]") {
   require_torch();
-  auto r = run_command({DDPRUN_BIN, "--standalone", "--nproc_per_node", "2", kScript, "2", "1",
-                        "--fail_rank", "1", "--fail_epoch", "0"},
-                       kPython, std::chrono::seconds(120));
+  auto r = run_command_diagnosed({DDPRUN_BIN, "--standalone", "--nproc_per_node", "2", kScript, "2",
+                                  "1", "--fail_rank", "1", "--fail_epoch", "0"},
+                                 kPython, std::chrono::seconds(120));
   INFO((r.timed_out ? "ddprun did not finish in time and was killed\n" : "") << r.out << r.err);
   CHECK(r.exit_code == 1);
   CHECK(r.err.find("ddp_train.py FAILED") != std::string::npos);
@@ -72,7 +74,7 @@ TEST_CASE("a Python worker's @record traceback appears in ddprun's failure repor
 TEST_CASE("a restarted DDP job resumes from its snapshot and finishes", "[python][integration]") {
   require_torch();
   TempDir dir;
-  auto r = run_command(
+  auto r = run_command_diagnosed(
       {DDPRUN_BIN, "--standalone", "--nproc_per_node", "2", "--max_restarts", "1", kScript, "3",
        "1", "--snapshot_path", dir.path() + "/snap.pt", "--fail_rank", "1", "--fail_epoch", "2"},
       kPython, std::chrono::seconds(180));

@@ -54,8 +54,7 @@ TEST_CASE("three agents with an embedded server get unique ranks and one master"
   const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
   std::vector<std::unique_ptr<Subprocess>> nodes;
   for (int i = 0; i < 3; ++i)
-    nodes.push_back(start_node(endpoint, node_addr(i),
-                               {"--nnodes", "3", "--nproc_per_node", "2"},
+    nodes.push_back(start_node(endpoint, node_addr(i), {"--nnodes", "3", "--nproc_per_node", "2"},
                                {"env=RANK,GROUP_RANK,WORLD_SIZE,MASTER_ADDR,MASTER_PORT"}));
   std::set<int> all_ranks;
   std::set<std::string> masters;
@@ -173,8 +172,8 @@ TEST_CASE("a node killed with SIGKILL under --nnodes 2:3 leaves survivors that c
   for (int i = 0; i < 3; ++i)
     nodes.push_back(start_node(
         endpoint, node_addr(i),
-        {"--nnodes", "2:3", "--max_restarts", "1", "--node_rank", std::to_string(i),
-         "--rdzv_conf", kFastConf},
+        {"--nnodes", "2:3", "--max_restarts", "1", "--node_rank", std::to_string(i), "--rdzv_conf",
+         kFastConf},
         // Round 0 (3 nodes) runs until the loss; the restarted round of 2 nodes finishes.
         {"pidfile=" + pids, "env=GROUP_WORLD_SIZE", "hang_unless=GROUP_WORLD_SIZE=2", "exit=0"}));
   REQUIRE(wait_until([&] { return read_pids(pids).size() == 3; }, kJobLimit));
@@ -225,18 +224,20 @@ TEST_CASE("the daemon killed and restarted mid-run does not stop the job",
   const std::string endpoint = "127.0.0.1:" + std::to_string(port);
   std::vector<std::unique_ptr<Subprocess>> nodes;
   for (int i = 0; i < 2; ++i)
-    nodes.push_back(start_node(endpoint, node_addr(i),
-                               {"--nnodes", "2", "--rdzv_conf", "is_host=0," + kFastConf},
-                               {"print=started", "wait_lines=" + go + ":1",
-                                "env=TORCHELASTIC_RESTART_COUNT"}));
+    nodes.push_back(start_node(
+        endpoint, node_addr(i), {"--nnodes", "2", "--rdzv_conf", "is_host=0," + kFastConf},
+        {"print=started", "wait_lines=" + go + ":1", "env=TORCHELASTIC_RESTART_COUNT"}));
   for (auto& n : nodes) REQUIRE(n->wait_for_output("started", kJobLimit));
   daemon->send(SIGKILL);
   daemon->wait(std::chrono::seconds(10));
   daemon = std::make_unique<Subprocess>(daemon_argv);
   // The nodes re-register their running round with the new daemon.
-  REQUIRE(wait_until([&] { return count_of(daemon->err_so_far(), "adopted") > 0 ||
-                                  count_of(nodes[0]->err_so_far(), "reconnected") > 0; },
-                     kJobLimit));
+  REQUIRE(wait_until(
+      [&] {
+        return count_of(daemon->err_so_far(), "adopted") > 0 ||
+               count_of(nodes[0]->err_so_far(), "reconnected") > 0;
+      },
+      kJobLimit));
   { std::ofstream(go) << "go\n"; }
   for (auto& n : nodes) {
     auto r = n->wait(kJobLimit);
@@ -254,8 +255,7 @@ TEST_CASE("an IPv6 loopback endpoint works", "[integration][multinode]") {
   std::vector<std::unique_ptr<Subprocess>> nodes;
   for (int i = 0; i < 2; ++i)
     nodes.push_back(std::make_unique<Subprocess>(ddprun_fake(
-        {"--nnodes", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint, "--rdzv_id",
-         "v6"},
+        {"--nnodes", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint, "--rdzv_id", "v6"},
         {"env=GROUP_RANK"})));
   std::set<std::string> seen;
   for (auto& n : nodes) {
@@ -270,13 +270,13 @@ TEST_CASE("an IPv6 loopback endpoint works", "[integration][multinode]") {
 TEST_CASE("a node started with another --nproc_per_node is refused naming both values",
           "[integration][multinode]") {
   const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
-  auto a = start_node(endpoint, node_addr(0),
-                      {"--nnodes", "2", "--nproc_per_node", "2", "--rdzv_conf", kFastConf},
-                      {"exit=0"});
+  auto a =
+      start_node(endpoint, node_addr(0),
+                 {"--nnodes", "2", "--nproc_per_node", "2", "--rdzv_conf", kFastConf}, {"exit=0"});
   REQUIRE(wait_until([&] { return contains(a->err_so_far(), "waiting for nodes"); }, kJobLimit));
-  auto r = start_node(endpoint, node_addr(1), {"--nnodes", "2", "--nproc_per_node", "3"},
-                      {"exit=0"})
-               ->wait(kJobLimit);
+  auto r =
+      start_node(endpoint, node_addr(1), {"--nnodes", "2", "--nproc_per_node", "3"}, {"exit=0"})
+          ->wait(kJobLimit);
   INFO(r.err);
   CHECK(r.exit_code == 69);
   CHECK(contains(r.err, "--nproc_per_node 3"));
@@ -289,10 +289,10 @@ TEST_CASE("a node started with another --nproc_per_node is refused naming both v
 TEST_CASE("a join timeout names the nodes that came, the ones missing and the wait",
           "[integration][multinode]") {
   const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
-  auto r = start_node(endpoint, node_addr(0),
-                      {"--nnodes", "2", "--node_rank", "0", "--rdzv_conf", "join_timeout=1"},
-                      {"exit=0"})
-               ->wait(kJobLimit);
+  auto r =
+      start_node(endpoint, node_addr(0),
+                 {"--nnodes", "2", "--node_rank", "0", "--rdzv_conf", "join_timeout=1"}, {"exit=0"})
+          ->wait(kJobLimit);
   INFO(r.err);
   CHECK(r.exit_code == 69);
   CHECK(contains(r.err, node_addr(0)));
@@ -304,8 +304,7 @@ TEST_CASE("an endpoint nobody serves is retried, then named in the error",
           "[integration][multinode]") {
   const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
   auto r = start_node(endpoint, node_addr(0),
-                      {"--nnodes", "2", "--rdzv_conf", "is_host=0,connect_timeout=1"},
-                      {"exit=0"})
+                      {"--nnodes", "2", "--rdzv_conf", "is_host=0,connect_timeout=1"}, {"exit=0"})
                ->wait(kJobLimit);
   INFO(r.err);
   CHECK(r.exit_code == 69);

@@ -134,3 +134,66 @@ bool process_alive(pid_t pid) {
 }
 
 }  // namespace ddprun::testing
+
+namespace ddprun::testing {
+
+std::string describe_process_tree(pid_t root) {
+  std::map<pid_t, pid_t> parent;
+  std::map<pid_t, std::string> state;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string stat = read_file(entry.path().string() + "/stat");
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos || close + 4 > stat.size()) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    std::string st;
+    long ppid = 0;
+    rest >> st >> ppid;
+    const pid_t pid = static_cast<pid_t>(std::stol(name));
+    parent[pid] = static_cast<pid_t>(ppid);
+    state[pid] = st;
+  }
+  std::vector<pid_t> tree{root};
+  for (size_t i = 0; i < tree.size(); ++i)
+    for (const auto& [pid, pp] : parent)
+      if (pp == tree[i]) tree.push_back(pid);
+  std::ostringstream out;
+  for (pid_t pid : tree) {
+    std::string cmd = read_file("/proc/" + std::to_string(pid) + "/cmdline");
+    for (char& c : cmd)
+      if (c == '\0') c = ' ';
+    out << "pid " << pid << " ppid " << parent[pid] << " state " << state[pid] << " wchan "
+        << read_file("/proc/" + std::to_string(pid) + "/wchan") << " : " << cmd << "\n";
+  }
+  return out.str();
+}
+
+CommandResult run_command_diagnosed(const std::vector<std::string>& argv,
+                                    const std::map<std::string, std::string>& extra_env,
+                                    std::chrono::milliseconds limit) {
+  Subprocess p(argv, extra_env);
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (process_alive(p.pid()) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::string tree;
+  if (process_alive(p.pid())) {
+    tree = describe_process_tree(p.pid());
+    // SIGABRT makes a Python started with PYTHONFAULTHANDLER=1 print every thread's stack.
+    std::istringstream lines(tree);
+    for (std::string word, pid_text; lines >> word >> pid_text;) {
+      std::string rest;
+      std::getline(lines, rest);
+      if (word == "pid" && std::stol(pid_text) != p.pid() &&
+          rest.find("python") != std::string::npos)
+        ::kill(static_cast<pid_t>(std::stol(pid_text)), SIGABRT);
+    }
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+  }
+  CommandResult r = p.wait(std::chrono::milliseconds(100));
+  if (!tree.empty()) r.err += "\n--- still running at the time limit:\n" + tree;
+  return r;
+}
+
+}  // namespace ddprun::testing

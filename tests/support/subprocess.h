@@ -52,6 +52,16 @@ CommandResult run_command(const std::vector<std::string>& argv,
 /// True while a process with this pid runs (a zombie counts as ended).
 bool process_alive(pid_t pid);
 
+/// One line per process in the tree under `root` (root included): pid, parent, state, kernel
+/// wait channel and command line; for diagnosing a test that timed out.
+std::string describe_process_tree(pid_t root);
+
+/// Like run_command, but a command still running at `limit` has its process tree described
+/// in the result's `err` before it is killed.
+CommandResult run_command_diagnosed(const std::vector<std::string>& argv,
+                                    const std::map<std::string, std::string>& extra_env,
+                                    std::chrono::milliseconds limit);
+
 /// A fresh temporary directory, removed by the destructor.
 class TempDir {
  public:

@@ -55,7 +55,9 @@ TEST_CASE("a join survives the trip through JSON with its settings and resume cl
           "[rdzv][unit]") {
   Join j = sample_join();
   j.resume = RoundClaim{3, 1, 2, 1, "127.0.0.1", 29501, true};
+  j.restart_count = 3;
   Join back = agent_round_trip(j);
+  CHECK(back.restart_count == 3);
   CHECK(back.run_id == "my_job");
   CHECK(back.node_id == "host:12:abc");
   CHECK(back.node_rank == 1);
@@ -87,8 +89,9 @@ TEST_CASE("every other agent message survives the trip through JSON", "[rdzv][un
 
 TEST_CASE("every server message survives the trip through JSON", "[rdzv][unit]") {
   Waiting w =
-      server_round_trip(Waiting{1, {"a", "b"}, 3, 4, {2}, Millis(12000), Millis(600000), false});
+      server_round_trip(Waiting{1, {"a", "b"}, 2, 3, 4, {2}, Millis(12000), Millis(600000), false});
   CHECK(w.joined == std::vector<std::string>{"a", "b"});
+  CHECK(w.joined_count == 2);
   CHECK(w.missing_node_ranks == std::vector<int>{2});
   CHECK(w.waited == Millis(12000));
   RoundReady r = server_round_trip(RoundReady{2, 1, 3, "10.0.0.1", 29500, 1, {"a", "b", "c"}});

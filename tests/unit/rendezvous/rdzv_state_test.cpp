@@ -170,7 +170,9 @@ TEST_CASE("every joined node hears who joined each time the forming round change
 TEST_CASE("waiting nodes that gave --node_rank hear which node ranks are missing", "[rdzv][unit]") {
   Job job;
   job.join(join_of("a", nnodes(3, 3), 0));
-  const auto& out = job.join(join_of("b", nnodes(3, 3), 2));
+  job.join(join_of("b", nnodes(3, 3), 2));
+  // Others hear of a change once the quiet period since the last broadcast is over.
+  const auto out = job.pass(1s);
   const auto waiting = to<Waiting>(out, "a");
   REQUIRE(waiting.size() == 1);
   CHECK(waiting[0].missing_node_ranks == std::vector<int>{1});
@@ -655,7 +657,8 @@ TEST_CASE("previous holders keep ranks that fit and newcomers take the lowest fr
   CHECK(smaller.at("n1") == 1);
 }
 
-TEST_CASE("--node_rank decides the group rank and so the master address", "[rdzv][unit]") {
+TEST_CASE("the --node_rank given decides the group rank and so the master address",
+          "[rdzv][unit]") {
   Job job;
   job.join(join_of("node1", nnodes(2, 2), 1));
   const auto& out = job.join(join_of("node2", nnodes(2, 2), 0));
@@ -665,7 +668,7 @@ TEST_CASE("--node_rank decides the group rank and so the master address", "[rdzv
   CHECK(to<RoundReady>(out, "node1").at(0).master_addr == "node2");
 }
 
-TEST_CASE("--node_rank values with gaps become consecutive group ranks in their order",
+TEST_CASE("given --node_rank values with gaps become consecutive group ranks in their order",
           "[rdzv][unit]") {
   Job job;
   job.join(join_of("x", nnodes(2, 4), 3));
@@ -837,8 +840,9 @@ TEST_CASE(
   job.join(join_of("a", nnodes(2, 3)));
   job.join(join_of("b", nnodes(2, 3)));
   REQUIRE(job.state.last_call.has_value());
-  const auto& out = job.send("b", Leave{"interrupted"});
+  job.send("b", Leave{"interrupted"});
   CHECK_FALSE(job.state.last_call.has_value());
+  const auto out = job.pass(1s);
   CHECK(to<Waiting>(out, "a").at(0).joined == std::vector<std::string>{"a"});
   CHECK(count_of<RoundReady>(job.pass(60s)) == 0);
 }
@@ -879,4 +883,38 @@ TEST_CASE("status describes the job's nodes with their ranks and last heartbeat"
   CHECK(status["nodes"][0]["last_seen_s"] == 3.0);
   CHECK(status["nodes"][2]["name"] == "c");
   CHECK(status["nodes"][2]["state"] == "wait-listed");
+}
+
+TEST_CASE("waiting broadcasts go out at most once per quiet period, and none is lost",
+          "[rdzv][unit]") {
+  Job job;
+  std::vector<std::string> names;
+  for (int i = 0; i < 40; ++i) names.push_back("n" + std::to_string(i));
+  int waiting_sent = 0;
+  for (const auto& name : names)
+    waiting_sent += count_of<Waiting>(job.join(join_of(name, nnodes(50, 50))));
+  // 40 joins in the same instant: the first node's broadcast, then one message per joiner.
+  CHECK(waiting_sent == 40);
+  CHECK(job.state.waiting_dirty);
+  CHECK(job.last.wake_at == kStart + kWaitingQuietPeriod);
+  job.now += kWaitingQuietPeriod;
+  const auto& owed = job.tick();
+  CHECK(count_of<Waiting>(owed) == 40);
+  const auto last = to<Waiting>(owed, "n0");
+  REQUIRE(last.size() == 1);
+  CHECK(last[0].joined_count == 40);
+  CHECK(last[0].joined.size() == kMaxNamesInMessage);
+  CHECK_FALSE(job.state.waiting_dirty);
+}
+
+TEST_CASE("a restarted server keeps the restart count the joining nodes remember", "[rdzv][unit]") {
+  Job job;
+  Join a = join_of("a", nnodes(2, 2, 3));
+  a.restart_count = 2;
+  job.join(a);
+  Join b = join_of("b", nnodes(2, 2, 3));
+  b.restart_count = 1;
+  const auto& out = job.join(b);
+  REQUIRE(to<RoundReady>(out, "b").size() == 1);
+  CHECK(to<RoundReady>(out, "b")[0].restart_count == 2);
 }
