@@ -75,8 +75,9 @@ constexpr OptionSpec kOptions[] = {
     {"rdzv_id", "", false, "ID", "none", kRendezvous,
      "Job id; every node of one job passes the same id (default none)."},
     {"rdzv_conf", "", false, "K=V,...", "", kRendezvous,
-     "Rendezvous settings: join_timeout, last_call_timeout, close_timeout, keep_alive_interval "
-     "(seconds), keep_alive_max_attempt, is_host (0/1)."},
+     "Rendezvous settings: join_timeout (600), last_call_timeout (30), close_timeout (30), "
+     "keep_alive_interval (5), connect_timeout (60) in seconds; keep_alive_max_attempt (3); "
+     "is_host (0/1)."},
     {"master_addr", "", false, "HOST", "127.0.0.1", kRendezvous,
      "Address of the node with rank 0 (static rendezvous); workers get it as MASTER_ADDR "
      "(default 127.0.0.1)."},
@@ -312,8 +313,9 @@ Error parse_endpoint(const RawValue& v, LaunchConfig& config) {
 }
 
 Error parse_rdzv_conf(const RawValue& v, LaunchConfig& config) {
-  static const std::array<std::string_view, 4> kSecondsKeys = {
-      "join_timeout", "last_call_timeout", "close_timeout", "keep_alive_interval"};
+  static const std::array<std::string_view, 5> kSecondsKeys = {
+      "join_timeout", "last_call_timeout", "close_timeout", "keep_alive_interval",
+      "connect_timeout"};
   for (const std::string& piece : split(v.text, ',')) {
     const std::string pair = trim(piece);
     if (pair.empty()) continue;  // "a=1," is accepted, as torchrun does
@@ -539,8 +541,14 @@ std::string help_text() {
       "  # two nodes of two workers; run on each node with its own --node_rank\n"
       "  ddprun --nnodes 2 --nproc_per_node 2 --node_rank 0 --rdzv_id my_job --rdzv_backend c10d "
       "--rdzv_endpoint head:29400 train.py\n"
+      "  # an elastic job of 2 to 4 nodes meeting at a standalone daemon (ddprun-rdzvd)\n"
+      "  ddprun --nnodes 2:4 --nproc_per_node 2 --rdzv_id my_job --rdzv_backend c10d "
+      "--rdzv_endpoint rdzv:29400 "
+      "train.py\n"
       "  # any program, not only Python\n"
       "  ddprun --nproc_per_node 2 --no_python ./my_binary\n"
+      "  # the jobs, rounds and nodes a rendezvous server holds\n"
+      "  ddprun status --rdzv_endpoint head:29400 [--rdzv_id my_job] [--json]\n"
       "\n";
   append_wrapped(out,
                  "Exit codes: " + std::to_string(common::kExitSuccess) +

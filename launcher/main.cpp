@@ -7,6 +7,7 @@
 #include "common/exit_codes.h"
 #include "launcher/cli.h"
 #include "launcher/launch.h"
+#include "launcher/status.h"
 
 int main(int argc, char** argv) {
   try {
@@ -17,6 +18,18 @@ int main(int argc, char** argv) {
       if (it == env.end()) return std::nullopt;
       return it->second;
     };
+    if (!args.empty() && args.front() == "status") {
+      auto status = ddprun::launcher::parse_status_args({args.begin() + 1, args.end()}, lookup);
+      if (auto* info = std::get_if<ddprun::launcher::InfoRequest>(&status)) {
+        std::fputs(info->text.c_str(), stdout);
+        return ddprun::common::kExitSuccess;
+      }
+      if (auto* error = std::get_if<ddprun::launcher::UsageError>(&status)) {
+        std::fprintf(stderr, "ddprun: error: %s\n", error->message.c_str());
+        return ddprun::common::kExitUsage;
+      }
+      return ddprun::launcher::run_status(std::get<ddprun::launcher::StatusRequest>(status));
+    }
     auto parsed = ddprun::launcher::parse_command_line(args, lookup);
     if (auto* info = std::get_if<ddprun::launcher::InfoRequest>(&parsed)) {
       std::fputs(info->text.c_str(), stdout);

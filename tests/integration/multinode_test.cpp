@@ -311,3 +311,27 @@ TEST_CASE("an endpoint nobody serves is retried, then named in the error",
   CHECK(contains(r.err, "cannot reach the rendezvous server at " + endpoint));
   CHECK(contains(r.err, "Connection refused"));
 }
+
+TEST_CASE("ddprun status shows a running job's nodes with their ranks",
+          "[integration][multinode]") {
+  const int port = free_port();
+  const std::string endpoint = "127.0.0.1:" + std::to_string(port);
+  Subprocess daemon({RDZVD_BIN, "--port", std::to_string(port)});
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int i = 0; i < 2; ++i)
+    nodes.push_back(start_node(endpoint, node_addr(i),
+                               {"--nnodes", "2", "--node_rank", std::to_string(i)},
+                               {"print=started", "hang"}));
+  for (auto& n : nodes) REQUIRE(n->wait_for_output("started", kJobLimit));
+  auto r = run_command({DDPRUN_BIN, "status", "--rdzv_endpoint", endpoint, "--rdzv_id", "job"});
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 0);
+  CHECK(contains(r.out, "job job: running, round 0"));
+  CHECK(contains(r.out, "0          " + node_addr(0) + " running"));
+  CHECK(contains(r.out, "1          " + node_addr(1) + " running"));
+  auto none = run_command({DDPRUN_BIN, "status", "--rdzv_endpoint", endpoint, "--rdzv_id", "x"});
+  CHECK(none.exit_code == 1);
+  CHECK(contains(none.out, "no job 'x' at " + endpoint));
+  for (auto& n : nodes) n->send(SIGTERM);
+  for (auto& n : nodes) CHECK(n->wait(kJobLimit).exit_code == 128 + SIGTERM);
+}

@@ -1,0 +1,194 @@
+#include "launcher/status.h"
+
+#include <CLI/CLI.hpp>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <cstdio>
+#include <iomanip>
+#include <sstream>
+
+#include "common/exit_codes.h"
+#include "rendezvous/connection.h"
+#include "rendezvous/framing.h"
+#include "rendezvous/protocol.h"
+#include "rendezvous/server.h"
+
+namespace ddprun::launcher {
+
+namespace asio = boost::asio;
+using nlohmann::json;
+
+namespace {
+
+constexpr int kDefaultPort = 29400;
+
+std::string text_of(const json& j, const char* key, const std::string& fallback = "-") {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  if (it->is_string()) return it->get<std::string>();
+  return it->dump();
+}
+
+std::string seconds_ago(const json& node) {
+  auto it = node.find("last_seen_s");
+  if (it == node.end() || !it->is_number()) return "-";
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(1) << it->get<double>() << " s ago";
+  return out.str();
+}
+
+}  // namespace
+
+std::variant<StatusRequest, InfoRequest, UsageError> parse_status_args(
+    const std::vector<std::string>& args, const EnvLookup& env) {
+  CLI::App app{"ddprun status: show the jobs, rounds and nodes a rendezvous server holds",
+               "ddprun status"};
+  std::string endpoint;
+  std::string run_id;
+  bool as_json = false;
+  double timeout_s = 5.0;
+  app.add_option("--rdzv_endpoint,--rdzv-endpoint", endpoint,
+                 "host:port of the server (an agent's embedded one or ddprun-rdzvd)");
+  app.add_option("--rdzv_id,--rdzv-id", run_id, "show this job only");
+  app.add_flag("--json", as_json, "print the server's JSON instead of tables");
+  app.add_option("--timeout", timeout_s, "seconds to wait for the answer (default 5)");
+  std::vector<std::string> reversed(args.rbegin(), args.rend());
+  try {
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    return InfoRequest{app.help()};
+  } catch (const CLI::ParseError& e) {
+    return UsageError{std::string("ddprun status: ") + e.what() + ": see ddprun status --help"};
+  }
+  if (endpoint.empty()) {
+    if (auto from_env = env("PET_RDZV_ENDPOINT")) endpoint = *from_env;
+  }
+  if (run_id.empty()) {
+    if (auto from_env = env("PET_RDZV_ID")) run_id = *from_env;
+  }
+  if (endpoint.empty())
+    return UsageError{
+        "ddprun status needs --rdzv_endpoint host:port (the address every node "
+        "of the job was given)"};
+  auto parsed = rdzv::parse_endpoint(endpoint, kDefaultPort);
+  if (!parsed || parsed->second == 0)
+    return UsageError{"ddprun status --rdzv_endpoint " + endpoint +
+                      ": expected host:port or [ipv6]:port"};
+  if (!(timeout_s > 0)) return UsageError{"ddprun status --timeout must be a positive number"};
+  StatusRequest request;
+  request.host = parsed->first;
+  request.port = parsed->second;
+  if (!run_id.empty()) request.run_id = run_id;
+  request.json = as_json;
+  request.timeout = std::chrono::milliseconds(static_cast<long long>(timeout_s * 1000));
+  return request;
+}
+
+std::string format_status(const json& jobs) {
+  std::ostringstream out;
+  for (const json& job : jobs) {
+    const json& s = job.contains("settings") ? job.at("settings") : json::object();
+    out << "job " << text_of(job, "run_id") << ": " << text_of(job, "phase") << ", round "
+        << text_of(job, "round") << ", restarts " << text_of(job, "restart_count") << " of "
+        << text_of(s, "max_restarts") << ", --nnodes " << text_of(s, "min_nodes") << ":"
+        << text_of(s, "max_nodes") << ", --nproc_per_node " << text_of(s, "nproc_per_node") << "\n";
+    if (job.contains("message")) out << "  ended: " << text_of(job, "message") << "\n";
+    std::vector<std::array<std::string, 5>> rows{
+        {"GROUP_RANK", "NODE", "STATE", "NODE_RANK", "LAST HEARD"}};
+    if (job.contains("nodes") && job.at("nodes").is_array()) {
+      for (const json& node : job.at("nodes")) {
+        std::string rank = text_of(node, "group_rank");
+        if (rank == "-1") rank = "-";
+        rows.push_back({rank, text_of(node, "name"), text_of(node, "state"),
+                        text_of(node, "node_rank"), seconds_ago(node)});
+      }
+    }
+    std::array<size_t, 5> width{};
+    for (const auto& row : rows)
+      for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+    for (const auto& row : rows) {
+      std::string line = " ";
+      for (size_t c = 0; c < row.size(); ++c) {
+        line += " " + row[c];
+        if (c + 1 < row.size()) line += std::string(width[c] - row[c].size(), ' ');
+      }
+      out << line << "\n";
+    }
+  }
+  return out.str();
+}
+
+int run_status(const StatusRequest& request) {
+  const std::string where =
+      (request.host.find(':') != std::string::npos ? "[" + request.host + "]" : request.host) +
+      ":" + std::to_string(request.port);
+  asio::io_context io;
+  std::string error;
+  std::optional<json> jobs;
+  std::shared_ptr<rdzv::FramedConnection> conn;
+  asio::ip::tcp::resolver resolver(io);
+  resolver.async_resolve(
+      request.host, std::to_string(request.port),
+      [&](boost::system::error_code ec, asio::ip::tcp::resolver::results_type results) {
+        if (ec) {
+          error = "cannot resolve " + request.host + ": " + ec.message();
+          return;
+        }
+        auto socket = std::make_shared<asio::ip::tcp::socket>(io);
+        asio::async_connect(
+            *socket, results, [&, socket](boost::system::error_code ec, const auto&) {
+              if (ec) {
+                error = ec.message();
+                return;
+              }
+              conn = std::make_shared<rdzv::FramedConnection>(std::move(*socket));
+              bool greeted = false;
+              conn->start(
+                  [&, greeted](const json& body) mutable {
+                    if (!greeted) {
+                      if (auto bad = rdzv::check_hello(body)) {
+                        error = *bad;
+                        return conn->close();
+                      }
+                      greeted = true;
+                      return;
+                    }
+                    auto parsed = rdzv::parse_server_message(body);
+                    auto* m = std::get_if<rdzv::ServerMessage>(&parsed);
+                    if (m && std::holds_alternative<rdzv::StatusReply>(*m))
+                      jobs = std::get<rdzv::StatusReply>(*m).jobs;
+                    else
+                      error = "unexpected answer: " + body.dump();
+                    conn->close();
+                  },
+                  [&](const std::string& why) {
+                    if (!jobs && error.empty())
+                      error = why.empty() ? "the server closed the connection" : why;
+                  });
+              conn->send(rdzv::make_hello("status"));
+              conn->send(rdzv::to_json(rdzv::AgentMessage{rdzv::StatusQuery{request.run_id}}));
+            });
+      });
+  io.run_for(request.timeout);
+  if (conn) conn->close();
+  if (!jobs) {
+    if (error.empty()) error = "no answer within the --timeout";
+    std::fprintf(stderr, "ddprun status: cannot get the status from %s: %s\n", where.c_str(),
+                 error.c_str());
+    return common::kExitRendezvous;
+  }
+  if (request.json) {
+    std::printf("%s\n", jobs->dump(2).c_str());
+  } else if (jobs->empty()) {
+    if (request.run_id)
+      std::printf("no job '%s' at %s\n", request.run_id->c_str(), where.c_str());
+    else
+      std::printf("no jobs at %s\n", where.c_str());
+  } else {
+    std::fputs(format_status(*jobs).c_str(), stdout);
+  }
+  return request.run_id && jobs->empty() ? 1 : common::kExitSuccess;
+}
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,33 @@
+#pragma once
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "launcher/cli.h"
+
+namespace ddprun::launcher {
+
+/// `ddprun status --rdzv_endpoint host:port [--rdzv_id ID] [--json] [--timeout S]`.
+struct StatusRequest {
+  std::string host;
+  int port = 29400;
+  std::optional<std::string> run_id;
+  bool json = false;
+  std::chrono::milliseconds timeout{5000};
+};
+
+/// Parses the arguments after "status" (PET_RDZV_ENDPOINT and PET_RDZV_ID as fallbacks).
+std::variant<StatusRequest, InfoRequest, UsageError> parse_status_args(
+    const std::vector<std::string>& args, const EnvLookup& env);
+
+/// The jobs of a status reply as tables: one header line per job, one row per node.
+std::string format_status(const nlohmann::json& jobs);
+
+/// Asks the rendezvous server and prints its answer; returns ddprun's exit status (0; 1 when
+/// the named job is unknown; 69 when the server cannot be reached or answers badly).
+int run_status(const StatusRequest& request);
+
+}  // namespace ddprun::launcher

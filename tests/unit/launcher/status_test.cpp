@@ -1,0 +1,67 @@
+#include "launcher/status.h"
+
+#include <catch2/catch.hpp>
+
+using namespace ddprun::launcher;
+using nlohmann::json;
+
+namespace {
+
+std::optional<std::string> no_env(const std::string&) { return std::nullopt; }
+
+}  // namespace
+
+TEST_CASE("ddprun status takes an endpoint, a job and --json", "[launcher][unit]") {
+  auto parsed =
+      parse_status_args({"--rdzv_endpoint", "[::1]:29555", "--rdzv_id", "j", "--json"}, no_env);
+  REQUIRE(std::holds_alternative<StatusRequest>(parsed));
+  const auto& r = std::get<StatusRequest>(parsed);
+  CHECK(r.host == "::1");
+  CHECK(r.port == 29555);
+  CHECK(r.run_id == "j");
+  CHECK(r.json);
+  auto defaulted = parse_status_args({"--rdzv-endpoint", "head"}, no_env);
+  REQUIRE(std::holds_alternative<StatusRequest>(defaulted));
+  CHECK(std::get<StatusRequest>(defaulted).port == 29400);
+  CHECK_FALSE(std::get<StatusRequest>(defaulted).run_id);
+}
+
+TEST_CASE("ddprun status reads PET_RDZV_ENDPOINT and refuses a missing or bad endpoint",
+          "[launcher][unit]") {
+  auto from_env = parse_status_args({}, [](const std::string& name) -> std::optional<std::string> {
+    if (name == "PET_RDZV_ENDPOINT") return "10.0.0.1:29401";
+    return std::nullopt;
+  });
+  REQUIRE(std::holds_alternative<StatusRequest>(from_env));
+  CHECK(std::get<StatusRequest>(from_env).host == "10.0.0.1");
+  auto missing = parse_status_args({}, no_env);
+  REQUIRE(std::holds_alternative<UsageError>(missing));
+  CHECK(std::get<UsageError>(missing).message.find("--rdzv_endpoint") != std::string::npos);
+  auto bad = parse_status_args({"--rdzv_endpoint", "fd00::1:29400"}, no_env);
+  REQUIRE(std::holds_alternative<UsageError>(bad));
+  CHECK(std::get<UsageError>(bad).message.find("fd00::1:29400") != std::string::npos);
+}
+
+TEST_CASE("the status table shows each job's round and each node's rank, state and heartbeat",
+          "[launcher][unit]") {
+  json jobs = json::array(
+      {{{"run_id", "my_job"},
+        {"phase", "running"},
+        {"round", 2},
+        {"restart_count", 1},
+        {"settings",
+         {{"min_nodes", 2}, {"max_nodes", 3}, {"nproc_per_node", 4}, {"max_restarts", 3}}},
+        {"nodes",
+         {{{"name", "node10"}, {"state", "running"}, {"group_rank", 0}, {"last_seen_s", 0.25}},
+          {{"name", "node2"},
+           {"state", "wait_listed"},
+           {"group_rank", -1},
+           {"node_rank", 1},
+           {"last_seen_s", 3.0}}}}}});
+  const std::string table = format_status(jobs);
+  CHECK(table.find("job my_job: running, round 2, restarts 1 of 3, --nnodes 2:3, "
+                   "--nproc_per_node 4") != std::string::npos);
+  CHECK(table.find("GROUP_RANK NODE   STATE       NODE_RANK LAST HEARD") != std::string::npos);
+  CHECK(table.find("0          node10 running     -         0.2 s ago") != std::string::npos);
+  CHECK(table.find("-          node2  wait_listed 1         3.0 s ago") != std::string::npos);
+}
