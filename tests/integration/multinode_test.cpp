@@ -133,11 +133,15 @@ TEST_CASE("a worker failure on one node restarts every node with one restart cou
         {"--nnodes", "2", "--nproc_per_node", "2", "--max_restarts", "2", "--node_rank",
          std::to_string(i)},
         // Attempt 0: rank 3 (node 1) fails, the others wait to be stopped. Attempt 1: all pass.
-        {"env=TORCHELASTIC_RESTART_COUNT", "exit_if_restart=1:0", "exit_if_rank=3:5", "hang"}));
+        {"env=TORCHELASTIC_RESTART_COUNT,GROUP_RANK", "exit_if_restart=1:0", "exit_if_rank=3:5",
+         "hang"}));
   for (int i = 0; i < 2; ++i) {
     auto r = nodes[i]->wait(kJobLimit);
     INFO(r.out << r.err);
     CHECK(r.exit_code == 0);
+    // Ranks are stable: whatever both attempts printed shows this node's one group rank.
+    CHECK(count_of(r.out, "GROUP_RANK=" + std::to_string(i)) >= 2);
+    CHECK(count_of(r.out, "GROUP_RANK=" + std::to_string(1 - i)) == 0);
     CHECK(count_of(r.out, "TORCHELASTIC_RESTART_COUNT=1") == 2);
     CHECK(count_of(r.err, "restarting workers: restart 1 of 2") == 1);
     CHECK_FALSE(contains(r.err, "restart 2 of 2"));
@@ -334,4 +338,37 @@ TEST_CASE("ddprun status shows a running job's nodes with their ranks",
   CHECK(contains(none.out, "no job 'x' at " + endpoint));
   for (auto& n : nodes) n->send(SIGTERM);
   for (auto& n : nodes) CHECK(n->wait(kJobLimit).exit_code == 128 + SIGTERM);
+}
+
+TEST_CASE("when the agent hosting the embedded server dies another node takes the server over",
+          "[integration][multinode][fault]") {
+  TempDir dir;
+  const std::string pids = dir.path() + "/pids";
+  WorkerSweeper sweeper(pids);
+  const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int i = 0; i < 3; ++i) {
+    nodes.push_back(start_node(
+        endpoint, node_addr(i),
+        {"--nnodes", "2:3", "--max_restarts", "1", "--node_rank", std::to_string(i),
+         "--rdzv_conf", kFastConf},
+        {"pidfile=" + pids, "env=GROUP_WORLD_SIZE,GROUP_RANK", "hang_unless=GROUP_WORLD_SIZE=2",
+         "exit=0"}));
+    // The first node hosts the server: wait for it before starting the others.
+    if (i == 0)
+      REQUIRE(wait_until([&] { return contains(nodes[0]->err_so_far(), "hosting"); }, kJobLimit));
+  }
+  REQUIRE(wait_until([&] { return read_pids(pids).size() == 3; }, kJobLimit));
+  nodes[0]->send(SIGKILL);
+  nodes[0]->wait(std::chrono::seconds(10));
+  int hosts = 0;
+  for (int i = 1; i < 3; ++i) {
+    auto r = nodes[i]->wait(kJobLimit);
+    INFO(r.out << r.err);
+    CHECK(r.exit_code == 0);
+    CHECK(contains(r.out, "GROUP_WORLD_SIZE=2"));
+    CHECK(contains(r.err, "lost the rendezvous server"));
+    hosts += count_of(r.err, "hosting the rendezvous");
+  }
+  CHECK(hosts == 1);
 }
