@@ -336,8 +336,14 @@ TEST_CASE("ddprun status shows a running job's nodes with their ranks",
   auto none = run_command({DDPRUN_BIN, "status", "--rdzv_endpoint", endpoint, "--rdzv_id", "x"});
   CHECK(none.exit_code == 1);
   CHECK(contains(none.out, "no job 'x' at " + endpoint));
-  for (auto& n : nodes) n->send(SIGTERM);
-  for (auto& n : nodes) CHECK(n->wait(kJobLimit).exit_code == 128 + SIGTERM);
+  // One node stopped by a signal: it exits 128+15, and with no restart left the job fails.
+  nodes[1]->send(SIGTERM);
+  CHECK(nodes[1]->wait(kJobLimit).exit_code == 128 + SIGTERM);
+  auto survivor = nodes[0]->wait(kJobLimit);
+  INFO(survivor.err);
+  CHECK(survivor.exit_code == 1);
+  CHECK(contains(survivor.err, "the job failed on another node"));
+  CHECK(contains(survivor.err, node_addr(1)));
 }
 
 TEST_CASE("when the agent hosting the embedded server dies another node takes the server over",
@@ -348,12 +354,11 @@ TEST_CASE("when the agent hosting the embedded server dies another node takes th
   const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
   std::vector<std::unique_ptr<Subprocess>> nodes;
   for (int i = 0; i < 3; ++i) {
-    nodes.push_back(start_node(
-        endpoint, node_addr(i),
-        {"--nnodes", "2:3", "--max_restarts", "1", "--node_rank", std::to_string(i),
-         "--rdzv_conf", kFastConf},
-        {"pidfile=" + pids, "env=GROUP_WORLD_SIZE,GROUP_RANK", "hang_unless=GROUP_WORLD_SIZE=2",
-         "exit=0"}));
+    nodes.push_back(start_node(endpoint, node_addr(i),
+                               {"--nnodes", "2:3", "--max_restarts", "1", "--node_rank",
+                                std::to_string(i), "--rdzv_conf", kFastConf},
+                               {"pidfile=" + pids, "env=GROUP_WORLD_SIZE,GROUP_RANK",
+                                "hang_unless=GROUP_WORLD_SIZE=2", "exit=0"}));
     // The first node hosts the server: wait for it before starting the others.
     if (i == 0)
       REQUIRE(wait_until([&] { return contains(nodes[0]->err_so_far(), "hosting"); }, kJobLimit));
