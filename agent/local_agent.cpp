@@ -7,6 +7,7 @@
 
 #include <array>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/local/datagram_protocol.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
@@ -21,6 +22,7 @@
 #include <spdlog/spdlog.h>
 
 #include "agent/error_file.h"
+#include "agent/event_log.h"
 #include "agent/failure_report.h"
 #include "agent/line_buffer.h"
 #include "agent/policy.h"
@@ -37,6 +39,8 @@ namespace {
 /// How long output of an ended group may still arrive (e.g. from a grandchild) before the
 /// agent stops reading it.
 constexpr std::chrono::milliseconds kDrainTimeout{2000};
+/// The watchdog looks at least this often (more often for a short --watchdog_timeout).
+constexpr std::chrono::milliseconds kWatchdogTick{1000};
 
 void write_all(int fd, const std::string& data) {
   const char* p = data.data();
@@ -95,7 +99,12 @@ struct WorkerRuntime {
   std::string launch_error;  ///< set when the process could not be started
   std::shared_ptr<OutputStream> out;
   std::shared_ptr<OutputStream> err;
+  std::optional<std::chrono::steady_clock::time_point> last_progress;  ///< last report received
+  bool hung = false;                                                   ///< killed by the watchdog
 };
+
+/// Largest report a worker may send over DDPRUN_AGENT_SOCKET.
+constexpr size_t kMaxReportBytes = 64 * 1024;
 
 /// Why the current group is being stopped.
 enum class StopReason { None, WorkerFailed, Signalled, Requested };
@@ -113,17 +122,26 @@ class LocalAgent::Impl {
         signals_(io),
         shutdown_timer_(io),
         drain_timer_(io),
+        watchdog_timer_(io),
+        reports_(io),
         host_(rdzv::local_host_name()) {}
 
   ~Impl() {
-    if (!temp_dir_.empty()) {
-      std::error_code ignored;
-      fs::remove_all(temp_dir_, ignored);
-    }
+    std::error_code ignored;
+    if (!temp_dir_.empty()) fs::remove_all(temp_dir_, ignored);
+    if (!socket_dir_.empty()) fs::remove_all(socket_dir_, ignored);
   }
 
   int run() {
     if (!prepare_log_root()) return job_exit_code(JobOutcome::of(JobEnd::Internal));
+    if (!opt_.event_log.empty()) {
+      if (auto why =
+              events_.open(opt_.event_log, opt_.node_name.empty() ? host_ : opt_.node_name)) {
+        spdlog::error("{}; pass a writable --event_log path", *why);
+        return job_exit_code(JobOutcome::of(JobEnd::Internal));
+      }
+    }
+    if (events_.enabled() || opt_.watchdog_timeout.count() > 0) open_report_socket();
     install_signals();
     rdzv_.set_notice_handler([this](rdzv::Notice notice) { on_notice(std::move(notice)); });
     if (will_default_omp_threads(opt_.agent_env, opt_.spec.local_world_size))
@@ -192,17 +210,116 @@ class LocalAgent::Impl {
     });
   }
 
+  // ---- event log and worker reports -------------------------------------------------------
+
+  void emit(const std::string& event, const nlohmann::json& fields = nlohmann::json::object()) {
+    events_.write(event, fields, std::chrono::steady_clock::now());
+  }
+
+  /// Workers (through the SDK) send JSON datagrams here: progress heartbeats for the watchdog
+  /// and milestones ("pg_ready", "snapshot_loaded", "first_step") for the event log.
+  void open_report_socket() {
+    std::string tmpl = (fs::temp_directory_path() / "ddprun-sock-XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) == nullptr) {
+      spdlog::warn("cannot create a directory for the workers' report socket: {}",
+                   std::strerror(errno));
+      return;
+    }
+    socket_dir_ = tmpl;
+    const std::string path = (fs::path(tmpl) / "agent.sock").string();
+    boost::system::error_code ec;
+    reports_.open(asio::local::datagram_protocol(), ec);
+    if (!ec) reports_.bind(asio::local::datagram_protocol::endpoint(path), ec);
+    if (ec) {
+      spdlog::warn("cannot open the workers' report socket {}: {}", path, ec.message());
+      return;
+    }
+    socket_path_ = path;
+    report_buffer_.resize(kMaxReportBytes);
+    read_report();
+  }
+
+  void read_report() {
+    reports_.async_receive(asio::buffer(report_buffer_),
+                           [this](const boost::system::error_code& ec, size_t n) {
+                             if (ec) return;  // closed at the end of the job
+                             on_report(std::string_view(report_buffer_.data(), n));
+                             read_report();
+                           });
+  }
+
+  void on_report(std::string_view text) {
+    auto report = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (!report.is_object() || !report.contains("event") || !report["event"].is_string() ||
+        !report.contains("local_rank") || !report["local_rank"].is_number_integer()) {
+      spdlog::debug("ignoring a malformed worker report: {}", std::string(text.substr(0, 200)));
+      return;
+    }
+    const int local_rank = report["local_rank"].get<int>();
+    WorkerRuntime* worker = nullptr;
+    for (auto& w : workers_)
+      if (w->placement.local_rank == local_rank && w->running) worker = w.get();
+    if (worker == nullptr) return;  // a report from a worker of an earlier group
+    worker->last_progress = std::chrono::steady_clock::now();
+    const std::string event = report["event"].get<std::string>();
+    if (event == "heartbeat") return;
+    report.erase("event");
+    report["source"] = "worker";
+    report["rank"] = worker->placement.global_rank;
+    report["restart_count"] = restart_count_;
+    emit(event, report);
+  }
+
+  void arm_watchdog() {
+    if (opt_.watchdog_timeout.count() <= 0 || socket_path_.empty()) return;
+    watchdog_timer_.expires_after(
+        std::min<std::chrono::milliseconds>(opt_.watchdog_timeout / 4, kWatchdogTick));
+    watchdog_timer_.async_wait([this](const boost::system::error_code& ec) {
+      if (ec || finished_) return;
+      check_watchdog();
+      arm_watchdog();
+    });
+  }
+
+  /// A worker that reported progress once and then nothing for --watchdog_timeout is hung:
+  /// it gets SIGKILL at once (a stopped or deadlocked process would ignore SIGTERM) and its
+  /// group fails as if it had crashed.
+  void check_watchdog() {
+    if (group_ended_ || stop_reason_ != StopReason::None) return;
+    const auto now = std::chrono::steady_clock::now();
+    for (auto& w : workers_) {
+      if (!w->running || w->hung || !w->last_progress) continue;
+      if (now - *w->last_progress < opt_.watchdog_timeout) continue;
+      w->hung = true;
+      spdlog::warn(
+          "worker rank {} (local rank {}, pid {}) made no progress for {} ms "
+          "(--watchdog_timeout): killing it",
+          w->placement.global_rank, w->placement.local_rank, w->pid,
+          std::chrono::duration_cast<std::chrono::milliseconds>(now - *w->last_progress).count());
+      launcher_.signal_group(w->pid, SIGKILL);
+    }
+  }
+
   // ---- rounds -----------------------------------------------------------------------------
 
   void start_round() {
+    emit("rendezvous_start", {{"restart_count", restart_count_}});
     rdzv_.next_rendezvous([this](rdzv::RendezvousResult result) {
       if (finished_) return;
       if (pending_signal_ != 0) return advance();
       if (auto* error = std::get_if<rdzv::RendezvousError>(&result)) {
+        emit("rendezvous_failed", {{"message", error->message}});
         spdlog::error("rendezvous failed: {}", error->message);
         return finish(job_exit_code(JobOutcome::of(JobEnd::RendezvousFailed)));
       }
-      start_workers(std::get<rdzv::RendezvousInfo>(result));
+      const auto& info = std::get<rdzv::RendezvousInfo>(result);
+      emit("rendezvous_complete", {{"round", info.round},
+                                   {"group_rank", info.group_rank},
+                                   {"group_world_size", info.group_world_size},
+                                   {"restart_count", info.restart_count},
+                                   {"master_addr", info.master_addr},
+                                   {"master_port", info.master_port}});
+      start_workers(info);
     });
   }
 
@@ -210,6 +327,10 @@ class LocalAgent::Impl {
   void on_notice(rdzv::Notice notice) {
     if (finished_) return;
     if (auto* restart = std::get_if<rdzv::Restart>(&notice)) {
+      emit("restart", {{"reason", restart->reason},
+                       {"counted", restart->counted},
+                       {"restart_count", restart->restart_count}});
+      restart_count_ = restart->restart_count;
       if (restart->counted)
         spdlog::warn("restarting workers: restart {} of {} ({})", restart->restart_count,
                      opt_.spec.max_restarts, restart->reason);
@@ -217,6 +338,7 @@ class LocalAgent::Impl {
         spdlog::warn("restarting workers for a new round: {}", restart->reason);
       restart_ = *restart;
     } else if (auto* closed = std::get_if<rdzv::Closed>(&notice)) {
+      emit("job_closed", {{"message", closed->message}});
       closed_ = *closed;
     } else {
       lost_ = std::get<rdzv::RendezvousError>(notice);
@@ -294,8 +416,8 @@ class LocalAgent::Impl {
       }
       w->error_file = (dir / "error.json").string();
       // Worker rank 0 hosts the process-group store (TORCHELASTIC_USE_AGENT_STORE=False).
-      WorkerEnvInputs in{&opt_.spec,   &round_, p, rdzv_.run_id(), /*use_agent_store=*/false,
-                         w->error_file};
+      WorkerEnvInputs in{&opt_.spec,    &round_,     p, rdzv_.run_id(), /*use_agent_store=*/false,
+                         w->error_file, socket_path_};
       ProcessSpec ps{executable, opt_.spec.argv, to_envp(build_worker_env(opt_.agent_env, in))};
       if (executable.empty()) {
         w->launch_error = "command not found: " + opt_.spec.argv.front() + " (PATH=" + path_env +
@@ -324,6 +446,11 @@ class LocalAgent::Impl {
         record_failure(*w);
       }
     }
+    nlohmann::json pids = nlohmann::json::array();
+    for (auto& w : workers_) pids.push_back(w->pid);
+    emit("workers_started",
+         {{"count", workers_.size()}, {"pids", pids}, {"restart_count", restart_count_}});
+    arm_watchdog();
     // SIGCHLD may have arrived before every pid was known.
     reap_children();
     evaluate();
@@ -411,6 +538,11 @@ class LocalAgent::Impl {
       else
         f.error_file_problem = std::get<std::string>(parsed);
     }
+    if (w.hung && !f.error)
+      f.error = ErrorFileContent{"no progress reported for " +
+                                     std::to_string(opt_.watchdog_timeout.count()) +
+                                     " ms: killed by the watchdog (--watchdog_timeout)",
+                                 "", std::nullopt};
     failures_.push_back(std::move(f));
   }
 
@@ -452,12 +584,26 @@ class LocalAgent::Impl {
             "worker rank {} (local rank {}, pid {}) on {} failed with {}", root.global_rank,
             root.local_rank, root.pid, host_, describe_exit(root.status));
         spdlog::warn("{}; stopping the group", what);
+        emit("failure_detected", {{"rank", root.global_rank},
+                                  {"local_rank", root.local_rank},
+                                  {"pid", root.pid},
+                                  {"exit_code", root.status.code},
+                                  {"signal", root.status.signal},
+                                  {"how", how_detected(root)}});
         rdzv_.report_failure(
             rdzv::WorkersFailed{round_.round, what, root.status.code, root.status.signal});
         stop_group(StopReason::WorkerFailed, SIGTERM);
         return;
       }
     }
+  }
+
+  /// "exit" (SIGCHLD), "watchdog" (no progress) or "launch" (never started), for the event log.
+  std::string how_detected(const ProcessFailure& failure) const {
+    if (failure.pid <= 0) return "launch";
+    for (const auto& w : workers_)
+      if (w->pid == failure.pid && w->hung) return "watchdog";
+    return "exit";
   }
 
   // ---- stopping ---------------------------------------------------------------------------
@@ -476,6 +622,7 @@ class LocalAgent::Impl {
       return;
     }
     pending_signal_ = sig;
+    emit("signal", {{"signal", common::signal_name(sig)}});
     spdlog::warn("received {}: stopping the workers", common::signal_name(sig));
     // Between rounds (or in a rendezvous): leave now. Group already ending: the end of the
     // drain leaves.
@@ -485,9 +632,14 @@ class LocalAgent::Impl {
   }
 
   void stop_group(StopReason reason, int stop_signal) {
+    if (stop_reason_ == StopReason::None) stop_started_ = std::chrono::steady_clock::now();
     if (stop_reason_ == StopReason::None || reason == StopReason::Signalled) stop_reason_ = reason;
-    for (auto& w : workers_)
-      if (w->running) launcher_.signal_group(w->pid, stop_signal);
+    for (auto& w : workers_) {
+      if (!w->running) continue;
+      launcher_.signal_group(w->pid, stop_signal);
+      // A stopped (SIGSTOP) worker acts on the stop signal only once continued.
+      if (stop_signal != SIGKILL) launcher_.signal_group(w->pid, SIGCONT);
+    }
     shutdown_timer_.expires_after(opt_.spec.shutdown_timeout);
     shutdown_timer_.async_wait([this](const boost::system::error_code& ec) {
       if (ec) return;
@@ -511,6 +663,9 @@ class LocalAgent::Impl {
     // group_ended_ stays set until the next group starts: a late SIGCHLD during the
     // rendezvous must not see the stopped old group and act a second time.
     drain_then([this] {
+      emit("teardown_done", {{"teardown_ms", std::chrono::duration<double, std::milli>(
+                                                 std::chrono::steady_clock::now() - stop_started_)
+                                                 .count()}});
       idle_ = true;
       advance();
     });
@@ -549,6 +704,10 @@ class LocalAgent::Impl {
     if (finished_) return;
     finished_ = true;
     exit_code_ = code;
+    emit("job_end", {{"exit_code", code}});
+    watchdog_timer_.cancel();
+    boost::system::error_code closed;
+    reports_.close(closed);
     kill_remaining();
     boost::system::error_code ignored;
     signals_.cancel(ignored);
@@ -571,6 +730,13 @@ class LocalAgent::Impl {
   asio::signal_set signals_;
   asio::steady_timer shutdown_timer_;
   asio::steady_timer drain_timer_;
+  asio::steady_timer watchdog_timer_;
+  asio::local::datagram_protocol::socket reports_;
+  std::vector<char> report_buffer_;
+  std::string socket_dir_;
+  std::string socket_path_;
+  EventLog events_;
+  std::chrono::steady_clock::time_point stop_started_;
   std::string host_;
   fs::path log_root_;
   fs::path temp_dir_;

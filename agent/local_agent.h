@@ -1,4 +1,5 @@
 #pragma once
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -28,6 +29,11 @@ struct AgentOptions {
   std::optional<std::set<int>> console_ranks;  ///< --local_ranks_filter
   std::vector<int> signals_to_handle;
   EnvMap agent_env;
+  std::string event_log;  ///< --event_log: the recovery timeline ("" for none)
+  std::string node_name;  ///< this node as events and reports name it
+  /// --watchdog_timeout: a worker that reported progress and then went silent this long is
+  /// killed as hung (0: off).
+  std::chrono::milliseconds watchdog_timeout{0};
   /// Runs once when the job has ended, before run() returns (e.g. to stop an embedded server).
   std::function<void()> on_finish;
 };

@@ -48,6 +48,7 @@ EnvMap build_worker_env(const EnvMap& agent_env, const WorkerEnvInputs& in) {
   // Python's str(bool), as torchrun writes it.
   env["TORCHELASTIC_USE_AGENT_STORE"] = in.use_agent_store ? "True" : "False";
   env["TORCHELASTIC_ERROR_FILE"] = in.error_file;
+  if (!in.agent_socket.empty()) env["DDPRUN_AGENT_SOCKET"] = in.agent_socket;
   // NCCL's async error handling on by default; torch 1.x reads the unprefixed name.
   env.try_emplace("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
   env.try_emplace("NCCL_ASYNC_ERROR_HANDLING", "1");

@@ -21,6 +21,7 @@ struct WorkerEnvInputs {
   std::string run_id;
   bool use_agent_store = false;
   std::string error_file;
+  std::string agent_socket;  ///< DDPRUN_AGENT_SOCKET: where the worker reports progress ("" none)
 };
 
 /// The full environment of one worker: the agent's environment plus torchrun's variables

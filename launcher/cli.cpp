@@ -93,6 +93,9 @@ constexpr OptionSpec kOptions[] = {
      "Time workers get between the stop signal and SIGKILL (default 30)."},
     {"signals_to_handle", "", false, "SIG,...", kDefaultSignals, kSupervision,
      "Signals that make ddprun stop its workers and exit (default SIGTERM,SIGINT,SIGHUP,SIGQUIT)."},
+    {"watchdog_timeout", "", false, "SECONDS", "0", kSupervision,
+     "Kill a worker as hung when it reported progress through the ddprun SDK and then nothing "
+     "for this long; its group fails like a crash (default 0: off)."},
     {"start_method", "", false, "spawn|fork|forkserver", "spawn", kSupervision,
      "Accepted for torchrun compatibility; workers always start with fork+exec."},
     {"role", "", false, "NAME", "default", kSupervision,
@@ -105,6 +108,9 @@ constexpr OptionSpec kOptions[] = {
      "Not supported: workers always run as separate processes."},
     {"log_dir", "", false, "DIR", "", kLogs,
      "Directory for the workers' log files."},
+    {"event_log", "", false, "PATH", "", kLogs,
+     "Append the recovery timeline (rendezvous, starts, failures, teardowns, restarts, and "
+     "what workers report) to PATH as JSON lines; see ddprun events summarize."},
     {"redirects", "r", false, "STD", "0", kLogs,
      "Send worker streams to files in --log_dir instead of the console: 0 none, 1 stdout, "
      "2 stderr, 3 both; per local rank as 0:1,1:2 (default 0)."},
@@ -383,6 +389,14 @@ Error parse_shutdown_timeout(const RawValue& v, LaunchConfig& config) {
   return std::nullopt;
 }
 
+Error parse_watchdog_timeout(const RawValue& v, LaunchConfig& config) {
+  auto seconds = parse_double(trim(v.text));
+  if (!seconds || *seconds < 0)
+    return describe(v) + ": expected a number of seconds, 0 (off) or more";
+  config.watchdog_timeout = *seconds;
+  return std::nullopt;
+}
+
 Error parse_signals(const RawValue& v, LaunchConfig& config) {
   std::vector<int> signals;
   for (const std::string& piece : split(v.text, ',')) {
@@ -618,10 +632,12 @@ ParseResult build_config(const std::map<std::string_view, RawValue>& raw,
   if (auto e = parse_monitor_interval(get("monitor_interval"), config)) return UsageError{*e};
   if (auto e = parse_shutdown_timeout(get("shutdown_timeout"), config)) return UsageError{*e};
   if (auto e = parse_signals(get("signals_to_handle"), config)) return UsageError{*e};
+  if (auto e = parse_watchdog_timeout(get("watchdog_timeout"), config)) return UsageError{*e};
   if (auto e = parse_start_method(get("start_method"), config)) return UsageError{*e};
   if (auto e = parse_role(get("role"), config)) return UsageError{*e};
 
   config.log_dir = get("log_dir").text;
+  config.event_log = get("event_log").text;
   if (auto e = parse_std_spec(get("redirects"), config.redirects)) return UsageError{*e};
   if (auto e = parse_std_spec(get("tee"), config.tee)) return UsageError{*e};
   if (auto e = parse_local_ranks_filter(get("local_ranks_filter"), config)) return UsageError{*e};

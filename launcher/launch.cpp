@@ -154,6 +154,10 @@ int launch(const LaunchConfig& config, const agent::EnvMap& env) {
   opt.console_ranks = config.local_ranks_filter;
   opt.signals_to_handle = config.signals_to_handle;
   opt.agent_env = env;
+  opt.event_log = config.event_log;
+  opt.node_name = config.local_addr.empty() ? rdzv::local_host_name() : config.local_addr;
+  opt.watchdog_timeout =
+      std::chrono::milliseconds(static_cast<long long>(config.watchdog_timeout * 1000.0));
 
   boost::asio::io_context io;
   common::SteadyClock clock;

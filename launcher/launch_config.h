@@ -51,6 +51,7 @@ struct LaunchConfig {
   double shutdown_timeout = 30.0;      ///< seconds between the stop signal and SIGKILL
   std::string start_method = "spawn";  ///< accepted for compatibility; workers are always fork+exec
   std::vector<int> signals_to_handle;  ///< signal numbers, default SIGTERM,SIGINT,SIGHUP,SIGQUIT
+  double watchdog_timeout = 0.0;       ///< seconds; 0 = off (ddprun's own flag)
   std::string role = "default";
 
   // How workers are started.
@@ -58,7 +59,8 @@ struct LaunchConfig {
   bool no_python = false;  ///< --no_python: exec the script directly
 
   // Logs.
-  std::string log_dir;  ///< "" when not given
+  std::string log_dir;    ///< "" when not given
+  std::string event_log;  ///< --event_log: JSON lines of the recovery timeline ("" none)
   StdSpec redirects;
   StdSpec tee;
   std::optional<std::set<int>> local_ranks_filter;  ///< nullopt: every local rank on the console

@@ -6,6 +6,7 @@
 
 #include "common/exit_codes.h"
 #include "launcher/cli.h"
+#include "launcher/events.h"
 #include "launcher/launch.h"
 #include "launcher/status.h"
 
@@ -18,6 +19,8 @@ int main(int argc, char** argv) {
       if (it == env.end()) return std::nullopt;
       return it->second;
     };
+    if (!args.empty() && args.front() == "events")
+      return ddprun::launcher::run_events({args.begin() + 1, args.end()});
     if (!args.empty() && args.front() == "status") {
       auto status = ddprun::launcher::parse_status_args({args.begin() + 1, args.end()}, lookup);
       if (auto* info = std::get_if<ddprun::launcher::InfoRequest>(&status)) {

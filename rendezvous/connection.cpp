@@ -3,6 +3,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 
+#include <boost/asio/post.hpp>
 #include <boost/asio/write.hpp>
 
 namespace ddprun::rdzv {
@@ -98,16 +99,18 @@ void FramedConnection::close() {
   writes_.clear();
   error_code ignored;
   socket_.close(ignored);
+  // Handlers may hold their owner (or this connection): drop them to break any cycle. The
+  // message handler may be the caller; it is destroyed once the read handler returns.
+  on_close_ = nullptr;
+  asio::post(socket_.get_executor(), [self = shared_from_this()] { self->on_message_ = nullptr; });
 }
 
 void FramedConnection::end(const std::string& why) {
   if (!open_) return;
+  auto handler = std::move(on_close_);
+  on_close_ = nullptr;
   close();
-  if (on_close_) {
-    auto handler = std::move(on_close_);
-    on_close_ = nullptr;
-    handler(why);
-  }
+  if (handler) handler(why);
 }
 
 void tune_socket(asio::ip::tcp::socket& socket, std::chrono::milliseconds user_timeout) {

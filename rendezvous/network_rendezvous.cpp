@@ -157,8 +157,8 @@ void NetworkRendezvous::on_connected(std::shared_ptr<FramedConnection> conn) {
       [this, alive = alive_](const nlohmann::json& body) {
         if (*alive) on_message(body);
       },
-      [this, alive = alive_, conn](const std::string& why) {
-        if (!*alive || conn_ != conn) return;
+      [this, alive = alive_, raw = conn.get()](const std::string& why) {
+        if (!*alive || conn_.get() != raw) return;
         on_lost(why.empty() ? "the server closed the connection" : why);
       });
   conn_->send(make_hello("agent"));

@@ -6,6 +6,8 @@
 //   signal_if_rank=R:N   kill itself with signal N when RANK == R
 //   sleep=MS          sleep MS milliseconds
 //   hang              sleep up to 10 minutes (the test stops it)
+//   report=EVENT      send {"event":EVENT,"local_rank":LOCAL_RANK} to $DDPRUN_AGENT_SOCKET (what
+//                     the SDK does; "heartbeat" arms the agent's watchdog)
 //   hang_unless=NAME=VALUE  hang (as above) unless the variable NAME equals VALUE
 //   ignore=SIG        ignore signal number SIG (e.g. 15)
 //   print=TEXT        print TEXT and a newline to stdout
@@ -23,6 +25,8 @@
 //                     "got SIGUSR1" and go on; exit 97 when none arrives within 60 s
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -119,6 +123,18 @@ int main(int argc, char** argv) {
     } else if (key == "hang") {
       std::fflush(stdout);
       for (int s = 0; s < 600; ++s) ::sleep(1);
+    } else if (key == "report") {
+      const std::string path = env_or("DDPRUN_AGENT_SOCKET", "");
+      const std::string body =
+          "{\"event\":\"" + val + "\",\"local_rank\":" + env_or("LOCAL_RANK", "0") + "}";
+      sockaddr_un addr{};
+      addr.sun_family = AF_UNIX;
+      std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+      int fd = ::socket(AF_UNIX, SOCK_DGRAM, 0);
+      if (fd >= 0) {
+        ::sendto(fd, body.data(), body.size(), 0, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+        ::close(fd);
+      }
     } else if (key == "hang_unless") {
       const auto sep = val.find('=');
       const std::string name = val.substr(0, sep);

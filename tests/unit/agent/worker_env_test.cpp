@@ -15,7 +15,7 @@ EnvMap env_for(const EnvMap& agent_env, int local_world, int local_rank, Rendezv
   static RendezvousInfo stored;
   stored = round;
   auto placements = place_workers(stored, local_world);
-  WorkerEnvInputs in{&spec, &stored, placements.at(local_rank), "job42", false, "/tmp/e.json"};
+  WorkerEnvInputs in{&spec, &stored, placements.at(local_rank), "job42", false, "/tmp/e.json", ""};
   return build_worker_env(agent_env, in);
 }
 

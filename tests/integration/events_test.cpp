@@ -1,0 +1,90 @@
+// --event_log, ddprun events summarize, and the watchdog for hung workers.
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <sstream>
+
+#include "tests/integration/ddprun_runs.h"
+
+using namespace ddprun::testing;
+
+namespace {
+
+std::vector<std::string> event_names(const std::string& path) {
+  std::vector<std::string> names;
+  std::istringstream in(read_file(path));
+  for (std::string line; std::getline(in, line);) {
+    const auto at = line.find("\"event\":\"");
+    if (at == std::string::npos) continue;
+    const auto start = at + 9;
+    names.push_back(line.substr(start, line.find('"', start) - start));
+  }
+  return names;
+}
+
+}  // namespace
+
+TEST_CASE("the event log tells a failure and its recovery, and summarize cuts it into phases",
+          "[integration][events]") {
+  TempDir dir;
+  const std::string log = dir.path() + "/events.jsonl";
+  auto r = run_command(
+      ddprun_fake({"--nproc_per_node", "2", "--max_restarts", "1", "--event_log", log},
+                  {"report=pg_ready", "exit_if_restart=1:0", "exit_if_rank=1:3", "hang"}));
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  const auto names = event_names(log);
+  const std::vector<std::string> expected{
+      "rendezvous_start", "rendezvous_complete", "workers_started",  "failure_detected",
+      "restart",          "teardown_done",       "rendezvous_start", "rendezvous_complete",
+      "workers_started",  "job_closed",          "job_end"};
+  std::vector<std::string> agent_events;
+  for (const auto& n : names)
+    if (n != "pg_ready") agent_events.push_back(n);
+  CHECK(agent_events == expected);
+  CHECK(count_of(read_file(log), "\"event\":\"pg_ready\"") >= 2);
+  CHECK(contains(read_file(log), "\"source\":\"worker\""));
+
+  auto summary = run_command({DDPRUN_BIN, "events", "summarize", log});
+  INFO(summary.out << summary.err);
+  CHECK(summary.exit_code == 0);
+  CHECK(contains(summary.out, "recovery 1 (restart count 1): rank 1 exited with 3 (exit)"));
+  CHECK(contains(summary.out, "pg init"));
+  auto as_json = run_command({DDPRUN_BIN, "events", "summarize", log, "--json"});
+  CHECK(contains(as_json.out, "\"pg_init_ms\""));
+  CHECK(run_command({DDPRUN_BIN, "events", "summarize", dir.path() + "/missing"}).exit_code == 64);
+}
+
+TEST_CASE("a worker that stops reporting progress is killed by the watchdog and restarted",
+          "[integration][events]") {
+  TempDir dir;
+  const std::string log = dir.path() + "/events.jsonl";
+  // Attempt 0: rank 1 reports once, then stops itself (SIGSTOP): hung, not dead.
+  auto r = run_command(
+      ddprun_fake({"--nproc_per_node", "2", "--max_restarts", "1", "--watchdog_timeout", "0.5",
+                   "--event_log", log},
+                  {"report=heartbeat", "exit_if_restart=1:0", "exit_if_rank=0:0", "signal=19"}),
+      {}, kJobLimit);
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 0);
+  CHECK(contains(r.err, "made no progress for"));
+  CHECK(contains(r.err, "restarting workers: restart 1 of 1"));
+  CHECK(contains(read_file(log), "\"how\":\"watchdog\""));
+}
+
+TEST_CASE("the watchdog's failure report says the worker was hung", "[integration][events]") {
+  auto r = run_command(ddprun_fake({"--nproc_per_node", "1", "--watchdog_timeout", "0.3"},
+                                   {"report=heartbeat", "hang"}),
+                       {}, kJobLimit);
+  INFO(r.err);
+  CHECK(r.exit_code == 128 + SIGKILL);
+  CHECK(contains(r.err, "killed by the watchdog (--watchdog_timeout)"));
+}
+
+TEST_CASE("a worker that never reports is never touched by the watchdog", "[integration][events]") {
+  auto r = run_command(
+      ddprun_fake({"--nproc_per_node", "1", "--watchdog_timeout", "0.2"}, {"sleep=800", "exit=0"}),
+      {}, kJobLimit);
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+}

@@ -1,0 +1,62 @@
+#include "launcher/events.h"
+
+#include <catch2/catch.hpp>
+
+using namespace ddprun::launcher;
+
+namespace {
+
+std::string line(double t, const std::string& event, const std::string& extra = "") {
+  return "{\"t\":" + std::to_string(t) + ",\"event\":\"" + event + "\",\"node\":\"n1\"" +
+         (extra.empty() ? "" : "," + extra) + "}\n";
+}
+
+}  // namespace
+
+TEST_CASE("a recovery is cut into phases that end with the slowest node or rank",
+          "[launcher][unit]") {
+  const std::string log =
+      line(9.0, "workers_started", "\"restart_count\":0") + line(10.000, "fault_injected") +
+      line(10.002, "failure_detected", "\"rank\":3,\"exit_code\":0,\"signal\":9,\"how\":\"exit\"") +
+      line(10.010, "teardown_done") + line(10.030, "teardown_done") +  // two nodes
+      line(10.035, "rendezvous_complete") + line(10.040, "rendezvous_complete") +
+      line(10.041, "workers_started", "\"restart_count\":1") +
+      line(10.045, "workers_started", "\"restart_count\":1") + line(10.200, "pg_ready") +
+      line(10.300, "pg_ready") + line(10.350, "snapshot_loaded") + line(10.400, "first_step") +
+      line(10.420, "first_step") + "not json\n";
+  const EventSummary s = summarize_events(log);
+  CHECK(s.malformed_lines == 1);
+  REQUIRE(s.recoveries.size() == 1);
+  const Recovery& r = s.recoveries[0];
+  CHECK(r.restart_count == 1);
+  CHECK(r.cause == "rank 3 killed by signal 9 (exit) on n1");
+  CHECK(*r.detect_ms == Approx(2.0));
+  CHECK(*r.teardown_ms == Approx(28.0));
+  CHECK(*r.rendezvous_ms == Approx(10.0));
+  CHECK(*r.spawn_ms == Approx(5.0));
+  CHECK(*r.pg_init_ms == Approx(255.0));
+  CHECK(*r.snapshot_load_ms == Approx(50.0));
+  CHECK(*r.first_step_ms == Approx(70.0));
+  CHECK(r.total_ms == Approx(420.0));
+  const std::string table = format_summary(s);
+  CHECK(table.find("recovery 1 (restart count 1): rank 3 killed by signal 9") != std::string::npos);
+  CHECK(table.find("pg init            255.0") != std::string::npos);
+  CHECK(summary_json(s)["recoveries"][0]["total_ms"].get<double>() == Approx(420.0));
+}
+
+TEST_CASE("each failure round is its own recovery, and missing phases stay empty",
+          "[launcher][unit]") {
+  const std::string log =
+      line(1.0, "failure_detected", "\"rank\":0,\"exit_code\":1") + line(1.1, "teardown_done") +
+      line(1.2, "rendezvous_complete") + line(1.3, "workers_started", "\"restart_count\":1") +
+      line(2.0, "failure_detected", "\"rank\":1,\"exit_code\":2") + line(2.5, "teardown_done") +
+      line(2.6, "rendezvous_complete") + line(2.7, "workers_started", "\"restart_count\":2");
+  const EventSummary s = summarize_events(log);
+  REQUIRE(s.recoveries.size() == 2);
+  CHECK_FALSE(s.recoveries[0].detect_ms);
+  CHECK_FALSE(s.recoveries[0].pg_init_ms);
+  CHECK(s.recoveries[0].total_ms == Approx(300.0));
+  CHECK(s.recoveries[1].restart_count == 2);
+  CHECK(*s.recoveries[1].teardown_ms == Approx(500.0));
+  CHECK(format_summary(summarize_events(line(1.0, "job_end"))) == "no recovery in 1 event(s)\n");
+}
