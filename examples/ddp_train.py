@@ -123,6 +123,9 @@ def main():
     trainer = Trainer(model, loader, optimizer, args.save_every, args.snapshot_path)
     trainer.train(args.total_epochs, args.fail_rank, args.fail_epoch)
     ok = trainer.check_replicas_equal()
+    # The DDP wrapper keeps the process group alive; destroyed after the other ranks have
+    # gone, it can wait forever for them. Drop it while every rank is still here.
+    del trainer
     # Rank 0 hosts the store: let every rank finish with it before anyone tears it down.
     dist.barrier()
     dist.destroy_process_group()
