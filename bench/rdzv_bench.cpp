@@ -32,6 +32,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -313,9 +314,13 @@ int run_loss(const BenchConfig& c) {
       out["error"] = "the first round did not complete with all " + std::to_string(m) + " nodes";
       rc = 2;
     } else {
-      // Let a few heartbeats pass so the victim is in its steady state.
+      // Let a few heartbeats pass so the victim is in its steady state, then signal it at a
+      // random point of its heartbeat cycle: the server's reaction to a silent node depends on
+      // how long ago its last heartbeat arrived.
+      std::random_device rd;
+      const double phase = std::uniform_real_distribution<double>(0.0, 1.0)(rd);
       run_until(
-          io, [] { return false; }, c.keep_alive_interval_s * 2);
+          io, [] { return false; }, c.keep_alive_interval_s * (2 + phase));
       const TimePoint signalled_at = clock.now();
       kill(child, c.victim == "stop" ? SIGSTOP : SIGKILL);
       const bool reacted = run_until(

@@ -84,7 +84,9 @@ def one_round(n, port, run_id, timeout_s):
 
     # Handlers (and their store connections) are made before the clock starts, as a torchrun
     # agent makes its handler at start-up.
+    setup_started = time.monotonic()
     handlers = [make_handler() for _ in range(n)]
+    setup_s = time.monotonic() - setup_started
     results = [None] * n
     lock = threading.Lock()
     finished = threading.Event()
@@ -109,15 +111,17 @@ def one_round(n, port, run_id, timeout_s):
         got = observer.get_state()
         return 0 if got is None else len(pickle.loads(got[0]).participants)
 
-    out = {"n": n, "run_id": run_id}
+    out = {"n": n, "run_id": run_id, "handler_setup_s": setup_s}
     first_join_at = time.monotonic()
     threads = [threading.Thread(target=agent, args=(i,), daemon=True) for i in range(n)]
     for t in threads[:-1]:
         t.start()
     deadline = first_join_at + timeout_s
-    while participants() < n - 1:
+    while (joined := participants()) < n - 1:
         if time.monotonic() > deadline or count[0] > 0:
-            out["error"] = f"the first {n - 1} agents did not all join within {timeout_s} s"
+            out["error"] = (f"the first {n - 1} agents did not all join within {timeout_s} s: "
+                            f"{joined} participants after "
+                            f"{time.monotonic() - first_join_at:.1f} s")
             return out
         time.sleep(0.005)
     joined_at = time.monotonic()
