@@ -104,7 +104,7 @@ def main():
     ap.add_argument("--build", default=os.path.join(REPO, "build"),
                     help="build directory holding bin/ddprun-rdzvd and bin/ddprun-rdzv-bench")
     ap.add_argument("--nodes", default="8,64,512,1024", help="comma-separated N")
-    ap.add_argument("--reps", type=int, default=5, help="ddprun rounds per N (default 5)")
+    ap.add_argument("--reps", type=int, default=7, help="ddprun rounds per N (default 7)")
     ap.add_argument("--torch-reps", type=int, default=3, help="torch rounds per N (default 3)")
     ap.add_argument("--torch-limit", type=float, default=60,
                     help="stop torch at the first N whose round takes longer (default 60 s)")
