@@ -126,17 +126,17 @@ std::vector<std::unique_ptr<NetworkRendezvous>> make_clients(asio::io_context& i
   return clients;
 }
 
-std::function<void()> g_progress;
-
-/// Runs `io` until `done()` holds, checking every millisecond; false on timeout.
-bool run_until(asio::io_context& io, const std::function<bool()>& done, double timeout_s) {
+/// Runs `io` until `done()` holds, checking every millisecond; false on timeout. Calls
+/// `progress`, when set, once a second.
+bool run_until(asio::io_context& io, const std::function<bool()>& done, double timeout_s,
+               const std::function<void()>& progress = {}) {
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::milliseconds(static_cast<long long>(timeout_s * 1000));
   auto next_report = std::chrono::steady_clock::now();
   while (!done()) {
     if (std::chrono::steady_clock::now() >= deadline) return false;
-    if (g_progress && std::chrono::steady_clock::now() >= next_report) {
-      g_progress();
+    if (progress && std::chrono::steady_clock::now() >= next_report) {
+      progress();
       next_report += std::chrono::seconds(1);
     }
     io.run_for(std::chrono::milliseconds(1));
@@ -171,8 +171,9 @@ int run_latency(const BenchConfig& c) {
 
   const TimePoint first_join_at = clock.now();
   json out{{"mode", "latency"}, {"n", n}};
+  std::function<void()> progress;
   if (c.progress)
-    g_progress = [&] {
+    progress = [&] {
       std::map<std::uint64_t, int> h;
       for (auto& cl : clients) h[cl->frames_received()]++;
       std::string line;
@@ -189,7 +190,7 @@ int run_latency(const BenchConfig& c) {
         return std::all_of(clients.begin(), clients.end() - 1,
                            [](const auto& cl) { return cl->frames_received() >= 2; });
       },
-      c.timeout_s);
+      c.timeout_s, progress);
   if (!joined) {
     out["error"] = "timed out waiting for the first N-1 joins";
     print(out);
@@ -203,7 +204,7 @@ int run_latency(const BenchConfig& c) {
   const TimePoint last_join_at = clock.now();
   join(n - 1);
   const bool complete = run_until(
-      io, [&] { return finished == n; }, c.timeout_s);
+      io, [&] { return finished == n; }, c.timeout_s, progress);
   if (!complete) {
     out["error"] =
         "timed out: " + std::to_string(finished) + " of " + std::to_string(n) + " clients finished";
