@@ -2,6 +2,7 @@
 
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
 #include <boost/asio/io_context.hpp>
@@ -42,12 +43,30 @@ std::variant<DaemonConfig, DaemonExit> parse_daemon_args(const std::vector<std::
   return config;
 }
 
+namespace {
+
+/// Every agent holds a connection open for the whole job, so a daemon for a thousand nodes needs
+/// more descriptors than the usual soft limit of 1024: take what the hard limit allows.
+void raise_open_file_limit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= limit.rlim_max) return;
+  const rlim_t was = limit.rlim_cur;
+  limit.rlim_cur = limit.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &limit) != 0) {
+    spdlog::warn("cannot raise the open-file limit from {} to {}: at most about {} agents", was,
+                 limit.rlim_max, was);
+  }
+}
+
+}  // namespace
+
 int run_daemon(const DaemonConfig& config) {
   auto logger = spdlog::stderr_logger_st("ddprun-rdzvd");
   logger->set_pattern("[ddprun-rdzvd] %^%l%$: %v");
   if (const char* level = std::getenv("LOGLEVEL"); level && common::to_lower(level) == "debug")
     logger->set_level(spdlog::level::debug);
   spdlog::set_default_logger(logger);
+  raise_open_file_limit();
 
   boost::asio::io_context io;
   common::SteadyClock clock;

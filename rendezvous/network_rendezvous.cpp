@@ -209,6 +209,7 @@ void NetworkRendezvous::send_join() {
 }
 
 void NetworkRendezvous::on_message(const nlohmann::json& body) {
+  ++frames_received_;
   if (!greeted_) {
     if (auto bad = check_hello(body)) {
       // A refusal instead of a hello says why (e.g. the protocol differs).

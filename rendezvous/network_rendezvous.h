@@ -1,6 +1,7 @@
 #pragma once
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -62,6 +63,9 @@ class NetworkRendezvous final : public RendezvousHandler {
   /// This node's id at the server ("host:pid:random").
   const std::string& node_id() const { return node_id_; }
 
+  /// Frames received from the server so far, hellos included (bench/ counts messages per round).
+  std::uint64_t frames_received() const { return frames_received_; }
+
  private:
   enum class Phase { Idle, Joining, Running, Done };
 
@@ -103,6 +107,7 @@ class NetworkRendezvous final : public RendezvousHandler {
   std::optional<Waiting> last_waiting_;
   common::TimePoint last_waiting_at_;
   std::string last_status_line_;
+  std::uint64_t frames_received_ = 0;
   /// Guards callbacks that may run after this object is gone.
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };

@@ -1,0 +1,398 @@
+// ddprun-rdzv-bench: the "light agent" mode of the rendezvous benchmark (bench/README.md).
+//
+// One process runs many NetworkRendezvous clients (the agent's own rendezvous client) on one
+// io_context, with no workers, against a ddprun-rdzvd started separately on a loopback port.
+//
+//   --mode latency   N clients with --nnodes N:N. N-1 join first; once each has had the
+//                    server's reply to its Join, the N-th joins. Measures the time from the last
+//                    join to every client holding its group rank, checks the ranks are 0..N-1,
+//                    and counts the frames the clients received during the round.
+//   --mode loss      M clients with --nnodes 2:M and a fast keep-alive; one of them lives in a
+//                    forked child process. Once the round runs, the child is sent SIGKILL (the
+//                    kernel closes its socket) or SIGSTOP (its socket stays open and only the
+//                    heartbeats stop); measures the time until every survivor holds a Restart.
+//
+// Prints one JSON object on stdout; exit 0 on success, 1 on a failed check, 2 on a timeout.
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "rendezvous/network_rendezvous.h"
+
+namespace {
+
+namespace asio = boost::asio;
+using ddprun::common::SteadyClock;
+using ddprun::common::TimePoint;
+using ddprun::rdzv::Millis;
+using ddprun::rdzv::NetworkRendezvous;
+using ddprun::rdzv::NetworkRendezvousOptions;
+using ddprun::rdzv::Notice;
+using ddprun::rdzv::RendezvousError;
+using ddprun::rdzv::RendezvousInfo;
+using ddprun::rdzv::RendezvousResult;
+using ddprun::rdzv::Restart;
+using nlohmann::json;
+
+struct BenchConfig {
+  std::string mode = "latency";
+  std::string host = "127.0.0.1";
+  int port = 0;
+  std::string run_id;
+  int nodes = 8;
+  int min_nodes = 2;
+  double keep_alive_interval_s = 0;  ///< 0: 5 s (torchrun's default) in latency, 0.5 s in loss
+  int keep_alive_max_attempt = 3;
+  bool progress = false;
+  std::string victim = "kill";
+  double timeout_s = 120;
+};
+
+double ms_between(TimePoint from, TimePoint to) {
+  return std::chrono::duration<double, std::milli>(to - from).count();
+}
+
+/// 1024 clients need more than the usual 1024 descriptors (plus one per free-port probe).
+void raise_fd_limit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  if (limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &limit);
+  }
+}
+
+NetworkRendezvousOptions client_options(const BenchConfig& c, int index, int min_nodes,
+                                        int max_nodes) {
+  NetworkRendezvousOptions o;
+  o.backend = "c10d";
+  o.run_id = c.run_id;
+  o.endpoint_host = c.host;
+  o.endpoint_port = c.port;
+  o.name = "node" + std::to_string(index);
+  o.settings.min_nodes = min_nodes;
+  o.settings.max_nodes = max_nodes;
+  o.settings.nproc_per_node = 1;
+  o.settings.max_restarts = 3;
+  o.settings.join_timeout = Millis(static_cast<long long>(c.timeout_s * 1000));
+  o.settings.keep_alive_interval = Millis(static_cast<long long>(c.keep_alive_interval_s * 1000));
+  o.settings.keep_alive_max_attempt = c.keep_alive_max_attempt;
+  o.connect_timeout = Millis(10'000);
+  return o;
+}
+
+/// `count` clients whose node ids are distinct. All clients of this process share host and
+/// pid, so only the 6 random hex digits tell them apart; a collision (about 3% of runs at
+/// N = 1024) would make the server take two clients for one node, so a colliding client is
+/// made again.
+std::vector<std::unique_ptr<NetworkRendezvous>> make_clients(asio::io_context& io,
+                                                             const SteadyClock& clock,
+                                                             const BenchConfig& c, int first,
+                                                             int count, int min_nodes,
+                                                             int max_nodes) {
+  std::vector<std::unique_ptr<NetworkRendezvous>> clients;
+  std::set<std::string> ids;
+  for (int i = first; i < first + count; ++i) {
+    for (;;) {
+      auto client = std::make_unique<NetworkRendezvous>(io, clock,
+                                                        client_options(c, i, min_nodes, max_nodes));
+      if (ids.insert(client->node_id()).second) {
+        clients.push_back(std::move(client));
+        break;
+      }
+    }
+  }
+  return clients;
+}
+
+/// Runs `io` until `done()` holds, checking every millisecond; false on timeout. Calls
+/// `progress`, when set, once a second.
+bool run_until(asio::io_context& io, const std::function<bool()>& done, double timeout_s,
+               const std::function<void()>& progress = {}) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<long long>(timeout_s * 1000));
+  auto next_report = std::chrono::steady_clock::now();
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    if (progress && std::chrono::steady_clock::now() >= next_report) {
+      progress();
+      next_report += std::chrono::seconds(1);
+    }
+    io.run_for(std::chrono::milliseconds(1));
+    if (io.stopped()) io.restart();
+  }
+  return true;
+}
+
+void print(const json& j) { std::cout << j.dump() << std::endl; }
+
+int run_latency(const BenchConfig& c) {
+  const int n = c.nodes;
+  asio::io_context io;
+  SteadyClock clock;
+  auto clients = make_clients(io, clock, c, 0, n, n, n);
+  std::vector<std::optional<RendezvousInfo>> infos(n);
+  std::vector<std::string> errors;
+  int finished = 0;
+  std::optional<TimePoint> first_rank_at, all_ranks_at;
+  auto join = [&](int i) {
+    clients[i]->next_rendezvous([&, i](RendezvousResult result) {
+      const auto now = clock.now();
+      ++finished;
+      if (auto* info = std::get_if<RendezvousInfo>(&result))
+        infos[i] = *info;
+      else
+        errors.push_back(clients[i]->node_id() + ": " + std::get<RendezvousError>(result).message);
+      if (!first_rank_at) first_rank_at = now;
+      if (finished == n) all_ranks_at = now;
+    });
+  };
+
+  const TimePoint first_join_at = clock.now();
+  json out{{"mode", "latency"}, {"n", n}};
+  std::function<void()> progress;
+  if (c.progress)
+    progress = [&] {
+      std::map<std::uint64_t, int> h;
+      for (auto& cl : clients) h[cl->frames_received()]++;
+      std::string line;
+      for (auto [k, v] : h) line += std::to_string(k) + ":" + std::to_string(v) + " ";
+      std::cerr << "t=" << ms_between(first_join_at, clock.now()) << " finished=" << finished
+                << " frames " << line << "\n";
+    };
+  // N-1 clients join at once; each has joined once the server's reply to its Join (a Waiting,
+  // after the hello) has arrived.
+  for (int i = 0; i + 1 < n; ++i) join(i);
+  const bool joined = run_until(
+      io,
+      [&] {
+        return std::all_of(clients.begin(), clients.end() - 1,
+                           [](const auto& cl) { return cl->frames_received() >= 2; });
+      },
+      c.timeout_s, progress);
+  if (!joined) {
+    out["error"] = "timed out waiting for the first N-1 joins";
+    print(out);
+    return 2;
+  }
+  const TimePoint joined_at = clock.now();
+  std::uint64_t frames_before = 0;
+  for (const auto& cl : clients) frames_before += cl->frames_received();
+
+  // The last join: connect, hello and Join of the N-th client.
+  const TimePoint last_join_at = clock.now();
+  join(n - 1);
+  const bool complete = run_until(
+      io, [&] { return finished == n; }, c.timeout_s, progress);
+  if (!complete) {
+    out["error"] =
+        "timed out: " + std::to_string(finished) + " of " + std::to_string(n) + " clients finished";
+    if (errors.size() > 10) errors.resize(10);
+    out["problems"] = errors;
+    print(out);
+    return 2;
+  }
+  std::uint64_t frames_after = 0;
+  for (const auto& cl : clients) frames_after += cl->frames_received();
+
+  // Checks: no errors, one round, world size n, ranks exactly 0..n-1.
+  std::vector<std::string> problems = errors;
+  std::set<int> ranks;
+  for (int i = 0; i < n; ++i) {
+    if (!infos[i]) continue;
+    if (infos[i]->group_world_size != n)
+      problems.push_back("client " + std::to_string(i) + " got world size " +
+                         std::to_string(infos[i]->group_world_size));
+    if (!ranks.insert(infos[i]->group_rank).second)
+      problems.push_back("duplicate group rank " + std::to_string(infos[i]->group_rank));
+    if (infos[i]->round != infos[0].value_or(RendezvousInfo{}).round)
+      problems.push_back("client " + std::to_string(i) + " is in another round");
+  }
+  if (static_cast<int>(ranks.size()) != n ||
+      (n > 0 && (*ranks.begin() != 0 || *ranks.rbegin() != n - 1)))
+    problems.push_back("group ranks are not exactly 0.." + std::to_string(n - 1));
+
+  out["first_join_to_all_ranks_ms"] = ms_between(first_join_at, *all_ranks_at);
+  out["first_n_minus_1_joined_ms"] = ms_between(first_join_at, joined_at);
+  out["last_join_to_first_rank_ms"] = ms_between(last_join_at, *first_rank_at);
+  out["last_join_to_all_ranks_ms"] = ms_between(last_join_at, *all_ranks_at);
+  // Everything the clients received, hellos excluded: the replies to the joins, any Waiting
+  // broadcasts, and one RoundReady each.
+  out["frames_received"] = frames_after - static_cast<std::uint64_t>(n);
+  out["frames_received_during_last_join"] = frames_after - frames_before;
+  out["ranks_ok"] = problems.empty();
+  if (!problems.empty()) {
+    if (problems.size() > 10) problems.resize(10);
+    out["problems"] = problems;
+  }
+  print(out);
+
+  for (auto& cl : clients) cl->leave("benchmark done");
+  io.restart();
+  io.run_for(std::chrono::milliseconds(200));
+  return problems.empty() ? 0 : 1;
+}
+
+/// The forked child of the loss mode: one client that joins and then only heartbeats.
+[[noreturn]] void run_victim(const BenchConfig& c, int index, int max_nodes) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  asio::io_context io;
+  SteadyClock clock;
+  NetworkRendezvous client(io, clock, client_options(c, index, c.min_nodes, max_nodes));
+  client.next_rendezvous([](RendezvousResult) {});
+  io.run();
+  _exit(0);
+}
+
+int run_loss(const BenchConfig& c) {
+  const int m = c.nodes;
+  if (m < 2 || c.min_nodes > m - 1) {
+    std::cerr << "ddprun-rdzv-bench: --mode loss needs --nodes >= 2 and --min <= nodes - 1\n";
+    return 64;
+  }
+  std::fflush(nullptr);
+  const pid_t child = fork();
+  if (child < 0) {
+    std::perror("fork");
+    return 1;
+  }
+  if (child == 0) run_victim(c, m - 1, m);
+
+  json out{{"mode", "loss"},
+           {"victim", c.victim},
+           {"nodes", m},
+           {"min_nodes", c.min_nodes},
+           {"keep_alive_interval_ms", c.keep_alive_interval_s * 1000},
+           {"keep_alive_max_attempt", c.keep_alive_max_attempt},
+           {"keep_alive_window_ms", c.keep_alive_interval_s * 1000 * c.keep_alive_max_attempt}};
+  int rc = 0;
+  {
+    asio::io_context io;
+    SteadyClock clock;
+    auto clients = make_clients(io, clock, c, 0, m - 1, c.min_nodes, m);
+    std::vector<std::optional<RendezvousInfo>> infos(m - 1);
+    std::vector<std::optional<TimePoint>> restarted_at(m - 1);
+    std::string reason;
+    int ready = 0, failed = 0;
+    for (int i = 0; i < m - 1; ++i) {
+      clients[i]->set_notice_handler([&, i](Notice notice) {
+        if (auto* restart = std::get_if<Restart>(&notice)) {
+          if (!restarted_at[i]) restarted_at[i] = clock.now();
+          reason = restart->reason;
+        }
+      });
+      clients[i]->next_rendezvous([&, i](RendezvousResult result) {
+        if (auto* info = std::get_if<RendezvousInfo>(&result))
+          infos[i] = *info, ++ready;
+        else
+          ++failed;
+      });
+    }
+    if (!run_until(
+            io, [&] { return ready + failed == m - 1; }, c.timeout_s) ||
+        failed > 0 || infos[0]->group_world_size != m) {
+      out["error"] = "the first round did not complete with all " + std::to_string(m) + " nodes";
+      rc = 2;
+    } else {
+      // Let a few heartbeats pass so the victim is in its steady state, then signal it at a
+      // random point of its heartbeat cycle: the server's reaction to a silent node depends on
+      // how long ago its last heartbeat arrived.
+      std::random_device rd;
+      const double phase = std::uniform_real_distribution<double>(0.0, 1.0)(rd);
+      run_until(
+          io, [] { return false; }, c.keep_alive_interval_s * (2 + phase));
+      const TimePoint signalled_at = clock.now();
+      kill(child, c.victim == "stop" ? SIGSTOP : SIGKILL);
+      const bool reacted = run_until(
+          io,
+          [&] {
+            return std::all_of(restarted_at.begin(), restarted_at.end(),
+                               [](const auto& t) { return t.has_value(); });
+          },
+          c.timeout_s);
+      if (!reacted) {
+        out["error"] = "the survivors got no Restart";
+        rc = 2;
+      } else {
+        TimePoint first = *restarted_at[0], last = *restarted_at[0];
+        for (const auto& t : restarted_at) first = std::min(first, *t), last = std::max(last, *t);
+        out["signal_to_first_restart_ms"] = ms_between(signalled_at, first);
+        out["signal_to_all_restarts_ms"] = ms_between(signalled_at, last);
+        out["reason"] = reason;
+      }
+    }
+    for (auto& cl : clients) cl->leave("benchmark done");
+    io.restart();
+    io.run_for(std::chrono::milliseconds(100));
+  }
+  kill(child, SIGKILL);
+  kill(child, SIGCONT);
+  waitpid(child, nullptr, 0);
+  print(out);
+  return rc;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  BenchConfig c;
+  CLI::App app{
+      "ddprun-rdzv-bench: rendezvous latency and node-loss reaction of many light "
+      "agents (no workers) in one process, against ddprun-rdzvd",
+      "ddprun-rdzv-bench"};
+  app.add_option("--mode", c.mode, "latency or loss")->check(CLI::IsMember({"latency", "loss"}));
+  app.add_option("--host", c.host, "the daemon's address (default 127.0.0.1)");
+  app.add_option("--port", c.port, "the daemon's port")->required()->check(CLI::Range(1, 65535));
+  app.add_option("--run-id", c.run_id, "rdzv_id of the job (default: one made from the pid)");
+  app.add_option("--nodes", c.nodes, "number of agents (latency: N of N:N; loss: the maximum)")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--min", c.min_nodes, "loss: the minimum of --nnodes MIN:MAX (default 2)");
+  app.add_option("--keep-alive-interval", c.keep_alive_interval_s,
+                 "keep_alive_interval in seconds (default: 5 in latency, 0.5 in loss)");
+  app.add_option("--keep-alive-max-attempt", c.keep_alive_max_attempt,
+                 "keep_alive_max_attempt (default 3)");
+  app.add_flag("--progress", c.progress,
+               "latency: print, every second on stderr, how many clients finished and how many "
+               "frames each received");
+  app.add_option("--victim", c.victim,
+                 "loss: kill (SIGKILL: the socket closes) or stop (SIGSTOP: heartbeats stop)")
+      ->check(CLI::IsMember({"kill", "stop"}));
+  app.add_option("--timeout", c.timeout_s, "give up after this many seconds (default 120)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (c.keep_alive_interval_s <= 0) c.keep_alive_interval_s = c.mode == "latency" ? 5.0 : 0.5;
+  if (c.run_id.empty()) c.run_id = "bench-" + c.mode + "-" + std::to_string(getpid());
+  spdlog::set_level(spdlog::level::warn);  // one process speaks for N agents: no per-agent lines
+  std::signal(SIGPIPE, SIG_IGN);
+  raise_fd_limit();
+  try {
+    return c.mode == "latency" ? run_latency(c) : run_loss(c);
+  } catch (const std::exception& e) {
+    std::cerr << "ddprun-rdzv-bench: " << e.what() << "\n";
+    return 70;
+  }
+}
