@@ -177,6 +177,8 @@ const char* refusal_name(RefusalKind k) {
       return "closed";
     case RefusalKind::Protocol:
       return "protocol";
+    case RefusalKind::Dropped:
+      return "dropped";
   }
   return "protocol";
 }
@@ -194,11 +196,9 @@ constexpr std::pair<const char*, JobOutcomeKind> kOutcomes[] = {
     {"failed", JobOutcomeKind::Failed},
     {"timed_out", JobOutcomeKind::TimedOut}};
 constexpr std::pair<const char*, RefusalKind> kRefusals[] = {
-    {"mismatch", RefusalKind::Mismatch},
-    {"duplicate_rank", RefusalKind::DuplicateRank},
-    {"bad_rank", RefusalKind::BadRank},
-    {"closed", RefusalKind::Closed},
-    {"protocol", RefusalKind::Protocol}};
+    {"mismatch", RefusalKind::Mismatch}, {"duplicate_rank", RefusalKind::DuplicateRank},
+    {"bad_rank", RefusalKind::BadRank},  {"closed", RefusalKind::Closed},
+    {"protocol", RefusalKind::Protocol}, {"dropped", RefusalKind::Dropped}};
 
 // ---- to_json --------------------------------------------------------------------------------
 

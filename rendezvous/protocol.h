@@ -143,7 +143,7 @@ struct Closed {
 };
 
 /// Why a node cannot take part.
-enum class RefusalKind { Mismatch, DuplicateRank, BadRank, Closed, Protocol };
+enum class RefusalKind { Mismatch, DuplicateRank, BadRank, Closed, Protocol, Dropped };
 
 /// This node cannot take part; it exits with the message.
 struct Refused {

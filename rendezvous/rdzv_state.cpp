@@ -103,6 +103,22 @@ std::vector<int> missing_node_ranks(const JobState& s) {
   return missing;
 }
 
+/// Names of the nodes in `state`, the first kMaxNamesInMessage in numeric-aware order, without
+/// sorting them all: a message never carries more, and a round of thousands of joins must not
+/// sort thousands of names per join.
+std::vector<std::string> first_names_in(const JobState& s, NodeState state) {
+  std::vector<const std::string*> names;
+  for (const auto& [id, node] : s.nodes)
+    if (node.state == state) names.push_back(&node.request.name);
+  const auto less = [](const std::string* a, const std::string* b) { return natural_less(*a, *b); };
+  const size_t keep = std::min(names.size(), kMaxNamesInMessage);
+  std::partial_sort(names.begin(), names.begin() + static_cast<std::ptrdiff_t>(keep), names.end(),
+                    less);
+  std::vector<std::string> out;
+  for (size_t i = 0; i < keep; ++i) out.push_back(*names[i]);
+  return out;
+}
+
 /// The first kMaxNamesInMessage names: messages stay small however large the job.
 std::vector<std::string> first_names(std::vector<std::string> names) {
   if (names.size() > kMaxNamesInMessage) names.resize(kMaxNamesInMessage);
@@ -115,48 +131,47 @@ std::vector<std::string> first_names(std::vector<std::string> names) {
 void send_waiting(Step& st, const std::string& trigger = "") {
   JobState& s = st.s;
   const bool quiet = s.waiting_quiet_until && st.now < *s.waiting_quiet_until;
-  // In the quiet period a node other than the trigger is skipped: a broadcast is owed.
-  const auto skip = [&](const std::string& id) {
-    if (!quiet || id == trigger) return false;
-    s.waiting_dirty = true;
-    return true;
-  };
-  if (s.phase == JobPhase::Joining) {
-    const std::vector<std::string> joined = ids_in(s, NodeState::Joined);
-    const std::vector<std::string> names = first_names(names_of(s, joined));
-    const std::vector<int> missing = missing_node_ranks(s);
-    for (const std::string& id : ids_where(s, [](const NodeRecord& node) {
-           return node.state == NodeState::Joined || node.state == NodeState::WaitListed;
-         })) {
-      if (skip(id)) continue;
-      const bool wait_listed = s.nodes.at(id).state == NodeState::WaitListed;
-      send(st, id,
-           Waiting{s.round, names, static_cast<int>(joined.size()), s.settings.min_nodes,
-                   s.settings.max_nodes, missing, since(s.round_started, st.now),
-                   s.settings.join_timeout, wait_listed});
-    }
-  } else if (s.phase == JobPhase::Running) {
+  const NodeState members =
+      s.phase == JobPhase::Joining ? NodeState::Joined : NodeState::WaitListed;
+  if (s.phase != JobPhase::Joining && s.phase != JobPhase::Running) return;
+  const int count = count_in(s, members);
+  const std::vector<std::string> names = first_names_in(s, members);
+  const std::vector<int> missing =
+      s.phase == JobPhase::Joining ? missing_node_ranks(s) : std::vector<int>{};
+  const auto waiting_for = [&](const NodeRecord& node) {
     // While a round runs, the wait list is who would join the next round; it has no deadline
     // (join_timeout 0): a place opens when the round loses a node or scales up.
-    const std::vector<std::string> waiting = ids_in(s, NodeState::WaitListed);
-    for (const std::string& id : waiting) {
-      if (skip(id)) continue;
-      send(st, id,
-           Waiting{s.round + 1,
-                   first_names(names_of(s, waiting)),
-                   static_cast<int>(waiting.size()),
+    if (s.phase == JobPhase::Running)
+      return Waiting{s.round + 1, names,     count, s.settings.min_nodes, s.settings.max_nodes, {},
+                     Millis{0},   Millis{0}, true};
+    return Waiting{s.round,
+                   names,
+                   count,
                    s.settings.min_nodes,
                    s.settings.max_nodes,
-                   {},
-                   Millis{0},
-                   Millis{0},
-                   true});
+                   missing,
+                   since(s.round_started, st.now),
+                   s.settings.join_timeout,
+                   node.state == NodeState::WaitListed};
+  };
+  const auto hears = [&](const NodeRecord& node) {
+    return node.state == NodeState::WaitListed ||
+           (s.phase == JobPhase::Joining && node.state == NodeState::Joined);
+  };
+  if (quiet) {
+    // In the quiet period only the trigger hears now; anyone else is owed a broadcast.
+    for (const auto& [id, node] : s.nodes) {
+      if (!hears(node)) continue;
+      if (id == trigger)
+        send(st, id, waiting_for(node));
+      else
+        s.waiting_dirty = true;
     }
+    return;
   }
-  if (!quiet) {
-    s.waiting_quiet_until = st.now + kWaitingQuietPeriod;
-    s.waiting_dirty = false;
-  }
+  for (const std::string& id : ids_where(s, hears)) send(st, id, waiting_for(s.nodes.at(id)));
+  s.waiting_quiet_until = st.now + kWaitingQuietPeriod;
+  s.waiting_dirty = false;
 }
 
 /// Ends the job: every node hears how, and the job stays as a tombstone for close_timeout.
@@ -319,6 +334,12 @@ void remove_node(Step& st, const std::string& id, const std::string& reason) {
   auto it = s.nodes.find(id);
   if (it == s.nodes.end()) return;
   const NodeState was = it->second.state;
+  // The node hears it was dropped (if it still listens, e.g. it only went silent) and its
+  // connection ends: it must not wait for a job that has gone on without it.
+  send(st, id,
+       Refused{RefusalKind::Dropped, reason + "; node " + it->second.request.name +
+                                         " is no longer part of job '" + s.run_id + "'"},
+       true);
   s.nodes.erase(it);
   s.previous_ranks.erase(id);
   if (s.phase == JobPhase::Running) {
@@ -711,9 +732,9 @@ void run_deadlines(Step& st) {
   if (s.phase != JobPhase::Joining || s.settings_from.empty()) return;
   maybe_complete(st);  // the last call may be over
   if (s.phase != JobPhase::Joining) return;
-  const std::vector<std::string> joined = ids_in(s, NodeState::Joined);
-  const int count = static_cast<int>(joined.size());
+  const int count = count_in(s, NodeState::Joined);
   if (count >= s.settings.min_nodes || st.now < s.round_started + s.settings.join_timeout) return;
+  const std::vector<std::string> joined = ids_in(s, NodeState::Joined);
   std::string missing_text;
   const std::vector<int> missing_ranks = missing_node_ranks(s);
   if (!missing_ranks.empty()) {

@@ -19,6 +19,9 @@ namespace {
 /// connection itself is tuned to fail no later (for a peer that vanished without a FIN).
 constexpr std::chrono::milliseconds kServerSocketTimeout{20'000};
 
+/// Pause after a failed accept (e.g. EMFILE) before the next one.
+constexpr std::chrono::milliseconds kAcceptRetry{100};
+
 void log_outgoing(const std::string& run_id, const Outgoing& out) {
   if (auto* ready = std::get_if<RoundReady>(&out.message); ready && ready->group_rank == 0) {
     spdlog::info("job '{}': round {} complete with {} node(s): {}; restart count {}", run_id,
@@ -34,12 +37,13 @@ void log_outgoing(const std::string& run_id, const Outgoing& out) {
 }  // namespace
 
 RendezvousServer::RendezvousServer(asio::io_context& io, const common::Clock& clock)
-    : io_(io), clock_(clock), acceptor_(io), timer_(io) {}
+    : io_(io), clock_(clock), acceptor_(io), timer_(io), accept_timer_(io) {}
 
 RendezvousServer::~RendezvousServer() {
   error_code ignored;
   acceptor_.close(ignored);
   timer_.cancel();
+  accept_timer_.cancel();
   for (auto& [id, s] : sessions_) s.conn->close();
 }
 
@@ -95,7 +99,14 @@ void RendezvousServer::accept_next() {
       conn->start([this, id](const json& body) { on_message(id, body); },
                   [this, id](const std::string& why) { on_closed(id, why); });
     } else {
-      spdlog::warn("accepting a rendezvous connection failed: {}", ec.message());
+      // E.g. out of file descriptors: pause instead of spinning on the same error.
+      spdlog::warn("accepting a rendezvous connection failed: {}; retrying in {} ms", ec.message(),
+                   kAcceptRetry.count());
+      accept_timer_.expires_after(kAcceptRetry);
+      accept_timer_.async_wait([this](error_code wait_ec) {
+        if (!wait_ec && !stopped_) accept_next();
+      });
+      return;
     }
     accept_next();
   });
@@ -215,6 +226,7 @@ void RendezvousServer::shutdown() {
   error_code ignored;
   acceptor_.close(ignored);
   timer_.cancel();
+  accept_timer_.cancel();
   for (auto& [id, s] : sessions_) s.conn->close_after_writes();
 }
 

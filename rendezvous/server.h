@@ -71,6 +71,7 @@ class RendezvousServer {
   const common::Clock& clock_;
   boost::asio::ip::tcp::acceptor acceptor_;
   boost::asio::steady_timer timer_;
+  boost::asio::steady_timer accept_timer_;
   int port_ = 0;
   std::uint64_t next_session_ = 1;
   std::map<std::uint64_t, Session> sessions_;

@@ -918,3 +918,21 @@ TEST_CASE("a restarted server keeps the restart count the joining nodes remember
   REQUIRE(to<RoundReady>(out, "b").size() == 1);
   CHECK(to<RoundReady>(out, "b")[0].restart_count == 2);
 }
+
+TEST_CASE("a node dropped for silence hears why and its connection ends", "[rdzv][unit]") {
+  Job job;
+  job.join(join_of("a", nnodes(3, 3)));
+  job.join(join_of("b", nnodes(3, 3)));
+  const auto out = job.pass(20s, {"b"});
+  const auto refused = to<Refused>(out, "b");
+  REQUIRE(refused.size() == 1);
+  CHECK(refused[0].kind == RefusalKind::Dropped);
+  CHECK_THAT(refused[0].message, Catch::Contains("node b is no longer part of job 'my_job'"));
+  CHECK_THAT(refused[0].message, Catch::Contains("nothing heard from it"));
+  bool closes = false;
+  for (const auto& o : out)
+    if (o.node_id == id_of("b") && std::holds_alternative<Refused>(o.message))
+      closes = o.close_after;
+  CHECK(closes);
+  CHECK_FALSE(job.state.nodes.count(id_of("b")));
+}
