@@ -21,6 +21,7 @@ import signal
 import socket
 import statistics
 import subprocess
+import threading
 import sys
 import time
 
@@ -59,6 +60,8 @@ class Daemon:
             started.append(self.proc)
             line = self.proc.stderr.readline()
             if "listening" in line:
+                # Keep reading the daemon's log so a full pipe can never block it.
+                threading.Thread(target=self.proc.stderr.read, daemon=True).start()
                 return self
             stop(self.proc)
         raise RuntimeError(f"{self.path} did not start: {line.strip()}")

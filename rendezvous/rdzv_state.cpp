@@ -329,17 +329,18 @@ void maybe_close_succeeded(Step& st) {
 }
 
 /// Forgets a node (left, disconnected, silent, refused) and repairs the job around the gap.
-void remove_node(Step& st, const std::string& id, const std::string& reason) {
+void remove_node(Step& st, const std::string& id, const std::string& reason, bool tell = false) {
   JobState& s = st.s;
   auto it = s.nodes.find(id);
   if (it == s.nodes.end()) return;
   const NodeState was = it->second.state;
-  // The node hears it was dropped (if it still listens, e.g. it only went silent) and its
-  // connection ends: it must not wait for a job that has gone on without it.
-  send(st, id,
-       Refused{RefusalKind::Dropped, reason + "; node " + it->second.request.name +
-                                         " is no longer part of job '" + s.run_id + "'"},
-       true);
+  // A node dropped for silence may still listen: it hears why and its connection ends, so it
+  // does not wait for a job that has gone on without it.
+  if (tell)
+    send(st, id,
+         Refused{RefusalKind::Dropped, reason + "; node " + it->second.request.name +
+                                           " is no longer part of job '" + s.run_id + "'"},
+         true);
   s.nodes.erase(it);
   s.previous_ranks.erase(id);
   if (s.phase == JobPhase::Running) {
@@ -706,7 +707,8 @@ void run_deadlines(Step& st) {
                     duration_text(duration_cast<Millis>(st.now - it->second.last_seen)) +
                     " (keep_alive_interval " + duration_text(s.settings.keep_alive_interval) +
                     " x keep_alive_max_attempt " +
-                    std::to_string(s.settings.keep_alive_max_attempt) + ")");
+                    std::to_string(s.settings.keep_alive_max_attempt) + ")",
+                /*tell=*/true);
   }
   if (s.phase == JobPhase::Closed) return;
   if (s.phase == JobPhase::Running && s.adopt_deadline && st.now >= *s.adopt_deadline) {
