@@ -68,7 +68,7 @@ int run(const Args& args) {
   torch::manual_seed(0);
   auto [x, y] = make_dataset(args.dataset_size);
   Net model;
-  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.02).momentum(0.9));
 
   int64_t epochs_run = 0;
   int64_t step = 0;

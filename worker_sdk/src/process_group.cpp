@@ -1,6 +1,7 @@
 // ProcessGroup over c10d: the store bootstrap and the collectives. One of the SDK's two libtorch
 // translation units (the other is training.cpp).
 #include <cstdio>
+#include <exception>
 #include <stdexcept>
 
 #include "ddprun/sdk.h"
@@ -105,6 +106,14 @@ ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 
 ProcessGroup::~ProcessGroup() {
   if (!impl_ || !impl_->store) return;
+  if (std::uncaught_exceptions() > 0) {
+    // Unwinding towards record(): keep the connections open until the process exits, so peers
+    // notice this rank only after its error file is written, and skip the check-out, which
+    // would wait for peers that are blocked waiting for this rank.
+    (void)impl_->pg.release();
+    (void)impl_->store.release();
+    return;
+  }
   // Each rank checks out; the last one marks the group finished. Rank 0 hosts the store, so it
   // waits for that mark before the store goes away with this process.
   try {

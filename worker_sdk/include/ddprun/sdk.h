@@ -70,7 +70,8 @@ class ProcessGroup {
   static std::shared_ptr<ProcessGroup> create(const WorkerContext& ctx,
                                               const ProcessGroupOptions& options = {});
   /// Every rank says it is done; rank 0 keeps hosting the store until all have (bounded by
-  /// the timeout), so no rank loses the store while it still needs it.
+  /// the timeout), so no rank loses the store while it still needs it. While an exception
+  /// unwinds, the group is left open for the process's exit instead (see record()).
   ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
