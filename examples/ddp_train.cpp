@@ -82,8 +82,13 @@ int run(const Args& args) {
                   static_cast<long long>(epochs_run));
     }
   }
-  // After the restore: every rank starts from rank 0's parameters and buffers.
+  // After the restore: every rank starts from rank 0's parameters, buffers and progress, even
+  // if another rank found a different newest valid snapshot.
   sdk::GradientSync sync(group, *model, {.overlap_with_backward = args.overlap});
+  torch::Tensor progress = torch::tensor({epochs_run, step}, torch::kLong);
+  group->broadcast(progress, 0);
+  epochs_run = progress[0].item<int64_t>();
+  step = progress[1].item<int64_t>();
   sdk::DistributedSampler sampler(args.dataset_size, *group, args.shuffle);
 
   for (int64_t epoch = epochs_run; epoch < args.total_epochs; ++epoch) {

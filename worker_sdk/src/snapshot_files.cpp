@@ -55,8 +55,22 @@ uint64_t checksum_update(uint64_t state, const void* data, size_t size) {
   constexpr uint64_t kPrime = 0x100000001b3ULL;
   const auto* p = static_cast<const unsigned char*>(data);
   size_t i = 0;
-  // Eight bytes per multiply keeps the hash far faster than the disk. Each step is a bijection
-  // of the state for fixed input, so changing any one word always changes the result.
+  // Four independent lanes of eight bytes hide the multiply's latency, so hashing runs several
+  // times faster than the disk. Each lane step is a bijection of the lane for fixed input, and
+  // folding the lanes into the state is a bijection in each lane, so changing any one word
+  // always changes the result.
+  if (size >= 64) {
+    uint64_t lane[4] = {state, state ^ 0x9e3779b97f4a7c15ULL, state ^ 0xc2b2ae3d27d4eb4fULL,
+                        state ^ 0x165667b19e3779f9ULL};
+    for (; i + 32 <= size; i += 32) {
+      for (int k = 0; k < 4; ++k) {
+        uint64_t word;
+        std::memcpy(&word, p + i + 8 * k, 8);
+        lane[k] = (lane[k] ^ word) * kPrime;
+      }
+    }
+    for (uint64_t l : lane) state = (state ^ l) * kPrime;
+  }
   for (; i + 8 <= size; i += 8) {
     uint64_t word;
     std::memcpy(&word, p + i, 8);

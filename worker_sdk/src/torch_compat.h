@@ -12,6 +12,9 @@
 #endif
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 
 namespace ddprun::sdk::compat {
 
@@ -72,6 +75,25 @@ inline void set_default_rng_state(const torch::Tensor& state) {
   auto gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(state);
+}
+
+/// Writes `value` in the zip container of torch::pickle_save (and torch.save), which Python's
+/// torch.load and torch::pickle_load read, through `writer` as it goes: the pickle of the
+/// structure first, then each tensor's bytes straight from its storage, with no copy of the
+/// whole file in memory.
+inline void write_torch_save_zip(const torch::IValue& value,
+                                 const std::function<size_t(const void*, size_t)>& writer) {
+  std::vector<char> pickle;
+  torch::jit::Pickler pickler(
+      [&](const char* data, size_t size) { pickle.insert(pickle.end(), data, data + size); },
+      nullptr, nullptr, nullptr);
+  pickler.protocol();
+  pickler.pushIValue(value);
+  pickler.stop();
+  caffe2::serialize::PyTorchStreamWriter zip(writer);
+  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(),
+                                     zip);
+  zip.writeEndOfFile();
 }
 
 }  // namespace ddprun::sdk::compat
