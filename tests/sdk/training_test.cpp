@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "rendezvous/free_port.h"
 #include "tests/support/subprocess.h"
 
 using namespace ddprun::testing;
@@ -182,4 +183,38 @@ TEST_CASE("ranks pass tensors around a ring with send and recv", "[sdk][integrat
   CHECK(has(r.out, "[default2]:rank 2 received 100 from rank 1"));
   for (int rank = 0; rank < 3; ++rank)
     CHECK(has(r.out, "rank " + std::to_string(rank) + ": all_reduce sum of ranks = 3 (gloo: ok)"));
+}
+
+TEST_CASE("under torchrun's static rendezvous the trainer joins the agent's store",
+          "[sdk][integration][python]") {
+  // torchrun then sets TORCHELASTIC_USE_AGENT_STORE=True: the ranks are clients of the store
+  // its agent hosts on MASTER_PORT, under /worker/attempt_0.
+  auto port = ddprun::rdzv::find_free_port("127.0.0.1");
+  REQUIRE(std::holds_alternative<int>(port));
+  auto r = run_command({"/usr/bin/python3",
+                        std::string(DDPRUN_SOURCE_DIR) + "/bench/torchrun_shim.py",
+                        "--nnodes",
+                        "1",
+                        "--nproc_per_node",
+                        "2",
+                        "--rdzv_backend",
+                        "static",
+                        "--node_rank",
+                        "0",
+                        "--master_addr",
+                        "127.0.0.1",
+                        "--master_port",
+                        std::to_string(std::get<int>(port)),
+                        "--no_python",
+                        DDP_TRAIN_BIN,
+                        "2",
+                        "1",
+                        "--dataset_size",
+                        "256"},
+                       {}, kLimit);
+  INFO(why(r));
+  REQUIRE(r.exit_code == 0);
+  CHECK(has(r.out, "[CPU1] Epoch 1 | Batchsize: 32 | Steps: 4"));
+  CHECK(has(r.out, "rank 0: parameters identical to rank 0: True"));
+  CHECK(has(r.out, "rank 1: parameters identical to rank 0: True"));
 }
