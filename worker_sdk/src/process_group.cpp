@@ -27,7 +27,7 @@ struct ProcessGroup::Impl {
   Backend backend = Backend::Gloo;
   std::chrono::milliseconds timeout{};
   c10::intrusive_ptr<c10d::Store> store;  // prefixed; what the group and the shutdown use
-  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  c10::intrusive_ptr<compat::CollectiveBackend> pg;
 
   PendingWork start(c10::intrusive_ptr<compat::Work> work, std::vector<torch::Tensor> tensors) {
     auto impl = std::make_shared<PendingWork::Impl>();
@@ -88,7 +88,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const WorkerContext& ctx,
 #if defined(DDPRUN_SDK_HAVE_C10D_NCCL)
     auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
     nccl_options->timeout = options.timeout;
-    torch::cuda::set_device(options.device.has_index() ? options.device.index() : ctx.local_rank);
+    c10::cuda::set_device(static_cast<c10::DeviceIndex>(
+        options.device.has_index() ? options.device.index() : ctx.local_rank));
     impl->pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(
         c10::make_intrusive<c10d::PrefixStore>("default_pg", impl->store), ctx.rank, ctx.world_size,
         nccl_options);

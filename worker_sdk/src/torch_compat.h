@@ -7,7 +7,10 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <torch/version.h>
+
 #if defined(DDPRUN_SDK_HAVE_C10D_NCCL)
+#include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
@@ -21,6 +24,14 @@ namespace ddprun::sdk::compat {
 /// c10d's handle of an asynchronous operation (c10d::Work in 1.13 and 2.x; 1.12 and older
 /// called it ProcessGroup::Work).
 using Work = c10d::Work;
+
+/// What ProcessGroupGloo and ProcessGroupNCCL derive from: c10d::ProcessGroup in 1.13;
+/// c10d::Backend from 2.0, where ProcessGroup became a dispatcher over backends.
+#if TORCH_VERSION_MAJOR >= 2
+using CollectiveBackend = c10d::Backend;
+#else
+using CollectiveBackend = c10d::ProcessGroup;
+#endif
 
 /// True when this build can create NCCL process groups.
 inline constexpr bool kHaveNccl =
