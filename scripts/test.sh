@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs ddprun's dependencies, builds it twice (plain, and with AddressSanitizer and
-# UBSan) and runs the whole test suite in both builds. This is what CI runs.
+# UBSan) and runs the whole test suite in both builds. This is what CI runs. The plain build
+# includes the libtorch worker SDK and its tests (label sdk); the sanitizer build leaves the
+# libtorch part out (docs/sdk.md) but runs the SDK's libtorch-free unit tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -16,6 +18,6 @@ echo "== tests =="
 echo "== build (AddressSanitizer + UBSan) =="
 cmake -S . -B build-asan -G Ninja -DDDPRUN_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
 cmake --build build-asan -j"$jobs"
-echo "== launcher, agent and rendezvous tests under ASan/UBSan =="
+echo "== launcher, agent, rendezvous and SDK-core tests under ASan/UBSan =="
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j"$jobs" -LE python)

@@ -1,0 +1,232 @@
+// The C++ examples on the worker SDK under the real ddprun: replicas stay identical, the result
+// matches single-process training, a killed rank resumes from the snapshot, an exception reaches
+// the failure report. No libtorch here: the workers write their parameters as raw float32.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+
+#include "rendezvous/free_port.h"
+#include "tests/support/subprocess.h"
+
+using namespace ddprun::testing;
+
+namespace {
+
+constexpr std::chrono::seconds kLimit{180};
+
+std::vector<std::string> ddprun_train(int nproc, const std::vector<std::string>& flags,
+                                      const std::vector<std::string>& args) {
+  std::vector<std::string> argv{DDPRUN_BIN, "--standalone", "--nproc_per_node",
+                                std::to_string(nproc)};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  argv.push_back("--no_python");
+  argv.push_back(DDP_TRAIN_BIN);
+  argv.insert(argv.end(), args.begin(), args.end());
+  return argv;
+}
+
+std::vector<float> floats_in(const std::string& path) {
+  const std::string bytes = read_file(path);
+  std::vector<float> v(bytes.size() / sizeof(float));
+  std::memcpy(v.data(), bytes.data(), v.size() * sizeof(float));
+  return v;
+}
+
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+std::string why(const CommandResult& r) {
+  return (r.timed_out ? "ddprun did not finish in time and was killed\n" : "") + r.out + r.err;
+}
+
+}  // namespace
+
+TEST_CASE("after training every rank's parameters are bitwise identical", "[sdk][integration]") {
+  for (int world : {2, 3}) {
+    TempDir dir;
+    auto r = run_command(
+        ddprun_train(world, {},
+                     {"2", "1", "--dataset_size", "600", "--dump_params", dir.path() + "/params"}),
+        {}, kLimit);
+    INFO("world size " << world << "\n" << why(r));
+    REQUIRE(r.exit_code == 0);
+    const std::vector<float> rank0 = floats_in(dir.path() + "/params.rank0");
+    REQUIRE(rank0.size() == 20 * 64 + 64 + 64 + 1);
+    for (int rank = 1; rank < world; ++rank) {
+      const std::string other = read_file(dir.path() + "/params.rank" + std::to_string(rank));
+      CHECK(other == read_file(dir.path() + "/params.rank0"));
+      CHECK(has(r.out, "[default" + std::to_string(rank) + "]:rank " + std::to_string(rank) +
+                           ": parameters identical to rank 0: True"));
+    }
+    // 600 samples over `world` ranks, batch 32.
+    const int steps = (600 / world + 31) / 32;
+    CHECK(has(r.out, "[default0]:[CPU0] Epoch 1 | Batchsize: 32 | Steps: " + std::to_string(steps) +
+                         " | Loss: "));
+  }
+}
+
+TEST_CASE("W ranks with batch b end where one process with batch W*b ends", "[sdk][integration]") {
+  struct Case {
+    int world;
+    int batch;
+    int dataset;
+  };
+  // Dataset sizes divisible by W*b: no sampler padding, so both runs see the same batches.
+  for (const Case c : {Case{2, 16, 1024}, Case{3, 10, 960}}) {
+    TempDir dir;
+    auto train = [&](int world, int batch, const std::string& out, bool overlap) {
+      std::vector<std::string> args{"3",
+                                    "1",
+                                    "--dataset_size",
+                                    std::to_string(c.dataset),
+                                    "--batch_size",
+                                    std::to_string(batch),
+                                    "--dump_params",
+                                    out};
+      if (overlap) args.push_back("--overlap");
+      return run_command(ddprun_train(world, {}, args), {}, kLimit);
+    };
+    auto single = train(1, c.world * c.batch, dir.path() + "/one", false);
+    INFO("W=" << c.world << " b=" << c.batch << "\n" << why(single));
+    REQUIRE(single.exit_code == 0);
+    auto many = train(c.world, c.batch, dir.path() + "/many", false);
+    INFO(why(many));
+    REQUIRE(many.exit_code == 0);
+
+    const std::vector<float> a = floats_in(dir.path() + "/one.rank0");
+    const std::vector<float> b = floats_in(dir.path() + "/many.rank0");
+    REQUIRE(a.size() == 1409);
+    REQUIRE(b.size() == a.size());
+    double worst = 0;
+    for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(double(a[i]) - b[i]));
+    INFO("largest difference " << worst);
+    CHECK(worst <= 1e-5);
+    // Both trained the same number of steps per epoch.
+    CHECK(has(single.out, "Steps: 32 | Loss: "));
+    CHECK(has(many.out, "[default0]:[CPU0] Epoch 2 | Batchsize: " + std::to_string(c.batch) +
+                            " | Steps: 32 | Loss: "));
+
+    if (c.world == 2) {
+      // Overlapping the all-reduce with backward reduces the same buckets in the same order.
+      auto overlapped = train(2, c.batch, dir.path() + "/ovl", true);
+      INFO(why(overlapped));
+      REQUIRE(overlapped.exit_code == 0);
+      CHECK(read_file(dir.path() + "/ovl.rank0") == read_file(dir.path() + "/many.rank0"));
+      CHECK(read_file(dir.path() + "/ovl.rank1") == read_file(dir.path() + "/many.rank0"));
+    }
+  }
+}
+
+TEST_CASE("a rank killed mid-epoch restarts from the last snapshot and the job finishes",
+          "[sdk][integration]") {
+  TempDir dir;
+  const std::string base = dir.path() + "/snap.pt";
+  auto r = run_command(ddprun_train(2, {"--max_restarts", "1"},
+                                    {"4", "1", "--snapshot_path", base, "--fail_rank", "1",
+                                     "--fail_epoch", "2", "--fail_kill"}),
+                       {}, kLimit);
+  INFO(why(r));
+  CHECK(r.exit_code == 0);
+  CHECK(has(r.out, "[default1]:[CPU1] injected failure at epoch 2, step 16"));
+  CHECK(has(r.err, "restarting workers: restart 1 of 1"));
+  CHECK(has(r.out, "[default0]:[CPU0] Resuming training from snapshot at Epoch 2"));
+  CHECK(has(r.out, "[default1]:[CPU1] Resuming training from snapshot at Epoch 2"));
+  CHECK(has(r.out, "[default1]:[CPU1] Epoch 3 | Batchsize: 32 | Steps: 32"));
+  CHECK(has(r.out, "[default1]:rank 1: parameters identical to rank 0: True"));
+  // Epochs 0 and 1 ran once: the second attempt did not start over.
+  CHECK(r.out.find("[default0]:[CPU0] Epoch 0 ") == r.out.rfind("[default0]:[CPU0] Epoch 0 "));
+
+  // The newest snapshot is the last epoch's; the tool reads it without a process group.
+  auto tool = run_command({SNAPSHOT_TOOL_BIN, base + ".000004"}, {}, std::chrono::seconds(60));
+  INFO(tool.out << tool.err);
+  CHECK(tool.exit_code == 0);
+  CHECK(has(tool.out, "  epoch      : 4\n"));
+  CHECK(has(tool.out, "  world_size : 2\n"));
+  CHECK(has(tool.out, "(verified)"));
+  CHECK(has(tool.out, "fc1.weight"));
+  CHECK(has(tool.out, "Float [64, 20]"));
+  // Three kept (the default): 2, 3 and 4.
+  CHECK(read_file(base + ".000001").empty());
+  CHECK_FALSE(read_file(base + ".000002").empty());
+}
+
+TEST_CASE("the snapshot tool refuses a file that is not a snapshot", "[sdk][integration]") {
+  TempDir dir;
+  const std::string junk = dir.path() + "/junk.pt";
+  {
+    std::vector<std::string> argv{"/bin/sh", "-c", "printf 'PK not a zip' > " + junk};
+    REQUIRE(run_command(argv).exit_code == 0);
+  }
+  auto tool = run_command({SNAPSHOT_TOOL_BIN, junk}, {}, std::chrono::seconds(60));
+  CHECK(tool.exit_code == 1);
+  CHECK(has(tool.out, junk + ": INVALID: unreadable (torn or corrupt)"));
+}
+
+TEST_CASE("a C++ worker's exception appears in ddprun's failure report", "[sdk][integration]") {
+  auto r = run_command(ddprun_train(2, {}, {"2", "1", "--fail_rank", "1", "--fail_epoch", "0"}), {},
+                       kLimit);
+  INFO(why(r));
+  CHECK(r.exit_code == 1);
+  CHECK(has(r.err, "ddp_train FAILED"));
+  const auto report = r.err.find("ddp_train FAILED");
+  REQUIRE(report != std::string::npos);
+  const std::string text = r.err.substr(report);
+  CHECK(has(text, "rank      : 1 (local_rank: 1)"));
+  CHECK(has(text, "std::runtime_error: injected failure on rank 1 at epoch 0"));
+  CHECK(has(text, "error.json"));
+}
+
+TEST_CASE("outside a launcher a worker names the missing variable", "[sdk][integration]") {
+  auto r =
+      run_command({"/usr/bin/env", "-i", DDP_TRAIN_BIN, "1", "1"}, {}, std::chrono::seconds(60));
+  CHECK(r.exit_code == 1);
+  CHECK(has(r.err, "RANK is not set: start this program with ddprun or torchrun"));
+}
+
+TEST_CASE("ranks pass tensors around a ring with send and recv", "[sdk][integration]") {
+  auto r = run_command(
+      {DDPRUN_BIN, "--standalone", "--nproc_per_node", "3", "--no_python", SEND_RECV_BIN}, {},
+      kLimit);
+  INFO(why(r));
+  REQUIRE(r.exit_code == 0);
+  CHECK(has(r.out, "[default0]:rank 0 received 200 from rank 2"));
+  CHECK(has(r.out, "[default1]:rank 1 received 0 from rank 0"));
+  CHECK(has(r.out, "[default2]:rank 2 received 100 from rank 1"));
+  for (int rank = 0; rank < 3; ++rank)
+    CHECK(has(r.out, "rank " + std::to_string(rank) + ": all_reduce sum of ranks = 3 (gloo: ok)"));
+}
+
+TEST_CASE("under torchrun's static rendezvous the trainer joins the agent's store",
+          "[sdk][integration][python]") {
+  // torchrun then sets TORCHELASTIC_USE_AGENT_STORE=True: the ranks are clients of the store
+  // its agent hosts on MASTER_PORT, under /worker/attempt_0.
+  auto port = ddprun::rdzv::find_free_port("127.0.0.1");
+  REQUIRE(std::holds_alternative<int>(port));
+  auto r = run_command({"/usr/bin/python3",
+                        std::string(DDPRUN_SOURCE_DIR) + "/bench/torchrun_shim.py",
+                        "--nnodes",
+                        "1",
+                        "--nproc_per_node",
+                        "2",
+                        "--rdzv_backend",
+                        "static",
+                        "--node_rank",
+                        "0",
+                        "--master_addr",
+                        "127.0.0.1",
+                        "--master_port",
+                        std::to_string(std::get<int>(port)),
+                        "--no_python",
+                        DDP_TRAIN_BIN,
+                        "2",
+                        "1",
+                        "--dataset_size",
+                        "256"},
+                       {}, kLimit);
+  INFO(why(r));
+  REQUIRE(r.exit_code == 0);
+  CHECK(has(r.out, "[CPU1] Epoch 1 | Batchsize: 32 | Steps: 4"));
+  CHECK(has(r.out, "rank 0: parameters identical to rank 0: True"));
+  CHECK(has(r.out, "rank 1: parameters identical to rank 0: True"));
+}

@@ -1,0 +1,39 @@
+#include "ddprun/sdk/snapshot_files.h"
+
+#include <catch2/catch.hpp>
+
+using namespace ddprun::sdk;
+
+TEST_CASE("snapshot files are numbered after the base name", "[sdk][unit]") {
+  CHECK(snapshot_file_name("run/snapshot.pt", 7) == "run/snapshot.pt.000007");
+  CHECK(snapshot_sequence("run/snapshot.pt", "snapshot.pt.000007") == 7);
+  CHECK(snapshot_sequence("run/snapshot.pt", "snapshot.pt.1234567") == 1234567);
+}
+
+TEST_CASE("temporary files and other series are not snapshots", "[sdk][unit]") {
+  CHECK_FALSE(snapshot_sequence("snapshot.pt", "snapshot.pt.000003.tmp-4242"));
+  CHECK_FALSE(snapshot_sequence("snapshot.pt", "snapshot.pt"));
+  CHECK_FALSE(snapshot_sequence("snapshot.pt", "other.pt.000003"));
+  CHECK_FALSE(snapshot_sequence("snapshot.pt", "snapshot.pt.12"));
+}
+
+TEST_CASE("the newest snapshots are kept and older ones pruned", "[sdk][unit]") {
+  CHECK(newest_first({3, 1, 10, 2}) == std::vector<int64_t>{10, 3, 2, 1});
+  CHECK(snapshots_to_prune({3, 1, 10, 2}, 2) == std::vector<int64_t>{2, 1});
+  CHECK(snapshots_to_prune({3, 1}, 3).empty());
+  // At least one is always kept.
+  CHECK(snapshots_to_prune({5, 6}, 0) == std::vector<int64_t>{5});
+}
+
+TEST_CASE("the checksum changes when any byte changes", "[sdk][unit]") {
+  std::vector<unsigned char> data(1000);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<unsigned char>(i * 31);
+  const uint64_t original = checksum_update(kChecksumStart, data.data(), data.size());
+  CHECK(original == checksum_update(kChecksumStart, data.data(), data.size()));
+  for (size_t at : {size_t{0}, size_t{7}, size_t{8}, size_t{500}, size_t{995}, size_t{999}}) {
+    auto changed = data;
+    changed[at] ^= 0x10;
+    CHECK(checksum_update(kChecksumStart, changed.data(), changed.size()) != original);
+  }
+  CHECK(checksum_hex(0xabcULL) == "0000000000000abc");
+}

@@ -1,0 +1,36 @@
+#pragma once
+// Naming, ordering and pruning of snapshot files, and their content checksum. Pure and free of
+// libtorch; the reading and writing are in ddprun/sdk.h.
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ddprun::sdk {
+
+/// The file for sequence number `seq` of the snapshot series `base` ("run/snapshot.pt"):
+/// "run/snapshot.pt.000007". The directory holds the series; the base file itself is not written.
+std::string snapshot_file_name(const std::string& base, int64_t seq);
+
+/// The sequence number of `file_name` (a name inside the base's directory, without the
+/// directory) when it belongs to the series of `base`; nullopt for other files, including
+/// unfinished temporary files.
+std::optional<int64_t> snapshot_sequence(const std::string& base, const std::string& file_name);
+
+/// Sequence numbers newest first.
+std::vector<int64_t> newest_first(std::vector<int64_t> seqs);
+
+/// The sequence numbers to delete so that only the newest `keep` remain (keep >= 1).
+std::vector<int64_t> snapshots_to_prune(const std::vector<int64_t>& seqs, int keep);
+
+/// A 64-bit FNV-1a-style hash over 8-byte words in four lanes (then the tail), continued from
+/// `state` (start with kChecksumStart).
+inline constexpr uint64_t kChecksumStart = 0xcbf29ce484222325ULL;
+uint64_t checksum_update(uint64_t state, const void* data, size_t size);
+
+/// 16 lower-case hex digits.
+std::string checksum_hex(uint64_t value);
+
+}  // namespace ddprun::sdk

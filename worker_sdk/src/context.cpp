@@ -1,0 +1,100 @@
+#include "ddprun/sdk/context.h"
+
+#include <optional>
+#include <stdexcept>
+
+#include "common/strings.h"
+
+extern char** environ;
+
+namespace ddprun::sdk {
+namespace {
+
+constexpr const char* kHowToStart = "start this program with ddprun or torchrun";
+
+/// Reads an integer variable into `out`; returns the error text or "".
+std::string read_int(const EnvMap& env, const std::string& name, bool required, long long min,
+                     long long max, int& out) {
+  auto it = env.find(name);
+  if (it == env.end()) {
+    if (required) return name + " is not set: " + kHowToStart;
+    return "";
+  }
+  std::optional<long long> v = common::parse_int(common::trim(it->second));
+  if (!v) return name + "=\"" + it->second + "\" is not an integer: " + kHowToStart;
+  if (*v < min || *v > max)
+    return name + "=" + it->second + " is out of range [" + std::to_string(min) + ", " +
+           std::to_string(max) + "]";
+  out = static_cast<int>(*v);
+  return "";
+}
+
+}  // namespace
+
+std::variant<WorkerContext, std::string> parse_worker_context(const EnvMap& env) {
+  WorkerContext c;
+  constexpr long long kMaxInt = 1 << 30;
+  struct IntVar {
+    const char* name;
+    bool required;
+    long long min;
+    long long max;
+    int* out;
+  };
+  const IntVar ints[] = {
+      {"RANK", true, 0, kMaxInt, &c.rank},
+      {"LOCAL_RANK", true, 0, kMaxInt, &c.local_rank},
+      {"WORLD_SIZE", true, 1, kMaxInt, &c.world_size},
+      {"LOCAL_WORLD_SIZE", true, 1, kMaxInt, &c.local_world_size},
+      {"MASTER_PORT", true, 1, 65535, &c.master_port},
+      {"GROUP_RANK", false, 0, kMaxInt, &c.group_rank},
+      {"TORCHELASTIC_RESTART_COUNT", false, 0, kMaxInt, &c.restart_count},
+      {"TORCHELASTIC_MAX_RESTARTS", false, 0, kMaxInt, &c.max_restarts},
+  };
+  for (const IntVar& v : ints)
+    if (std::string err = read_int(env, v.name, v.required, v.min, v.max, *v.out); !err.empty())
+      return err;
+  auto addr = env.find("MASTER_ADDR");
+  if (addr == env.end() || common::trim(addr->second).empty())
+    return std::string("MASTER_ADDR is not set: ") + kHowToStart;
+  c.master_addr = common::trim(addr->second);
+  if (c.rank >= c.world_size)
+    return "RANK=" + std::to_string(c.rank) +
+           " is not below WORLD_SIZE=" + std::to_string(c.world_size);
+  if (c.local_rank >= c.local_world_size)
+    return "LOCAL_RANK=" + std::to_string(c.local_rank) +
+           " is not below LOCAL_WORLD_SIZE=" + std::to_string(c.local_world_size);
+  if (auto it = env.find("TORCHELASTIC_RUN_ID"); it != env.end()) c.run_id = it->second;
+  if (auto it = env.find("TORCHELASTIC_ERROR_FILE"); it != env.end()) c.error_file = it->second;
+  if (auto it = env.find("TORCHELASTIC_USE_AGENT_STORE"); it != env.end()) {
+    const std::string v = common::to_lower(common::trim(it->second));
+    if (v == "true" || v == "1") {
+      c.use_agent_store = true;
+    } else if (v != "false" && v != "0" && !v.empty()) {
+      return "TORCHELASTIC_USE_AGENT_STORE=\"" + it->second + "\" is neither True nor False";
+    }
+  }
+  return c;
+}
+
+EnvMap current_environment() {
+  EnvMap env;
+  for (char** e = environ; e && *e; ++e) {
+    std::string kv(*e);
+    const auto eq = kv.find('=');
+    if (eq != std::string::npos) env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  return env;
+}
+
+WorkerContext WorkerContext::from_env() {
+  auto parsed = parse_worker_context(current_environment());
+  if (auto* err = std::get_if<std::string>(&parsed)) throw std::runtime_error(*err);
+  return std::get<WorkerContext>(parsed);
+}
+
+std::string agent_store_prefix(int restart_count) {
+  return "/worker/attempt_" + std::to_string(restart_count);
+}
+
+}  // namespace ddprun::sdk

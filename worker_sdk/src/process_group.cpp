@@ -1,0 +1,181 @@
+// ProcessGroup over c10d: the store bootstrap and the collectives. One of the SDK's two libtorch
+// translation units (the other is training.cpp).
+#include <cstdio>
+#include <exception>
+#include <stdexcept>
+
+#include "ddprun/sdk.h"
+#include "torch_compat.h"
+
+namespace ddprun::sdk {
+
+std::string backend_name(Backend b) { return b == Backend::Nccl ? "nccl" : "gloo"; }
+
+struct PendingWork::Impl {
+  c10::intrusive_ptr<compat::Work> work;
+  std::vector<torch::Tensor> tensors;  // c10d takes them by reference: keep them alive
+};
+
+void PendingWork::wait() {
+  if (!impl_) return;
+  impl_->work->wait();
+  impl_.reset();
+}
+
+struct ProcessGroup::Impl {
+  WorkerContext ctx;
+  Backend backend = Backend::Gloo;
+  std::chrono::milliseconds timeout{};
+  c10::intrusive_ptr<c10d::Store> store;  // prefixed; what the group and the shutdown use
+  c10::intrusive_ptr<compat::CollectiveBackend> pg;
+
+  PendingWork start(c10::intrusive_ptr<compat::Work> work, std::vector<torch::Tensor> tensors) {
+    auto impl = std::make_shared<PendingWork::Impl>();
+    impl->work = std::move(work);
+    impl->tensors = std::move(tensors);
+    return PendingWork(std::move(impl));
+  }
+};
+
+namespace {
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum:
+      return c10d::ReduceOp::SUM;
+    case ReduceOp::Min:
+      return c10d::ReduceOp::MIN;
+    case ReduceOp::Max:
+      return c10d::ReduceOp::MAX;
+    case ReduceOp::Product:
+      return c10d::ReduceOp::PRODUCT;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+void check_rank(int peer, int world_size, const char* what) {
+  if (peer < 0 || peer >= world_size)
+    throw std::invalid_argument(std::string(what) + " rank " + std::to_string(peer) +
+                                " is not in [0, " + std::to_string(world_size) + ")");
+}
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> ProcessGroup::create(const WorkerContext& ctx,
+                                                   const ProcessGroupOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->ctx = ctx;
+  impl->timeout = options.timeout;
+  impl->backend = options.device.is_cuda() ? Backend::Nccl : Backend::Gloo;
+  if (!options.device.is_cpu() && !options.device.is_cuda())
+    throw std::invalid_argument("ProcessGroup: device " + options.device.str() +
+                                " is neither CPU nor CUDA");
+
+  // The store. Without the agent's store (ddprun, and torchrun's default for c10d) rank 0
+  // hosts one at MASTER_ADDR:MASTER_PORT and the others connect to it; with it, everyone is a
+  // client of the agent's store and keeps to this attempt's prefix.
+  c10::intrusive_ptr<c10d::Store> tcp = compat::make_tcp_store(
+      ctx.master_addr, ctx.master_port,
+      /*is_server=*/!ctx.use_agent_store && ctx.rank == 0, ctx.world_size, options.timeout);
+  const std::string prefix =
+      ctx.use_agent_store ? agent_store_prefix(ctx.restart_count) : std::string("ddprun");
+  impl->store = c10::make_intrusive<c10d::PrefixStore>(prefix, tcp);
+
+  if (impl->backend == Backend::Gloo) {
+    impl->pg = compat::make_gloo(c10::make_intrusive<c10d::PrefixStore>("default_pg", impl->store),
+                                 ctx.rank, ctx.world_size, options.timeout);
+  } else {
+#if defined(DDPRUN_SDK_HAVE_C10D_NCCL)
+    auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+    nccl_options->timeout = options.timeout;
+    c10::cuda::set_device(static_cast<c10::DeviceIndex>(
+        options.device.has_index() ? options.device.index() : ctx.local_rank));
+    impl->pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+        c10::make_intrusive<c10d::PrefixStore>("default_pg", impl->store), ctx.rank, ctx.world_size,
+        nccl_options);
+#else
+    throw std::runtime_error(
+        "ProcessGroup: NCCL was requested (device " + options.device.str() +
+        ") but this SDK was built against a libtorch without CUDA; build it against a CUDA "
+        "libtorch (CMAKE_PREFIX_PATH) or use the CPU device (Gloo)");
+#endif
+  }
+  return std::make_shared<ProcessGroup>(std::move(impl));
+}
+
+ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+ProcessGroup::~ProcessGroup() {
+  if (!impl_ || !impl_->store) return;
+  if (std::uncaught_exceptions() > 0) {
+    // Unwinding towards record(): keep the connections open until the process exits, so peers
+    // notice this rank only after its error file is written, and skip the check-out, which
+    // would wait for peers that are blocked waiting for this rank.
+    (void)impl_->pg.release();
+    (void)impl_->store.release();
+    return;
+  }
+  // Each rank checks out; the last one marks the group finished. Rank 0 hosts the store, so it
+  // waits for that mark before the store goes away with this process.
+  try {
+    if (impl_->store->add("shutdown/count", 1) == impl_->ctx.world_size)
+      impl_->store->set("shutdown/all", std::vector<uint8_t>{1});
+    if (impl_->ctx.rank == 0 && !impl_->ctx.use_agent_store)
+      impl_->store->wait({"shutdown/all"}, impl_->timeout);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[ddprun sdk] rank %d: not every rank checked out of the group: %s\n",
+                 impl_->ctx.rank, e.what());
+  }
+  impl_->pg.reset();
+}
+
+int ProcessGroup::rank() const { return impl_->ctx.rank; }
+int ProcessGroup::world_size() const { return impl_->ctx.world_size; }
+Backend ProcessGroup::backend() const { return impl_->backend; }
+const WorkerContext& ProcessGroup::context() const { return impl_->ctx; }
+
+void ProcessGroup::barrier() { impl_->pg->barrier()->wait(); }
+
+void ProcessGroup::broadcast(torch::Tensor& tensor, int src) {
+  check_rank(src, world_size(), "broadcast source");
+  std::vector<torch::Tensor> tensors{tensor};
+  c10d::BroadcastOptions o;
+  o.rootRank = src;
+  impl_->pg->broadcast(tensors, o)->wait();
+}
+
+void ProcessGroup::all_reduce(torch::Tensor& tensor, ReduceOp op) {
+  all_reduce_async(tensor, op).wait();
+}
+
+PendingWork ProcessGroup::all_reduce_async(torch::Tensor& tensor, ReduceOp op) {
+  std::vector<torch::Tensor> tensors{tensor};
+  c10d::AllreduceOptions o;
+  o.reduceOp = to_c10d(op);
+  auto work = impl_->pg->allreduce(tensors, o);
+  return impl_->start(std::move(work), std::move(tensors));
+}
+
+void ProcessGroup::send(torch::Tensor& tensor, int dst, int tag) {
+  send_async(tensor, dst, tag).wait();
+}
+
+void ProcessGroup::recv(torch::Tensor& tensor, int src, int tag) {
+  recv_async(tensor, src, tag).wait();
+}
+
+PendingWork ProcessGroup::send_async(torch::Tensor& tensor, int dst, int tag) {
+  check_rank(dst, world_size(), "send destination");
+  std::vector<torch::Tensor> tensors{tensor};
+  auto work = impl_->pg->send(tensors, dst, tag);
+  return impl_->start(std::move(work), std::move(tensors));
+}
+
+PendingWork ProcessGroup::recv_async(torch::Tensor& tensor, int src, int tag) {
+  check_rank(src, world_size(), "recv source");
+  std::vector<torch::Tensor> tensors{tensor};
+  auto work = impl_->pg->recv(tensors, src, tag);
+  return impl_->start(std::move(work), std::move(tensors));
+}
+
+}  // namespace ddprun::sdk

@@ -1,0 +1,521 @@
+// Gradient synchronisation, the distributed sampler and snapshots: the SDK's second libtorch
+// translation unit (libtorch headers cost 20-30 s of compile time per file).
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+#include <system_error>
+#include <thread>
+
+#include "ddprun/sdk.h"
+#include "torch_compat.h"
+
+namespace ddprun::sdk {
+
+// ---------------------------------------------------------------------------------------------
+// GradientSync
+
+namespace {
+
+/// One flat buffer of gradients that travels as a single all_reduce.
+struct Bucket {
+  std::vector<size_t> params;   // indices into Impl::params
+  std::vector<int64_t> offset;  // element offset of each in `flat`
+  torch::Tensor flat;
+  size_t pending = 0;  // overlap mode: gradients not yet copied in this backward
+  bool launched = false;
+  PendingWork work;
+};
+
+/// Tensors grouped into flat chunks of one dtype each, at most `cap` bytes (or one tensor).
+std::vector<std::vector<size_t>> chunk_by_dtype(const std::vector<torch::Tensor>& tensors,
+                                                size_t cap) {
+  std::vector<std::vector<size_t>> chunks;
+  std::vector<size_t> bytes;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const size_t b = tensors[i].numel() * tensors[i].element_size();
+    bool placed = false;
+    // Only the newest chunk of a dtype takes more tensors, so order within dtype is preserved.
+    for (size_t c = chunks.size(); c-- > 0;) {
+      if (tensors[chunks[c].front()].scalar_type() != tensors[i].scalar_type() ||
+          tensors[chunks[c].front()].device() != tensors[i].device())
+        continue;
+      if (bytes[c] + b <= cap) {
+        chunks[c].push_back(i);
+        bytes[c] += b;
+        placed = true;
+      }
+      break;
+    }
+    if (!placed) {
+      chunks.push_back({i});
+      bytes.push_back(b);
+    }
+  }
+  return chunks;
+}
+
+}  // namespace
+
+struct GradientSync::Impl {
+  std::shared_ptr<ProcessGroup> group;
+  torch::nn::Module* module = nullptr;
+  GradientSyncOptions options;
+  std::vector<torch::Tensor> params;  // reverse registration order: roughly backward's order
+  std::vector<std::pair<size_t, size_t>> where;  // param -> (bucket, slot)
+  std::vector<Bucket> buckets;
+  std::vector<bool> seen;  // overlap mode: gradient arrived in this backward
+  std::vector<std::pair<torch::Tensor, unsigned>> hooks;
+  std::mutex mu;
+  size_t next_launch = 0;
+
+  void build_buckets() {
+    for (auto& p : module->parameters(/*recurse=*/true))
+      if (p.requires_grad()) params.push_back(p);
+    std::reverse(params.begin(), params.end());
+    where.resize(params.size());
+    seen.assign(params.size(), false);
+    for (const auto& chunk : chunk_by_dtype(params, options.bucket_cap_bytes)) {
+      Bucket b;
+      int64_t n = 0;
+      for (size_t i : chunk) {
+        where[i] = {buckets.size(), b.params.size()};
+        b.params.push_back(i);
+        b.offset.push_back(n);
+        n += params[i].numel();
+      }
+      b.flat = torch::zeros({n}, params[chunk.front()].options().requires_grad(false));
+      b.pending = b.params.size();
+      buckets.push_back(std::move(b));
+    }
+  }
+
+  torch::Tensor slot(Bucket& b, size_t k) {
+    const torch::Tensor& p = params[b.params[k]];
+    return b.flat.narrow(0, b.offset[k], p.numel()).view(p.sizes());
+  }
+
+  // Buckets start strictly in index order so every rank issues the same sequence of
+  // collectives, whatever order its gradients arrived in. Called with `mu` held.
+  void launch_ready() {
+    while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
+      Bucket& b = buckets[next_launch++];
+      b.work = group->all_reduce_async(b.flat, ReduceOp::Sum);
+      b.launched = true;
+    }
+  }
+
+  void on_gradient(size_t i, const torch::Tensor& grad) {
+    torch::NoGradGuard no_grad;
+    std::lock_guard<std::mutex> lock(mu);
+    auto [bi, k] = where[i];
+    Bucket& b = buckets[bi];
+    if (b.launched || seen[i]) return;  // a second gradient before synchronize(): ignored
+    slot(b, k).copy_(grad);
+    seen[i] = true;
+    if (--b.pending == 0) launch_ready();
+  }
+
+  void finish_and_copy_back() {
+    torch::NoGradGuard no_grad;
+    const double world = static_cast<double>(group->world_size());
+    for (Bucket& b : buckets) {
+      b.work.wait();
+      b.flat.div_(world);
+      for (size_t k = 0; k < b.params.size(); ++k) {
+        torch::Tensor& p = params[b.params[k]];
+        if (p.grad().defined())
+          p.mutable_grad().copy_(slot(b, k));
+        else
+          p.mutable_grad() = slot(b, k).clone();
+      }
+      b.launched = false;
+      b.pending = b.params.size();
+    }
+    next_launch = 0;
+    seen.assign(params.size(), false);
+  }
+};
+
+GradientSync::GradientSync(std::shared_ptr<ProcessGroup> group, torch::nn::Module& module,
+                           GradientSyncOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->group = std::move(group);
+  impl_->module = &module;
+  impl_->options = options;
+  impl_->build_buckets();
+  broadcast_state();
+  if (options.overlap_with_backward) {
+    Impl* impl = impl_.get();
+    for (size_t i = 0; i < impl->params.size(); ++i) {
+      torch::Tensor& p = impl->params[i];
+      const unsigned pos =
+          p.register_hook([impl, i](const torch::Tensor& grad) { impl->on_gradient(i, grad); });
+      impl->hooks.emplace_back(p, pos);
+    }
+  }
+}
+
+GradientSync::~GradientSync() {
+  for (auto& [p, pos] : impl_->hooks) p.remove_hook(pos);
+}
+
+void GradientSync::broadcast_state() {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> state;
+  for (auto& p : impl_->module->parameters(true)) state.push_back(p);
+  for (auto& b : impl_->module->buffers(true)) state.push_back(b);
+  if (impl_->group->world_size() == 1) return;
+  for (const auto& chunk : chunk_by_dtype(state, impl_->options.bucket_cap_bytes)) {
+    std::vector<torch::Tensor> flat_parts;
+    for (size_t i : chunk) flat_parts.push_back(state[i].detach().reshape({-1}));
+    torch::Tensor flat = torch::cat(flat_parts);
+    impl_->group->broadcast(flat, 0);
+    int64_t at = 0;
+    for (size_t i : chunk) {
+      const int64_t n = state[i].numel();
+      state[i].copy_(flat.narrow(0, at, n).view(state[i].sizes()));
+      at += n;
+    }
+  }
+}
+
+void GradientSync::synchronize() {
+  Impl& s = *impl_;
+  {
+    torch::NoGradGuard no_grad;
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.options.overlap_with_backward) {
+      // Parameters that got no gradient in this backward contribute zeros, as in DDP with
+      // find_unused_parameters; their buckets start now, still in index order.
+      for (Bucket& b : s.buckets) {
+        if (b.launched) continue;
+        for (size_t k = 0; k < b.params.size(); ++k)
+          if (!s.seen[b.params[k]]) s.slot(b, k).zero_();
+        b.pending = 0;
+      }
+    } else {
+      for (Bucket& b : s.buckets) {
+        for (size_t k = 0; k < b.params.size(); ++k) {
+          const torch::Tensor& g = s.params[b.params[k]].grad();
+          if (g.defined())
+            s.slot(b, k).copy_(g);
+          else
+            s.slot(b, k).zero_();
+        }
+        b.pending = 0;
+      }
+    }
+    s.launch_ready();
+  }
+  s.finish_and_copy_back();
+}
+
+std::vector<size_t> GradientSync::bucket_bytes() const {
+  std::vector<size_t> out;
+  for (const Bucket& b : impl_->buckets) out.push_back(b.flat.numel() * b.flat.element_size());
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// DistributedSampler
+
+DistributedSampler::DistributedSampler(SamplerOptions options) : options_(options) {
+  if (options_.num_replicas < 1 || options_.rank < 0 || options_.rank >= options_.num_replicas)
+    throw std::invalid_argument("DistributedSampler: rank " + std::to_string(options_.rank) +
+                                " is not in [0, " + std::to_string(options_.num_replicas) + ")");
+  if (options_.dataset_size < 0)
+    throw std::invalid_argument("DistributedSampler: negative dataset size");
+}
+
+DistributedSampler::DistributedSampler(int64_t dataset_size, const ProcessGroup& group,
+                                       bool shuffle, uint64_t seed, bool drop_last)
+    : DistributedSampler(SamplerOptions{dataset_size, group.world_size(), group.rank(), shuffle,
+                                        seed, drop_last}) {}
+
+std::vector<int64_t> DistributedSampler::indices() const {
+  std::vector<int64_t> order;
+  if (options_.shuffle) {
+    // torch.Generator().manual_seed(seed + epoch), then torch.randperm(n, generator=g).
+    at::Generator gen = compat::make_cpu_generator(options_.seed + static_cast<uint64_t>(epoch_));
+    torch::Tensor perm = torch::randperm(options_.dataset_size, gen, torch::kLong);
+    order.assign(perm.data_ptr<int64_t>(), perm.data_ptr<int64_t>() + perm.numel());
+  } else {
+    order = identity_order(options_.dataset_size);
+  }
+  return shard_indices(order, options_);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Snapshots
+
+namespace {
+
+constexpr const char* kFormat = "ddprun-snapshot";
+constexpr int64_t kVersion = 1;
+
+uint64_t hash_tensor(uint64_t h, const std::string& name, const torch::Tensor& t) {
+  h = checksum_update(h, name.data(), name.size() + 1);
+  const std::string dtype = std::string(c10::toString(t.scalar_type()));
+  h = checksum_update(h, dtype.data(), dtype.size() + 1);
+  std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
+  shape.insert(shape.begin(), static_cast<int64_t>(shape.size()));
+  h = checksum_update(h, shape.data(), shape.size() * sizeof(int64_t));
+  torch::Tensor c = t.contiguous();
+  return checksum_update(h, c.data_ptr(), c.numel() * c.element_size());
+}
+
+torch::Tensor bytes_tensor(const std::string& bytes) {
+  torch::Tensor t = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kUInt8);
+  if (!bytes.empty()) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+  return t;
+}
+
+[[noreturn]] void throw_errno(const std::string& what, const std::string& path) {
+  throw std::system_error(errno, std::generic_category(), what + " " + path);
+}
+
+void write_all(int fd, const char* data, size_t size, const std::string& path) {
+  while (size > 0) {
+    const ssize_t n = ::write(fd, data, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw_errno("write", path);
+    }
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+void fsync_directory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw_errno("open directory", dir);
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) throw_errno("fsync directory", dir);
+}
+
+std::string directory_of(const std::string& path) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  return parent.empty() ? std::string(".") : parent.string();
+}
+
+/// The named entry of a generic dict, or an error naming the key.
+const torch::IValue& entry(const c10::impl::GenericDict& d, const std::string& key) {
+  auto it = d.find(torch::IValue(key));
+  if (it == d.end()) throw std::runtime_error("no \"" + key + "\" entry");
+  return it->value();
+}
+
+}  // namespace
+
+Snapshot capture_snapshot(const torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                          int64_t epoch, int64_t step, int64_t world_size) {
+  Snapshot s;
+  s.meta.epoch = epoch;
+  s.meta.step = step;
+  s.meta.world_size = world_size;
+  s.meta.saved_at = std::chrono::duration_cast<std::chrono::seconds>(
+                        std::chrono::system_clock::now().time_since_epoch())
+                        .count();
+  torch::NoGradGuard no_grad;
+  // CPU tensors are shared, not copied: a 1 GB model costs no extra 1 GB, and the caller
+  // writes the snapshot before it trains on.
+  for (const auto& item : module.named_parameters(true))
+    s.model.emplace_back(item.key(), item.value().detach().to(torch::kCPU).contiguous());
+  for (const auto& item : module.named_buffers(true))
+    s.model.emplace_back(item.key(), item.value().detach().to(torch::kCPU).contiguous());
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  s.optimizer = bytes_tensor(bytes.str());
+  s.rng_state = compat::default_rng_state().clone();
+  return s;
+}
+
+void restore_snapshot(const Snapshot& snapshot, torch::nn::Module& module,
+                      torch::optim::Optimizer& optimizer) {
+  torch::NoGradGuard no_grad;
+  std::map<std::string, torch::Tensor> saved(snapshot.model.begin(), snapshot.model.end());
+  auto load_into = [&](const std::string& name, torch::Tensor& target) {
+    auto it = saved.find(name);
+    if (it == saved.end())
+      throw std::runtime_error("snapshot has no tensor \"" + name + "\" of the model");
+    if (it->second.sizes() != target.sizes())
+      throw std::runtime_error("snapshot tensor \"" + name + "\" has shape " +
+                               c10::str(it->second.sizes()) + ", the model's has " +
+                               c10::str(target.sizes()));
+    target.copy_(it->second);
+  };
+  for (auto& item : module.named_parameters(true)) load_into(item.key(), item.value());
+  for (auto& item : module.named_buffers(true)) load_into(item.key(), item.value());
+  torch::serialize::InputArchive archive;
+  const torch::Tensor opt = snapshot.optimizer.contiguous();
+  archive.load_from(static_cast<const char*>(opt.data_ptr()), static_cast<size_t>(opt.numel()));
+  optimizer.load(archive);
+  if (snapshot.rng_state.defined()) compat::set_default_rng_state(snapshot.rng_state);
+}
+
+std::string snapshot_checksum(const Snapshot& s) {
+  // Each tensor gets its own digest; the digests are folded in order. Digests are independent,
+  // so large snapshots hash on two threads (memory bandwidth, not the disk, is then the limit).
+  std::vector<std::pair<std::string, torch::Tensor>> parts = s.model;
+  parts.emplace_back("optimizer", s.optimizer);
+  parts.emplace_back("rng_state", s.rng_state);
+  std::vector<uint64_t> digests(parts.size());
+  auto hash_range = [&](size_t first, size_t step) {
+    for (size_t i = first; i < parts.size(); i += step)
+      digests[i] = hash_tensor(kChecksumStart, parts[i].first, parts[i].second);
+  };
+  size_t bytes = 0;
+  for (const auto& part : parts) bytes += part.second.numel() * part.second.element_size();
+  if (bytes >= (size_t{16} << 20) && parts.size() > 1) {
+    std::thread other(hash_range, 1, 2);
+    hash_range(0, 2);
+    other.join();
+  } else {
+    hash_range(0, 1);
+  }
+  uint64_t h = kChecksumStart;
+  const int64_t meta[] = {s.meta.epoch, s.meta.step, s.meta.world_size, s.meta.saved_at};
+  h = checksum_update(h, meta, sizeof meta);
+  return checksum_hex(checksum_update(h, digests.data(), digests.size() * sizeof(uint64_t)));
+}
+
+void write_snapshot_file(const std::string& path, Snapshot snapshot) {
+  snapshot.meta.checksum = snapshot_checksum(snapshot);
+  c10::Dict<std::string, torch::Tensor> model;
+  for (const auto& [name, t] : snapshot.model) model.insert(name, t);
+  c10::impl::GenericDict doc(c10::StringType::get(), c10::AnyType::get());
+  doc.insert("format", std::string(kFormat));
+  doc.insert("version", kVersion);
+  doc.insert("epoch", snapshot.meta.epoch);
+  doc.insert("step", snapshot.meta.step);
+  doc.insert("world_size", snapshot.meta.world_size);
+  doc.insert("saved_at", snapshot.meta.saved_at);
+  doc.insert("model", model);
+  doc.insert("optimizer", snapshot.optimizer);
+  doc.insert("rng_state", snapshot.rng_state);
+  doc.insert("checksum", snapshot.meta.checksum);
+
+  // Temporary file in the same directory, fsync, rename over, fsync the directory: a reader
+  // sees the old file or the whole new one, even after a power cut.
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw_errno("create", tmp);
+  try {
+    // torch::pickle_save's zip, streamed to the file instead of built in memory first.
+    compat::write_torch_save_zip(torch::IValue(doc), [&](const void* data, size_t size) {
+      write_all(fd, static_cast<const char*>(data), size, tmp);
+      return size;
+    });
+    if (::fsync(fd) != 0) throw_errno("fsync", tmp);
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  if (::close(fd) != 0) throw_errno("close", tmp);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    errno = err;
+    throw_errno("rename to", path);
+  }
+  fsync_directory(directory_of(path));
+}
+
+std::variant<Snapshot, std::string> read_snapshot_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return "cannot open: " + std::string(std::strerror(errno));
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (bytes.empty()) return std::string("empty file (torn write)");
+  Snapshot s;
+  try {
+    torch::IValue v = torch::pickle_load(bytes);
+    if (!v.isGenericDict()) return std::string("not a dict: not a ddprun snapshot");
+    const c10::impl::GenericDict d = v.toGenericDict();
+    const torch::IValue& format = entry(d, "format");
+    if (!format.isString() || format.toStringRef() != kFormat)
+      return std::string("not a ddprun snapshot (no format \"") + kFormat + "\")";
+    if (entry(d, "version").toInt() != kVersion)
+      return "snapshot version " + std::to_string(entry(d, "version").toInt()) +
+             " is not the supported " + std::to_string(kVersion);
+    s.meta.epoch = entry(d, "epoch").toInt();
+    s.meta.step = entry(d, "step").toInt();
+    s.meta.world_size = entry(d, "world_size").toInt();
+    s.meta.saved_at = entry(d, "saved_at").toInt();
+    s.meta.checksum = entry(d, "checksum").toStringRef();
+    for (const auto& item : entry(d, "model").toGenericDict())
+      s.model.emplace_back(item.key().toStringRef(), item.value().toTensor());
+    s.optimizer = entry(d, "optimizer").toTensor();
+    s.rng_state = entry(d, "rng_state").toTensor();
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    what = what.substr(0, what.find('\n'));
+    return "unreadable (torn or corrupt): " + what;
+  }
+  const std::string actual = snapshot_checksum(s);
+  if (actual != s.meta.checksum)
+    return "checksum mismatch (corrupt): recorded " + s.meta.checksum + ", content " + actual;
+  return s;
+}
+
+SnapshotStore::SnapshotStore(std::string base_path, int keep_last)
+    : base_(std::move(base_path)), keep_last_(keep_last < 1 ? 1 : keep_last) {}
+
+std::vector<std::string> SnapshotStore::files() const {
+  const std::string dir = directory_of(base_);
+  std::vector<int64_t> seqs;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (auto seq = snapshot_sequence(base_, e.path().filename().string())) seqs.push_back(*seq);
+  std::vector<std::string> out;
+  for (int64_t seq : newest_first(seqs)) out.push_back(snapshot_file_name(base_, seq));
+  return out;
+}
+
+std::string SnapshotStore::save(const torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                int64_t epoch, int64_t step, int64_t world_size) {
+  std::filesystem::create_directories(directory_of(base_));
+  std::vector<int64_t> seqs;
+  for (const std::string& f : files())
+    seqs.push_back(*snapshot_sequence(base_, std::filesystem::path(f).filename().string()));
+  const int64_t next = seqs.empty() ? 1 : *std::max_element(seqs.begin(), seqs.end()) + 1;
+  const std::string path = snapshot_file_name(base_, next);
+  write_snapshot_file(path, capture_snapshot(module, optimizer, epoch, step, world_size));
+  seqs.push_back(next);
+  for (int64_t old : snapshots_to_prune(seqs, keep_last_)) {
+    std::error_code ec;
+    std::filesystem::remove(snapshot_file_name(base_, old), ec);
+  }
+  return path;
+}
+
+std::optional<SnapshotMeta> SnapshotStore::load_latest(torch::nn::Module& module,
+                                                       torch::optim::Optimizer& optimizer) {
+  for (const std::string& path : files()) {
+    auto read = read_snapshot_file(path);
+    if (auto* err = std::get_if<std::string>(&read)) {
+      std::fprintf(stderr, "[ddprun sdk] warning: skipping snapshot %s: %s\n", path.c_str(),
+                   err->c_str());
+      continue;
+    }
+    const Snapshot& s = std::get<Snapshot>(read);
+    restore_snapshot(s, module, optimizer);
+    return s.meta;
+  }
+  return std::nullopt;
+}
+
+}  // namespace ddprun::sdk
