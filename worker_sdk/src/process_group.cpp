@@ -100,6 +100,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const WorkerContext& ctx,
         "libtorch (CMAKE_PREFIX_PATH) or use the CPU device (Gloo)");
 #endif
   }
+  report_to_agent("pg_ready", {{"world_size", impl->ctx.world_size}});
   return std::make_shared<ProcessGroup>(std::move(impl));
 }
 

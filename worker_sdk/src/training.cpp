@@ -77,6 +77,7 @@ struct GradientSync::Impl {
   std::vector<std::pair<torch::Tensor, unsigned>> hooks;
   std::mutex mu;
   size_t next_launch = 0;
+  bool stepped = false;  // a synchronize() completed in this process (reported as first_step)
 
   void build_buckets() {
     for (auto& p : module->parameters(/*recurse=*/true))
@@ -218,6 +219,12 @@ void GradientSync::synchronize() {
     s.launch_ready();
   }
   s.finish_and_copy_back();
+  // The agent's event log marks the first step after a (re)start; later steps feed its watchdog.
+  if (!s.stepped) {
+    s.stepped = true;
+    report_to_agent("first_step");
+  }
+  report_progress();
 }
 
 std::vector<size_t> GradientSync::bucket_bytes() const {
@@ -513,6 +520,7 @@ std::optional<SnapshotMeta> SnapshotStore::load_latest(torch::nn::Module& module
     }
     const Snapshot& s = std::get<Snapshot>(read);
     restore_snapshot(s, module, optimizer);
+    report_to_agent("snapshot_loaded", {{"epoch", s.meta.epoch}, {"step", s.meta.step}});
     return s.meta;
   }
   return std::nullopt;

@@ -22,6 +22,7 @@
 #include <variant>
 #include <vector>
 
+#include "ddprun/sdk/agent_report.h"
 #include "ddprun/sdk/context.h"
 #include "ddprun/sdk/record.h"
 #include "ddprun/sdk/sampler_plan.h"
