@@ -550,6 +550,8 @@ std::string help_text() {
       "  ddprun --nnodes 2:4 --nproc_per_node 2 --rdzv_id my_job --rdzv_backend c10d "
       "--rdzv_endpoint rdzv:29400 "
       "train.py\n"
+      "  # in an sbatch script: one ddprun per node; nodes, ranks and rendezvous come from SLURM\n"
+      "  srun ddprun --nproc_per_node 4 train.py\n"
       "  # any program, not only Python\n"
       "  ddprun --nproc_per_node 2 --no_python ./my_binary\n"
       "  # the jobs, rounds and nodes a rendezvous server holds\n"
