@@ -699,7 +699,7 @@ TEST_CASE("ddprun in a multi-node batch script asks to be rerun under srun",
   CHECK(fan_out.notice.find('\n') == std::string::npos);
 }
 
-TEST_CASE("--no_slurm_fanout and PET_NO_SLURM_FANOUT turn the fan-out into an error",
+TEST_CASE("the flag --no_slurm_fanout and PET_NO_SLURM_FANOUT turn the fan-out into an error",
           "[launcher][slurm][unit]") {
   CHECK_THAT(parse_error({"--no_slurm_fanout", "--nnodes=2", "train.py"}, batch_env()),
              Contains("run one ddprun per node instead: srun --nodes=2 --ntasks=2 "
