@@ -194,14 +194,20 @@ std::variant<SlurmJob, std::string> read_slurm_job(const SlurmEnvLookup& env) {
       return *why;
     auto [list, list_var] =
         first_set(env, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"});
-    if (list) job.nodelist = common::trim(*list), job.nodelist_var = list_var;
+    if (list) {
+      job.nodelist = common::trim(*list);
+      job.nodelist_var = list_var;
+    }
   } else {
     // The batch script sees SLURM_NNODES too, but only the job's count means anything here.
     if (auto why = read_count(env, {"SLURM_JOB_NUM_NODES", "SLURM_NNODES"}, job.num_nodes,
                               job.num_nodes_var))
       return *why;
     auto [list, list_var] = first_set(env, {"SLURM_JOB_NODELIST", "SLURM_NODELIST"});
-    if (list) job.nodelist = common::trim(*list), job.nodelist_var = list_var;
+    if (list) {
+      job.nodelist = common::trim(*list);
+      job.nodelist_var = list_var;
+    }
   }
   return job;
 }
