@@ -208,6 +208,8 @@ std::variant<SlurmJob, std::string> read_slurm_job(const SlurmEnvLookup& env) {
       job.nodelist = common::trim(*list);
       job.nodelist_var = list_var;
     }
+    if (auto cpus = env("SLURM_JOB_CPUS_PER_NODE"))
+      job.min_cpus_per_node = min_cpus_per_node(*cpus);
   }
   return job;
 }
@@ -261,6 +263,9 @@ FanOutDecision decide_fanout(const SlurmJob& job, const std::vector<std::string>
   }
   const std::string n = std::to_string(*job.num_nodes);
   decision.srun_args = {"srun", "--nodes=" + n, "--ntasks=" + n, "--ntasks-per-node=1"};
+  // A step gets one CPU per task unless told otherwise; ddprun's workers need the node's.
+  if (job.min_cpus_per_node && *job.min_cpus_per_node > 1)
+    decision.srun_args.push_back("--cpus-per-task=" + std::to_string(*job.min_cpus_per_node));
   std::string line;
   for (const std::string& arg : decision.srun_args) line += arg + " ";
   line += "ddprun";
@@ -285,6 +290,24 @@ FanOutDecision decide_fanout(const SlurmJob& job, const std::vector<std::string>
   decision.message =
       where + ": starting one ddprun per node with: " + line + " (--no_slurm_fanout stops instead)";
   return decision;
+}
+
+std::optional<int> min_cpus_per_node(std::string_view text) {
+  std::optional<int> fewest;
+  for (const std::string& item : common::split(common::trim(text), ',')) {
+    // "72" or "72(x2)": a count, and how many nodes in a row have it.
+    const std::string count = item.substr(0, item.find('('));
+    if (item.size() > count.size()) {
+      const std::string repeat = item.substr(count.size());
+      if (repeat.size() < 4 || repeat.compare(0, 2, "(x") != 0 || repeat.back() != ')' ||
+          !all_digits(repeat.substr(2, repeat.size() - 3)))
+        return std::nullopt;
+    }
+    auto value = parse_count(count);
+    if (!value || *value < 1) return std::nullopt;
+    if (!fewest || *value < *fewest) fewest = value;
+  }
+  return fewest;
 }
 
 std::string shell_quote(const std::string& arg) {

@@ -36,6 +36,9 @@ struct SlurmJob {
   std::string num_nodes_var;     ///< which variable num_nodes came from
   std::optional<int> num_tasks;  ///< tasks of the step (SLURM_STEP_NUM_TASKS or SLURM_NTASKS)
   std::string num_tasks_var;
+  /// Outside srun: the fewest CPUs the job has on any of its nodes (SLURM_JOB_CPUS_PER_NODE,
+  /// "72(x2),36" gives 36); nullopt when unset or unreadable.
+  std::optional<int> min_cpus_per_node;
   std::string nodelist;      ///< the step's (or job's) hostlist, unexpanded
   std::string nodelist_var;  ///< which variable nodelist came from
 };
@@ -89,11 +92,16 @@ struct FanOutDecision {
 /// ddprun runs as the batch script's own process (or in an salloc shell) on a multi-node
 /// allocation: one launcher for N nodes would wait for nodes that never come. Unless the user
 /// asked for a single node (--standalone, --nnodes 1), ddprun reruns itself as
-/// `srun --nodes=N --ntasks=N --ntasks-per-node=1 ddprun <args>`, or, with fan-out disabled,
-/// refuses with that line. `args` is ddprun's argv without argv[0].
+/// `srun --nodes=N --ntasks=N --ntasks-per-node=1 [--cpus-per-task=C] ddprun <args>` (C: the
+/// job's CPUs per node, so the one task per node may use all of them for its workers), or,
+/// with fan-out disabled, refuses with that line. `args` is ddprun's argv without argv[0].
 FanOutDecision decide_fanout(const SlurmJob& job, const std::vector<std::string>& args,
                              bool single_node_requested, bool node_rank_given, bool fanout_disabled,
                              const std::string& disabled_by);
+
+/// The smallest count in a SLURM_JOB_CPUS_PER_NODE value ("72(x2),36" gives 36); nullopt when
+/// the text is not of that form.
+std::optional<int> min_cpus_per_node(std::string_view text);
 
 /// Quotes one argument for a POSIX shell when it needs quoting.
 std::string shell_quote(const std::string& arg);

@@ -124,9 +124,10 @@ TEST_CASE("the broken tutorial script with a bare ddprun line is fanned out with
                                with_ddprun_on_path());
   INFO("sbatch: " << r.err << "\njob output:\n" << r.out << cluster.logs());
   CHECK(r.exit_code == 0);
+  // Each virtual node has 4 CPUs: the one ddprun per node gets all of them.
   CHECK(count_of(r.out,
                  "starting one ddprun per node with: srun --nodes=2 --ntasks=2 "
-                 "--ntasks-per-node=1 ddprun --nnodes=2") == 1);
+                 "--ntasks-per-node=1 --cpus-per-task=4 ddprun --nnodes=2") == 1);
   // Exactly one ddprun per node, not four: four workers in all.
   CHECK(ranks_printed(r.out) == kRanks0To3Once);
   CHECK(count_of(r.out, "WORLD_SIZE=4") == 4);
@@ -147,6 +148,6 @@ TEST_CASE("with PET_NO_SLURM_FANOUT=1 the broken tutorial script stops with the 
   CHECK(contains(r.out, "ddprun: error: ddprun runs outside srun on a 2-node allocation"));
   CHECK(contains(r.out,
                  "run one ddprun per node instead: srun --nodes=2 --ntasks=2 "
-                 "--ntasks-per-node=1 ddprun --nnodes=2 --nproc_per_node 2"));
+                 "--ntasks-per-node=1 --cpus-per-task=4 ddprun --nnodes=2 --nproc_per_node 2"));
   CHECK(ranks_printed(r.out).empty());
 }

@@ -317,3 +317,23 @@ TEST_CASE("SLURM_GPUS_ON_NODE counts GPUs only inside a SLURM job", "[launcher][
   CHECK(slurm_gpus_on_node(lookup({{"SLURM_GPUS_ON_NODE", "4"}})) == std::nullopt);
   CHECK(slurm_gpus_on_node(lookup({{"SLURM_JOB_ID", "5"}})) == std::nullopt);
 }
+
+TEST_CASE("the fan-out gives each ddprun every CPU the job has on a node",
+          "[launcher][slurm][unit]") {
+  Env env = batch_script();
+  env["SLURM_JOB_CPUS_PER_NODE"] = "8(x2)";
+  auto decision = decide_fanout(job_from(env), {"t.py"}, false, false, false, "");
+  CHECK(decision.srun_args == std::vector<std::string>{"srun", "--nodes=2", "--ntasks=2",
+                                                       "--ntasks-per-node=1", "--cpus-per-task=8"});
+  CHECK_THAT(decision.message, Contains("--ntasks-per-node=1 --cpus-per-task=8 ddprun t.py"));
+}
+
+TEST_CASE("SLURM_JOB_CPUS_PER_NODE gives the fewest CPUs of any node", "[launcher][slurm][unit]") {
+  CHECK(min_cpus_per_node("72(x2),36") == 36);
+  CHECK(min_cpus_per_node("4") == 4);
+  CHECK(min_cpus_per_node("16,8(x3),32") == 8);
+  CHECK(min_cpus_per_node("") == std::nullopt);
+  CHECK(min_cpus_per_node("4(x)") == std::nullopt);
+  CHECK(min_cpus_per_node("four") == std::nullopt);
+  CHECK(min_cpus_per_node("4(x2") == std::nullopt);
+}
