@@ -14,6 +14,7 @@
 #include "common/exit_codes.h"
 #include "common/signals.h"
 #include "common/strings.h"
+#include "launcher/slurm.h"
 
 #ifndef DDPRUN_VERSION
 #define DDPRUN_VERSION "dev"
@@ -47,9 +48,10 @@ constexpr std::string_view kRendezvous = "Rendezvous";
 constexpr std::string_view kSupervision = "Supervision";
 constexpr std::string_view kProgram = "How workers are started";
 constexpr std::string_view kLogs = "Logs";
+constexpr std::string_view kSlurm = "SLURM";
 
-constexpr std::array<std::string_view, 5> kGroups = {kNodes, kRendezvous, kSupervision, kProgram,
-                                                     kLogs};
+constexpr std::array<std::string_view, 6> kGroups = {kNodes,   kRendezvous, kSupervision,
+                                                     kProgram, kLogs,       kSlurm};
 
 /// Stands in for an empty "--flag=" value while CLI11 parses (see prepare_for_cli11).
 constexpr std::string_view kEmptyValueMarker = "\001ddprun-empty-value\001";
@@ -118,6 +120,9 @@ constexpr OptionSpec kOptions[] = {
      "Like --redirects, but the streams also stay on the console."},
     {"local_ranks_filter", "", false, "RANKS", "", kLogs,
      "Show only these local ranks on the console, e.g. 0,2 (default: all)."},
+    {"no_slurm_fanout", "", true, "", "", kSlurm,
+     "Outside srun on a multi-node SLURM allocation, stop with the srun line to use instead of "
+     "rerunning ddprun under srun (one per node)."},
 };
 // clang-format on
 
@@ -559,6 +564,8 @@ std::string help_text() {
       "  ddprun --nnodes 2:4 --nproc_per_node 2 --rdzv_id my_job --rdzv_backend c10d "
       "--rdzv_endpoint rdzv:29400 "
       "train.py\n"
+      "  # in an sbatch script: one ddprun per node; nodes, ranks and rendezvous come from SLURM\n"
+      "  srun ddprun --nproc_per_node 4 train.py\n"
       "  # any program, not only Python\n"
       "  ddprun --nproc_per_node 2 --no_python ./my_binary\n"
       "  # the jobs, rounds and nodes a rendezvous server holds\n"
@@ -641,6 +648,8 @@ ParseResult build_config(const std::map<std::string_view, RawValue>& raw,
   if (auto e = parse_std_spec(get("redirects"), config.redirects)) return UsageError{*e};
   if (auto e = parse_std_spec(get("tee"), config.tee)) return UsageError{*e};
   if (auto e = parse_local_ranks_filter(get("local_ranks_filter"), config)) return UsageError{*e};
+
+  config.no_slurm_fanout = switches.at("no_slurm_fanout");
 
   config.script = std::move(script_and_args.front());
   script_and_args.erase(script_and_args.begin());
@@ -738,7 +747,51 @@ ParseResult parse_command_line(const std::vector<std::string>& args, const EnvLo
     }
     raw.emplace(spec.name, std::move(value));
   }
-  return build_config(raw, switches, std::move(rest));
+
+  // SLURM comes after flags and PET_ variables: under srun it fills what they left out.
+  auto slurm = read_slurm_job(env);
+  if (auto* why = std::get_if<std::string>(&slurm)) return UsageError{*why};
+  const SlurmJob& job = std::get<SlurmJob>(slurm);
+  UserChoices choices;
+  choices.given = [&raw](std::string_view name) { return raw.at(name).given; };
+  if (raw.at("nnodes").given) choices.nnodes = raw.at("nnodes").text;
+  if (raw.at("rdzv_backend").given) choices.rdzv_backend = raw.at("rdzv_backend").text;
+  choices.standalone = switches.at("standalone");
+  auto filled = slurm_defaults(job, choices);
+  if (auto* why = std::get_if<std::string>(&filled)) return UsageError{*why};
+  const SlurmFill& fill = std::get<SlurmFill>(filled);
+  for (const SlurmDefault& item : fill.values) {
+    RawValue& value = raw.at(item.option);
+    value = RawValue{item.value, item.source, true, true};
+  }
+
+  ParseResult result = build_config(raw, switches, std::move(rest));
+  auto* config = std::get_if<LaunchConfig>(&result);
+  if (config == nullptr) return result;
+  if (!fill.values.empty()) {
+    config->slurm.job_id = job.job_id;
+    config->slurm.step_id = job.step_id;
+    config->slurm.endpoint_node = fill.endpoint_node;
+    for (const SlurmDefault& item : fill.values) {
+      if (item.option == "rdzv_endpoint") continue;  // launch() reports it once resolved
+      config->slurm.values.push_back("--" + item.option + " " + item.value + " (" + item.source +
+                                     ")");
+    }
+  }
+
+  const bool single_node = config->standalone || (raw.at("nnodes").given && config->max_nodes == 1);
+  FanOutDecision fan_out =
+      decide_fanout(job, args, single_node, raw.at("node_rank").given, config->no_slurm_fanout,
+                    describe_switch(raw.at("no_slurm_fanout")));
+  switch (fan_out.action) {
+    case FanOutDecision::Action::RunHere:
+      return result;
+    case FanOutDecision::Action::Refuse:
+      return UsageError{fan_out.message};
+    case FanOutDecision::Action::FanOut:
+      return SlurmFanOut{fan_out.srun_args, args, fan_out.message};
+  }
+  return result;
 }
 
 }  // namespace ddprun::launcher

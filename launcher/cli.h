@@ -23,10 +23,20 @@ struct UsageError {
   std::string message;
 };
 
-using ParseResult = std::variant<LaunchConfig, InfoRequest, UsageError>;
+/// ddprun runs outside srun on a multi-node SLURM allocation: rerun it as `srun_args ddprun
+/// args` (one ddprun per node) after printing the notice.
+struct SlurmFanOut {
+  std::vector<std::string> srun_args;  ///< "srun", "--nodes=2", "--ntasks=2", ...
+  std::vector<std::string> args;       ///< ddprun's own arguments, unchanged
+  std::string notice;                  ///< one line saying what happens and how to stop it
+};
+
+using ParseResult = std::variant<LaunchConfig, InfoRequest, UsageError, SlurmFanOut>;
 
 /// Parses ddprun's command line (argv[0] excluded) and PET_<NAME> variables into a validated
-/// LaunchConfig. Flags win over PET_ variables; everything from the script on is untouched.
+/// LaunchConfig. Flags win over PET_ variables, which win over what a SLURM job step supplies
+/// (SLURM_* variables, read through the same env; see launcher/slurm.h); everything from the
+/// script on is untouched.
 ParseResult parse_command_line(const std::vector<std::string>& args, const EnvLookup& env);
 
 }  // namespace ddprun::launcher

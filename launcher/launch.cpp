@@ -2,6 +2,9 @@
 
 #include <sched.h>
 #include <unistd.h>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
@@ -18,6 +21,7 @@
 #include "common/exit_codes.h"
 #include "common/strings.h"
 #include "launcher/rdzv_plan.h"
+#include "launcher/slurm.h"
 #include "rendezvous/local_host.h"
 #include "rendezvous/local_rendezvous.h"
 #include "rendezvous/network_rendezvous.h"
@@ -95,7 +99,14 @@ NodeResources detect_node_resources(const agent::EnvMap& env) {
   else
     node.cpus = static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
   if (node.cpus < 1) node.cpus = 1;
-  node.gpus = count_visible_gpus(env);
+  // Inside a SLURM job the allocation says how many GPUs this job may use on the node.
+  auto slurm_gpus =
+      slurm_gpus_on_node([&env](const std::string& name) -> std::optional<std::string> {
+        auto it = env.find(name);
+        if (it == env.end()) return std::nullopt;
+        return it->second;
+      });
+  node.gpus = slurm_gpus ? *slurm_gpus : count_visible_gpus(env);
   return node;
 }
 
@@ -118,8 +129,29 @@ std::variant<int, std::string> resolve_nproc(const LaunchConfig& config,
   return config.nproc_per_node;
 }
 
-int launch(const LaunchConfig& config, const agent::EnvMap& env) {
+int launch(const LaunchConfig& given, const agent::EnvMap& env) {
   setup_logging(env);
+  LaunchConfig config = given;
+  if (!config.slurm.values.empty() || !config.slurm.endpoint_node.empty()) {
+    // Under srun: the endpoint host is the first node of the job, by name when DNS knows it,
+    // else by the NodeAddr SLURM has for it.
+    std::vector<std::string> derived = config.slurm.values;
+    if (!config.slurm.endpoint_node.empty()) {
+      auto found =
+          resolve_node_address(config.slurm.endpoint_node, host_resolves, scontrol_node_addr);
+      if (auto* why = std::get_if<std::string>(&found)) {
+        spdlog::error("{}", *why);
+        return common::kExitRendezvous;
+      }
+      const auto& address = std::get<NodeAddress>(found);
+      config.rdzv_endpoint = format_endpoint(address.host, kSlurmRendezvousPort);
+      derived.push_back("--rdzv_endpoint " + config.rdzv_endpoint + " (" +
+                        config.slurm.endpoint_node + ", first of the node list, by " + address.how +
+                        ")");
+    }
+    spdlog::info("SLURM job {} step {}: {}", config.slurm.job_id, config.slurm.step_id,
+                 common::join(derived, ", "));
+  }
   auto nproc = resolve_nproc(config, detect_node_resources(env));
   if (auto* why = std::get_if<std::string>(&nproc)) {
     spdlog::error("{}", *why);
@@ -219,6 +251,27 @@ int launch(const LaunchConfig& config, const agent::EnvMap& env) {
   agent::PosixProcessLauncher launcher;
   agent::LocalAgent agent(io, std::move(opt), *rdzv, launcher);
   return agent.run();
+}
+
+int exec_under_srun(const SlurmFanOut& fan_out) {
+  std::fprintf(stderr, "[ddprun] info: %s\n", fan_out.notice.c_str());
+  std::fflush(stderr);
+  // This very binary, wherever it was found, so every node runs the same ddprun.
+  std::error_code ec;
+  std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  if (ec) self = "ddprun";
+  std::vector<std::string> argv = fan_out.srun_args;
+  argv.push_back(self);
+  argv.insert(argv.end(), fan_out.args.begin(), fan_out.args.end());
+  std::vector<char*> raw;
+  for (std::string& arg : argv) raw.push_back(arg.data());
+  raw.push_back(nullptr);
+  ::execvp(raw[0], raw.data());
+  std::fprintf(stderr,
+               "[ddprun] error: cannot start srun (%s); run one ddprun per node yourself, or pass "
+               "--no_slurm_fanout\n",
+               std::strerror(errno));
+  return common::kExitInternal;
 }
 
 }  // namespace ddprun::launcher

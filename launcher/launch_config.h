@@ -25,6 +25,16 @@ struct StdSpec {
   }
 };
 
+/// What a SLURM job step supplied (launcher/slurm.h); empty outside srun.
+struct SlurmDerived {
+  std::string job_id;
+  std::string step_id;
+  std::vector<std::string> values;  ///< "--nnodes 2 (SLURM_NNODES)", for the notice line
+  /// The node whose address launch() resolves for --rdzv_endpoint (the nodelist's first);
+  /// "" when the endpoint was given by the user or not needed.
+  std::string endpoint_node;
+};
+
 /// Everything one ddprun invocation was asked to do, parsed and validated, before any effect.
 struct LaunchConfig {
   // Node and worker counts.
@@ -64,6 +74,10 @@ struct LaunchConfig {
   StdSpec redirects;
   StdSpec tee;
   std::optional<std::set<int>> local_ranks_filter;  ///< nullopt: every local rank on the console
+
+  // SLURM.
+  bool no_slurm_fanout = false;  ///< refuse instead of rerunning under srun (launcher/slurm.h)
+  SlurmDerived slurm;
 
   // The training program: passed through untouched.
   std::string script;

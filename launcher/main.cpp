@@ -42,6 +42,9 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "ddprun: error: %s\n", error->message.c_str());
       return ddprun::common::kExitUsage;
     }
+    if (auto* fan_out = std::get_if<ddprun::launcher::SlurmFanOut>(&parsed)) {
+      return ddprun::launcher::exec_under_srun(*fan_out);
+    }
     return ddprun::launcher::launch(std::get<ddprun::launcher::LaunchConfig>(parsed), env);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ddprun: internal error: %s\n", e.what());

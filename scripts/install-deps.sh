@@ -9,6 +9,7 @@ packages=(
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev catch2
   libtorch-dev libgloo-dev python3-torch python3-numpy
   procps iproute2 time clang-format
+  slurmctld slurmd slurm-client munge
 )
 
 missing=()

@@ -18,6 +18,9 @@ echo "== tests =="
 echo "== build (AddressSanitizer + UBSan) =="
 cmake -S . -B build-asan -G Ninja -DDDPRUN_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
 cmake --build build-asan -j"$jobs"
+# The Python and SLURM tests run once, in the plain build: they drive the same ddprun code
+# through torch or slurmd, which would only be slower under the sanitizers.
 echo "== launcher, agent, rendezvous and SDK-core tests under ASan/UBSan =="
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j"$jobs" -LE python)
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --output-on-failure -j"$jobs" -LE 'python|slurm')

@@ -612,3 +612,109 @@ TEST_CASE("a short option takes its value as -r3, -r 3 or -r=3", "[launcher][uni
   CHECK(config.tee.for_rank(0) == StdStreams::Err);
   CHECK(config.script_args == Args{"-t=1", "--log_dir="});
 }
+
+namespace {
+
+/// srun's environment for task `node` of a two-node step of job 42.
+Env srun_env(int node) {
+  return {{"SLURM_JOB_ID", "42"},
+          {"SLURM_STEP_ID", "0"},
+          {"SLURM_NODEID", std::to_string(node)},
+          {"SLURM_NNODES", "2"},
+          {"SLURM_JOB_NUM_NODES", "2"},
+          {"SLURM_STEP_NUM_NODES", "2"},
+          {"SLURM_STEP_NUM_TASKS", "2"},
+          {"SLURM_JOB_NODELIST", "n[1-2]"},
+          {"SLURM_STEP_NODELIST", "n[1-2]"}};
+}
+
+/// The batch script's environment on a two-node allocation.
+Env batch_env() {
+  return {{"SLURM_JOB_ID", "43"},
+          {"SLURM_NODEID", "0"},
+          {"SLURM_NNODES", "2"},
+          {"SLURM_JOB_NUM_NODES", "2"},
+          {"SLURM_JOB_NODELIST", "n[1-2]"}};
+}
+
+}  // namespace
+
+TEST_CASE("under srun the job's nodes, node id and job id fill the options left out",
+          "[launcher][slurm][unit]") {
+  const LaunchConfig config = parse_ok({"--nproc_per_node", "2", "train.py"}, srun_env(1));
+  CHECK(config.min_nodes == 2);
+  CHECK(config.max_nodes == 2);
+  CHECK(config.node_rank == 1);
+  CHECK(config.rdzv_id == "42");
+  CHECK(config.rdzv_backend == "c10d");
+  CHECK(config.rdzv_endpoint == "n1:29400");
+  CHECK(config.slurm.endpoint_node == "n1");
+  CHECK(config.slurm.job_id == "42");
+  CHECK(config.slurm.values == std::vector<std::string>{"--nnodes 2 (SLURM_STEP_NUM_NODES)",
+                                                        "--node_rank 1 (SLURM_NODEID)",
+                                                        "--rdzv_id 42 (SLURM_JOB_ID)",
+                                                        "--rdzv_backend c10d (SLURM)"});
+}
+
+TEST_CASE("under srun flags and PET_ variables win over what SLURM supplies",
+          "[launcher][slurm][unit]") {
+  Env env = srun_env(1);
+  env["PET_RDZV_ID"] = "from_pet";
+  const LaunchConfig config = parse_ok(
+      {"--nnodes", "1:4", "--node_rank", "0", "--rdzv_endpoint", "head:1234", "train.py"}, env);
+  CHECK(config.min_nodes == 1);
+  CHECK(config.max_nodes == 4);
+  CHECK(config.node_rank == 0);
+  CHECK(config.rdzv_id == "from_pet");
+  CHECK(config.rdzv_endpoint == "head:1234");
+  CHECK(config.slurm.endpoint_node.empty());
+  CHECK(config.slurm.values == std::vector<std::string>{"--rdzv_backend c10d (SLURM)"});
+}
+
+TEST_CASE("outside SLURM nothing is derived", "[launcher][slurm][unit]") {
+  const LaunchConfig config = parse_ok({"train.py"});
+  CHECK(config.slurm.values.empty());
+  CHECK(config.rdzv_backend == "static");
+  CHECK(config.max_nodes == 1);
+}
+
+TEST_CASE("a SLURM value that fails validation is named by its variable",
+          "[launcher][slurm][unit]") {
+  Env env = srun_env(0);
+  env["SLURM_STEP_NUM_NODES"] = "0";
+  env.erase("SLURM_STEP_NUM_TASKS");
+  CHECK_THAT(parse_error({"train.py"}, env),
+             Contains("SLURM_STEP_NUM_NODES=0: needs at least 1 node"));
+}
+
+TEST_CASE("ddprun in a multi-node batch script asks to be rerun under srun",
+          "[launcher][slurm][unit]") {
+  const Args args{"--nnodes=2", "--nproc_per_node", "4", "train.py"};
+  ParseResult result = parse_command_line(args, env_from(batch_env()));
+  INFO(show(result));
+  REQUIRE(std::holds_alternative<ddprun::launcher::SlurmFanOut>(result));
+  const auto& fan_out = std::get<ddprun::launcher::SlurmFanOut>(result);
+  CHECK(fan_out.args == args);
+  CHECK(fan_out.srun_args == Args{"srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1"});
+  CHECK(fan_out.notice.find('\n') == std::string::npos);
+}
+
+TEST_CASE("the flag --no_slurm_fanout and PET_NO_SLURM_FANOUT turn the fan-out into an error",
+          "[launcher][slurm][unit]") {
+  CHECK_THAT(parse_error({"--no_slurm_fanout", "--nnodes=2", "train.py"}, batch_env()),
+             Contains("run one ddprun per node instead: srun --nodes=2 --ntasks=2 "
+                      "--ntasks-per-node=1 ddprun --no_slurm_fanout --nnodes=2 train.py"));
+  Env env = batch_env();
+  env["PET_NO_SLURM_FANOUT"] = "1";
+  CHECK_THAT(parse_error({"train.py"}, env), Contains("PET_NO_SLURM_FANOUT=1"));
+}
+
+TEST_CASE("a batch script asking for one node runs where it is", "[launcher][slurm][unit]") {
+  CHECK(parse_ok({"--standalone", "train.py"}, batch_env()).standalone);
+  CHECK(parse_ok({"--nnodes", "1", "train.py"}, batch_env()).max_nodes == 1);
+}
+
+TEST_CASE("a bad flag in a batch script is reported before any fan-out",
+          "[launcher][slurm][unit]") {
+  CHECK_THAT(parse_error({"--nnodes", "x", "train.py"}, batch_env()), Contains("--nnodes x"));
+}

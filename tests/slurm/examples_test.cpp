@@ -1,0 +1,78 @@
+// The sbatch scripts of examples/slurm/ submitted to a real SLURM (tests/slurm/slurm_cluster.h)
+// with their #SBATCH lines and ddprun flags as they are, and the training program swapped for
+// fake_worker: Debian's torch sometimes hangs in its own teardown on a loaded machine, and
+// examples/ddp_train.py under ddprun is covered by tests/compat/.
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <string>
+
+#include "tests/slurm/slurm_cluster.h"
+
+using namespace ddprun::testing;
+
+namespace {
+
+int count_of(const std::string& text, const std::string& part) {
+  int n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+
+/// The job's environment: `ddprun` on PATH is the one just built.
+std::map<std::string, std::string> job_env() {
+  const std::string bin = std::filesystem::path(DDPRUN_BIN).parent_path().string();
+  const char* path = std::getenv("PATH");
+  return {{"PATH", bin + ":" + (path != nullptr ? path : "/usr/bin:/bin")}};
+}
+
+/// The training command every example runs, and what the test runs instead.
+const std::string kTraining = "examples/ddp_train.py 4 2 --batch_size 32";
+const std::string kFake = std::string("--no_python ") + FAKE_WORKER_BIN + " env=RANK,WORLD_SIZE";
+
+/// examples/slurm/<name> with its training command swapped, written next to the cluster.
+std::string example_with_fake_worker(const SlurmCluster& cluster, const std::string& name) {
+  std::string script = read_file(std::string(DDPRUN_SOURCE_DIR) + "/examples/slurm/" + name);
+  const size_t at = script.find(kTraining);
+  INFO(name << " no longer runs `" << kTraining << "`: update this test with it");
+  REQUIRE(at != std::string::npos);
+  script.replace(at, kTraining.size(), kFake);
+  const std::string path = cluster.dir() + "/" + name;
+  std::ofstream(path) << script;
+  return path;
+}
+
+std::map<int, int> ranks_printed(const std::string& out) {
+  std::map<int, int> ranks;
+  static const std::regex kRank(R"(\[default\d+\]:RANK=(\d+))");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), kRank); it != std::sregex_iterator();
+       ++it)
+    ++ranks[std::stoi((*it)[1])];
+  return ranks;
+}
+
+}  // namespace
+
+TEST_CASE("the one-node example starts two workers on one node", "[slurm]") {
+  SlurmCluster cluster;
+  auto r = cluster.sbatch_wait_file(example_with_fake_worker(cluster, "one_node.sbatch"),
+                                    DDPRUN_SOURCE_DIR, job_env());
+  INFO("sbatch: " << r.err << "\njob output:\n" << r.out << cluster.logs());
+  CHECK(r.exit_code == 0);
+  CHECK(ranks_printed(r.out) == std::map<int, int>{{0, 1}, {1, 1}});
+  CHECK(count_of(r.out, "WORLD_SIZE=2") == 2);
+}
+
+TEST_CASE("the two-node example starts one ddprun per node with ranks from SLURM", "[slurm]") {
+  SlurmCluster cluster;
+  auto r = cluster.sbatch_wait_file(example_with_fake_worker(cluster, "two_nodes.sbatch"),
+                                    DDPRUN_SOURCE_DIR, job_env());
+  INFO("sbatch: " << r.err << "\njob output:\n" << r.out << cluster.logs());
+  CHECK(r.exit_code == 0);
+  CHECK(ranks_printed(r.out) == std::map<int, int>{{0, 1}, {1, 1}, {2, 1}, {3, 1}});
+  CHECK(count_of(r.out, "WORLD_SIZE=4") == 4);
+  CHECK(count_of(r.out, "--nnodes 2 (SLURM_STEP_NUM_NODES)") == 2);
+  CHECK(count_of(r.out, "rendezvous round 0 complete: group rank 1 of 2 nodes") == 1);
+}
