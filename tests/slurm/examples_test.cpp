@@ -1,7 +1,7 @@
 // The sbatch scripts of examples/slurm/ submitted to a real SLURM (tests/slurm/slurm_cluster.h)
 // with their #SBATCH lines and ddprun flags as they are, and the training program swapped for
-// fake_worker: Debian's torch sometimes hangs in its own teardown on a loaded machine, and
-// examples/ddp_train.py under ddprun is covered by tests/compat/.
+// fake_worker: these tests are about SLURM and ddprun, and examples/ddp_train.py under ddprun
+// is covered by tests/compat/.
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <filesystem>
@@ -9,24 +9,12 @@
 #include <regex>
 #include <string>
 
+#include "tests/integration/ddprun_runs.h"
 #include "tests/slurm/slurm_cluster.h"
 
 using namespace ddprun::testing;
 
 namespace {
-
-int count_of(const std::string& text, const std::string& part) {
-  int n = 0;
-  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
-  return n;
-}
-
-/// The job's environment: `ddprun` on PATH is the one just built.
-std::map<std::string, std::string> job_env() {
-  const std::string bin = std::filesystem::path(DDPRUN_BIN).parent_path().string();
-  const char* path = std::getenv("PATH");
-  return {{"PATH", bin + ":" + (path != nullptr ? path : "/usr/bin:/bin")}};
-}
 
 /// The training command every example runs, and what the test runs instead.
 const std::string kTraining = "examples/ddp_train.py 4 2 --batch_size 32";
@@ -58,7 +46,7 @@ std::map<int, int> ranks_printed(const std::string& out) {
 TEST_CASE("the one-node example starts two workers on one node", "[slurm]") {
   SlurmCluster cluster;
   auto r = cluster.sbatch_wait_file(example_with_fake_worker(cluster, "one_node.sbatch"),
-                                    DDPRUN_SOURCE_DIR, job_env());
+                                    DDPRUN_SOURCE_DIR, ddprun_on_path(DDPRUN_BIN));
   INFO("sbatch: " << r.err << "\njob output:\n" << r.out << cluster.logs());
   CHECK(r.exit_code == 0);
   CHECK(ranks_printed(r.out) == std::map<int, int>{{0, 1}, {1, 1}});
@@ -68,7 +56,7 @@ TEST_CASE("the one-node example starts two workers on one node", "[slurm]") {
 TEST_CASE("the two-node example starts one ddprun per node with ranks from SLURM", "[slurm]") {
   SlurmCluster cluster;
   auto r = cluster.sbatch_wait_file(example_with_fake_worker(cluster, "two_nodes.sbatch"),
-                                    DDPRUN_SOURCE_DIR, job_env());
+                                    DDPRUN_SOURCE_DIR, ddprun_on_path(DDPRUN_BIN));
   INFO("sbatch: " << r.err << "\njob output:\n" << r.out << cluster.logs());
   CHECK(r.exit_code == 0);
   CHECK(ranks_printed(r.out) == std::map<int, int>{{0, 1}, {1, 1}, {2, 1}, {3, 1}});

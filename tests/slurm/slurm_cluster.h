@@ -26,6 +26,13 @@ inline constexpr std::chrono::seconds kClusterStartLimit{60};
 /// One sbatch --wait of a small job; a healthy one takes a few seconds.
 inline constexpr std::chrono::seconds kSlurmJobLimit{120};
 
+/// A job's environment in which `ddprun` on PATH is the one at `ddprun_bin` (just built).
+inline std::map<std::string, std::string> ddprun_on_path(const std::string& ddprun_bin) {
+  const std::string bin = std::filesystem::path(ddprun_bin).parent_path().string();
+  const char* path = std::getenv("PATH");
+  return {{"PATH", bin + ":" + (path != nullptr ? path : "/usr/bin:/bin")}};
+}
+
 class SlurmCluster {
  public:
   SlurmCluster() {

@@ -14,28 +14,12 @@
 #include <sstream>
 #include <string>
 
+#include "tests/integration/ddprun_runs.h"
 #include "tests/slurm/slurm_cluster.h"
 
 using namespace ddprun::testing;
 
 namespace {
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-int count_of(const std::string& text, const std::string& part) {
-  int n = 0;
-  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
-  return n;
-}
-
-/// The job's environment: `ddprun` on PATH is the one just built.
-std::map<std::string, std::string> with_ddprun_on_path() {
-  const std::string bin = std::filesystem::path(DDPRUN_BIN).parent_path().string();
-  const char* path = std::getenv("PATH");
-  return {{"PATH", bin + ":" + (path != nullptr ? path : "/usr/bin:/bin")}};
-}
 
 /// The derived rendezvous listens on 29400 of the first node (here this machine); a stranger
 /// holding it would make the test about something else, so say so.
@@ -79,7 +63,7 @@ TEST_CASE("srun ddprun on two nodes takes nodes, node rank and rendezvous from S
                                            "#SBATCH --ntasks-per-node=1\n"
                                            "srun --label ddprun --nproc_per_node 2 --no_python ") +
                                    FAKE_WORKER_BIN + " env=RANK,GROUP_RANK,WORLD_SIZE\n",
-                               with_ddprun_on_path());
+                               ddprun_on_path(DDPRUN_BIN));
   INFO("sbatch: " << r.err << "\njob output:\n" << r.out << cluster.logs());
   CHECK(r.exit_code == 0);
   CHECK(ranks_printed(r.out) == kRanks0To3Once);
@@ -104,7 +88,7 @@ TEST_CASE("explicit flags win over SLURM's values inside a job step", "[slurm]")
                                            "srun ddprun --rdzv_id mine --nproc_per_node 1 "
                                            "--no_python ") +
                                    FAKE_WORKER_BIN + " env=RANK,WORLD_SIZE,TORCHELASTIC_RUN_ID\n",
-                               with_ddprun_on_path());
+                               ddprun_on_path(DDPRUN_BIN));
   INFO("sbatch: " << r.err << "\njob output:\n" << r.out << cluster.logs());
   CHECK(r.exit_code == 0);
   CHECK(ranks_printed(r.out) == std::map<int, int>{{0, 1}, {1, 1}});
@@ -121,7 +105,7 @@ TEST_CASE("the broken tutorial script with a bare ddprun line is fanned out with
                                            "#SBATCH --ntasks-per-node=4\n"
                                            "ddprun --nnodes=2 --nproc_per_node 2 --no_python ") +
                                    FAKE_WORKER_BIN + " env=RANK,WORLD_SIZE\n",
-                               with_ddprun_on_path());
+                               ddprun_on_path(DDPRUN_BIN));
   INFO("sbatch: " << r.err << "\njob output:\n" << r.out << cluster.logs());
   CHECK(r.exit_code == 0);
   // Each virtual node has 4 CPUs: the one ddprun per node gets all of them.
@@ -142,7 +126,7 @@ TEST_CASE("with PET_NO_SLURM_FANOUT=1 the broken tutorial script stops with the 
                                            "export PET_NO_SLURM_FANOUT=1\n"
                                            "ddprun --nnodes=2 --nproc_per_node 2 --no_python ") +
                                    FAKE_WORKER_BIN + " env=RANK\n",
-                               with_ddprun_on_path());
+                               ddprun_on_path(DDPRUN_BIN));
   INFO("sbatch: " << r.err << "\njob output:\n" << r.out << cluster.logs());
   CHECK(r.exit_code == 64);
   CHECK(contains(r.out, "ddprun: error: ddprun runs outside srun on a 2-node allocation"));
