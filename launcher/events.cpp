@@ -103,6 +103,7 @@ EventSummary summarize_events(const std::string& text) {
     phase("teardown_done", r.teardown_ms);
     phase("rendezvous_complete", r.rendezvous_ms);
     phase("workers_started", r.spawn_ms);
+    phase("worker_main", r.process_start_ms);
     phase("pg_ready", r.pg_init_ms);
     phase("snapshot_loaded", r.snapshot_load_ms);
     phase("first_step", r.first_step_ms);
@@ -125,6 +126,7 @@ json summary_json(const EventSummary& summary) {
                    {"teardown_ms", opt(r.teardown_ms)},
                    {"rendezvous_ms", opt(r.rendezvous_ms)},
                    {"spawn_ms", opt(r.spawn_ms)},
+                   {"process_start_ms", opt(r.process_start_ms)},
                    {"pg_init_ms", opt(r.pg_init_ms)},
                    {"snapshot_load_ms", opt(r.snapshot_load_ms)},
                    {"first_step_ms", opt(r.first_step_ms)},
@@ -141,10 +143,15 @@ std::string format_summary(const EventSummary& summary) {
   for (const Recovery& r : summary.recoveries) {
     out << "recovery " << ++n << " (restart count " << r.restart_count << "): " << r.cause << "\n";
     const std::pair<const char*, std::optional<double>> rows[] = {
-        {"detect", r.detect_ms},         {"teardown", r.teardown_ms},
-        {"rendezvous", r.rendezvous_ms}, {"spawn", r.spawn_ms},
-        {"pg init", r.pg_init_ms},       {"snapshot load", r.snapshot_load_ms},
-        {"first step", r.first_step_ms}, {"total", r.total_ms}};
+        {"detect", r.detect_ms},
+        {"teardown", r.teardown_ms},
+        {"rendezvous", r.rendezvous_ms},
+        {"spawn", r.spawn_ms},
+        {"process start", r.process_start_ms},
+        {"pg init", r.pg_init_ms},
+        {"snapshot load", r.snapshot_load_ms},
+        {"first step", r.first_step_ms},
+        {"total", r.total_ms}};
     out << "  phase           ms\n";
     for (const auto& [name, ms] : rows)
       out << "  " << std::left << std::setw(14) << name << " " << std::right << std::setw(9)

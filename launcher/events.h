@@ -21,7 +21,8 @@ struct Recovery {
   std::optional<double> teardown_ms;       ///< failure_detected -> last teardown_done
   std::optional<double> rendezvous_ms;     ///< -> last rendezvous_complete
   std::optional<double> spawn_ms;          ///< -> last workers_started
-  std::optional<double> pg_init_ms;        ///< -> last pg_ready
+  std::optional<double> process_start_ms;  ///< -> last worker_main (exec, library loading)
+  std::optional<double> pg_init_ms;        ///< -> last pg_ready (store and group connect)
   std::optional<double> snapshot_load_ms;  ///< -> last snapshot_loaded
   std::optional<double> first_step_ms;     ///< -> last first_step
   double total_ms = 0;  ///< from the fault (or failure) to the end of the last phase seen

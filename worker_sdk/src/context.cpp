@@ -1,9 +1,11 @@
 #include "ddprun/sdk/context.h"
 
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 
 #include "common/strings.h"
+#include "ddprun/sdk/agent_report.h"
 
 extern char** environ;
 
@@ -90,6 +92,10 @@ EnvMap current_environment() {
 WorkerContext WorkerContext::from_env() {
   auto parsed = parse_worker_context(current_environment());
   if (auto* err = std::get_if<std::string>(&parsed)) throw std::runtime_error(*err);
+  // The first call marks, in the agent's event log, the end of process start-up (exec and
+  // the loading of libtorch) and the start of the process group's set-up.
+  static std::once_flag reported;
+  std::call_once(reported, [] { report_to_agent("worker_main"); });
   return std::get<WorkerContext>(parsed);
 }
 

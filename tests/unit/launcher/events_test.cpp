@@ -21,9 +21,9 @@ TEST_CASE("a recovery is cut into phases that end with the slowest node or rank"
       line(10.010, "teardown_done") + line(10.030, "teardown_done") +  // two nodes
       line(10.035, "rendezvous_complete") + line(10.040, "rendezvous_complete") +
       line(10.041, "workers_started", "\"restart_count\":1") +
-      line(10.045, "workers_started", "\"restart_count\":1") + line(10.200, "pg_ready") +
-      line(10.300, "pg_ready") + line(10.350, "snapshot_loaded") + line(10.400, "first_step") +
-      line(10.420, "first_step") + "not json\n";
+      line(10.045, "workers_started", "\"restart_count\":1") + line(10.150, "worker_main") +
+      line(10.200, "pg_ready") + line(10.300, "pg_ready") + line(10.350, "snapshot_loaded") +
+      line(10.400, "first_step") + line(10.420, "first_step") + "not json\n";
   const EventSummary s = summarize_events(log);
   CHECK(s.malformed_lines == 1);
   REQUIRE(s.recoveries.size() == 1);
@@ -34,13 +34,16 @@ TEST_CASE("a recovery is cut into phases that end with the slowest node or rank"
   CHECK(*r.teardown_ms == Approx(28.0));
   CHECK(*r.rendezvous_ms == Approx(10.0));
   CHECK(*r.spawn_ms == Approx(5.0));
-  CHECK(*r.pg_init_ms == Approx(255.0));
+  REQUIRE(r.process_start_ms);
+  CHECK(*r.process_start_ms == Approx(105.0));
+  CHECK(*r.pg_init_ms == Approx(150.0));
   CHECK(*r.snapshot_load_ms == Approx(50.0));
   CHECK(*r.first_step_ms == Approx(70.0));
   CHECK(r.total_ms == Approx(420.0));
   const std::string table = format_summary(s);
   CHECK(table.find("recovery 1 (restart count 1): rank 3 killed by signal 9") != std::string::npos);
-  CHECK(table.find("pg init            255.0") != std::string::npos);
+  CHECK(table.find("process start      105.0") != std::string::npos);
+  CHECK(table.find("pg init            150.0") != std::string::npos);
   CHECK(summary_json(s)["recoveries"][0]["total_ms"].get<double>() == Approx(420.0));
 }
 
