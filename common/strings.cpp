@@ -7,6 +7,13 @@
 
 namespace ddprun::common {
 
+std::optional<bool> parse_bool(std::string_view text) {
+  const std::string lowered = to_lower(trim(text));
+  if (lowered == "1" || lowered == "true") return true;
+  if (lowered == "0" || lowered == "false") return false;
+  return std::nullopt;
+}
+
 std::string join(const std::vector<std::string>& items, std::string_view sep) {
   std::string out;
   for (size_t i = 0; i < items.size(); ++i) {

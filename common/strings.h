@@ -16,6 +16,9 @@ std::string trim(std::string_view text);
 std::optional<long long> parse_int(std::string_view text);
 /// Parses a whole string as a finite double; nullopt on junk.
 std::optional<double> parse_double(std::string_view text);
+/// 1/0/true/false (any case, surrounding blanks ignored), as PET_ switches and --rdzv_conf
+/// is_host take them; nullopt for anything else.
+std::optional<bool> parse_bool(std::string_view text);
 /// Lower-cases ASCII letters.
 std::string to_lower(std::string_view text);
 

@@ -15,6 +15,7 @@
 #include "common/signals.h"
 #include "common/strings.h"
 #include "launcher/slurm.h"
+#include "rendezvous/endpoint.h"
 
 #ifndef DDPRUN_VERSION
 #define DDPRUN_VERSION "dev"
@@ -23,6 +24,7 @@
 namespace ddprun::launcher {
 namespace {
 
+using common::parse_bool;
 using common::parse_double;
 using common::parse_int;
 using common::split;
@@ -214,13 +216,6 @@ std::string describe_switch(const RawValue& value) {
   return value.from_env ? describe(value) : value.label;
 }
 
-std::optional<bool> parse_env_bool(std::string_view text) {
-  const std::string lowered = to_lower(trim(text));
-  if (lowered == "1" || lowered == "true") return true;
-  if (lowered == "0" || lowered == "false") return false;
-  return std::nullopt;
-}
-
 Error parse_nnodes(const RawValue& v, LaunchConfig& config) {
   const std::string fix = ": expected N or MIN:MAX, e.g. 2 or 1:4";
   std::vector<std::string> parts = split(v.text, ':');
@@ -298,25 +293,19 @@ Error parse_endpoint(const RawValue& v, LaunchConfig& config) {
   if (!v.given) return std::nullopt;
   const std::string endpoint = trim(v.text);
   const std::string fix = ": expected host:port, [ipv6]:port or host, e.g. head:29400";
-  std::string host;
-  std::optional<std::string> port;
-  if (!endpoint.empty() && endpoint.front() == '[') {
-    const size_t close = endpoint.find(']');
-    if (close == std::string::npos) return describe(v) + ": missing ']'" + fix;
-    host = endpoint.substr(1, close - 1);
-    const std::string rest = endpoint.substr(close + 1);
-    if (!rest.empty()) {
-      if (rest.front() != ':') return describe(v) + fix;
-      port = rest.substr(1);
+  auto split = rdzv::split_endpoint(endpoint);
+  if (auto* error = std::get_if<rdzv::EndpointError>(&split)) {
+    switch (*error) {
+      case rdzv::EndpointError::MissingBracket:
+        return describe(v) + ": missing ']'" + fix;
+      case rdzv::EndpointError::BareIpv6:
+        return describe(v) + ": put an IPv6 address in brackets, e.g. [fd00::1]:29400";
+      case rdzv::EndpointError::Malformed:
+        break;
     }
-  } else {
-    const size_t colon = endpoint.find(':');
-    if (colon != std::string::npos && endpoint.find(':', colon + 1) != std::string::npos) {
-      return describe(v) + ": put an IPv6 address in brackets, e.g. [fd00::1]:29400";
-    }
-    host = endpoint.substr(0, colon);
-    if (colon != std::string::npos) port = endpoint.substr(colon + 1);
+    return describe(v) + fix;
   }
+  const auto& [host, port] = std::get<rdzv::EndpointParts>(split);
   if (!valid_host(host)) return describe(v) + fix;
   if (port && !valid_port(*port)) return describe(v) + ": the port must be 1..65535";
   config.rdzv_endpoint = endpoint;
@@ -347,7 +336,7 @@ Error parse_rdzv_conf(const RawValue& v, LaunchConfig& config) {
         return describe(v) + ": " + key + "=" + value + " must be a positive integer";
       }
     } else if (key == "is_host") {
-      if (!parse_env_bool(value)) {
+      if (!parse_bool(value)) {
         return describe(v) + ": is_host=" + value + " must be 1, 0, true or false";
       }
     }
@@ -737,7 +726,7 @@ ParseResult parse_command_line(const std::vector<std::string>& args, const EnvLo
       value.from_env = true;
       value.given = true;
       if (spec.is_switch) {
-        auto on = parse_env_bool(*from_env);
+        auto on = parse_bool(*from_env);
         if (!on) return UsageError{describe(value) + ": expected 1, 0, true or false"};
         switches[spec.name] = *on;
       }

@@ -1,7 +1,7 @@
 #include "launcher/rdzv_plan.h"
 
 #include "common/strings.h"
-#include "rendezvous/server.h"
+#include "rendezvous/endpoint.h"
 
 namespace ddprun::launcher {
 
@@ -21,15 +21,6 @@ rdzv::Millis seconds_conf(const LaunchConfig& config, const std::string& key,
   auto seconds = common::parse_double(*text);
   if (!seconds) return fallback;
   return rdzv::Millis(static_cast<long long>(*seconds * 1000.0));
-}
-
-std::optional<bool> bool_conf(const LaunchConfig& config, const std::string& key) {
-  auto text = conf(config, key);
-  if (!text) return std::nullopt;
-  const std::string v = common::to_lower(common::trim(*text));
-  if (v == "1" || v == "true" || v == "yes") return true;
-  if (v == "0" || v == "false" || v == "no") return false;
-  return std::nullopt;
 }
 
 }  // namespace
@@ -64,7 +55,8 @@ std::variant<RendezvousPlan, std::string> plan_rendezvous(
     if (auto n = common::parse_int(*attempts)) s.keep_alive_max_attempt = static_cast<int>(*n);
   }
   c.connect_timeout = seconds_conf(config, "connect_timeout", c.connect_timeout);
-  const std::optional<bool> is_host = bool_conf(config, "is_host");
+  std::optional<bool> is_host;
+  if (auto text = conf(config, "is_host")) is_host = common::parse_bool(*text);
 
   if (is_static) {
     // torchrun's static form: --master_addr/--master_port name node 0; every node gives its

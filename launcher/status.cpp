@@ -10,9 +10,9 @@
 
 #include "common/exit_codes.h"
 #include "rendezvous/connection.h"
+#include "rendezvous/endpoint.h"
 #include "rendezvous/framing.h"
 #include "rendezvous/protocol.h"
-#include "rendezvous/server.h"
 
 namespace ddprun::launcher {
 
@@ -120,9 +120,7 @@ std::string format_status(const json& jobs) {
 }
 
 int run_status(const StatusRequest& request) {
-  const std::string where =
-      (request.host.find(':') != std::string::npos ? "[" + request.host + "]" : request.host) +
-      ":" + std::to_string(request.port);
+  const std::string where = rdzv::format_endpoint(request.host, request.port);
   asio::io_context io;
   std::string error;
   std::optional<json> jobs;

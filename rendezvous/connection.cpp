@@ -1,5 +1,7 @@
 #include "rendezvous/connection.h"
 
+#include "rendezvous/endpoint.h"
+
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 
@@ -11,20 +13,10 @@ namespace ddprun::rdzv {
 namespace asio = boost::asio;
 using boost::system::error_code;
 
-namespace {
-
-std::string endpoint_text(const asio::ip::tcp::endpoint& e) {
-  const auto addr = e.address();
-  const std::string host = addr.is_v6() ? "[" + addr.to_string() + "]" : addr.to_string();
-  return host + ":" + std::to_string(e.port());
-}
-
-}  // namespace
-
 FramedConnection::FramedConnection(asio::ip::tcp::socket socket) : socket_(std::move(socket)) {
   error_code ec;
   auto remote = socket_.remote_endpoint(ec);
-  peer_ = ec ? "?" : endpoint_text(remote);
+  peer_ = ec ? "?" : format_endpoint(remote.address().to_string(), remote.port());
 }
 
 void FramedConnection::start(MessageHandler on_message, CloseHandler on_close) {

@@ -8,6 +8,8 @@
 #include <boost/asio/post.hpp>
 #include <random>
 
+#include "common/strings.h"
+#include "rendezvous/endpoint.h"
 #include "rendezvous/free_port.h"
 #include "rendezvous/local_host.h"
 
@@ -30,11 +32,6 @@ std::string random_hex(int digits) {
 }
 
 long long seconds(Millis m) { return static_cast<long long>(m.count() / 1000); }
-
-std::string endpoint_text(const std::string& host, int port) {
-  const bool v6 = host.find(':') != std::string::npos;
-  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
-}
 
 }  // namespace
 
@@ -148,7 +145,7 @@ void NetworkRendezvous::on_connected(std::shared_ptr<FramedConnection> conn) {
   if (phase_ == Phase::Done) return conn->close();
   if (lost_since_ && round_)
     spdlog::info("reconnected to the rendezvous at {}",
-                 endpoint_text(opt_.endpoint_host, opt_.endpoint_port));
+                 format_endpoint(opt_.endpoint_host, opt_.endpoint_port));
   conn_ = conn;
   greeted_ = false;
   lost_since_.reset();
@@ -218,10 +215,10 @@ void NetworkRendezvous::on_message(const nlohmann::json& body) {
         return give_up(RendezvousError{
             RendezvousErrorKind::State,
             "the rendezvous server refused this node: " + std::get<Refused>(*m).message});
-      return give_up(
-          RendezvousError{RendezvousErrorKind::State,
-                          "the server at " + endpoint_text(opt_.endpoint_host, opt_.endpoint_port) +
-                              " is not a ddprun rendezvous server of this version: " + *bad});
+      return give_up(RendezvousError{
+          RendezvousErrorKind::State,
+          "the server at " + format_endpoint(opt_.endpoint_host, opt_.endpoint_port) +
+              " is not a ddprun rendezvous server of this version: " + *bad});
     }
     greeted_ = true;
     return;
@@ -259,15 +256,9 @@ void NetworkRendezvous::on_message(const nlohmann::json& body) {
     info.master_port = ready->master_port;
     info.restart_count = ready->restart_count;
     info.round = ready->round;
-    spdlog::info(
-        "rendezvous round {} complete: group rank {} of {} nodes ({}), master {}:{}", ready->round,
-        ready->group_rank, ready->group_world_size,
-        [&] {
-          std::string names;
-          for (const auto& n : ready->participants) names += (names.empty() ? "" : ", ") + n;
-          return names;
-        }(),
-        ready->master_addr, ready->master_port);
+    spdlog::info("rendezvous round {} complete: group rank {} of {} nodes ({}), master {}:{}",
+                 ready->round, ready->group_rank, ready->group_world_size,
+                 common::join(ready->participants, ", "), ready->master_addr, ready->master_port);
     auto done = std::move(done_);
     done_ = nullptr;
     if (done) done(info);
@@ -304,12 +295,11 @@ void NetworkRendezvous::on_lost(const std::string& why) {
   greeted_ = false;
   heartbeat_timer_.cancel();
   if (phase_ == Phase::Done) return;
-  last_error_ = why;
   const auto now = clock_.now();
   if (!lost_since_) {
     lost_since_ = now;
     spdlog::warn("lost the rendezvous server at {}: {}; reconnecting",
-                 endpoint_text(opt_.endpoint_host, opt_.endpoint_port), why);
+                 format_endpoint(opt_.endpoint_host, opt_.endpoint_port), why);
   }
   if (now - *lost_since_ >= opt_.connect_timeout) return give_up(why);
   retry_timer_.expires_after(backoff_);
@@ -323,7 +313,7 @@ void NetworkRendezvous::give_up(const std::string& why) {
   give_up(RendezvousError{
       RendezvousErrorKind::Connection,
       "cannot reach the rendezvous server at " +
-          endpoint_text(opt_.endpoint_host, opt_.endpoint_port) + " for " +
+          format_endpoint(opt_.endpoint_host, opt_.endpoint_port) + " for " +
           std::to_string(seconds(opt_.connect_timeout)) + " s (" + why +
           "); check --rdzv_endpoint and that the node hosting it (the endpoint's host) or "
           "ddprun-rdzvd is running"});

@@ -103,7 +103,6 @@ class NetworkRendezvous final : public RendezvousHandler {
   boost::asio::steady_timer status_timer_;
   std::optional<common::TimePoint> lost_since_;
   Millis backoff_{100};
-  std::string last_error_;
   std::optional<Waiting> last_waiting_;
   common::TimePoint last_waiting_at_;
   std::string last_status_line_;

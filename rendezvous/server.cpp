@@ -5,6 +5,7 @@
 #include <boost/asio/ip/v6_only.hpp>
 
 #include "common/strings.h"
+#include "rendezvous/endpoint.h"
 
 namespace ddprun::rdzv {
 
@@ -73,10 +74,8 @@ std::optional<std::string> RendezvousServer::listen(const std::string& host, int
     if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
     if (ec) {
       if (ec == asio::error::address_in_use && in_use) *in_use = true;
-      last = "cannot listen on " +
-             (endpoint.address().is_v6() ? "[" + endpoint.address().to_string() + "]"
-                                         : endpoint.address().to_string()) +
-             ":" + std::to_string(port) + ": " + ec.message();
+      last = "cannot listen on " + format_endpoint(endpoint.address().to_string(), port) + ": " +
+             ec.message();
       if (ec == asio::error::address_in_use) return last;
       continue;
     }
@@ -242,36 +241,6 @@ json RendezvousServer::describe(const std::optional<std::string>& run_id) const 
   for (const auto& [id, job] : jobs_)
     if (!run_id || *run_id == id) jobs.push_back(describe_job(job.state, now));
   return jobs;
-}
-
-std::optional<std::pair<std::string, int>> parse_endpoint(const std::string& endpoint,
-                                                          int default_port) {
-  std::string host;
-  std::string port_text;
-  if (!endpoint.empty() && endpoint.front() == '[') {
-    const auto close = endpoint.find(']');
-    if (close == std::string::npos) return std::nullopt;
-    host = endpoint.substr(1, close - 1);
-    const std::string rest = endpoint.substr(close + 1);
-    if (!rest.empty()) {
-      if (rest.front() != ':') return std::nullopt;
-      port_text = rest.substr(1);
-    }
-  } else {
-    const auto colon = endpoint.find(':');
-    if (colon != std::string::npos && endpoint.find(':', colon + 1) != std::string::npos)
-      return std::nullopt;  // a bare IPv6 address needs brackets
-    host = endpoint.substr(0, colon);
-    if (colon != std::string::npos) port_text = endpoint.substr(colon + 1);
-  }
-  if (host.empty()) return std::nullopt;
-  int port = default_port;
-  if (!port_text.empty()) {
-    auto parsed = common::parse_int(port_text);
-    if (!parsed || *parsed < 0 || *parsed > 65535) return std::nullopt;
-    port = *parsed;
-  }
-  return std::pair{host, port};
 }
 
 }  // namespace ddprun::rdzv

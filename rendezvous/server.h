@@ -81,9 +81,4 @@ class RendezvousServer {
   bool stopped_ = false;
 };
 
-/// "[::1]:29400" / "10.0.0.1:29400" / "host:29400" split into host and port; the default port
-/// when none is given. nullopt for malformed text.
-std::optional<std::pair<std::string, int>> parse_endpoint(const std::string& endpoint,
-                                                          int default_port);
-
 }  // namespace ddprun::rdzv

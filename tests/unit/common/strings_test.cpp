@@ -43,3 +43,12 @@ TEST_CASE("join puts the separator between items only", "[common][unit]") {
   CHECK(join({"a"}, ", ") == "a");
   CHECK(join({"a", "", "b"}, ",") == "a,,b");
 }
+
+TEST_CASE("parse_bool takes 1, 0, true and false in any case and nothing else", "[common][unit]") {
+  CHECK(parse_bool(" TRUE ") == true);
+  CHECK(parse_bool("1") == true);
+  CHECK(parse_bool("False") == false);
+  CHECK(parse_bool("0") == false);
+  CHECK_FALSE(parse_bool("yes"));
+  CHECK_FALSE(parse_bool(""));
+}
