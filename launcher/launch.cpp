@@ -195,6 +195,7 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
   common::SteadyClock clock;
   std::unique_ptr<rdzv::RendezvousServer> server;
   std::unique_ptr<rdzv::RendezvousHandler> rdzv;
+  rdzv::NetworkRendezvous* network = nullptr;  ///< rdzv, when it is the networked one
   if (plan.single_node) {
     const std::string master_addr =
         config.local_addr.empty() ? config.master_addr : config.local_addr;
@@ -228,12 +229,13 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
     plan.client.before_connect = [try_host] {
       if (auto why = try_host()) spdlog::debug("not hosting the rendezvous: {}", *why);
     };
-    rdzv = std::make_unique<rdzv::NetworkRendezvous>(io, clock, plan.client);
+    auto client = std::make_unique<rdzv::NetworkRendezvous>(io, clock, plan.client);
+    network = client.get();
+    rdzv = std::move(client);
   }
   // Let the last messages (a "closed" for the other nodes, this node's "leave") go out before
   // the event loop ends, for at most kLinger.
   boost::asio::steady_timer linger(io);
-  auto* network = dynamic_cast<rdzv::NetworkRendezvous*>(rdzv.get());
   std::function<void(int)> wait_flushed = [&](int polls_left) {
     const bool flushed =
         (!server || !server->has_pending_writes()) && (!network || network->flushed());
