@@ -144,6 +144,44 @@ TEST_CASE("a torn snapshot is skipped with a warning and the previous one is loa
   CHECK(meta->epoch == 1);
 }
 
+TEST_CASE("a save that runs out of space fails naming the file and keeps the previous snapshot",
+          "[sdk][snapshot]") {
+  // A 1 MiB tmpfs holds the small first snapshot but not a second of about 4 MiB.
+  TempDir dir;
+  const std::string mnt = dir.path() + "/small";
+  std::filesystem::create_directory(mnt);
+  const std::string mount = "mount -t tmpfs -o size=1m ddprun-test " + mnt;
+  INFO("this test needs root to mount a tmpfs (" << mount << ")");
+  REQUIRE(std::system(mount.c_str()) == 0);
+  struct Unmount {
+    std::string path;
+    ~Unmount() { std::system(("umount " + path).c_str()); }
+  } unmount{mnt};
+
+  Net net;
+  auto opt = make_sgd(net);
+  sdk::SnapshotStore store(mnt + "/s.pt");
+  store.save(*net, opt, 1, 10, 1);
+  torch::nn::Linear big(1024, 1024);  // 4 MiB of parameters
+  auto big_opt = torch::optim::SGD(big->parameters(), 0.1);
+  sdk::SnapshotStore big_store(mnt + "/s.pt");
+  try {
+    big_store.save(*big, big_opt, 2, 20, 1);
+    FAIL("a 4 MiB snapshot was saved on a 1 MiB tmpfs");
+  } catch (const std::system_error& e) {
+    CHECK(e.code() == std::errc::no_space_on_device);
+    CHECK_THAT(e.what(), Catch::Contains(mnt + "/s.pt.000002.tmp-"));
+  }
+  // No temporary file is left behind, and the first snapshot still loads.
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(mnt))
+    names.push_back(e.path().filename().string());
+  CHECK(names == std::vector<std::string>{"s.pt.000001"});
+  auto meta = store.load_latest(*net, opt);
+  REQUIRE(meta);
+  CHECK(meta->epoch == 1);
+}
+
 TEST_CASE("a snapshot with a flipped byte in its tensor data is refused", "[sdk][snapshot]") {
   TempDir dir;
   torch::manual_seed(3);

@@ -88,23 +88,32 @@ inline void set_default_rng_state(const torch::Tensor& state) {
   gen.set_state(state);
 }
 
-/// Writes `value` in the zip container of torch::pickle_save (and torch.save), which Python's
-/// torch.load and torch::pickle_load read, through `writer` as it goes: the pickle of the
-/// structure first, then each tensor's bytes straight from its storage, with no copy of the
-/// whole file in memory.
-inline void write_torch_save_zip(const torch::IValue& value,
-                                 const std::function<size_t(const void*, size_t)>& writer) {
+/// A value pickled the way torch::pickle_save (and torch.save) store it in their zip container:
+/// the pickle of the structure, and the tensors it refers to, each to be stored as its own
+/// record `data/<index>` beside `data.pkl`.
+struct PickledValue {
   std::vector<char> pickle;
+  std::vector<at::Tensor> tensors;
+};
+
+inline PickledValue pickle_tensors_apart(const torch::IValue& value) {
+  PickledValue out;
   torch::jit::Pickler pickler(
-      [&](const char* data, size_t size) { pickle.insert(pickle.end(), data, data + size); },
+      [&](const char* data, size_t size) {
+        out.pickle.insert(out.pickle.end(), data, data + size);
+      },
       nullptr, nullptr, nullptr);
   pickler.protocol();
   pickler.pushIValue(value);
   pickler.stop();
-  caffe2::serialize::PyTorchStreamWriter zip(writer);
-  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(),
-                                     zip);
-  zip.writeEndOfFile();
+  out.tensors = pickler.tensorData();
+  return out;
+}
+
+/// The bytes torch.load reads for a CPU tensor's record: its whole storage, not a copy.
+inline std::pair<const void*, size_t> tensor_record_bytes(const at::Tensor& tensor) {
+  const at::Storage& storage = tensor.storage();
+  return {storage.data(), storage.nbytes()};
 }
 
 }  // namespace ddprun::sdk::compat
