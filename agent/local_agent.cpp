@@ -26,6 +26,7 @@
 #include "agent/failure_report.h"
 #include "agent/line_buffer.h"
 #include "agent/policy.h"
+#include "agent/standby_pool.h"
 #include "agent/worker_command.h"
 #include "common/signals.h"
 #include "rendezvous/local_host.h"
@@ -41,6 +42,9 @@ namespace {
 constexpr std::chrono::milliseconds kDrainTimeout{2000};
 /// The watchdog looks at least this often (more often for a short --watchdog_timeout).
 constexpr std::chrono::milliseconds kWatchdogTick{1000};
+/// Standby processes start this long after a group: they load the program (and libtorch) while
+/// the workers train, not while they start.
+constexpr std::chrono::milliseconds kStandbyDelay{1000};
 
 void write_all(int fd, const std::string& data) {
   const char* p = data.data();
@@ -123,8 +127,10 @@ class LocalAgent::Impl {
         shutdown_timer_(io),
         drain_timer_(io),
         watchdog_timer_(io),
+        standby_timer_(io),
         reports_(io),
-        host_(rdzv::local_host_name()) {}
+        host_(rdzv::local_host_name()),
+        standbys_(launcher) {}
 
   ~Impl() {
     std::error_code ignored;
@@ -405,6 +411,7 @@ class LocalAgent::Impl {
     const std::string executable = resolve_executable(opt_.spec.argv.front(), path_env);
     spdlog::debug("starting {} workers (restart {}): master {}:{}", opt_.spec.local_world_size,
                   restart_count_, round.master_addr, round.master_port);
+    int from_standby = 0;
     for (const WorkerPlacement& p : place_workers(round, opt_.spec.local_world_size)) {
       auto w = std::make_unique<WorkerRuntime>();
       w->placement = p;
@@ -418,12 +425,17 @@ class LocalAgent::Impl {
       // Worker rank 0 hosts the process-group store (TORCHELASTIC_USE_AGENT_STORE=False).
       WorkerEnvInputs in{&opt_.spec,    &round_,     p, rdzv_.run_id(), /*use_agent_store=*/false,
                          w->error_file, socket_path_};
-      ProcessSpec ps{executable, opt_.spec.argv, to_envp(build_worker_env(opt_.agent_env, in))};
+      const EnvMap env = build_worker_env(opt_.agent_env, in);
+      ProcessSpec ps{executable, opt_.spec.argv, to_envp(env)};
       if (executable.empty()) {
         w->launch_error = "command not found: " + opt_.spec.argv.front() + " (PATH=" + path_env +
                           "); check the script name or set PYTHON_EXEC";
       } else {
-        auto launched = launcher_.launch(ps);
+        std::optional<LaunchedProcess> standby;
+        if (opt_.standby_workers) standby = standbys_.hand_over(p.local_rank, env);
+        if (standby) ++from_standby;
+        auto launched =
+            standby ? std::variant<LaunchedProcess, std::string>(*standby) : launcher_.launch(ps);
         if (auto* why = std::get_if<std::string>(&launched)) {
           w->launch_error = *why;
         } else {
@@ -448,12 +460,38 @@ class LocalAgent::Impl {
     }
     nlohmann::json pids = nlohmann::json::array();
     for (auto& w : workers_) pids.push_back(w->pid);
-    emit("workers_started",
-         {{"count", workers_.size()}, {"pids", pids}, {"restart_count", restart_count_}});
+    emit("workers_started", {{"count", workers_.size()},
+                             {"pids", pids},
+                             {"restart_count", restart_count_},
+                             {"from_standby", from_standby}});
     arm_watchdog();
+    arm_standbys(executable);
     // SIGCHLD may have arrived before every pid was known.
     reap_children();
     evaluate();
+  }
+
+  /// --standby_workers: a while after a group starts, one standby per local rank for the
+  /// next restart.
+  void arm_standbys(const std::string& executable) {
+    if (!opt_.standby_workers || executable.empty()) return;
+    standby_timer_.expires_after(kStandbyDelay);
+    standby_timer_.async_wait([this, executable](const boost::system::error_code& ec) {
+      if (ec || finished_ || !standbys_.enabled()) return;
+      nlohmann::json started = nlohmann::json::array();
+      for (int local = 0; local < opt_.spec.local_world_size; ++local) {
+        if (standbys_.has(local)) continue;
+        ProcessSpec ps{
+            executable, opt_.spec.argv,
+            to_envp(build_standby_env(opt_.agent_env, opt_.spec, local, rdzv_.run_id()))};
+        if (std::string why = standbys_.start(local, std::move(ps)); !why.empty())
+          spdlog::warn("cannot start a standby for local rank {}: {}", local, why);
+        else
+          started.push_back(standbys_.pid_of(local));
+      }
+      if (!started.empty())
+        emit("standbys_started", {{"count", started.size()}, {"pids", started}});
+    });
   }
 
   std::shared_ptr<OutputStream> open_stream(int fd, int local_rank, launcher::StdStreams which,
@@ -502,6 +540,7 @@ class LocalAgent::Impl {
       int status = 0;
       pid_t pid = ::waitpid(-1, &status, WNOHANG);
       if (pid <= 0) break;
+      if (standbys_.on_exit(pid, ExitStatus::from_wait_status(status))) continue;
       for (auto& w : workers_) {
         if (w->running && w->pid == pid) on_worker_exit(*w, ExitStatus::from_wait_status(status));
       }
@@ -706,6 +745,8 @@ class LocalAgent::Impl {
     exit_code_ = code;
     emit("job_end", {{"exit_code", code}});
     watchdog_timer_.cancel();
+    standby_timer_.cancel();
+    standbys_.clear();
     boost::system::error_code closed;
     reports_.close(closed);
     kill_remaining();
@@ -731,6 +772,7 @@ class LocalAgent::Impl {
   asio::steady_timer shutdown_timer_;
   asio::steady_timer drain_timer_;
   asio::steady_timer watchdog_timer_;
+  asio::steady_timer standby_timer_;
   asio::local::datagram_protocol::socket reports_;
   std::vector<char> report_buffer_;
   std::string socket_dir_;
@@ -743,6 +785,7 @@ class LocalAgent::Impl {
   rdzv::RendezvousInfo round_;
   std::vector<std::unique_ptr<WorkerRuntime>> workers_;
   std::vector<ProcessFailure> failures_;
+  StandbyPool standbys_;
   StopReason stop_reason_ = StopReason::None;
   std::function<void()> after_drain_;
   int restart_count_ = 0;

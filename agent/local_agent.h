@@ -34,6 +34,9 @@ struct AgentOptions {
   /// --watchdog_timeout: a worker that reported progress and then went silent this long is
   /// killed as hung (0: off).
   std::chrono::milliseconds watchdog_timeout{0};
+  /// --standby_workers: keep a standby process per local rank for the next restart
+  /// (agent/standby_pool.h).
+  bool standby_workers = false;
   /// Runs once when the job has ended, before run() returns (e.g. to stop an embedded server).
   std::function<void()> on_finish;
 };

@@ -26,7 +26,7 @@ std::vector<char*> to_c_array(const std::vector<std::string>& items) {
 
 /// Runs in the forked child: only async-signal-safe calls until execve.
 [[noreturn]] void exec_child(const char* exe, char* const* argv, char* const* envp, pid_t parent,
-                             int out_w, int err_w, int report_w) {
+                             int out_w, int err_w, int report_w, int inherit_fd) {
   ::setpgid(0, 0);
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   // The agent may have died between fork and prctl; then nobody would kill us later.
@@ -39,6 +39,7 @@ std::vector<char*> to_c_array(const std::vector<std::string>& items) {
   if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
   ::dup2(out_w, STDOUT_FILENO);
   ::dup2(err_w, STDERR_FILENO);
+  if (inherit_fd >= 0) ::fcntl(inherit_fd, F_SETFD, 0);
   ::execve(exe, argv, envp);
   int err = errno;
   ssize_t ignored = ::write(report_w, &err, sizeof(err));
@@ -64,8 +65,8 @@ std::variant<LaunchedProcess, std::string> PosixProcessLauncher::launch(const Pr
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid == 0)
-    exec_child(spec.executable.c_str(), argv.data(), envp.data(), parent, out[1], err[1],
-               report[1]);
+    exec_child(spec.executable.c_str(), argv.data(), envp.data(), parent, out[1], err[1], report[1],
+               spec.inherit_fd);
   close_fd(out[1]);
   close_fd(err[1]);
   close_fd(report[1]);

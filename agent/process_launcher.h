@@ -12,6 +12,9 @@ struct ProcessSpec {
   std::string executable;  ///< a path (resolve_executable has already searched PATH)
   std::vector<std::string> argv;
   std::vector<std::string> envp;  ///< "K=V" strings
+  /// A descriptor the process keeps across exec under the same number (-1: none); every other
+  /// descriptor of the agent is close-on-exec.
+  int inherit_fd = -1;
 };
 
 /// A started process: its pid (also its process-group id) and the read ends of its

@@ -26,33 +26,38 @@ bool will_default_omp_threads(const EnvMap& agent_env, int local_world_size) {
   return local_world_size > 1 && agent_env.find("OMP_NUM_THREADS") == agent_env.end();
 }
 
-EnvMap build_worker_env(const EnvMap& agent_env, const WorkerEnvInputs& in) {
+EnvMap build_standby_env(const EnvMap& agent_env, const WorkerSpec& spec, int local_rank,
+                         const std::string& run_id) {
   EnvMap env = agent_env;
-  const WorkerSpec& spec = *in.spec;
+  env["LOCAL_RANK"] = std::to_string(local_rank);
+  env["ROLE_NAME"] = spec.role;
+  env["LOCAL_WORLD_SIZE"] = std::to_string(spec.local_world_size);
+  env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(spec.max_restarts);
+  env["TORCHELASTIC_RUN_ID"] = run_id;
+  // NCCL's async error handling on by default; torch 1.x reads the unprefixed name.
+  env.try_emplace("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
+  env.try_emplace("NCCL_ASYNC_ERROR_HANDLING", "1");
+  if (will_default_omp_threads(agent_env, spec.local_world_size)) env["OMP_NUM_THREADS"] = "1";
+  return env;
+}
+
+EnvMap build_worker_env(const EnvMap& agent_env, const WorkerEnvInputs& in) {
   const rdzv::RendezvousInfo& round = *in.round;
   const WorkerPlacement& p = in.placement;
-  env["LOCAL_RANK"] = std::to_string(p.local_rank);
+  EnvMap env = build_standby_env(agent_env, *in.spec, p.local_rank, in.run_id);
   env["RANK"] = std::to_string(p.global_rank);
   env["GROUP_RANK"] = std::to_string(round.group_rank);
   env["ROLE_RANK"] = std::to_string(p.role_rank);
-  env["ROLE_NAME"] = spec.role;
-  env["LOCAL_WORLD_SIZE"] = std::to_string(spec.local_world_size);
   env["WORLD_SIZE"] = std::to_string(p.world_size);
   env["GROUP_WORLD_SIZE"] = std::to_string(round.group_world_size);
   env["ROLE_WORLD_SIZE"] = std::to_string(p.role_world_size);
   env["MASTER_ADDR"] = round.master_addr;
   env["MASTER_PORT"] = std::to_string(round.master_port);
   env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(round.restart_count);
-  env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(spec.max_restarts);
-  env["TORCHELASTIC_RUN_ID"] = in.run_id;
   // Python's str(bool), as torchrun writes it.
   env["TORCHELASTIC_USE_AGENT_STORE"] = in.use_agent_store ? "True" : "False";
   env["TORCHELASTIC_ERROR_FILE"] = in.error_file;
   if (!in.agent_socket.empty()) env["DDPRUN_AGENT_SOCKET"] = in.agent_socket;
-  // NCCL's async error handling on by default; torch 1.x reads the unprefixed name.
-  env.try_emplace("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
-  env.try_emplace("NCCL_ASYNC_ERROR_HANDLING", "1");
-  if (will_default_omp_threads(agent_env, spec.local_world_size)) env["OMP_NUM_THREADS"] = "1";
   return env;
 }
 

@@ -29,6 +29,12 @@ struct WorkerEnvInputs {
 /// than one worker runs on the node.
 EnvMap build_worker_env(const EnvMap& agent_env, const WorkerEnvInputs& in);
 
+/// The part of a worker's environment that is the same in every round (LOCAL_RANK, the run
+/// id, OMP_NUM_THREADS...), without RANK, WORLD_SIZE, MASTER_ADDR/PORT or the restart count:
+/// what a standby process (--standby_workers) starts with.
+EnvMap build_standby_env(const EnvMap& agent_env, const WorkerSpec& spec, int local_rank,
+                         const std::string& run_id);
+
 /// True when build_worker_env will add OMP_NUM_THREADS=1 (the agent prints one notice).
 bool will_default_omp_threads(const EnvMap& agent_env, int local_world_size);
 

@@ -7,8 +7,15 @@ tensors with the sampler's indices, as the C++ program does, so neither side pay
 DataLoader.
 
 Usage: ddprun --standalone --nproc_per_node 2 bench/python_ddp_train.py EPOCHS [--batch_size 32]
+
+For bench/recovery_bench.py: --snapshot_path saves model, optimizer and epoch from rank 0
+after every epoch (torch.save to a temporary file, then rename) and every rank resumes from it,
+as the C++ program does with its snapshots; --mark_file appends "first_step <restart count>
+<time.monotonic()>" when an attempt's first training step is done.
 """
 import argparse
+import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -22,6 +29,8 @@ def main():
     parser.add_argument("total_epochs", type=int)
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--dataset_size", type=int, default=2048)
+    parser.add_argument("--snapshot_path")
+    parser.add_argument("--mark_file")
     args = parser.parse_args()
 
     dist.init_process_group(backend="gloo")
@@ -34,8 +43,15 @@ def main():
     model = DDP(torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(),
                                     torch.nn.Linear(64, 1)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    first_epoch = 0
+    if args.snapshot_path and os.path.exists(args.snapshot_path):
+        snapshot = torch.load(args.snapshot_path)
+        model.module.load_state_dict(snapshot["model"])
+        optimizer.load_state_dict(snapshot["optimizer"])
+        first_epoch = snapshot["epoch"]
     sampler = DistributedSampler(range(args.dataset_size))
-    for epoch in range(args.total_epochs):
+    marked = False
+    for epoch in range(first_epoch, args.total_epochs):
         sampler.set_epoch(epoch)
         order = torch.tensor(list(sampler), dtype=torch.long)
         steps = 0
@@ -47,8 +63,18 @@ def main():
             loss.backward()
             optimizer.step()
             steps += 1
+            if args.mark_file and not marked:
+                marked = True
+                with open(args.mark_file, "a") as f:
+                    f.write(f"first_step {os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')} "
+                            f"{time.monotonic()}\n")
         print(f"[CPU{rank}] Epoch {epoch} | Batchsize: {args.batch_size} | Steps: {steps} | "
               f"Loss: {loss.item():.5f}", flush=True)
+        if args.snapshot_path and rank == 0:
+            tmp = args.snapshot_path + ".tmp"
+            torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
+                        "epoch": epoch + 1}, tmp)
+            os.replace(tmp, args.snapshot_path)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -5,10 +5,12 @@
 //   ddprun --standalone --nproc_per_node 2 --no_python build/bin/ddp_train 5 2 --batch_size 32
 //
 // Test and demo switches: --fail_rank R --fail_epoch E makes rank R fail halfway through epoch
-// E of the first attempt (an exception, or SIGKILL with --fail_kill); --dump_params FILE writes
+// E of the first attempt (an exception, or SIGKILL with --fail_kill), or at the first step of the
+// first attempt after the file --fail_when_file names exists; --dump_params FILE writes
 // this rank's final parameters as raw float32 to FILE.rank<N>.
 #include <CLI/CLI.hpp>
 #include <csignal>
+#include <filesystem>
 #include <cstdio>
 #include <fstream>
 
@@ -30,6 +32,7 @@ struct Args {
   int fail_rank = -1;
   int fail_epoch = 0;
   bool fail_kill = false;
+  std::string fail_when_file;
   std::string dump_params;
 };
 
@@ -99,8 +102,11 @@ int run(const Args& args) {
         (static_cast<int64_t>(indices.size()) + args.batch_size - 1) / args.batch_size;
     torch::Tensor loss = torch::zeros({});
     for (int64_t s = 0; s < steps; ++s) {
-      if (rank == args.fail_rank && epoch == args.fail_epoch && ctx.restart_count == 0 &&
-          s == steps / 2) {
+      const bool fail_now =
+          rank == args.fail_rank && ctx.restart_count == 0 &&
+          (args.fail_when_file.empty() ? epoch == args.fail_epoch && s == steps / 2
+                                       : std::filesystem::exists(args.fail_when_file));
+      if (fail_now) {
         std::printf("[CPU%d] injected failure at epoch %lld, step %lld\n", rank,
                     static_cast<long long>(epoch), static_cast<long long>(s));
         std::fflush(stdout);
@@ -166,6 +172,8 @@ int main(int argc, char** argv) {
     app.add_option("--fail_rank", args.fail_rank, "rank that fails in the first attempt");
     app.add_option("--fail_epoch", args.fail_epoch, "epoch in which --fail_rank fails");
     app.add_flag("--fail_kill", args.fail_kill, "fail by SIGKILL instead of an exception");
+    app.add_option("--fail_when_file", args.fail_when_file,
+                   "--fail_rank fails once this file exists (instead of --fail_epoch)");
     app.add_option("--dump_params", args.dump_params, "write final parameters to FILE.rank<N>");
     try {
       app.parse(argc, argv);

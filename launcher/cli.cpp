@@ -100,6 +100,9 @@ constexpr OptionSpec kOptions[] = {
     {"watchdog_timeout", "", false, "SECONDS", "0", kSupervision,
      "Kill a worker as hung when it reported progress through the ddprun SDK and then nothing "
      "for this long; its group fails like a crash (default 0: off)."},
+    {"standby_workers", "", true, "", "", kSupervision,
+     "Keep a standby process per local rank, with the program loaded, for the next restart: "
+     "recovery skips process start-up. For programs on the ddprun worker SDK only."},
     {"start_method", "", false, "spawn|fork|forkserver", "spawn", kSupervision,
      "Accepted for torchrun compatibility; workers always start with fork+exec."},
     {"role", "", false, "NAME", "default", kSupervision,
@@ -639,6 +642,7 @@ ParseResult build_config(const std::map<std::string_view, RawValue>& raw,
   if (auto e = parse_local_ranks_filter(get("local_ranks_filter"), config)) return UsageError{*e};
 
   config.no_slurm_fanout = switches.at("no_slurm_fanout");
+  config.standby_workers = switches.at("standby_workers");
 
   config.script = std::move(script_and_args.front());
   script_and_args.erase(script_and_args.begin());

@@ -190,6 +190,7 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
   opt.node_name = config.local_addr.empty() ? rdzv::local_host_name() : config.local_addr;
   opt.watchdog_timeout =
       std::chrono::milliseconds(static_cast<long long>(config.watchdog_timeout * 1000.0));
+  opt.standby_workers = config.standby_workers;
 
   boost::asio::io_context io;
   common::SteadyClock clock;

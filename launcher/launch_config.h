@@ -62,6 +62,7 @@ struct LaunchConfig {
   std::string start_method = "spawn";  ///< accepted for compatibility; workers are always fork+exec
   std::vector<int> signals_to_handle;  ///< signal numbers, default SIGTERM,SIGINT,SIGHUP,SIGQUIT
   double watchdog_timeout = 0.0;       ///< seconds; 0 = off (ddprun's own flag)
+  bool standby_workers = false;        ///< a standby process per local rank (ddprun's own flag)
   std::string role = "default";
 
   // How workers are started.

@@ -238,3 +238,25 @@ TEST_CASE("a --nproc_per_node flag wins over PET_NPROC_PER_NODE", "[agent][integ
   CHECK(r.exit_code == 0);
   CHECK(count_of(r.out, ":up") == 1);
 }
+
+TEST_CASE("a program not on the SDK under --standby_workers warns once and starts workers afresh",
+          "[agent][integration][standby]") {
+  // A standby has no RANK: this program then exits 5 at once, as a script would that reads
+  // RANK itself. Workers (with RANK) sleep long enough for the standbys to start and end.
+  const std::vector<std::string> argv{DDPRUN_BIN,
+                                      "--standalone",
+                                      "--nproc_per_node",
+                                      "2",
+                                      "--standby_workers",
+                                      "--no_python",
+                                      "/bin/sh",
+                                      "-c",
+                                      "if [ -n \"$RANK\" ]; then sleep 3; else exit 5; fi"};
+  auto r = run_command(argv, {}, kJobLimit);
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 0);
+  CHECK(count_of(r.err,
+                 "ended on its own (exit code 5) before it was needed: --standby_workers "
+                 "needs a program that calls the ddprun worker SDK's "
+                 "WorkerContext::from_env; starting workers afresh from now on") == 1);
+}

@@ -4,6 +4,11 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
 
 #include "rendezvous/free_port.h"
 #include "tests/support/subprocess.h"
@@ -149,6 +154,62 @@ TEST_CASE("a rank killed mid-epoch restarts from the last snapshot and the job f
   // Three kept (the default): 2, 3 and 4.
   CHECK(read_file(base + ".000001").empty());
   CHECK_FALSE(read_file(base + ".000002").empty());
+}
+
+TEST_CASE("with --standby_workers a restart hands the new round to standby processes",
+          "[sdk][integration][standby]") {
+  TempDir dir;
+  const std::string base = dir.path() + "/snap.pt";
+  const std::string events = dir.path() + "/events.jsonl";
+  const std::string trigger = dir.path() + "/fail-now";
+  // Small epochs, many of them: rank 1 fails when the test says so, once standbys exist.
+  Subprocess job(ddprun_train(2,
+                              {"--max_restarts", "1", "--standby_workers", "--event_log", events},
+                              {"3000", "100", "--dataset_size", "256", "--snapshot_path", base,
+                               "--fail_rank", "1", "--fail_kill", "--fail_when_file", trigger}));
+  auto event_lines = [&] {
+    std::vector<nlohmann::json> out;
+    std::istringstream in(read_file(events));
+    for (std::string line; std::getline(in, line);)
+      if (auto j = nlohmann::json::parse(line, nullptr, false); j.is_object()) out.push_back(j);
+    return out;
+  };
+  auto count = [&](const std::string& name) {
+    int n = 0;
+    for (const auto& e : event_lines()) n += e["event"] == name;
+    return n;
+  };
+  // Fail once the standbys exist and a snapshot has been saved.
+  auto ready = [&] {
+    bool saved = false;
+    for (const auto& f : std::filesystem::directory_iterator(dir.path()))
+      saved = saved || f.path().filename().string().rfind("snap.pt.0", 0) == 0;
+    return count("standbys_started") == 1 && saved;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + kLimit;
+  while (!ready() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  REQUIRE(ready());
+  std::ofstream(trigger) << "now";
+  auto r = job.wait(kLimit);
+  INFO(why(r));
+  CHECK(r.exit_code == 0);
+  CHECK(has(r.err, "restarting workers: restart 1 of 1"));
+  CHECK(has(r.out, "[default1]:[CPU1] Resuming training from snapshot at Epoch"));
+  CHECK(has(r.out, "[default1]:rank 1: parameters identical to rank 0: True"));
+
+  std::vector<int> from_standby;
+  std::vector<pid_t> standby_pids;
+  for (const auto& e : event_lines()) {
+    if (e["event"] == "workers_started") from_standby.push_back(e["from_standby"].get<int>());
+    if (e["event"] == "standbys_started")
+      for (const auto& pid : e["pids"]) standby_pids.push_back(pid.get<pid_t>());
+  }
+  // The first group started afresh; after the failure both ranks were standbys.
+  CHECK(from_standby == std::vector<int>{0, 2});
+  // Standbys started after the restart too, and none outlives the job.
+  CHECK(standby_pids.size() == 4);
+  for (pid_t pid : standby_pids) CHECK_FALSE(process_alive(pid));
 }
 
 TEST_CASE("the snapshot tool refuses a file that is not a snapshot", "[sdk][integration]") {

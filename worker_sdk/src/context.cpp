@@ -1,6 +1,12 @@
 #include "ddprun/sdk/context.h"
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
 
@@ -89,7 +95,56 @@ EnvMap current_environment() {
   return env;
 }
 
+std::variant<EnvMap, std::string> parse_standby_handover(const std::string& message) {
+  auto doc = nlohmann::json::parse(message, nullptr, /*allow_exceptions=*/false);
+  if (!doc.is_object() || !doc.contains("env") || !doc["env"].is_object())
+    return std::string("not an object with an \"env\" object");
+  EnvMap env;
+  for (const auto& [key, value] : doc["env"].items()) {
+    if (!value.is_string() || key.empty() || key.find('=') != std::string::npos)
+      return "bad variable \"" + key + "\"";
+    env.emplace(key, value.get<std::string>());
+  }
+  return env;
+}
+
+namespace {
+
+/// A standby process (ddprun --standby_workers) waits here, with its libraries loaded, until
+/// the agent hands it the environment of the worker it becomes (agent/standby_pool.h). An end
+/// of file without a message means the agent no longer needs it.
+void become_worker_if_standby() {
+  const char* fd_text = std::getenv("DDPRUN_STANDBY_FD");
+  if (fd_text == nullptr) return;
+  const std::optional<long long> fd = common::parse_int(fd_text);
+  if (!fd || *fd < 0)
+    throw std::runtime_error("DDPRUN_STANDBY_FD=\"" + std::string(fd_text) +
+                             "\" is not a descriptor: it is set by ddprun only");
+  std::string message;
+  char chunk[4096];
+  for (;;) {
+    const ssize_t n = ::read(static_cast<int>(*fd), chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0)
+      throw std::runtime_error("reading the standby hand-over from ddprun: " +
+                               std::string(std::strerror(errno)));
+    if (n == 0) break;
+    message.append(chunk, static_cast<size_t>(n));
+  }
+  ::close(static_cast<int>(*fd));
+  if (message.empty()) ::_exit(0);  // never became a worker: nothing to clean up or report
+  auto env = parse_standby_handover(message);
+  if (auto* why = std::get_if<std::string>(&env))
+    throw std::runtime_error("bad standby hand-over from ddprun: " + *why);
+  ::clearenv();
+  for (const auto& [key, value] : std::get<EnvMap>(env)) ::setenv(key.c_str(), value.c_str(), 1);
+}
+
+}  // namespace
+
 WorkerContext WorkerContext::from_env() {
+  static std::once_flag standby;
+  std::call_once(standby, become_worker_if_standby);
   auto parsed = parse_worker_context(current_environment());
   if (auto* err = std::get_if<std::string>(&parsed)) throw std::runtime_error(*err);
   // The first call marks, in the agent's event log, the end of process start-up (exec and

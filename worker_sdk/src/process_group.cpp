@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "ddprun/sdk.h"
+#include "ddprun/sdk/connect_probe.h"
 #include "torch_compat.h"
 
 namespace ddprun::sdk {
@@ -74,9 +75,12 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const WorkerContext& ctx,
   // The store. Without the agent's store (ddprun, and torchrun's default for c10d) rank 0
   // hosts one at MASTER_ADDR:MASTER_PORT and the others connect to it; with it, everyone is a
   // client of the agent's store and keeps to this attempt's prefix.
+  const bool hosts_store = !ctx.use_agent_store && ctx.rank == 0;
+  // Clients connect once the store listens (its own retry would first sleep a second); a store
+  // that never comes is reported by the TCPStore client below, with its own message.
+  if (!hosts_store) wait_for_listener(ctx.master_addr, ctx.master_port, options.timeout);
   c10::intrusive_ptr<c10d::Store> tcp = compat::make_tcp_store(
-      ctx.master_addr, ctx.master_port,
-      /*is_server=*/!ctx.use_agent_store && ctx.rank == 0, ctx.world_size, options.timeout);
+      ctx.master_addr, ctx.master_port, hosts_store, ctx.world_size, options.timeout);
   const std::string prefix =
       ctx.use_agent_store ? agent_store_prefix(ctx.restart_count) : std::string("ddprun");
   impl->store = c10::make_intrusive<c10d::PrefixStore>(prefix, tcp);

@@ -26,6 +26,8 @@ struct WorkerContext {
 
   /// Reads the process environment; throws std::runtime_error naming the first missing or bad
   /// variable ("WORLD_SIZE is not set: start this program with ddprun or torchrun").
+  /// In a standby process (ddprun --standby_workers) the first call first waits for the
+  /// agent to hand over the environment of the worker this process becomes.
   static WorkerContext from_env();
 };
 
@@ -37,6 +39,9 @@ std::variant<WorkerContext, std::string> parse_worker_context(const EnvMap& env)
 
 /// The current process environment as a map.
 EnvMap current_environment();
+
+/// The environment in a standby hand-over message ({"env": {...}}), or what is wrong with it.
+std::variant<EnvMap, std::string> parse_standby_handover(const std::string& message);
 
 /// The c10d store key prefix workers use with the agent's store: "/worker/attempt_<n>".
 std::string agent_store_prefix(int restart_count);

@@ -1,0 +1,239 @@
+#!/usr/bin/python3
+"""Time to recovery after a worker is killed: from SIGKILL of rank 1 to the first training
+step of the restarted group (every rank's first step done), ddprun against torchrun, side by
+side.
+
+Four series, run interleaved, 2 workers on this node (--standalone), Gloo on CPU, the same
+model and data (examples/ddp_train.cpp and its Python twin bench/python_ddp_train.py), each
+rank resuming from the snapshot rank 0 saved after the last epoch:
+  ddprun-cpp-standby  ddprun --standby_workers ... build/bin/ddp_train     (C++, worker SDK)
+  ddprun-cpp          ddprun ... build/bin/ddp_train
+  ddprun-python       ddprun ... bench/python_ddp_train.py
+  torchrun-python     torchrun (bench/torchrun_shim.py) --monitor_interval 0.1 ... the same
+                      Python script (torchrun's default interval is 5 s)
+
+For each run the script waits until the group trains (and, with --standby_workers, for the
+standbys plus a second), sends SIGKILL to the worker with RANK=1 at time.monotonic() t0, and
+polls for the first steps of restart 1: the C++ program reports them through ddprun's event
+log (--event_log, CLOCK_MONOTONIC like time.monotonic()), the Python script appends them to a
+mark file. The launcher is then stopped with SIGTERM. ddprun's phases come from
+`ddprun events summarize --json`.
+
+    cmake --build build --target ddprun ddp_train
+    /usr/bin/python3 bench/recovery_bench.py --build build --runs 5 --markdown
+"""
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHIM = os.path.join(REPO_ROOT, "bench", "torchrun_shim.py")
+PY_TRAIN = os.path.join(REPO_ROOT, "bench", "python_ddp_train.py")
+EPOCHS = "100000"  # far more than a run lasts: the bench stops the launcher
+
+
+def children(pid):
+    out = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(c) for c in f.read().split()]
+    except OSError:
+        pass
+    return out
+
+
+def worker_with_rank(launcher_pid, rank):
+    """The launcher's child (or grandchild) whose environment says RANK=<rank>."""
+    todo = children(launcher_pid)
+    seen = 0
+    while todo and seen < 1000:
+        pid = todo.pop()
+        seen += 1
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env and b"DDPRUN_STANDBY_FD" not in b" ".join(env):
+            return pid
+        todo += children(pid)
+    return None
+
+
+def read_events(path):
+    events = []
+    try:
+        with open(path) as f:
+            for line in f:
+                try:
+                    events.append(json.loads(line))
+                except ValueError:
+                    pass
+    except OSError:
+        pass
+    return events
+
+
+def first_steps_from_events(path, restart):
+    return [e["t"] for e in read_events(path)
+            if e.get("event") == "first_step" and e.get("restart_count") == restart]
+
+
+def first_steps_from_marks(path, restart):
+    out = []
+    try:
+        with open(path) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) == 3 and parts[0] == "first_step" and int(parts[1]) == restart:
+                    out.append(float(parts[2]))
+    except OSError:
+        pass
+    return out
+
+
+def wait_for(predicate, limit):
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.005)
+    return predicate()
+
+
+def one_run(series, args, work):
+    snap = os.path.join(work, f"{series}.snap")
+    events = os.path.join(work, f"{series}.events.jsonl")
+    marks = os.path.join(work, f"{series}.marks")
+    for p in (events, marks):
+        if os.path.exists(p):
+            os.remove(p)
+    for f in os.listdir(work):
+        if f.startswith(f"{series}.snap"):
+            os.remove(os.path.join(work, f))
+    ddprun = os.path.join(args.build, "bin", "ddprun")
+    ddp_train = os.path.join(args.build, "bin", "ddp_train")
+    common = ["--standalone", "--nproc_per_node", "2", "--max_restarts", "1"]
+    py_args = [PY_TRAIN, EPOCHS, "--dataset_size", "256", "--snapshot_path", snap,
+               "--mark_file", marks]
+    cpp_args = ["--no_python", ddp_train, EPOCHS, "1", "--dataset_size", "256",
+                "--snapshot_path", snap, "--keep_snapshots", "2"]
+    if series == "ddprun-cpp-standby":
+        argv = [ddprun] + common + ["--standby_workers", "--event_log", events] + cpp_args
+    elif series == "ddprun-cpp":
+        argv = [ddprun] + common + ["--event_log", events] + cpp_args
+    elif series == "ddprun-python":
+        argv = [ddprun] + common + ["--event_log", events] + py_args
+    else:
+        argv = [args.python, SHIM] + common + ["--monitor_interval", "0.1"] + py_args
+    env = dict(os.environ, PYTHON_EXEC=args.python, LOGLEVEL="WARNING")
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                            start_new_session=True)
+    cpp = series.startswith("ddprun-cpp")
+    firsts = ((lambda r: first_steps_from_events(events, r)) if cpp
+              else (lambda r: first_steps_from_marks(marks, r)))
+    try:
+        if not wait_for(lambda: len(firsts(0)) == 2, 120):
+            raise RuntimeError(f"{series}: no first step in 120 s")
+        if series == "ddprun-cpp-standby":
+            if not wait_for(lambda: any(e.get("event") == "standbys_started"
+                                        for e in read_events(events)), 60):
+                raise RuntimeError(f"{series}: no standbys in 60 s")
+        time.sleep(args.settle)  # training (and standbys loading) under way
+        victim = worker_with_rank(proc.pid, 1)
+        if victim is None:
+            raise RuntimeError(f"{series}: no worker with RANK=1")
+        t0 = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        if not wait_for(lambda: len(firsts(1)) == 2, 120):
+            raise RuntimeError(f"{series}: no first step after the restart in 120 s")
+        recovery = max(firsts(1)) - t0
+        phases = {}
+        if series.startswith("ddprun"):
+            detected = [e["t"] for e in read_events(events) if e.get("event") == "failure_detected"]
+            if detected:
+                phases["detect"] = detected[0] - t0
+        return recovery, phases, events
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def summarize(ddprun, events):
+    out = subprocess.run([ddprun, "events", "summarize", events, "--json"],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        return json.loads(out.stdout)
+    except ValueError:
+        return None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default=os.path.join(REPO_ROOT, "build"))
+    ap.add_argument("--python", default="/usr/bin/python3")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--settle", type=float, default=1.5,
+                    help="seconds of training before the kill (default 1.5)")
+    ap.add_argument("--series", default="ddprun-cpp-standby,ddprun-cpp,ddprun-python,torchrun-python")
+    ap.add_argument("--markdown", action="store_true")
+    args = ap.parse_args()
+    series = args.series.split(",")
+    results = {s: [] for s in series}
+    detect = {s: [] for s in series}
+    last_events = {}
+    work = tempfile.mkdtemp(prefix="ddprun-recovery-")
+    try:
+        for run in range(args.runs):
+            for s in series:
+                recovery, phases, events = one_run(s, args, work)
+                results[s].append(recovery)
+                if "detect" in phases:
+                    detect[s].append(phases["detect"])
+                if s.startswith("ddprun"):
+                    last_events[s] = summarize(os.path.join(args.build, "bin", "ddprun"), events)
+                print(f"run {run} {s}: {recovery * 1000:.0f} ms", file=sys.stderr)
+    finally:
+        for f in os.listdir(work):
+            os.remove(os.path.join(work, f))
+        os.rmdir(work)
+
+    ms = lambda v: f"{v * 1000:.0f}"
+    print(f"Measured {time.strftime('%Y-%m-%d')} with `{' '.join(sys.argv)}`: {args.runs} runs "
+          f"per series, interleaved; 2 workers, --standalone, SIGKILL of RANK=1 after "
+          f"{args.settle} s of training.\n")
+    print("| series | recovery, median ms | min | max | detect, median ms |")
+    print("|---|---:|---:|---:|---:|")
+    for s in series:
+        v = results[s]
+        d = f"{statistics.median(detect[s]) * 1000:.1f}" if detect[s] else "n/a"
+        print(f"| {s} | {ms(statistics.median(v))} | {ms(min(v))} | {ms(max(v))} | {d} |")
+    if "torchrun-python" in results:
+        base = statistics.median(results["torchrun-python"])
+        for s in series:
+            if s != "torchrun-python":
+                print(f"\nRatio torchrun-python / {s} (medians): "
+                      f"**{base / statistics.median(results[s]):.1f}x**.")
+    for s, summary in last_events.items():
+        if summary:
+            print(f"\nPhases of the last {s} run (`ddprun events summarize --json`):\n")
+            print("```\n" + json.dumps(summary, indent=1) + "\n```")
+    print(f"\nMachine: {os.cpu_count()} CPUs, {platform.platform()}; load average (1 min) at "
+          f"the end {os.getloadavg()[0]:.2f}.")
+
+
+if __name__ == "__main__":
+    main()
