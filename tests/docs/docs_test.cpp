@@ -384,6 +384,40 @@ bool built_from(const std::string& text, const std::vector<std::string>& pieces)
   return reached[text.size()];
 }
 
+/// The adjacent string literals that start at `pos` (after white space), joined and unescaped.
+std::string literal_at(const std::string& code, size_t pos) {
+  std::string text;
+  while (true) {
+    while (pos < code.size() && std::isspace(static_cast<unsigned char>(code[pos]))) ++pos;
+    if (pos >= code.size() || code[pos] != '"') return text;
+    for (++pos; pos < code.size() && code[pos] != '"'; ++pos) {
+      if (code[pos] == '\\' && pos + 1 < code.size()) ++pos;
+      text += code[pos];
+    }
+    ++pos;
+  }
+}
+
+/// The format strings of the rendezvous's log lines: spdlog's info, warn and error calls in
+/// rendezvous/ and the warn and error calls in launcher/launch.cpp, "{}" alone left out.
+std::vector<std::pair<std::string, std::string>> rendezvous_log_formats() {
+  std::vector<std::pair<std::string, std::string>> out;  // format, file
+  auto scan = [&](const fs::path& file, const std::vector<std::string>& calls) {
+    const std::string code = read_file(file.string());
+    for (const std::string& call : calls) {
+      for (size_t at = code.find(call); at != std::string::npos; at = code.find(call, at + 1)) {
+        const std::string format = literal_at(code, at + call.size());
+        if (!format.empty() && format != "{}") out.emplace_back(format, file.filename().string());
+      }
+    }
+  };
+  for (const auto& entry : fs::directory_iterator(kSource / "rendezvous"))
+    if (entry.path().extension() == ".cpp")
+      scan(entry.path(), {"spdlog::info(", "spdlog::warn(", "spdlog::error("});
+  scan(kSource / "launcher/launch.cpp", {"spdlog::warn(", "spdlog::error("});
+  return out;
+}
+
 /// The messages listed in operations.md's troubleshooting section: "- `message`" lines (or
 /// "- ``message``" for a message that holds a backtick).
 std::vector<std::pair<std::string, int>> troubleshooting_messages() {
@@ -513,6 +547,30 @@ TEST_CASE("every message operations.md explains is one the code prints", "[docs]
       INFO("this text is not in the source: '" << it->str() << "'");
       CHECK(built_from(*it, pieces));
     }
+  }
+}
+
+TEST_CASE("every rendezvous log line is explained in operations.md", "[docs]") {
+  const auto messages = troubleshooting_messages();
+  const auto formats = rendezvous_log_formats();
+  CHECK(formats.size() >= 10);
+  // A message as a pattern: its <placeholders> stand for any text.
+  std::vector<std::regex> patterns;
+  static const std::regex kSpecial(R"([.^$|()\[\]{}*+?\\])");
+  static const std::regex kPlaceholder("<[a-zA-Z0-9_ .-]+>");
+  for (const auto& [message, line] : messages) {
+    std::string pattern;
+    std::string rest = message;
+    for (std::smatch m; std::regex_search(rest, m, kPlaceholder); rest = m.suffix())
+      pattern += std::regex_replace(m.prefix().str(), kSpecial, "\\$&") + "[\\s\\S]+";
+    pattern += std::regex_replace(rest, kSpecial, "\\$&");
+    patterns.emplace_back(pattern);
+  }
+  for (const auto& [format, file] : formats) {
+    INFO(file << ": \"" << format << "\" has no entry in operations.md's Troubleshooting");
+    const std::string sample = std::regex_replace(format, std::regex(R"(\{\})"), "\x01");
+    CHECK(std::any_of(patterns.begin(), patterns.end(),
+                      [&](const std::regex& p) { return std::regex_match(sample, p); }));
   }
 }
 
