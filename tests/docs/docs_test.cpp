@@ -235,6 +235,44 @@ std::set<std::string> flags_in_help(const std::string& help) {
   return flags;
 }
 
+/// The flags of a --help text that take a value: their option line ends with a metavar.
+std::set<std::string> flags_with_values(const std::string& help) {
+  std::set<std::string> flags;
+  for (const std::string& line : lines_of(help)) {
+    const std::string t = trim(line);
+    if (t.empty() || t[0] != '-') continue;
+    std::istringstream names(t.substr(0, t.find("  ")));
+    std::vector<std::string> words;
+    for (std::string w; names >> w;) words.push_back(w);
+    if (words.size() < 2 || words.back()[0] == '-') continue;
+    for (const std::string& line_flags : flags_in_help(t)) flags.insert(line_flags);
+  }
+  return flags;
+}
+
+/// The words of every ddprun command line in the docs' code blocks (continuation lines joined),
+/// from the word after "ddprun" to the end of the line.
+std::vector<std::pair<std::vector<std::string>, std::string>> ddprun_command_lines() {
+  std::vector<std::pair<std::vector<std::string>, std::string>> out;
+  for (const std::string& page : pages()) {
+    for (const Block& b : blocks_of(page)) {
+      const std::string body = std::regex_replace(b.body, std::regex(R"(\\\n)"), " ");
+      for (const std::string& line : lines_of(body)) {
+        std::istringstream in(line);
+        std::vector<std::string> words;
+        for (std::string w; in >> w;) words.push_back(w);
+        for (size_t i = 0; i < words.size(); ++i) {
+          const std::string& w = words[i];
+          if (w == "ddprun" || (w.size() > 7 && w.compare(w.size() - 7, 7, "/ddprun") == 0))
+            out.emplace_back(std::vector<std::string>(words.begin() + i + 1, words.end()),
+                             b.where());
+        }
+      }
+    }
+  }
+  return out;
+}
+
 std::string help_of(const std::vector<std::string>& argv) {
   auto r = run_command(argv, {}, std::chrono::seconds(30));
   INFO(r.err);
@@ -533,6 +571,31 @@ TEST_CASE("every flag the docs name exists", "[docs]") {
     INFO(where << " names " << flag);
     CHECK(known.count(flag) == 1);
   }
+}
+
+TEST_CASE("every ddprun command line in the docs passes only ddprun's flags", "[docs]") {
+  const std::string main_help = help_of({DDPRUN_BIN, "--help"});
+  const std::string status_help = help_of({DDPRUN_BIN, "status", "--help"});
+  int checked = 0;
+  for (const auto& [words, where] : ddprun_command_lines()) {
+    if (!words.empty() && words.front() == "events") continue;  // "summarize PATH [--json]"
+    const bool status = !words.empty() && words.front() == "status";
+    const std::string& help = status ? status_help : main_help;
+    std::set<std::string> known;
+    for (const std::string& flag : flags_in_help(help)) known.insert({flag, dashed(flag)});
+    std::set<std::string> with_value;
+    for (const std::string& flag : flags_with_values(help)) with_value.insert({flag, dashed(flag)});
+    for (size_t i = status ? 1 : 0; i < words.size(); ++i) {
+      const std::string& w = words[i];
+      if (w.empty() || w[0] != '-' || w == "--") break;  // the script, a pipe, a comment
+      const std::string name = w.substr(0, w.find('='));
+      INFO(where << ": ddprun " << (status ? "status " : "") << "does not take " << name);
+      CHECK(known.count(name) == 1);
+      if (with_value.count(name) && w.find('=') == std::string::npos) ++i;
+      ++checked;
+    }
+  }
+  CHECK(checked > 50);
 }
 
 TEST_CASE("every message operations.md explains is one the code prints", "[docs]") {
