@@ -637,6 +637,49 @@ TEST_CASE("every rendezvous log line is explained in operations.md", "[docs]") {
   }
 }
 
+/// GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens.
+std::string slug(const std::string& heading) {
+  std::string out;
+  for (char c : heading) {
+    const auto u = static_cast<unsigned char>(c);
+    if (std::isalnum(u) || c == '-' || c == '_')
+      out += static_cast<char>(std::tolower(u));
+    else if (c == ' ')
+      out += '-';
+  }
+  return out;
+}
+
+TEST_CASE("every link between the docs leads to a file and a heading that exist", "[docs]") {
+  static const std::regex kLink(R"(\]\(([^)#\s]*)(#[^)\s]+)?\))");
+  int checked = 0;
+  for (const std::string& page : pages()) {
+    const std::string text = read_file((kSource / page).string());
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), kLink);
+         it != std::sregex_iterator(); ++it) {
+      const std::string target = (*it)[1];
+      const std::string anchor = (*it)[2];
+      if (target.rfind("http", 0) == 0) continue;
+      const fs::path file =
+          target.empty() ? kSource / page : (kSource / page).parent_path() / target;
+      INFO(page << " links to " << target << anchor);
+      REQUIRE(fs::exists(file));
+      ++checked;
+      if (anchor.empty()) continue;
+      std::set<std::string> anchors;
+      bool in_fence = false;  // "#SBATCH" in a code block is no heading
+      for (const std::string& line : lines_of(read_file(file.string()))) {
+        if (trim(line).rfind("```", 0) == 0) in_fence = !in_fence;
+        static const std::regex kHeading("^#{1,6} (.*)$");
+        std::smatch m;
+        if (!in_fence && std::regex_match(line, m, kHeading)) anchors.insert(slug(trim(m[1])));
+      }
+      CHECK(anchors.count(anchor.substr(1)) == 1);
+    }
+  }
+  CHECK(checked > 20);
+}
+
 TEST_CASE("the man page renders without warnings", "[docs]") {
   auto r = run_command(
       {which("groff"), "-man", "-Tutf8", "-ww", "-z", (kSource / "docs/ddprun.1").string()}, {},
