@@ -68,7 +68,8 @@ constexpr OptionSpec kOptions[] = {
      "Workers per node: a count, cpu (one per core), gpu (one per GPU) or auto (gpu when there "
      "are GPUs, else cpu) (default 1)."},
     {"node_rank", "", false, "RANK", "", kNodes,
-     "This node's rank, 0..nnodes-1, for the static rendezvous (default 0)."},
+     "This node's rank, 0..nnodes-1; required on every node by the static rendezvous, honoured "
+     "by c10d (default: c10d assigns one; a single node is 0)."},
     {"standalone", "", true, "", "", kRendezvous,
      "Single-node job with a local c10d rendezvous on a free port; sets --rdzv_backend, "
      "--rdzv_endpoint and --rdzv_id for you."},
@@ -88,7 +89,9 @@ constexpr OptionSpec kOptions[] = {
     {"master_port", "", false, "PORT", "", kRendezvous,
      "Port on the master node, 1..65535 (default: a free port chosen by ddprun)."},
     {"local_addr", "", false, "HOST", "", kRendezvous,
-     "This node's address as the other nodes see it (default: its host name)."},
+     "This node's address as the other nodes see it: the rendezvous connection leaves from it "
+     "and it is MASTER_ADDR when this node is group rank 0 (default: the address the "
+     "connection leaves from)."},
     {"max_restarts", "", false, "N", "0", kSupervision,
      "Restart the whole worker group up to N times after a failure (default 0)."},
     {"monitor_interval", "", false, "SECONDS", "0.1", kSupervision,

@@ -8,7 +8,7 @@ packages=(
   libboost-dev libboost-system-dev libboost-filesystem-dev
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev catch2
   libtorch-dev libgloo-dev python3-torch python3-numpy
-  procps iproute2 time clang-format
+  procps iproute2 time clang-format groff-base man-db
   slurmctld slurmd slurm-client munge
 )
 
