@@ -154,6 +154,10 @@ def one_run(series, args, work):
             raise RuntimeError(f"{series}: no worker with RANK=1")
         t0 = time.monotonic()
         os.kill(victim, signal.SIGKILL)
+        if series.startswith("ddprun"):
+            # For `ddprun events summarize`: its detect phase starts here.
+            with open(events, "a") as f:
+                f.write(json.dumps({"t": t0, "event": "fault_injected", "node": "bench"}) + "\n")
         if not wait_for(lambda: len(firsts(1)) == 2, 120):
             raise RuntimeError(f"{series}: no first step after the restart in 120 s")
         recovery = max(firsts(1)) - t0

@@ -88,7 +88,11 @@ EventSummary summarize_events(const std::string& text) {
   for (size_t k = 0; k < starts.size(); ++k) {
     const Event& failure = events[starts[k]];
     const double begin = failure.t;
-    const double end = k + 1 < starts.size() ? events[starts[k + 1]].t : 1e300;
+    double end = k + 1 < starts.size() ? events[starts[k + 1]].t : 1e300;
+    // A job stopped by a signal (or ended) after this recovery tears down again: its lines
+    // belong to the stop, not to the recovery.
+    for (size_t j = starts[k] + 1; j < events.size() && events[j].t < end; ++j)
+      if (events[j].name == "signal" || events[j].name == "job_end") end = events[j].t;
     Recovery r;
     r.cause = describe_failure(failure.body);
     auto fault = last_of(events, "fault_injected", begin - 60.0, begin + 1e-9);

@@ -63,3 +63,16 @@ TEST_CASE("each failure round is its own recovery, and missing phases stay empty
   CHECK(*s.recoveries[1].teardown_ms == Approx(500.0));
   CHECK(format_summary(summarize_events(line(1.0, "job_end"))) == "no recovery in 1 event(s)\n");
 }
+
+TEST_CASE("a stop by signal after a recovery is not counted in it", "[launcher][unit]") {
+  const std::string log =
+      line(1.0, "failure_detected", "\"rank\":0,\"exit_code\":1") + line(1.1, "teardown_done") +
+      line(1.2, "rendezvous_complete") + line(1.3, "workers_started", "\"restart_count\":1") +
+      line(1.4, "first_step") + line(5.0, "signal", "\"signal\":\"SIGTERM\"") +
+      line(5.2, "teardown_done") + line(5.3, "job_end");
+  const EventSummary s = summarize_events(log);
+  REQUIRE(s.recoveries.size() == 1);
+  CHECK(*s.recoveries[0].teardown_ms == Approx(100.0));
+  CHECK(*s.recoveries[0].first_step_ms == Approx(100.0));
+  CHECK(s.recoveries[0].total_ms == Approx(400.0));
+}
