@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <system_error>
@@ -421,11 +422,22 @@ void write_snapshot_file(const std::string& path, Snapshot snapshot) {
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw_errno("create", tmp);
   try {
-    // torch::pickle_save's zip, streamed to the file instead of built in memory first.
+    // torch::pickle_save's zip, streamed to the file instead of built in memory first. The
+    // callback runs under miniz (C) and PyTorchStreamWriter, whose destructor writes again: an
+    // exception thrown through them ends the process (std::terminate, e.g. on a full disk) and
+    // leaves the temporary file behind. So the first failed write is remembered, the rest of
+    // the archive dropped, and the error thrown here once the zip writer is gone.
+    std::optional<std::system_error> write_error;
     compat::write_torch_save_zip(torch::IValue(doc), [&](const void* data, size_t size) {
-      write_all(fd, static_cast<const char*>(data), size, tmp);
+      if (write_error) return size;
+      try {
+        write_all(fd, static_cast<const char*>(data), size, tmp);
+      } catch (const std::system_error& e) {
+        write_error = e;
+      }
       return size;
     });
+    if (write_error) throw *write_error;
     if (::fsync(fd) != 0) throw_errno("fsync", tmp);
   } catch (...) {
     ::close(fd);
