@@ -821,6 +821,7 @@ int run(const Options& o) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - round_start).count();
     if (r.problems.empty()) {
       ++t.recovered;
+      if (o.verbose) std::printf("%s", r.logs.c_str());
       std::printf(
           "round %d: OK in %.1f s: %s; restarts %d; parameters identical; no process left\n", round,
           secs, r.note.c_str(), r.restarts);
@@ -879,6 +880,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(64, 1 << 20));
   app.add_option("--watchdog_timeout", o.watchdog_s, "seconds, for worker_hang")
       ->check(CLI::Range(1, 120));
+  app.add_flag("--verbose", o.verbose,
+               "print the end of every agent's output, not only on failure");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
