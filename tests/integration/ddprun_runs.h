@@ -5,13 +5,13 @@
 #include <sys/types.h>
 
 #include <chrono>
-#include <functional>
 #include <map>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "tests/support/polling.h"
 #include "tests/support/subprocess.h"
 
 namespace ddprun::testing {
@@ -28,33 +28,6 @@ inline std::vector<std::string> ddprun_fake(const std::vector<std::string>& flag
   argv.push_back(FAKE_WORKER_BIN);
   argv.insert(argv.end(), actions.begin(), actions.end());
   return argv;
-}
-
-inline bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-inline int count_of(const std::string& text, const std::string& part) {
-  int n = 0;
-  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
-  return n;
-}
-
-inline std::vector<std::string> lines_of(const std::string& text) {
-  std::vector<std::string> lines;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return lines;
-}
-
-/// Polls `done` every 10 ms until it holds or `limit` passes; returns its last value.
-inline bool wait_until(const std::function<bool()>& done, std::chrono::milliseconds limit) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (done()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return done();
 }
 
 /// The "KEY PID" lines fake_worker's pidfile= and spawn_child= append ("0 1234", "child0 1240").

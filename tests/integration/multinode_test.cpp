@@ -14,10 +14,7 @@ using namespace ddprun::testing;
 
 namespace {
 
-/// Quick keep-alive and last call so that tests of node loss and scale-up take seconds.
-const std::string kFastConf =
-    "join_timeout=60,last_call_timeout=1,keep_alive_interval=0.2,keep_alive_max_attempt=3,"
-    "connect_timeout=20";
+const std::string kFastConf = kFastRdzvConf;
 
 int free_port() {
   auto p = ddprun::rdzv::find_free_port("127.0.0.1");
@@ -35,7 +32,7 @@ std::unique_ptr<Subprocess> start_node(const std::string& endpoint, const std::s
   return std::make_unique<Subprocess>(ddprun_fake(all, actions));
 }
 
-std::string node_addr(int i) { return "127.0.0." + std::to_string(i + 2); }
+std::string node_addr(int i) { return loopback_node_addr(i); }
 
 /// Every "RANK=" a node's workers printed.
 std::set<int> ranks_printed(const std::string& out) {

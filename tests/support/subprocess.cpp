@@ -81,6 +81,13 @@ Subprocess::~Subprocess() {
 
 CommandResult Subprocess::wait(std::chrono::milliseconds limit) {
   CommandResult r;
+  if (reaped_) {
+    r.exit_code = exit_code_;
+    r.timed_out = timed_out_;
+    r.out = out_so_far();
+    r.err = err_so_far();
+    return r;
+  }
   const auto deadline = std::chrono::steady_clock::now() + limit;
   int status = 0;
   while (true) {
@@ -96,6 +103,8 @@ CommandResult Subprocess::wait(std::chrono::milliseconds limit) {
   }
   reaped_ = true;
   r.exit_code = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+  exit_code_ = r.exit_code;
+  timed_out_ = r.timed_out;
   r.out = out_so_far();
   r.err = err_so_far();
   return r;

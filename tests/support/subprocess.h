@@ -29,6 +29,7 @@ class Subprocess {
 
   pid_t pid() const { return pid_; }
   /// Waits at most `limit`; on timeout kills the process (SIGKILL) and marks timed_out.
+  /// Once reaped, returns the same status again (the pid may belong to another process now).
   CommandResult wait(std::chrono::milliseconds limit);
   /// Output so far.
   std::string out_so_far() const;
@@ -42,6 +43,8 @@ class Subprocess {
   pid_t pid_ = -1;
   std::string dir_;
   bool reaped_ = false;
+  int exit_code_ = -1;
+  bool timed_out_ = false;
 };
 
 /// Runs a command to its end, at most `limit` (default 60 s).
