@@ -26,6 +26,7 @@ struct WorkerContext {
 
   /// Reads the process environment; throws std::runtime_error naming the first missing or bad
   /// variable ("WORLD_SIZE is not set: start this program with ddprun or torchrun").
+  /// Also installs the SIGUSR1 handler behind checkpoint_requested() (sdk/preemption.h).
   static WorkerContext from_env();
 };
 
