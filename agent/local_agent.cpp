@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/local/datagram_protocol.hpp>
@@ -196,10 +197,22 @@ class LocalAgent::Impl {
   void install_signals() {
     boost::system::error_code ec;
     signals_.add(SIGCHLD, ec);
-    for (int sig : opt_.signals_to_handle) {
+    std::vector<int> sigs = opt_.signals_to_handle;
+    // Preemption notices are always handled, whatever --signals_to_handle lists: left to their
+    // default action they would kill the agent, and with it (PDEATHSIG) every worker.
+    for (int notice : {SIGUSR1, SIGUSR2})
+      if (std::find(sigs.begin(), sigs.end(), notice) == sigs.end()) sigs.push_back(notice);
+    for (int sig : sigs) {
       signals_.add(sig, ec);
       if (ec) spdlog::warn("cannot handle {}: {}", common::signal_name(sig), ec.message());
     }
+    // launch() blocked the notices while ddprun started; one that came meanwhile is delivered
+    // now, to the handler just installed.
+    sigset_t notices;
+    sigemptyset(&notices);
+    sigaddset(&notices, SIGUSR1);
+    sigaddset(&notices, SIGUSR2);
+    pthread_sigmask(SIG_UNBLOCK, &notices, nullptr);
     // A closed console must not kill the agent while it still has workers to stop.
     std::signal(SIGPIPE, SIG_IGN);
     wait_for_signal();
@@ -423,8 +436,14 @@ class LocalAgent::Impl {
       }
       w->error_file = (dir / "error.json").string();
       // Worker rank 0 hosts the process-group store (TORCHELASTIC_USE_AGENT_STORE=False).
-      WorkerEnvInputs in{&opt_.spec,    &round_,     p, rdzv_.run_id(), /*use_agent_store=*/false,
-                         w->error_file, socket_path_};
+      WorkerEnvInputs in{&opt_.spec,
+                         &round_,
+                         p,
+                         rdzv_.run_id(),
+                         /*use_agent_store=*/false,
+                         w->error_file,
+                         socket_path_,
+                         checkpoint_requested_};
       const EnvMap env = build_worker_env(opt_.agent_env, in);
       ProcessSpec ps{executable, opt_.spec.argv, to_envp(env)};
       if (executable.empty()) {
@@ -650,9 +669,21 @@ class LocalAgent::Impl {
   void on_signal(int sig) {
     if (sig == SIGUSR1 || sig == SIGUSR2) {
       // A preemption notice: the workers decide what to do; the group keeps running.
-      spdlog::info("forwarding {} to the workers", common::signal_name(sig));
+      size_t reached = 0;
       for (auto& w : workers_)
-        if (w->running) launcher_.signal_group(w->pid, sig);
+        if (w->running && launcher_.signal_group(w->pid, sig)) ++reached;
+      if (reached > 0) spdlog::info("forwarding {} to the workers", common::signal_name(sig));
+      if (sig == SIGUSR1) {
+        // Remembered: workers started later (the first group, or one after a restart) learn of
+        // the notice from DDPRUN_CHECKPOINT_REQUESTED=1 instead of the signal they missed.
+        if (reached == 0)
+          spdlog::info(
+              "received SIGUSR1 while no workers run: workers started from now on get "
+              "DDPRUN_CHECKPOINT_REQUESTED=1");
+        checkpoint_requested_ = true;
+      } else if (reached == 0) {
+        spdlog::info("received SIGUSR2 while no workers run: nothing to forward");
+      }
       return;
     }
     if (pending_signal_ != 0) {
@@ -790,7 +821,8 @@ class LocalAgent::Impl {
   std::function<void()> after_drain_;
   int restart_count_ = 0;
   int pending_signal_ = 0;
-  bool idle_ = true;  ///< no worker group runs or drains: between rounds
+  bool idle_ = true;                   ///< no worker group runs or drains: between rounds
+  bool checkpoint_requested_ = false;  ///< SIGUSR1 arrived: later workers are told at start
   std::optional<rdzv::Restart> restart_;
   std::optional<rdzv::Closed> closed_;
   std::optional<rdzv::RendezvousError> lost_;

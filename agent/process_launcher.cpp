@@ -35,6 +35,11 @@ std::vector<char*> to_c_array(const std::vector<std::string>& items) {
   ::sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
   for (int sig = 1; sig < NSIG; ++sig) ::signal(sig, SIG_DFL);
+  // Preemption notices, which the agent forwards, are ignored until the worker installs a
+  // handler (the SDK does, in WorkerContext::from_env): SIGUSR1's default action would kill a
+  // worker that does not expect it, or one still starting, and fail the group.
+  ::signal(SIGUSR1, SIG_IGN);
+  ::signal(SIGUSR2, SIG_IGN);
   int devnull = ::open("/dev/null", O_RDONLY);
   if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
   ::dup2(out_w, STDOUT_FILENO);

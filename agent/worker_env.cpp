@@ -58,6 +58,7 @@ EnvMap build_worker_env(const EnvMap& agent_env, const WorkerEnvInputs& in) {
   env["TORCHELASTIC_USE_AGENT_STORE"] = in.use_agent_store ? "True" : "False";
   env["TORCHELASTIC_ERROR_FILE"] = in.error_file;
   if (!in.agent_socket.empty()) env["DDPRUN_AGENT_SOCKET"] = in.agent_socket;
+  if (in.checkpoint_requested) env["DDPRUN_CHECKPOINT_REQUESTED"] = "1";
   return env;
 }
 

@@ -22,6 +22,9 @@ struct WorkerEnvInputs {
   bool use_agent_store = false;
   std::string error_file;
   std::string agent_socket;  ///< DDPRUN_AGENT_SOCKET: where the worker reports progress ("" none)
+  /// The agent received SIGUSR1 (a preemption notice) before starting this worker: it gets
+  /// DDPRUN_CHECKPOINT_REQUESTED=1, which the SDK's checkpoint_requested() reads.
+  bool checkpoint_requested = false;
 };
 
 /// The full environment of one worker: the agent's environment plus torchrun's variables

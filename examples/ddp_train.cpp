@@ -1,17 +1,21 @@
 // The DDP tutorial's trainer in C++ on ddprun's worker SDK: a small model on synthetic data,
 // sharded with DistributedSampler, gradients averaged by GradientSync, a snapshot from rank 0
-// every `save_every` epochs, and a restart resumes from the newest valid one.
+// every `save_every` epochs, and a restart resumes from the newest valid one. A preemption
+// notice (SIGUSR1, forwarded by ddprun) makes every rank stop after the same step, rank 0 save a
+// snapshot there, and all exit 0; the next run resumes at that step of the epoch.
 //
 //   ddprun --standalone --nproc_per_node 2 --no_python build/bin/ddp_train 5 2 --batch_size 32
 //
 // Test and demo switches: --fail_rank R --fail_epoch E makes rank R fail halfway through epoch
 // E of the first attempt (an exception, or SIGKILL with --fail_kill), or at the first step of the
 // first attempt after the file --fail_when_file names exists; --dump_params FILE writes
-// this rank's final parameters as raw float32 to FILE.rank<N>.
+// this rank's final parameters as raw float32 to FILE.rank<N>; --request_checkpoint_rank R
+// --request_checkpoint_step N makes rank R request a checkpoint (as SIGUSR1 does) after global
+// step N.
 #include <CLI/CLI.hpp>
 #include <csignal>
-#include <filesystem>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 #include "ddprun/sdk.h"
@@ -34,6 +38,8 @@ struct Args {
   bool fail_kill = false;
   std::string fail_when_file;
   std::string dump_params;
+  int request_checkpoint_rank = -1;
+  int64_t request_checkpoint_step = 0;
 };
 
 /// The same synthetic regression data on every rank: y = x w + noise.
@@ -63,6 +69,29 @@ void dump_parameters(const std::string& path, const Net& model) {
   if (!out) throw std::runtime_error("cannot write " + path);
 }
 
+/// After a checkpoint request: rank 0 saves where the next run continues, and every rank ends.
+int save_and_exit(std::optional<sdk::SnapshotStore>& snapshots, const Net& model,
+                  torch::optim::Optimizer& optimizer, sdk::ProcessGroup& group, int64_t epoch,
+                  int64_t step, int64_t epoch_step) {
+  const int rank = group.rank();
+  if (rank == 0 && snapshots) {
+    const std::string path =
+        snapshots->save(*model, optimizer, epoch, step, group.world_size(), epoch_step);
+    std::printf(
+        "[CPU0] checkpoint requested: saved snapshot at epoch %lld step %lld (step %lld of the "
+        "epoch) to %s, exiting\n",
+        static_cast<long long>(epoch), static_cast<long long>(step),
+        static_cast<long long>(epoch_step), path.c_str());
+  } else if (rank == 0) {
+    std::printf("[CPU0] checkpoint requested: no --snapshot_path, exiting without a snapshot\n");
+  } else {
+    std::printf("[CPU%d] checkpoint requested: stopped at epoch %lld step %lld, exiting\n", rank,
+                static_cast<long long>(epoch), static_cast<long long>(step));
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
 int run(const Args& args) {
   const sdk::WorkerContext ctx = sdk::WorkerContext::from_env();
   auto group = sdk::ProcessGroup::create(ctx);
@@ -75,23 +104,29 @@ int run(const Args& args) {
 
   int64_t epochs_run = 0;
   int64_t step = 0;
+  int64_t epoch_step = 0;  // steps of epoch `epochs_run` already done (a mid-epoch snapshot)
   std::optional<sdk::SnapshotStore> snapshots;
   if (!args.snapshot_path.empty()) {
     snapshots.emplace(args.snapshot_path, args.keep_snapshots);
     if (auto meta = snapshots->load_latest(*model, optimizer)) {
       epochs_run = meta->epoch;
       step = meta->step;
-      std::printf("[CPU%d] Resuming training from snapshot at Epoch %lld\n", rank,
+      epoch_step = meta->epoch_step;
+      std::printf("[CPU%d] Resuming training from snapshot at Epoch %lld", rank,
                   static_cast<long long>(epochs_run));
+      if (epoch_step > 0)
+        std::printf(", step %lld of the epoch", static_cast<long long>(epoch_step));
+      std::printf("\n");
     }
   }
   // After the restore: every rank starts from rank 0's parameters, buffers and progress, even
   // if another rank found a different newest valid snapshot.
   sdk::GradientSync sync(group, *model, {.overlap_with_backward = args.overlap});
-  torch::Tensor progress = torch::tensor({epochs_run, step}, torch::kLong);
+  torch::Tensor progress = torch::tensor({epochs_run, step, epoch_step}, torch::kLong);
   group->broadcast(progress, 0);
   epochs_run = progress[0].item<int64_t>();
   step = progress[1].item<int64_t>();
+  epoch_step = progress[2].item<int64_t>();
   sdk::DistributedSampler sampler(args.dataset_size, *group, args.shuffle);
 
   for (int64_t epoch = epochs_run; epoch < args.total_epochs; ++epoch) {
@@ -101,7 +136,9 @@ int run(const Args& args) {
     const int64_t steps =
         (static_cast<int64_t>(indices.size()) + args.batch_size - 1) / args.batch_size;
     torch::Tensor loss = torch::zeros({});
-    for (int64_t s = 0; s < steps; ++s) {
+    // A mid-epoch snapshot resumes with the same shuffled order, past the batches it had done
+    // (exact at the same world size; at another one, the rest of a re-sharded epoch).
+    for (int64_t s = epoch == epochs_run ? epoch_step : 0; s < steps; ++s) {
       const bool fail_now =
           rank == args.fail_rank && ctx.restart_count == 0 &&
           (args.fail_when_file.empty() ? epoch == args.fail_epoch && s == steps / 2
@@ -122,6 +159,15 @@ int run(const Args& args) {
       sync.synchronize();
       optimizer.step();
       ++step;
+      if (rank == args.request_checkpoint_rank && step == args.request_checkpoint_step)
+        sdk::request_checkpoint();
+      // Every rank asks after every step, so all stop after the same one, whichever rank got
+      // the notice and when.
+      if (sdk::any_rank_requested_checkpoint(*group)) {
+        const bool epoch_done = s + 1 == steps;
+        return save_and_exit(snapshots, model, optimizer, *group, epoch_done ? epoch + 1 : epoch,
+                             step, epoch_done ? 0 : s + 1);
+      }
     }
     std::printf("[CPU%d] Epoch %lld | Batchsize: %d | Steps: %lld | Loss: %.5f\n", rank,
                 static_cast<long long>(epoch), args.batch_size, static_cast<long long>(steps),
@@ -175,6 +221,10 @@ int main(int argc, char** argv) {
     app.add_option("--fail_when_file", args.fail_when_file,
                    "--fail_rank fails once this file exists (instead of --fail_epoch)");
     app.add_option("--dump_params", args.dump_params, "write final parameters to FILE.rank<N>");
+    app.add_option("--request_checkpoint_rank", args.request_checkpoint_rank,
+                   "rank that requests a checkpoint (as SIGUSR1 does)");
+    app.add_option("--request_checkpoint_step", args.request_checkpoint_step,
+                   "global step after which --request_checkpoint_rank requests it");
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

@@ -3,6 +3,7 @@
 #include <sched.h>
 #include <unistd.h>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 
@@ -130,6 +131,14 @@ std::variant<int, std::string> resolve_nproc(const LaunchConfig& config,
 }
 
 int launch(const LaunchConfig& given, const agent::EnvMap& env) {
+  // A preemption notice (SIGUSR1/SIGUSR2) that comes while ddprun starts (SLURM look-ups, the
+  // rendezvous plan) waits, blocked, until the agent's handler is in place and unblocks it;
+  // its default action would end ddprun.
+  sigset_t notices;
+  sigemptyset(&notices);
+  sigaddset(&notices, SIGUSR1);
+  sigaddset(&notices, SIGUSR2);
+  pthread_sigmask(SIG_BLOCK, &notices, nullptr);
   setup_logging(env);
   LaunchConfig config = given;
   if (!config.slurm.values.empty() || !config.slurm.endpoint_node.empty()) {

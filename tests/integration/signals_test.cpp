@@ -1,8 +1,12 @@
 // Signals sent to ddprun itself: stop signals tear the group down and set the exit code,
-// preemption notices (SIGUSR1) are passed on to the workers.
+// preemption notices (SIGUSR1), listed in --signals_to_handle or not, are passed on to the
+// workers, which start with them ignored.
 #include <signal.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <fstream>
+#include <thread>
 
 #include "tests/integration/ddprun_runs.h"
 #include "tests/support/subprocess.h"
@@ -87,22 +91,61 @@ TEST_CASE("a second SIGINT kills at once workers that ignore the first", "[agent
   for (const auto& [rank, pid] : read_pids(pidfile)) CHECK(wait_gone(pid));
 }
 
-TEST_CASE("SIGUSR1 listed in --signals_to_handle is forwarded to the workers without stopping them",
+TEST_CASE("SIGUSR1 is forwarded to the workers without stopping them, listed or not",
           "[agent][integration]") {
-  Subprocess job(ddprun_fake({"--nproc_per_node", "2", "--signals_to_handle", "SIGTERM,SIGUSR1"},
-                             {"wait_usr1", "print=still running"}));
-  // The handlers are installed before the workers say they wait.
-  REQUIRE(job.wait_for_output("[default0]:waiting for SIGUSR1", kJobLimit));
-  REQUIRE(job.wait_for_output("[default1]:waiting for SIGUSR1", kJobLimit));
+  // The default --signals_to_handle does not name SIGUSR1; ddprun handles it all the same.
+  for (const std::vector<std::string>& flags :
+       {std::vector<std::string>{"--nproc_per_node", "2"},
+        std::vector<std::string>{"--nproc_per_node", "2", "--signals_to_handle",
+                                 "SIGTERM,SIGUSR1"}}) {
+    Subprocess job(ddprun_fake(flags, {"wait_usr1", "print=still running"}));
+    // The handlers are installed before the workers say they wait.
+    REQUIRE(job.wait_for_output("[default0]:waiting for SIGUSR1", kJobLimit));
+    REQUIRE(job.wait_for_output("[default1]:waiting for SIGUSR1", kJobLimit));
+    job.send(SIGUSR1);
+    auto r = job.wait(kJobLimit);
+    INFO(flags.size());
+    INFO(r.out);
+    INFO(r.err);
+    REQUIRE_FALSE(r.timed_out);
+    CHECK(r.exit_code == 0);
+    CHECK(contains(r.out, "[default0]:got SIGUSR1"));
+    CHECK(contains(r.out, "[default1]:got SIGUSR1"));
+    CHECK(contains(r.out, "[default0]:still running"));
+    CHECK(contains(r.out, "[default1]:still running"));
+    CHECK_FALSE(contains(r.err, "stopping the workers"));
+  }
+}
+
+TEST_CASE("SIGUSR1 does not kill workers that ignore it, and workers started later are told",
+          "[agent][integration]") {
+  TempDir dir;
+  const std::string go = dir.path() + "/go";
+  // No handler in the worker; each attempt prints the variable, then waits for the test's go.
+  // The first attempt fails on purpose (exit 3), so a second group starts after the notice.
+  Subprocess job(ddprun_fake({"--nproc_per_node", "2", "--max_restarts", "1"},
+                             {"env=DDPRUN_CHECKPOINT_REQUESTED", "print=ready",
+                              "wait_lines=" + go + ":1", "exit_if_restart=0:3"}),
+                 {{"LOGLEVEL", "debug"}});
+  REQUIRE(job.wait_for_output("[default0]:ready", kJobLimit));
+  REQUIRE(job.wait_for_output("[default1]:ready", kJobLimit));
   job.send(SIGUSR1);
+  bool forwarded = false;
+  for (int i = 0; i < 600 && !forwarded; ++i) {
+    forwarded = contains(job.err_so_far(), "forwarding SIGUSR1 to the workers");
+    if (!forwarded) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  CHECK(forwarded);
+  std::ofstream(go) << "go\n";
   auto r = job.wait(kJobLimit);
   INFO(r.out);
   INFO(r.err);
   REQUIRE_FALSE(r.timed_out);
   CHECK(r.exit_code == 0);
-  CHECK(contains(r.out, "[default0]:got SIGUSR1"));
-  CHECK(contains(r.out, "[default1]:got SIGUSR1"));
-  CHECK(contains(r.out, "[default0]:still running"));
-  CHECK(contains(r.out, "[default1]:still running"));
-  CHECK_FALSE(contains(r.err, "stopping the workers"));
+  // Both first workers outlived the notice and failed by their own exit, not by SIGUSR1.
+  CHECK_FALSE(contains(r.err, "ended: signal SIGUSR1"));
+  CHECK(contains(r.err, "restarting workers: restart 1 of 1"));
+  CHECK(count_of(r.out, "DDPRUN_CHECKPOINT_REQUESTED=<unset>") == 2);
+  CHECK(count_of(r.out, "[default0]:DDPRUN_CHECKPOINT_REQUESTED=1") == 1);
+  CHECK(count_of(r.out, "[default1]:DDPRUN_CHECKPOINT_REQUESTED=1") == 1);
 }

@@ -1,12 +1,15 @@
 // The C++ examples on the worker SDK under the real ddprun: replicas stay identical, the result
 // matches single-process training, a killed rank resumes from the snapshot, an exception reaches
-// the failure report. No libtorch here: the workers write their parameters as raw float32.
+// the failure report, a checkpoint request (SIGUSR1) saves a snapshot that a rerun resumes
+// from. No libtorch here: the workers write their parameters as raw float32.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -210,6 +213,101 @@ TEST_CASE("with --standby_workers a restart hands the new round to standby proce
   // Standbys started after the restart too, and none outlives the job.
   CHECK(standby_pids.size() == 4);
   for (pid_t pid : standby_pids) CHECK_FALSE(process_alive(pid));
+}
+
+TEST_CASE("a checkpoint request on one rank stops every rank at the same step mid-epoch",
+          "[sdk][integration]") {
+  // 2048 samples over 2 ranks, batch 32: 32 steps an epoch. Rank 1 alone asks after global step
+  // 40 (step 8 of epoch 1); rank 0 must stop there too and save.
+  TempDir dir;
+  const std::string base = dir.path() + "/snap.pt";
+  auto whole = run_command(ddprun_train(2, {}, {"3", "1", "--dump_params", dir.path() + "/whole"}),
+                           {}, kLimit);
+  INFO(why(whole));
+  REQUIRE(whole.exit_code == 0);
+
+  auto first = run_command(
+      ddprun_train(2, {},
+                   {"3", "1", "--snapshot_path", base, "--request_checkpoint_rank", "1",
+                    "--request_checkpoint_step", "40", "--dump_params", dir.path() + "/cut"}),
+      {}, kLimit);
+  INFO(why(first));
+  REQUIRE(first.exit_code == 0);
+  CHECK(has(first.out,
+            "[default0]:[CPU0] checkpoint requested: saved snapshot at epoch 1 step 40 "
+            "(step 8 of the epoch) to " +
+                base + ".000002, exiting"));
+  CHECK(has(first.out,
+            "[default1]:[CPU1] checkpoint requested: stopped at epoch 1 step 40, exiting"));
+  // Neither rank trained on: no end of epoch 1, no final comparison.
+  CHECK_FALSE(has(first.out, "Epoch 1 | Batchsize"));
+  CHECK_FALSE(has(first.out, "parameters identical"));
+  CHECK(read_file(dir.path() + "/cut.rank0").empty());
+
+  auto tool = run_command({SNAPSHOT_TOOL_BIN, base + ".000002"}, {}, std::chrono::seconds(60));
+  INFO(tool.out << tool.err);
+  CHECK(tool.exit_code == 0);
+  CHECK(has(tool.out, "  epoch      : 1\n  step       : 40\n  epoch_step : 8\n"));
+  CHECK(has(tool.out, "(verified)"));
+
+  // The resumed run skips the 8 batches it had done and ends bit for bit where the
+  // uninterrupted run ended.
+  auto second = run_command(
+      ddprun_train(2, {},
+                   {"3", "1", "--snapshot_path", base, "--dump_params", dir.path() + "/resumed"}),
+      {}, kLimit);
+  INFO(why(second));
+  REQUIRE(second.exit_code == 0);
+  CHECK(has(second.out,
+            "[default0]:[CPU0] Resuming training from snapshot at Epoch 1, step 8 of the epoch"));
+  CHECK(has(second.out, "[default1]:[CPU1] Epoch 2 | Batchsize: 32 | Steps: 32"));
+  CHECK_FALSE(has(second.out, "Epoch 0 | Batchsize"));
+  const std::string resumed = read_file(dir.path() + "/resumed.rank0");
+  REQUIRE_FALSE(resumed.empty());
+  CHECK(resumed == read_file(dir.path() + "/whole.rank0"));
+  CHECK(read_file(dir.path() + "/resumed.rank1") == resumed);
+}
+
+TEST_CASE("SIGUSR1 to ddprun makes the trainer save a snapshot and exit 0, and a rerun resumes",
+          "[sdk][integration]") {
+  TempDir dir;
+  const std::string base = dir.path() + "/snap.pt";
+  // Far more epochs than the test waits for, and no snapshot of its own before epoch 1000:
+  // the only way this run ends in time with a snapshot is the notice.
+  Subprocess job(ddprun_train(2, {}, {"1000", "1000", "--snapshot_path", base}));
+  REQUIRE(job.wait_for_output("[default0]:[CPU0] Epoch 1 | Batchsize", kLimit));
+  job.send(SIGUSR1);
+  auto r = job.wait(kLimit);
+  INFO(why(r));
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code == 0);
+  CHECK(has(r.err, "forwarding SIGUSR1 to the workers"));
+  CHECK_FALSE(has(r.err, "restarting workers"));
+  static const std::regex kSaved(
+      R"(\[default0\]:\[CPU0\] checkpoint requested: saved snapshot at epoch (\d+) step (\d+) \(step (\d+) of the epoch\) to (\S+), exiting)");
+  std::smatch m;
+  REQUIRE(std::regex_search(r.out, m, kSaved));
+  const std::string epoch = m[1], step = m[2], epoch_step = m[3];
+  CHECK(m[4] == base + ".000001");
+  CHECK(has(r.out, "[default1]:[CPU1] checkpoint requested: stopped at epoch " + epoch + " step " +
+                       step + ", exiting"));
+  CHECK(read_file(base + ".000002").empty());
+
+  auto tool = run_command({SNAPSHOT_TOOL_BIN, base + ".000001"}, {}, std::chrono::seconds(60));
+  INFO(tool.out << tool.err);
+  CHECK(tool.exit_code == 0);
+  CHECK(has(tool.out, "  epoch      : " + epoch + "\n  step       : " + step +
+                          "\n  epoch_step : " + epoch_step + "\n  world_size : 2\n"));
+
+  // A second job (as after the requeue) resumes there and finishes the epoch it was in.
+  const std::string total = std::to_string(std::stoi(epoch) + 1);
+  auto rerun =
+      run_command(ddprun_train(2, {}, {total, "1000", "--snapshot_path", base}), {}, kLimit);
+  INFO(why(rerun));
+  CHECK(rerun.exit_code == 0);
+  CHECK(has(rerun.out, "[default0]:[CPU0] Resuming training from snapshot at Epoch " + epoch));
+  CHECK(has(rerun.out, "[default0]:[CPU0] Epoch " + epoch + " | Batchsize: 32"));
+  CHECK(has(rerun.out, "[default1]:rank 1: parameters identical to rank 0: True"));
 }
 
 TEST_CASE("the snapshot tool refuses a file that is not a snapshot", "[sdk][integration]") {

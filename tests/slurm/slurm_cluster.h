@@ -146,6 +146,43 @@ class SlurmCluster {
     return r;
   }
 
+  /// `sbatch --wait` of a script file started in the background, for a test that acts on the job
+  /// while it runs; the job's output goes to `output`. job_id_of() reads its id.
+  std::unique_ptr<Subprocess> sbatch_start(const std::string& path, const std::string& workdir,
+                                           const std::string& output,
+                                           const std::map<std::string, std::string>& extra_env) {
+    std::map<std::string, std::string> env = env_;
+    env.insert(extra_env.begin(), extra_env.end());
+    return std::make_unique<Subprocess>(
+        std::vector<std::string>{find_tool("sbatch"), "--wait", "--chdir=" + workdir,
+                                 "--output=" + output, path},
+        env);
+  }
+
+  /// The job id sbatch printed ("Submitted batch job 12"), waiting up to 30 s for it; "" if none.
+  static std::string job_id_of(const Subprocess& sbatch) {
+    std::string id;
+    wait_for(
+        [&] {
+          const std::string out = sbatch.out_so_far();
+          const std::string prefix = "Submitted batch job ";
+          const size_t at = out.find(prefix);
+          const size_t end = at == std::string::npos ? at : out.find('\n', at);
+          if (end != std::string::npos)
+            id = out.substr(at + prefix.size(), end - at - prefix.size());
+          return !id.empty();
+        },
+        std::chrono::seconds(30));
+    return id;
+  }
+
+  /// Runs a SLURM client (scancel, squeue, ...) against this cluster.
+  CommandResult client(const std::string& tool, const std::vector<std::string>& args) const {
+    std::vector<std::string> argv{find_tool(tool)};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return run_command(argv, env_, std::chrono::seconds(30));
+  }
+
   /// The daemons' logs, for failure messages.
   std::string logs() const {
     std::string all;

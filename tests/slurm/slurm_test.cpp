@@ -135,3 +135,43 @@ TEST_CASE("with PET_NO_SLURM_FANOUT=1 the broken tutorial script stops with the 
                  "--ntasks-per-node=1 --cpus-per-task=4 ddprun --nnodes=2 --nproc_per_node 2"));
   CHECK(ranks_printed(r.out).empty());
 }
+
+TEST_CASE("SIGUSR1 to the batch shell of an exec'd bare ddprun reaches every node's workers",
+          "[slurm]") {
+  require_rendezvous_port_free();
+  SlurmCluster cluster;
+  // `#SBATCH --signal=B:USR1@...` signals the batch shell alone, as `scancel --batch` does;
+  // with exec, ddprun is that shell, and it fans out by replacing itself with srun.
+  const std::string script = cluster.dir() + "/usr1.sbatch";
+  std::ofstream(script) << "#!/bin/bash\n"
+                           "#SBATCH --nodes=2\n"
+                           "#SBATCH --ntasks-per-node=1\n"
+                           "exec ddprun --nnodes=2 --nproc_per_node 2 --no_python "
+                        << FAKE_WORKER_BIN << " wait_usr1 print=still-running\n";
+  const std::string output = cluster.dir() + "/usr1.out";
+  auto sbatch = cluster.sbatch_start(script, cluster.dir(), output, ddprun_on_path(DDPRUN_BIN));
+  const std::string job = SlurmCluster::job_id_of(*sbatch);
+  INFO("sbatch: " << sbatch->out_so_far() << sbatch->err_so_far());
+  REQUIRE_FALSE(job.empty());
+  bool waiting = false;
+  for (int i = 0; i < 900 && !waiting; ++i) {
+    waiting = count_of(read_file(output), "waiting for SIGUSR1") == 4;
+    if (!waiting) ::usleep(100'000);
+  }
+  INFO("job output:\n" << read_file(output) << cluster.logs());
+  REQUIRE(waiting);
+  auto signalled = cluster.client("scancel", {"--signal=USR1", "--batch", job});
+  INFO("scancel: " << signalled.out << signalled.err);
+  REQUIRE(signalled.exit_code == 0);
+
+  auto r = sbatch->wait(kSlurmJobLimit);
+  const std::string out = read_file(output);
+  INFO("sbatch: " << r.out << r.err << "\njob output:\n" << out << cluster.logs());
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code == 0);
+  CHECK(contains(out, "starting one ddprun per node with: srun"));
+  CHECK(count_of(out, "]:got SIGUSR1") == 4);
+  CHECK(count_of(out, "]:still-running") == 4);
+  // Each node's ddprun outlived the notice and passed it on.
+  CHECK(count_of(out, "[ddprun] info: forwarding SIGUSR1 to the workers") == 2);
+}

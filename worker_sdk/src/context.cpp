@@ -12,6 +12,7 @@
 
 #include "common/strings.h"
 #include "ddprun/sdk/agent_report.h"
+#include "ddprun/sdk/preemption.h"
 
 extern char** environ;
 
@@ -151,6 +152,8 @@ WorkerContext WorkerContext::from_env() {
   // the loading of libtorch) and the start of the process group's set-up.
   static std::once_flag reported;
   std::call_once(reported, [] { report_to_agent("worker_main"); });
+  // From here on a preemption notice (SIGUSR1) sets checkpoint_requested() instead of killing.
+  install_checkpoint_handler();
   return std::get<WorkerContext>(parsed);
 }
 

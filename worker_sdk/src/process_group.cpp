@@ -26,6 +26,7 @@ void PendingWork::wait() {
 struct ProcessGroup::Impl {
   WorkerContext ctx;
   Backend backend = Backend::Gloo;
+  torch::Device device = torch::kCPU;  // where this group's collectives take their tensors
   std::chrono::milliseconds timeout{};
   c10::intrusive_ptr<c10d::Store> store;  // prefixed; what the group and the shutdown use
   c10::intrusive_ptr<compat::CollectiveBackend> pg;
@@ -68,6 +69,9 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const WorkerContext& ctx,
   impl->ctx = ctx;
   impl->timeout = options.timeout;
   impl->backend = options.device.is_cuda() ? Backend::Nccl : Backend::Gloo;
+  impl->device = options.device;
+  if (options.device.is_cuda() && !options.device.has_index())
+    impl->device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(ctx.local_rank));
   if (!options.device.is_cpu() && !options.device.is_cuda())
     throw std::invalid_argument("ProcessGroup: device " + options.device.str() +
                                 " is neither CPU nor CUDA");
@@ -137,6 +141,7 @@ ProcessGroup::~ProcessGroup() {
 int ProcessGroup::rank() const { return impl_->ctx.rank; }
 int ProcessGroup::world_size() const { return impl_->ctx.world_size; }
 Backend ProcessGroup::backend() const { return impl_->backend; }
+torch::Device ProcessGroup::device() const { return impl_->device; }
 const WorkerContext& ProcessGroup::context() const { return impl_->ctx; }
 
 void ProcessGroup::barrier() { impl_->pg->barrier()->wait(); }
@@ -181,6 +186,15 @@ PendingWork ProcessGroup::recv_async(torch::Tensor& tensor, int src, int tag) {
   std::vector<torch::Tensor> tensors{tensor};
   auto work = impl_->pg->recv(tensors, src, tag);
   return impl_->start(std::move(work), std::move(tensors));
+}
+
+bool any_rank_requested_checkpoint(ProcessGroup& group) {
+  // One small all-reduce: the largest of the ranks' flags, so one notice stops every rank.
+  torch::Tensor flag =
+      torch::tensor({checkpoint_requested() ? 1 : 0},
+                    torch::TensorOptions().dtype(torch::kInt).device(group.device()));
+  group.all_reduce(flag, ReduceOp::Max);
+  return flag.item<int>() != 0;
 }
 
 }  // namespace ddprun::sdk

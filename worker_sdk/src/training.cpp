@@ -317,10 +317,11 @@ const torch::IValue& entry(const c10::impl::GenericDict& d, const std::string& k
 }  // namespace
 
 Snapshot capture_snapshot(const torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                          int64_t epoch, int64_t step, int64_t world_size) {
+                          int64_t epoch, int64_t step, int64_t world_size, int64_t epoch_step) {
   Snapshot s;
   s.meta.epoch = epoch;
   s.meta.step = step;
+  s.meta.epoch_step = epoch_step;
   s.meta.world_size = world_size;
   s.meta.saved_at = std::chrono::duration_cast<std::chrono::seconds>(
                         std::chrono::system_clock::now().time_since_epoch())
@@ -387,6 +388,9 @@ std::string snapshot_checksum(const Snapshot& s) {
   uint64_t h = kChecksumStart;
   const int64_t meta[] = {s.meta.epoch, s.meta.step, s.meta.world_size, s.meta.saved_at};
   h = checksum_update(h, meta, sizeof meta);
+  // Only a mid-epoch snapshot hashes epoch_step, so epoch-boundary files (and files written
+  // before it existed) keep their checksums.
+  if (s.meta.epoch_step != 0) h = checksum_update(h, &s.meta.epoch_step, sizeof s.meta.epoch_step);
   return checksum_hex(checksum_update(h, digests.data(), digests.size() * sizeof(uint64_t)));
 }
 
@@ -514,6 +518,7 @@ void write_snapshot_zip(Snapshot& snapshot, const std::string& tmp, int fd) {
     doc.insert("version", kVersion);
     doc.insert("epoch", snapshot.meta.epoch);
     doc.insert("step", snapshot.meta.step);
+    doc.insert("epoch_step", snapshot.meta.epoch_step);
     doc.insert("world_size", snapshot.meta.world_size);
     doc.insert("saved_at", snapshot.meta.saved_at);
     doc.insert("model", model);
@@ -589,6 +594,9 @@ std::variant<Snapshot, std::string> read_snapshot_file(const std::string& path) 
              " is not the supported " + std::to_string(kVersion);
     s.meta.epoch = entry(d, "epoch").toInt();
     s.meta.step = entry(d, "step").toInt();
+    // Absent in files written before mid-epoch snapshots existed: an epoch boundary.
+    if (auto it = d.find(torch::IValue("epoch_step")); it != d.end())
+      s.meta.epoch_step = it->value().toInt();
     s.meta.world_size = entry(d, "world_size").toInt();
     s.meta.saved_at = entry(d, "saved_at").toInt();
     s.meta.checksum = entry(d, "checksum").toStringRef();
@@ -622,14 +630,16 @@ std::vector<std::string> SnapshotStore::files() const {
 }
 
 std::string SnapshotStore::save(const torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                                int64_t epoch, int64_t step, int64_t world_size) {
+                                int64_t epoch, int64_t step, int64_t world_size,
+                                int64_t epoch_step) {
   std::filesystem::create_directories(directory_of(base_));
   std::vector<int64_t> seqs;
   for (const std::string& f : files())
     seqs.push_back(*snapshot_sequence(base_, std::filesystem::path(f).filename().string()));
   const int64_t next = seqs.empty() ? 1 : *std::max_element(seqs.begin(), seqs.end()) + 1;
   const std::string path = snapshot_file_name(base_, next);
-  write_snapshot_file(path, capture_snapshot(module, optimizer, epoch, step, world_size));
+  write_snapshot_file(path,
+                      capture_snapshot(module, optimizer, epoch, step, world_size, epoch_step));
   seqs.push_back(next);
   for (int64_t old : snapshots_to_prune(seqs, keep_last_)) {
     std::error_code ec;

@@ -26,10 +26,11 @@ int show(const std::string& path) {
   const std::time_t t = static_cast<std::time_t>(s.meta.saved_at);
   if (std::tm tm{}; gmtime_r(&t, &tm)) std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
   std::printf(
-      "%s\n  epoch      : %lld\n  step       : %lld\n  world_size : %lld\n"
+      "%s\n  epoch      : %lld\n  step       : %lld\n  epoch_step : %lld\n  world_size : %lld\n"
       "  saved_at   : %s\n  checksum   : %s (verified)\n  model      : %zu tensors\n",
       path.c_str(), static_cast<long long>(s.meta.epoch), static_cast<long long>(s.meta.step),
-      static_cast<long long>(s.meta.world_size), when, s.meta.checksum.c_str(), s.model.size());
+      static_cast<long long>(s.meta.epoch_step), static_cast<long long>(s.meta.world_size), when,
+      s.meta.checksum.c_str(), s.model.size());
   for (const auto& [name, tensor] : s.model)
     std::printf("    %-40s %s\n", name.c_str(), describe(tensor).c_str());
   std::printf("  optimizer  : %lld bytes (torch::serialize archive)\n",

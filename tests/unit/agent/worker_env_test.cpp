@@ -15,7 +15,8 @@ EnvMap env_for(const EnvMap& agent_env, int local_world, int local_rank, Rendezv
   static RendezvousInfo stored;
   stored = round;
   auto placements = place_workers(stored, local_world);
-  WorkerEnvInputs in{&spec, &stored, placements.at(local_rank), "job42", false, "/tmp/e.json", ""};
+  WorkerEnvInputs in{&spec,         &stored, placements.at(local_rank),     "job42", false,
+                     "/tmp/e.json", "",      /*checkpoint_requested=*/false};
   return build_worker_env(agent_env, in);
 }
 
@@ -52,6 +53,18 @@ TEST_CASE("OMP_NUM_THREADS defaults to 1 only when unset and several workers sha
   CHECK(env_for({{"OMP_NUM_THREADS", "8"}}, 2, 1, round).at("OMP_NUM_THREADS") == "8");
   CHECK(will_default_omp_threads({}, 2));
   CHECK_FALSE(will_default_omp_threads({{"OMP_NUM_THREADS", "8"}}, 2));
+}
+
+TEST_CASE("workers started after a preemption notice are told so in their environment",
+          "[agent][unit]") {
+  WorkerSpec spec;
+  spec.local_world_size = 1;
+  const RendezvousInfo round{0, 1, "127.0.0.1", 29500, 0};
+  auto placements = place_workers(round, 1);
+  WorkerEnvInputs in{&spec, &round, placements.at(0), "job", false, "/tmp/e.json", "", false};
+  CHECK(build_worker_env({}, in).count("DDPRUN_CHECKPOINT_REQUESTED") == 0);
+  in.checkpoint_requested = true;
+  CHECK(build_worker_env({}, in).at("DDPRUN_CHECKPOINT_REQUESTED") == "1");
 }
 
 TEST_CASE("a user's NCCL error-handling choice is kept", "[agent][unit]") {

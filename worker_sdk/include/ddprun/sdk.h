@@ -10,7 +10,8 @@
 //   GradientSync sync(pg, *model);                    // broadcasts rank 0's state
 //   DistributedSampler sampler(n, *pg);
 //   for (epoch...) { sampler.set_epoch(epoch); for (batch...) { loss.backward();
-//     sync.synchronize(); opt->step(); } if (pg->rank() == 0) snaps.save(...); }
+//     sync.synchronize(); opt->step(); if (any_rank_requested_checkpoint(*pg)) {
+//     save mid-epoch on rank 0; return; } } if (pg->rank() == 0) snaps.save(...); }
 #include <torch/torch.h>
 
 #include <chrono>
@@ -24,6 +25,7 @@
 
 #include "ddprun/sdk/agent_report.h"
 #include "ddprun/sdk/context.h"
+#include "ddprun/sdk/preemption.h"
 #include "ddprun/sdk/record.h"
 #include "ddprun/sdk/sampler_plan.h"
 #include "ddprun/sdk/snapshot_files.h"
@@ -80,6 +82,8 @@ class ProcessGroup {
   int rank() const;
   int world_size() const;
   Backend backend() const;
+  /// The device of the group's collectives (CPU for Gloo, this rank's GPU for NCCL).
+  torch::Device device() const;
   const WorkerContext& context() const;
 
   void barrier();
@@ -100,6 +104,12 @@ class ProcessGroup {
  private:
   std::unique_ptr<Impl> impl_;
 };
+
+/// Whether any rank's checkpoint_requested() is set, agreed by all: a collective (one small
+/// all-reduce), so every rank must call it at the same point of its loop, and all get the same
+/// answer there. Ranks receive a preemption notice at slightly different steps; deciding on
+/// this answer makes them all stop at the same step.
+bool any_rank_requested_checkpoint(ProcessGroup& group);
 
 /// Options of GradientSync.
 struct GradientSyncOptions {
@@ -160,8 +170,11 @@ class DistributedSampler {
 
 /// What a snapshot holds besides tensors.
 struct SnapshotMeta {
-  int64_t epoch = 0;       ///< epochs completed
-  int64_t step = 0;        ///< optimizer steps completed
+  int64_t epoch = 0;  ///< epochs completed
+  int64_t step = 0;   ///< optimizer steps completed
+  /// Optimizer steps completed in epoch `epoch` when saved inside it (a checkpoint request);
+  /// 0 when saved at an epoch boundary.
+  int64_t epoch_step = 0;
   int64_t world_size = 0;  ///< of the job that saved it
   int64_t saved_at = 0;    ///< unix seconds
   std::string checksum;    ///< of the content, hex
@@ -180,7 +193,7 @@ struct Snapshot {
 
 /// Gathers a snapshot of a module, its optimizer and the default RNG.
 Snapshot capture_snapshot(const torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                          int64_t epoch, int64_t step, int64_t world_size);
+                          int64_t epoch, int64_t step, int64_t world_size, int64_t epoch_step = 0);
 /// Loads a snapshot into the module (on the module's device), optimizer and default RNG.
 void restore_snapshot(const Snapshot& snapshot, torch::nn::Module& module,
                       torch::optim::Optimizer& optimizer);
@@ -199,9 +212,9 @@ class SnapshotStore {
  public:
   explicit SnapshotStore(std::string base_path, int keep_last = 3);
   /// Writes the next snapshot in the series and prunes old ones; returns its path. Call it on
-  /// global rank 0 only.
+  /// global rank 0 only. `epoch_step` > 0 saves inside epoch `epoch` (see SnapshotMeta).
   std::string save(const torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                   int64_t epoch, int64_t step, int64_t world_size);
+                   int64_t epoch, int64_t step, int64_t world_size, int64_t epoch_step = 0);
   /// Loads the newest valid snapshot into module and optimizer and returns its metadata;
   /// nullopt when there is none. Invalid files are skipped with a warning on stderr.
   std::optional<SnapshotMeta> load_latest(torch::nn::Module& module,

@@ -28,6 +28,7 @@ struct WorkerContext {
   /// variable ("WORLD_SIZE is not set: start this program with ddprun or torchrun").
   /// In a standby process (ddprun --standby_workers) the first call first waits for the
   /// agent to hand over the environment of the worker this process becomes.
+  /// Also installs the SIGUSR1 handler behind checkpoint_requested() (sdk/preemption.h).
   static WorkerContext from_env();
 };
 
