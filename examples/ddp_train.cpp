@@ -40,6 +40,7 @@ struct Args {
   std::string dump_params;
   int request_checkpoint_rank = -1;
   int64_t request_checkpoint_step = 0;
+  int64_t poll_checkpoint_every = 16;
 };
 
 /// The same synthetic regression data on every rank: y = x w + noise.
@@ -161,9 +162,10 @@ int run(const Args& args) {
       ++step;
       if (rank == args.request_checkpoint_rank && step == args.request_checkpoint_step)
         sdk::request_checkpoint();
-      // Every rank asks after every step, so all stop after the same one, whichever rank got
-      // the notice and when.
-      if (sdk::any_rank_requested_checkpoint(*group)) {
+      // Every rank asks after the same steps (every --poll_checkpoint_every), so all stop after
+      // the same one, whichever rank got the notice and when. Asking is an all-reduce: not
+      // after every step of a small model, where it would cost as much as the step's own.
+      if (step % args.poll_checkpoint_every == 0 && sdk::any_rank_requested_checkpoint(*group)) {
         const bool epoch_done = s + 1 == steps;
         return save_and_exit(snapshots, model, optimizer, *group, epoch_done ? epoch + 1 : epoch,
                              step, epoch_done ? 0 : s + 1);
@@ -221,6 +223,9 @@ int main(int argc, char** argv) {
     app.add_option("--fail_when_file", args.fail_when_file,
                    "--fail_rank fails once this file exists (instead of --fail_epoch)");
     app.add_option("--dump_params", args.dump_params, "write final parameters to FILE.rank<N>");
+    app.add_option("--poll_checkpoint_every", args.poll_checkpoint_every,
+                   "ask the ranks about a checkpoint request after every N-th step (default 16)")
+        ->check(CLI::PositiveNumber);
     app.add_option("--request_checkpoint_rank", args.request_checkpoint_rank,
                    "rank that requests a checkpoint (as SIGUSR1 does)");
     app.add_option("--request_checkpoint_step", args.request_checkpoint_step,

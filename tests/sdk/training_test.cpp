@@ -229,7 +229,8 @@ TEST_CASE("a checkpoint request on one rank stops every rank at the same step mi
   auto first = run_command(
       ddprun_train(2, {},
                    {"3", "1", "--snapshot_path", base, "--request_checkpoint_rank", "1",
-                    "--request_checkpoint_step", "40", "--dump_params", dir.path() + "/cut"}),
+                    "--request_checkpoint_step", "40", "--poll_checkpoint_every", "8",
+                    "--dump_params", dir.path() + "/cut"}),
       {}, kLimit);
   INFO(why(first));
   REQUIRE(first.exit_code == 0);
