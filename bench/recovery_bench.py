@@ -234,7 +234,7 @@ def main():
     for s, summary in last_events.items():
         if summary:
             print(f"\nPhases of the last {s} run (`ddprun events summarize --json`):\n")
-            print("```\n" + json.dumps(summary, indent=1) + "\n```")
+            print("```json\n" + json.dumps(summary, indent=1) + "\n```")
     print(f"\nMachine: {os.cpu_count()} CPUs, {platform.platform()}; load average (1 min) at "
           f"the end {os.getloadavg()[0]:.2f}.")
 
