@@ -288,13 +288,16 @@ std::string dashed(std::string flag) {
 
 /// Flags of other programs that the docs show, by program.
 const std::set<std::string> kForeignFlags = {
-    // srun and sbatch (usage.md#slurm)
-    "--nodes", "--ntasks", "--ntasks-per-node", "--cpus-per-task",
-    // cmake
-    "--build", "--install",
+    // srun, sbatch and scancel (usage.md#slurm)
+    "--nodes", "--ntasks", "--ntasks-per-node", "--cpus-per-task", "--signal", "--batch",
+    // cmake and ctest
+    "--build", "--install", "--test-dir",
     // examples/ddp_train.cpp and examples/ddp_train.py
     "--snapshot_path", "--batch_size", "--fail_rank", "--fail_epoch", "--fail_kill", "--print_env",
-    "--overlap", "--keep_snapshots",
+    "--overlap", "--keep_snapshots", "--dataset_size", "--dump_params", "--poll_checkpoint_every",
+    "--request_checkpoint_rank", "--request_checkpoint_step", "--fail_when_file",
+    // tests/fault's ddprun-fault (design.md#fault-injection)
+    "--rounds", "--seed", "--round", "--faults", "--nproc", "--verbose",
     // bench/launch_bench.py and bench/rdzv_bench.py (benchmarks.md)
     "--ddprun", "--runs", "--baseline-runs", "--markdown", "--reps", "--torch-reps", "--loss-reps",
     // systemctl, apt-get
