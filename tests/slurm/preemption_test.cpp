@@ -6,7 +6,6 @@
 #include <fstream>
 #include <regex>
 #include <string>
-#include <thread>
 
 #include "tests/integration/ddprun_runs.h"
 #include "tests/slurm/slurm_cluster.h"
@@ -36,24 +35,10 @@ TEST_CASE("the preemptible example saves a snapshot and ends 0 when SLURM sends 
   const std::string path = cluster.dir() + "/preemptible.sbatch";
   std::ofstream(path) << script;
   const std::string output = cluster.dir() + "/preemptible.out";
-  auto sbatch = cluster.sbatch_start(path, cluster.dir(), output, ddprun_on_path(DDPRUN_BIN));
-  const std::string job = SlurmCluster::job_id_of(*sbatch);
-  INFO("sbatch: " << sbatch->out_so_far() << sbatch->err_so_far());
-  REQUIRE_FALSE(job.empty());
-
-  // Training is under way on both nodes once rank 0 finished its second epoch.
-  bool training = false;
-  for (int i = 0; i < 900 && !training; ++i) {
-    training = contains(read_file(output), "[CPU0] Epoch 1 | Batchsize");
-    if (!training) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  INFO("job output:\n" << read_file(output) << cluster.logs());
-  REQUIRE(training);
-  auto signalled = cluster.client("scancel", {"--signal=USR1", "--batch", job});
-  INFO("scancel: " << signalled.out << signalled.err);
-  REQUIRE(signalled.exit_code == 0);
-
-  auto r = sbatch->wait(kSlurmJobLimit);
+  // Preempted once training is under way on both nodes: rank 0 finished its second epoch.
+  auto r = cluster.preempt_when(
+      path, output, ddprun_on_path(DDPRUN_BIN),
+      [](const std::string& out) { return contains(out, "[CPU0] Epoch 1 | Batchsize"); });
   const std::string out = read_file(output);
   INFO("sbatch: " << r.out << r.err << "\njob output:\n" << out << cluster.logs());
   REQUIRE_FALSE(r.timed_out);

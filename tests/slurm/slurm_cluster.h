@@ -11,6 +11,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -174,6 +175,31 @@ class SlurmCluster {
         },
         std::chrono::seconds(30));
     return id;
+  }
+
+  /// Starts `sbatch --wait` of the script file `path` (run in the cluster's directory, output to
+  /// `output`), waits until `ready` holds for the job's output (checked every 100 ms, at most
+  /// 90 s), sends SIGUSR1 to the batch shell as `#SBATCH --signal=B:USR1@N` would (scancel
+  /// --signal=USR1 --batch) and waits for the job. Returns sbatch's result; the job's output is
+  /// in `output`. REQUIREs each step.
+  CommandResult preempt_when(const std::string& path, const std::string& output,
+                             const std::map<std::string, std::string>& extra_env,
+                             const std::function<bool(const std::string&)>& ready) {
+    auto sbatch = sbatch_start(path, dir_.path(), output, extra_env);
+    const std::string job = job_id_of(*sbatch);
+    INFO("sbatch: " << sbatch->out_so_far() << sbatch->err_so_far());
+    REQUIRE_FALSE(job.empty());
+    bool is_ready = false;
+    for (int i = 0; i < 900 && !is_ready; ++i) {
+      is_ready = ready(read_file(output));
+      if (!is_ready) ::usleep(100'000);
+    }
+    INFO("job output:\n" << read_file(output) << logs());
+    REQUIRE(is_ready);
+    auto signalled = client("scancel", {"--signal=USR1", "--batch", job});
+    INFO("scancel: " << signalled.out << signalled.err);
+    REQUIRE(signalled.exit_code == 0);
+    return sbatch->wait(kSlurmJobLimit);
   }
 
   /// Runs a SLURM client (scancel, squeue, ...) against this cluster.

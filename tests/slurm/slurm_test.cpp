@@ -149,22 +149,9 @@ TEST_CASE("SIGUSR1 to the batch shell of an exec'd bare ddprun reaches every nod
                            "exec ddprun --nnodes=2 --nproc_per_node 2 --no_python "
                         << FAKE_WORKER_BIN << " wait_usr1 print=still-running\n";
   const std::string output = cluster.dir() + "/usr1.out";
-  auto sbatch = cluster.sbatch_start(script, cluster.dir(), output, ddprun_on_path(DDPRUN_BIN));
-  const std::string job = SlurmCluster::job_id_of(*sbatch);
-  INFO("sbatch: " << sbatch->out_so_far() << sbatch->err_so_far());
-  REQUIRE_FALSE(job.empty());
-  bool waiting = false;
-  for (int i = 0; i < 900 && !waiting; ++i) {
-    waiting = count_of(read_file(output), "waiting for SIGUSR1") == 4;
-    if (!waiting) ::usleep(100'000);
-  }
-  INFO("job output:\n" << read_file(output) << cluster.logs());
-  REQUIRE(waiting);
-  auto signalled = cluster.client("scancel", {"--signal=USR1", "--batch", job});
-  INFO("scancel: " << signalled.out << signalled.err);
-  REQUIRE(signalled.exit_code == 0);
-
-  auto r = sbatch->wait(kSlurmJobLimit);
+  auto r = cluster.preempt_when(
+      script, output, ddprun_on_path(DDPRUN_BIN),
+      [](const std::string& out) { return count_of(out, "waiting for SIGUSR1") == 4; });
   const std::string out = read_file(output);
   INFO("sbatch: " << r.out << r.err << "\njob output:\n" << out << cluster.logs());
   REQUIRE_FALSE(r.timed_out);
