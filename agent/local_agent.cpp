@@ -275,10 +275,16 @@ class LocalAgent::Impl {
       return;
     }
     const int local_rank = report["local_rank"].get<int>();
+    // By pid when the report has one: a report sent just before the worker exited may be read
+    // after its exit was reaped, and still belongs to it. Without one, a running worker's.
+    const bool has_pid = report.contains("pid") && report["pid"].is_number_integer();
     WorkerRuntime* worker = nullptr;
     for (auto& w : workers_)
-      if (w->placement.local_rank == local_rank && w->running) worker = w.get();
+      if (has_pid ? w->pid == report["pid"].get<pid_t>()
+                  : w->placement.local_rank == local_rank && w->running)
+        worker = w.get();
     if (worker == nullptr) return;  // a report from a worker of an earlier group
+    report.erase("pid");
     worker->last_progress = std::chrono::steady_clock::now();
     const std::string event = report["event"].get<std::string>();
     if (event == "heartbeat") return;
@@ -287,6 +293,18 @@ class LocalAgent::Impl {
     report["rank"] = worker->placement.global_rank;
     report["restart_count"] = restart_count_;
     emit(event, report);
+  }
+
+  /// Reports already queued on the socket when the job ends (a worker's last milestone before
+  /// its exit) still reach the event log.
+  void drain_reports() {
+    if (!reports_.is_open()) return;
+    boost::system::error_code ec;
+    reports_.non_blocking(true, ec);
+    for (int i = 0; i < 1024 && !ec; ++i) {
+      const size_t n = reports_.receive(asio::buffer(report_buffer_), 0, ec);
+      if (!ec) on_report(std::string_view(report_buffer_.data(), n));
+    }
   }
 
   void arm_watchdog() {
@@ -774,6 +792,7 @@ class LocalAgent::Impl {
     if (finished_) return;
     finished_ = true;
     exit_code_ = code;
+    drain_reports();
     emit("job_end", {{"exit_code", code}});
     watchdog_timer_.cancel();
     standby_timer_.cancel();

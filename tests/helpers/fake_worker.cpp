@@ -6,7 +6,8 @@
 //   signal_if_rank=R:N   kill itself with signal N when RANK == R
 //   sleep=MS          sleep MS milliseconds
 //   hang              sleep up to 10 minutes (the test stops it)
-//   report=EVENT      send {"event":EVENT,"local_rank":LOCAL_RANK} to $DDPRUN_AGENT_SOCKET (what
+//   report=EVENT      send {"event":EVENT,"local_rank":LOCAL_RANK,"pid":PID} to
+//   $DDPRUN_AGENT_SOCKET (what
 //                     the SDK does; "heartbeat" arms the agent's watchdog)
 //   hang_unless=NAME=VALUE  hang (as above) unless the variable NAME equals VALUE
 //   ignore=SIG        ignore signal number SIG (e.g. 15)
@@ -125,8 +126,9 @@ int main(int argc, char** argv) {
       for (int s = 0; s < 600; ++s) ::sleep(1);
     } else if (key == "report") {
       const std::string path = env_or("DDPRUN_AGENT_SOCKET", "");
-      const std::string body =
-          "{\"event\":\"" + val + "\",\"local_rank\":" + env_or("LOCAL_RANK", "0") + "}";
+      const std::string body = "{\"event\":\"" + val +
+                               "\",\"local_rank\":" + env_or("LOCAL_RANK", "0") +
+                               ",\"pid\":" + std::to_string(::getpid()) + "}";
       sockaddr_un addr{};
       addr.sun_family = AF_UNIX;
       std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);

@@ -52,8 +52,9 @@ Channel& channel() {
 
 }  // namespace
 
-std::string format_report(const std::string& event, int local_rank, const ReportFields& fields) {
-  nlohmann::json body = {{"event", event}, {"local_rank", local_rank}};
+std::string format_report(const std::string& event, int local_rank, long pid,
+                          const ReportFields& fields) {
+  nlohmann::json body = {{"event", event}, {"local_rank", local_rank}, {"pid", pid}};
   for (const auto& [key, value] : fields)
     if (!body.contains(key)) body[key] = value;
   return body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
@@ -63,7 +64,7 @@ void report_to_agent(const std::string& event, const ReportFields& fields) {
   std::lock_guard<std::mutex> lock(channel_mutex);
   Channel& c = channel();
   if (c.fd < 0) return;
-  c.send(format_report(event, c.local_rank, fields));
+  c.send(format_report(event, c.local_rank, ::getpid(), fields));
 }
 
 void report_progress() {
@@ -73,7 +74,7 @@ void report_progress() {
   const auto now = std::chrono::steady_clock::now();
   if (now - c.last_heartbeat < kHeartbeatEvery) return;
   c.last_heartbeat = now;
-  c.send(format_report("heartbeat", c.local_rank, {}));
+  c.send(format_report("heartbeat", c.local_rank, ::getpid(), {}));
 }
 
 }  // namespace ddprun::sdk

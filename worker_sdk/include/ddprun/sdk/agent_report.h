@@ -11,8 +11,10 @@ namespace ddprun::sdk {
 /// Integer fields of a report, e.g. {"epoch", 3}.
 using ReportFields = std::vector<std::pair<std::string, std::int64_t>>;
 
-/// The datagram the agent reads: {"event":E,"local_rank":L,...fields} (event is JSON-escaped).
-std::string format_report(const std::string& event, int local_rank, const ReportFields& fields);
+/// The datagram the agent reads: {"event":E,"local_rank":L,"pid":P,...fields} (event is
+/// JSON-escaped). The pid lets the agent file a report that arrives after the worker's exit.
+std::string format_report(const std::string& event, int local_rank, long pid,
+                          const ReportFields& fields);
 
 /// Sends one report to $DDPRUN_AGENT_SOCKET: a milestone ("pg_ready", "snapshot_loaded",
 /// "first_step") for the agent's event log. Does nothing when the variable is unset (outside
