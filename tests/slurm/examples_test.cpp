@@ -32,15 +32,6 @@ std::string example_with_fake_worker(const SlurmCluster& cluster, const std::str
   return path;
 }
 
-std::map<int, int> ranks_printed(const std::string& out) {
-  std::map<int, int> ranks;
-  static const std::regex kRank(R"(\[default\d+\]:RANK=(\d+))");
-  for (auto it = std::sregex_iterator(out.begin(), out.end(), kRank); it != std::sregex_iterator();
-       ++it)
-    ++ranks[std::stoi((*it)[1])];
-  return ranks;
-}
-
 }  // namespace
 
 TEST_CASE("the one-node example starts two workers on one node", "[slurm]") {

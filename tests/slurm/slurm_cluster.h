@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,17 @@ inline constexpr std::chrono::seconds kClusterStartLimit{60};
 inline constexpr std::chrono::seconds kSlurmJobLimit{120};
 
 /// A job's environment in which `ddprun` on PATH is the one at `ddprun_bin` (just built).
+/// rank -> how many times a worker printed it, from "[default0]:RANK=3" lines (srun --label
+/// may put "0: " in front).
+inline std::map<int, int> ranks_printed(const std::string& out) {
+  std::map<int, int> ranks;
+  static const std::regex kRank(R"(\[default\d+\]:RANK=(\d+))");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), kRank); it != std::sregex_iterator();
+       ++it)
+    ++ranks[std::stoi((*it)[1])];
+  return ranks;
+}
+
 inline std::map<std::string, std::string> ddprun_on_path(const std::string& ddprun_bin) {
   const std::string bin = std::filesystem::path(ddprun_bin).parent_path().string();
   const char* path = std::getenv("PATH");

@@ -40,17 +40,6 @@ void require_rendezvous_port_free() {
   REQUIRE(bound);
 }
 
-/// rank -> how many times a worker printed it, from "[default0]:RANK=3" lines (srun --label
-/// may put "0: " in front).
-std::map<int, int> ranks_printed(const std::string& out) {
-  std::map<int, int> ranks;
-  static const std::regex kRank(R"(\[default\d+\]:RANK=(\d+))");
-  for (auto it = std::sregex_iterator(out.begin(), out.end(), kRank); it != std::sregex_iterator();
-       ++it)
-    ++ranks[std::stoi((*it)[1])];
-  return ranks;
-}
-
 const std::map<int, int> kRanks0To3Once{{0, 1}, {1, 1}, {2, 1}, {3, 1}};
 
 }  // namespace
