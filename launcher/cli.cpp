@@ -16,6 +16,7 @@
 #include "common/strings.h"
 #include "launcher/slurm.h"
 #include "rendezvous/endpoint.h"
+#include "rendezvous/limits.h"
 
 #ifndef DDPRUN_VERSION
 #define DDPRUN_VERSION "dev"
@@ -82,7 +83,8 @@ constexpr OptionSpec kOptions[] = {
     {"rdzv_conf", "", false, "K=V,...", "", kRendezvous,
      "Rendezvous settings: join_timeout (600), last_call_timeout (30), close_timeout (30), "
      "keep_alive_interval (5), connect_timeout (60) in seconds; keep_alive_max_attempt (3); "
-     "is_host (0/1)."},
+     "is_host (0/1); secret_file (the rendezvous's shared secret, also "
+     "$DDPRUN_RDZV_SECRET_FILE)."},
     {"master_addr", "", false, "HOST", "127.0.0.1", kRendezvous,
      "Address of the node with rank 0 (static rendezvous); workers get it as MASTER_ADDR "
      "(default 127.0.0.1)."},
@@ -331,16 +333,29 @@ Error parse_rdzv_conf(const RawValue& v, LaunchConfig& config) {
     if (key.empty() || value.empty()) {
       return describe(v) + ": malformed pair '" + pair + "'; expected key=value,key2=value2";
     }
+    // The server's own ranges (rendezvous/limits.h), so a value accepted here is never
+    // refused later by the server with a wire-protocol message.
+    const rdzv::SettingLimit* limit = rdzv::find_setting_limit(key);
     if (std::find(kSecondsKeys.begin(), kSecondsKeys.end(), key) != kSecondsKeys.end()) {
       auto seconds = parse_double(value);
-      if (!seconds || *seconds <= 0) {
+      if (!seconds || !(*seconds > 0)) {
         return describe(v) + ": " + key + "=" + value + " must be a positive number of seconds";
       }
+      const double ms = *seconds * 1000.0;
+      if (limit && (ms < static_cast<double>(limit->min) || ms > static_cast<double>(limit->max)))
+        return describe(v) + ": " + key + "=" + value + " is out of range: allowed " +
+               rdzv::describe_range(*limit);
+      if (!limit && ms > static_cast<double>(rdzv::kDayMs))
+        return describe(v) + ": " + key + "=" + value +
+               " is out of range: allowed up to 86400 seconds";
     } else if (key == "keep_alive_max_attempt") {
       auto attempts = parse_int(value);
       if (!attempts || *attempts < 1) {
         return describe(v) + ": " + key + "=" + value + " must be a positive integer";
       }
+      if (limit && (*attempts < limit->min || *attempts > limit->max))
+        return describe(v) + ": " + key + "=" + value + " is out of range: allowed " +
+               rdzv::describe_range(*limit);
     } else if (key == "is_host") {
       if (!parse_bool(value)) {
         return describe(v) + ": is_host=" + value + " must be 1, 0, true or false";
@@ -620,6 +635,9 @@ ParseResult build_config(const std::map<std::string_view, RawValue>& raw,
     if (auto e = parse_backend(get("rdzv_backend"), config)) return UsageError{*e};
     if (auto e = parse_endpoint(get("rdzv_endpoint"), config)) return UsageError{*e};
     config.rdzv_id = get("rdzv_id").text;
+    if (config.rdzv_id.size() > rdzv::kMaxIdentifierBytes)
+      return UsageError{"--rdzv_id of " + std::to_string(config.rdzv_id.size()) +
+                        " bytes: at most " + std::to_string(rdzv::kMaxIdentifierBytes)};
     if (config.rdzv_backend == "c10d" && config.max_nodes > 1 && config.rdzv_endpoint.empty()) {
       return UsageError{describe(get("rdzv_backend")) + " with " + describe(get("nnodes")) +
                         " needs --rdzv_endpoint host:port"};

@@ -173,6 +173,20 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
     return common::kExitUsage;
   }
   RendezvousPlan plan = std::get<RendezvousPlan>(std::move(planned));
+  if (!plan.single_node) {
+    // The shared secret of the rendezvous: --rdzv_conf secret_file, else the environment.
+    std::string secret_file = env_or(env, rdzv::kSecretFileVariable, "");
+    if (auto it = config.rdzv_conf.find("secret_file"); it != config.rdzv_conf.end())
+      secret_file = it->second;
+    if (!secret_file.empty()) {
+      auto read = rdzv::read_secret_file(secret_file);
+      if (auto* why = std::get_if<std::string>(&read)) {
+        spdlog::error("{}", *why);
+        return common::kExitUsage;
+      }
+      plan.client.secret = std::get<rdzv::Secret>(std::move(read));
+    }
+  }
 
   if (auto why = check_script(config, env)) {
     spdlog::error("{}", *why);
@@ -218,7 +232,8 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
     // and taken over by a surviving node on this machine if the host node dies.
     auto try_host = [&io, &clock, &server, &plan]() -> std::optional<std::string> {
       if (server || plan.hosting == Hosting::Never) return std::nullopt;
-      auto candidate = std::make_unique<rdzv::RendezvousServer>(io, clock);
+      auto candidate = std::make_unique<rdzv::RendezvousServer>(io, clock, rdzv::ServerLimits{},
+                                                                plan.client.secret);
       bool in_use = false;
       if (auto why = candidate->listen("", plan.listen_port, &in_use)) {
         if (plan.hosting == Hosting::Auto && in_use) return std::nullopt;  // someone else hosts

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "common/exit_codes.h"
+#include "rendezvous/auth.h"
 #include "rendezvous/connection.h"
 #include "rendezvous/endpoint.h"
 #include "rendezvous/framing.h"
@@ -23,11 +24,15 @@ namespace {
 
 constexpr int kDefaultPort = 29400;
 
+/// At most this many status pages are read (a page holds about 256 KiB of jobs: over 10 GB).
+constexpr int kMaxStatusPages = 40'000;
+
 std::string text_of(const json& j, const char* key, const std::string& fallback = "-") {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return fallback;
   if (it->is_string()) return it->get<std::string>();
-  return it->dump();
+  // A server's reply is still a peer's value: never dump it whole.
+  return rdzv::quote_peer_value(*it);
 }
 
 std::string seconds_ago(const json& node) {
@@ -53,6 +58,9 @@ std::variant<StatusRequest, InfoRequest, UsageError> parse_status_args(
   app.add_option("--rdzv_id,--rdzv-id", run_id, "show this job only");
   app.add_flag("--json", as_json, "print the server's JSON instead of tables");
   app.add_option("--timeout", timeout_s, "seconds to wait for the answer (default 5)");
+  std::string secret_file;
+  app.add_option("--secret_file,--secret-file", secret_file,
+                 "the server's shared secret, for a server started with --secret_file");
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   try {
     app.parse(reversed);
@@ -75,13 +83,19 @@ std::variant<StatusRequest, InfoRequest, UsageError> parse_status_args(
   if (!parsed || parsed->second == 0)
     return UsageError{"ddprun status --rdzv_endpoint " + endpoint +
                       ": expected host:port or [ipv6]:port"};
-  if (!(timeout_s > 0)) return UsageError{"ddprun status --timeout must be a positive number"};
+  if (!(timeout_s > 0) || timeout_s > 86400)
+    return UsageError{
+        "ddprun status --timeout must be a positive number of seconds, at most 86400"};
+  if (secret_file.empty()) {
+    if (auto from_env = env(rdzv::kSecretFileVariable)) secret_file = *from_env;
+  }
   StatusRequest request;
   request.host = parsed->first;
   request.port = parsed->second;
   if (!run_id.empty()) request.run_id = run_id;
   request.json = as_json;
   request.timeout = std::chrono::milliseconds(static_cast<long long>(timeout_s * 1000));
+  if (!secret_file.empty()) request.secret_file = secret_file;
   return request;
 }
 
@@ -103,6 +117,13 @@ std::string format_status(const json& jobs) {
         rows.push_back({rank, text_of(node, "name"), text_of(node, "state"),
                         text_of(node, "node_rank"), seconds_ago(node)});
       }
+      const auto listed = job.at("nodes").size();
+      if (auto count = job.find("node_count");
+          count != job.end() && count->is_number_unsigned() && count->get<std::size_t>() > listed)
+        rows.push_back(
+            {"",
+             "(" + std::to_string(count->get<std::size_t>() - listed) + " more nodes not listed)",
+             "", "", ""});
     }
     std::array<size_t, 5> width{};
     for (const auto& row : rows)
@@ -123,8 +144,23 @@ int run_status(const StatusRequest& request) {
   const std::string where = rdzv::format_endpoint(request.host, request.port);
   asio::io_context io;
   std::string error;
-  std::optional<json> jobs;
+  std::optional<rdzv::Secret> secret;
+  if (request.secret_file) {
+    auto read = rdzv::read_secret_file(*request.secret_file);
+    if (auto* bad = std::get_if<std::string>(&read)) {
+      std::fprintf(stderr, "ddprun status: %s\n", bad->c_str());
+      return common::kExitUsage;
+    }
+    secret = std::get<rdzv::Secret>(read);
+  }
+  rdzv::ClientHandshake handshake(secret, "status", rdzv::make_nonce());
+  std::optional<json> jobs;       // every page, once the last one arrived
+  std::optional<json> page_jobs;  // the pages so far
+  int pages = 0;
   std::shared_ptr<rdzv::FramedConnection> conn;
+  const auto send_query = [&] {
+    conn->send(rdzv::to_json(rdzv::AgentMessage{rdzv::StatusQuery{request.run_id, std::nullopt}}));
+  };
   asio::ip::tcp::resolver resolver(io);
   resolver.async_resolve(
       request.host, std::to_string(request.port),
@@ -145,27 +181,52 @@ int run_status(const StatusRequest& request) {
               conn->start(
                   [&, greeted](const json& body) mutable {
                     if (!greeted) {
-                      if (auto bad = rdzv::check_hello(body)) {
-                        error = *bad;
+                      rdzv::HandshakeStep hs = handshake.on_message(body);
+                      if (hs.error) {
+                        error = *hs.error;
                         return conn->close();
                       }
+                      if (hs.send) conn->send(*hs.send);
+                      if (!hs.done) return;
                       greeted = true;
+                      if (handshake.authenticates()) send_query();
                       return;
                     }
                     auto parsed = rdzv::parse_server_message(body);
                     auto* m = std::get_if<rdzv::ServerMessage>(&parsed);
-                    if (m && std::holds_alternative<rdzv::StatusReply>(*m))
-                      jobs = std::get<rdzv::StatusReply>(*m).jobs;
+                    auto* reply = m ? std::get_if<rdzv::StatusReply>(m) : nullptr;
+                    if (!reply) {
+                      if (!m)
+                        error = "unexpected answer: " + std::get<std::string>(parsed);
+                      else if (auto* refused = std::get_if<rdzv::Refused>(m))
+                        error = "refused: " + refused->message;
+                      else
+                        error = "unexpected answer: not a status reply";
+                      return conn->close();
+                    }
+                    if (!page_jobs) page_jobs = json::array();
+                    for (auto& job : reply->jobs) page_jobs->push_back(std::move(job));
+                    // The server answers in pages of about kStatusPageBytes; ask for the next
+                    // one, a bounded number of times.
+                    if (reply->next && ++pages < kMaxStatusPages) {
+                      conn->send(rdzv::to_json(
+                          rdzv::AgentMessage{rdzv::StatusQuery{request.run_id, reply->next}}));
+                      return;
+                    }
+                    if (reply->next)
+                      error = "more than " + std::to_string(kMaxStatusPages) +
+                              " pages of jobs; use --rdzv_id to show one job";
                     else
-                      error = "unexpected answer: " + body.dump();
+                      jobs = std::move(page_jobs);
                     conn->close();
                   },
                   [&](const std::string& why) {
                     if (!jobs && error.empty())
                       error = why.empty() ? "the server closed the connection" : why;
                   });
-              conn->send(rdzv::make_hello("status"));
-              conn->send(rdzv::to_json(rdzv::AgentMessage{rdzv::StatusQuery{request.run_id}}));
+              conn->send(handshake.hello());
+              // Without a secret the query follows the hello at once.
+              if (!handshake.authenticates()) send_query();
             });
       });
   io.run_for(request.timeout);

@@ -17,6 +17,8 @@ struct StatusRequest {
   std::optional<std::string> run_id;
   bool json = false;
   std::chrono::milliseconds timeout{5000};
+  /// --secret_file (or DDPRUN_RDZV_SECRET_FILE): prove the shared secret to the server.
+  std::optional<std::string> secret_file;
 };
 
 /// Parses the arguments after "status" (PET_RDZV_ENDPOINT and PET_RDZV_ID as fallbacks).

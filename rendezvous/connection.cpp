@@ -36,9 +36,19 @@ void FramedConnection::read_more() {
       asio::buffer(chunk_), [self = shared_from_this()](error_code ec, std::size_t n) {
         if (!self->open_) return;
         if (n > 0) {
+          self->bytes_received_ += n;
+          const std::size_t before = self->decoder_.buffered_bytes();
+          if (self->budget_ && self->budget_->used + n > self->budget_->limit) {
+            return self->end("input from " + self->peer_ + " would take the unparsed input of " +
+                             "all connections over the server's limit of " +
+                             std::to_string(self->budget_->limit) + " bytes");
+          }
           self->decoder_.feed(std::string_view(self->chunk_.data(), n));
+          self->account(before);
           while (self->open_) {
+            const std::size_t held = self->decoder_.buffered_bytes();
             DecodeResult r = self->decoder_.next();
+            self->account(held);
             if (r.status == DecodeStatus::NeedMore) break;
             if (r.status == DecodeStatus::Bad)
               return self->end("bad frame from " + self->peer_ + ": " + r.error);
@@ -85,10 +95,18 @@ void FramedConnection::close_after_writes() {
   write_next();
 }
 
+void FramedConnection::account(std::size_t before) {
+  if (!budget_) return;
+  const std::size_t after = decoder_.buffered_bytes();
+  budget_->used = budget_->used + after - before;  // unsigned wrap-around cancels out
+}
+
 void FramedConnection::close() {
   if (!open_) return;
   open_ = false;
   writes_.clear();
+  if (budget_) budget_->used -= decoder_.buffered_bytes();
+  budget_ = nullptr;
   error_code ignored;
   socket_.close(ignored);
   // Handlers may hold their owner (or this connection): drop them to break any cycle. The

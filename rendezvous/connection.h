@@ -1,5 +1,6 @@
 #pragma once
 #include <boost/asio/ip/tcp.hpp>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -9,6 +10,13 @@
 #include "rendezvous/framing.h"
 
 namespace ddprun::rdzv {
+
+/// Unparsed input held by a group of connections (a server's sessions), against one cap: a
+/// connection whose read would take the total over `limit` is closed.
+struct InputBudget {
+  std::size_t limit = 0;
+  std::size_t used = 0;
+};
 
 /// One TCP connection that carries frames (framing.h) both ways: a read loop that decodes
 /// frames and a write queue. Shared by the server's sessions, the agent's client and
@@ -35,6 +43,15 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
 
   bool is_open() const { return open_; }
 
+  /// Counts this connection's unparsed input against `budget` (which must outlive it).
+  void set_input_budget(InputBudget* budget) { budget_ = budget; }
+
+  /// Bytes received so far: a server compares it between sweeps to see progress.
+  std::uint64_t bytes_received() const { return bytes_received_; }
+
+  /// Bytes of an unfinished frame held now.
+  std::size_t buffered_bytes() const { return decoder_.buffered_bytes(); }
+
   /// "addr:port" of the peer, for logs ("?" when unknown).
   const std::string& peer() const { return peer_; }
 
@@ -45,6 +62,8 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   void read_more();
   void write_next();
   void end(const std::string& why);
+  /// Moves the budget's count by this connection's change in buffered bytes since `before`.
+  void account(std::size_t before);
 
   boost::asio::ip::tcp::socket socket_;
   FrameDecoder decoder_;
@@ -56,6 +75,8 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   bool open_ = true;
   bool writing_ = false;
   bool close_when_written_ = false;
+  InputBudget* budget_ = nullptr;
+  std::uint64_t bytes_received_ = 0;
 };
 
 /// Sets TCP_NODELAY, and makes unacknowledged data (a vanished peer) fail the connection after

@@ -7,12 +7,14 @@
 #include <CLI/CLI.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <cmath>
 #include <csignal>
 
 #include "common/clock.h"
 #include "common/exit_codes.h"
 #include "common/signals.h"
 #include "common/strings.h"
+#include "rendezvous/auth.h"
 #include "rendezvous/server.h"
 
 namespace ddprun::rdzv {
@@ -28,6 +30,26 @@ std::variant<DaemonConfig, DaemonExit> parse_daemon_args(const std::vector<std::
       ->check(CLI::Range(1, 65535));
   app.add_option("--host", config.host,
                  "address to listen on (default: every IPv6 and IPv4 address)");
+  double hello_timeout_s = config.limits.hello_timeout.count() / 1000.0;
+  double stalled_frame_timeout_s = config.limits.stalled_frame_timeout.count() / 1000.0;
+  app.add_option("--hello_timeout,--hello-timeout", hello_timeout_s,
+                 "seconds a new connection has to complete its hello before it is closed "
+                 "(default 10)")
+      ->check(CLI::Range(0.001, 86400.0));
+  app.add_option("--stalled_frame_timeout,--stalled-frame-timeout", stalled_frame_timeout_s,
+                 "seconds a connection may hold part of a frame without sending more before it "
+                 "is closed (default 30)")
+      ->check(CLI::Range(0.001, 86400.0));
+  app.add_option("--max_buffered_bytes,--max-buffered-bytes", config.limits.max_buffered_bytes,
+                 "unparsed input held across all connections; a connection that would go over "
+                 "is closed (default 67108864, 64 MiB)")
+      ->check(CLI::Range(std::size_t{1} << 20, std::size_t{1} << 40));
+  app.add_option("--max_jobs,--max-jobs", config.limits.max_jobs,
+                 "jobs held at once; a node of a new job beyond this is refused (default 10000)")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{10'000'000}));
+  app.add_option("--secret_file,--secret-file", config.secret_file,
+                 "a file holding the shared secret every agent and ddprun status must prove "
+                 "(mode 600; default: $DDPRUN_RDZV_SECRET_FILE)");
   app.set_version_flag("--version", "ddprun-rdzvd " DDPRUN_VERSION);
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   try {
@@ -40,6 +62,12 @@ std::variant<DaemonConfig, DaemonExit> parse_daemon_args(const std::vector<std::
     return DaemonExit{common::kExitUsage,
                       std::string("ddprun-rdzvd: error: ") + e.what() + ": see --help\n"};
   }
+  if (config.secret_file.empty()) {
+    if (const char* from_env = std::getenv(kSecretFileVariable)) config.secret_file = from_env;
+  }
+  config.limits.hello_timeout = std::chrono::milliseconds(std::llround(hello_timeout_s * 1000));
+  config.limits.stalled_frame_timeout =
+      std::chrono::milliseconds(std::llround(stalled_frame_timeout_s * 1000));
   return config;
 }
 
@@ -68,15 +96,29 @@ int run_daemon(const DaemonConfig& config) {
   spdlog::set_default_logger(logger);
   raise_open_file_limit();
 
+  std::optional<Secret> secret;
+  if (!config.secret_file.empty()) {
+    auto read = read_secret_file(config.secret_file);
+    if (auto* why = std::get_if<std::string>(&read)) {
+      spdlog::error("{}", *why);
+      return common::kExitUsage;
+    }
+    secret = std::get<Secret>(std::move(read));
+  }
   boost::asio::io_context io;
   common::SteadyClock clock;
-  RendezvousServer server(io, clock);
+  RendezvousServer server(io, clock, config.limits, secret);
   if (auto why = server.listen(config.host, config.port)) {
     spdlog::error("{}; is another ddprun-rdzvd or agent using the port? pick another --port", *why);
     return common::kExitRendezvous;
   }
-  spdlog::info("listening on {}:{} (rendezvous protocol {})",
-               config.host.empty() ? "*" : config.host, server.port(), kProtocolVersion);
+  spdlog::info("listening on {}:{} (rendezvous protocol {}{})",
+               config.host.empty() ? "*" : config.host, server.port(), kProtocolVersion,
+               secret ? ", shared secret required" : "");
+  if (!secret)
+    spdlog::warn(
+        "no --secret_file: anyone who can reach this port can read, join and end its jobs; "
+        "use it on trusted networks only (docs/operations.md#security)");
   std::signal(SIGPIPE, SIG_IGN);
   boost::asio::signal_set signals(io, SIGTERM, SIGINT);
   int received = 0;

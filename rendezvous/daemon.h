@@ -3,12 +3,16 @@
 #include <variant>
 #include <vector>
 
+#include "rendezvous/limits.h"
+
 namespace ddprun::rdzv {
 
 /// ddprun-rdzvd's command line.
 struct DaemonConfig {
   std::string host;  ///< "" listens on every address (IPv6 and IPv4)
   int port = 29400;
+  ServerLimits limits;
+  std::string secret_file;  ///< --secret_file, else $DDPRUN_RDZV_SECRET_FILE; "" for none
 };
 
 /// Parses ddprun-rdzvd's arguments; a message (help text or error) when it should not run.

@@ -1,8 +1,43 @@
 #include "rendezvous/framing.h"
 
 #include <cassert>
+#include <cstdio>
 
 namespace ddprun::rdzv {
+
+namespace {
+
+/// Buffers grown past this by a large frame are shrunk once empty.
+constexpr std::size_t kShrinkAboveBytes = 64 * 1024;
+
+/// The depth at which `text` (JSON, maybe malformed) first nests deeper than `limit` arrays and
+/// objects, or 0 when it never does. One pass, no recursion: strings (with their escapes) are
+/// skipped, so brackets inside them do not count.
+int nesting_over(std::string_view text, int limit) {
+  int depth = 0;
+  bool in_string = false;
+  bool escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return depth;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
 
 std::string encode_frame(const nlohmann::json& body) {
   std::string text = body.dump();
@@ -40,14 +75,24 @@ DecodeResult FrameDecoder::next() {
   if (buffer_.size() - kFrameHeaderBytes < size) return DecodeResult{};
 
   const char* begin = buffer_.data() + kFrameHeaderBytes;
+  if (nesting_over(std::string_view(begin, size), kMaxJsonDepth) != 0) {
+    return fail("frame body nests arrays or objects deeper than " + std::to_string(kMaxJsonDepth) +
+                " levels");
+  }
   nlohmann::json body;
   try {
     body = nlohmann::json::parse(begin, begin + size);
-  } catch (const nlohmann::json::parse_error& e) {
-    // nlohmann reports parse failures only as exceptions; turn them into data right here.
+  } catch (const nlohmann::json::exception& e) {
+    // nlohmann reports every parse failure as an exception: a syntax error (parse_error), but
+    // also a number too large for a double (out_of_range 406, "1e400"). Turn them all into data
+    // right here, so that no peer's frame can end the process.
     return fail(std::string("frame body is not valid JSON: ") + e.what());
   }
   buffer_.erase(0, kFrameHeaderBytes + size);
+  // A large frame's memory is given back once read, so idle connections hold little.
+  if (buffer_.empty() && buffer_.capacity() > kShrinkAboveBytes) {
+    buffer_.shrink_to_fit();
+  }
   if (!body.is_object()) {
     return fail(std::string("frame body is not a JSON object but a ") + body.type_name());
   }
@@ -61,6 +106,46 @@ DecodeResult FrameDecoder::fail(std::string error) {
   return DecodeResult{DecodeStatus::Bad, {}, std::move(error)};
 }
 
+std::string quote_peer_value(const nlohmann::json& value) {
+  using nlohmann::json;
+  switch (value.type()) {
+    case json::value_t::string: {
+      const auto& text = value.get_ref<const std::string&>();
+      std::string out = "\"";
+      std::size_t shown = 0;
+      for (const char ch : text) {
+        if (shown >= kMaxQuotedChars) break;
+        const auto c = static_cast<unsigned char>(ch);
+        if (c == '"' || c == '\\') {
+          out += '\\';
+          out += ch;
+        } else if (c < 0x20 || c >= 0x7f) {
+          char hex[8];
+          std::snprintf(hex, sizeof hex, "\\x%02x", c);
+          out += hex;
+        } else {
+          out += ch;
+        }
+        ++shown;
+      }
+      out += '"';
+      if (shown < text.size()) out += "... (" + std::to_string(text.size()) + " bytes)";
+      return out;
+    }
+    case json::value_t::array:
+      return "an array of " + std::to_string(value.size()) + " item(s)";
+    case json::value_t::object:
+      return "an object of " + std::to_string(value.size()) + " field(s)";
+    case json::value_t::binary:
+      return "binary data";
+    case json::value_t::discarded:
+      return "nothing";
+    default:
+      // Numbers, booleans and null: short by nature (a double prints in at most 24 characters).
+      return value.dump();
+  }
+}
+
 std::optional<std::string> check_hello(const nlohmann::json& hello) {
   const std::string ours = std::to_string(kProtocolVersion);
   if (!hello.is_object()) {
@@ -69,7 +154,7 @@ std::optional<std::string> check_hello(const nlohmann::json& hello) {
   auto type = hello.find("type");
   if (type == hello.end()) return std::string("hello has no \"type\" field");
   if (!type->is_string() || type->get_ref<const std::string&>() != "hello") {
-    return "expected a message of type \"hello\", got type " + type->dump();
+    return "expected a message of type \"hello\", got type " + quote_peer_value(*type);
   }
   auto protocol = hello.find("protocol");
   if (protocol == hello.end()) {
@@ -77,10 +162,11 @@ std::optional<std::string> check_hello(const nlohmann::json& hello) {
            ": use the same ddprun version on every node and the daemon";
   }
   if (!protocol->is_number_integer()) {
-    return "hello field \"protocol\" must be an integer, got " + protocol->dump();
+    return "hello field \"protocol\" must be an integer, got " + quote_peer_value(*protocol);
   }
   if (protocol->get<std::int64_t>() != kProtocolVersion) {
-    return "peer speaks rendezvous protocol " + protocol->dump() + ", this ddprun speaks " + ours +
+    return "peer speaks rendezvous protocol " + quote_peer_value(*protocol) +
+           ", this ddprun speaks " + ours +
            ": use the same ddprun version on every node and the daemon";
   }
   return std::nullopt;

@@ -6,13 +6,12 @@
 #include <string>
 #include <string_view>
 
+#include "rendezvous/limits.h"
+
 // Wire framing for the TCP rendezvous protocol (see docs/design.md). Pure: no sockets, no clock.
 // A frame is a 4-byte big-endian unsigned body length followed by the body, a UTF-8 JSON object.
 
 namespace ddprun::rdzv {
-
-/// Largest body a frame may carry; a larger announced length means a broken or hostile peer.
-constexpr std::size_t kMaxFrameBytes = 1 << 20;
 
 /// Size of the big-endian length prefix in front of every body.
 constexpr std::size_t kFrameHeaderBytes = 4;
@@ -54,6 +53,11 @@ class FrameDecoder {
   std::string buffer_;
   std::optional<std::string> bad_;
 };
+
+/// A peer's value as a message may quote it: a string escaped and cut at kMaxQuotedChars (with
+/// its length), a number or literal as written, an array or object by its size only. Never
+/// recursive and never longer than about 100 characters, whatever the peer sent.
+std::string quote_peer_value(const nlohmann::json& value);
 
 /// Checks a peer's `{"type":"hello","protocol":N,...}`; returns nullopt if compatible, else why
 /// not.

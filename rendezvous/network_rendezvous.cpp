@@ -6,7 +6,6 @@
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
-#include <random>
 
 #include "common/strings.h"
 #include "rendezvous/endpoint.h"
@@ -22,14 +21,6 @@ using boost::system::error_code;
 namespace {
 
 constexpr Millis kMaxBackoff{2'000};
-
-std::string random_hex(int digits) {
-  std::random_device rd;
-  std::uniform_int_distribution<int> d(0, 15);
-  std::string out;
-  for (int i = 0; i < digits; ++i) out += "0123456789abcdef"[d(rd)];
-  return out;
-}
 
 long long seconds(Millis m) { return static_cast<long long>(m.count() / 1000); }
 
@@ -63,7 +54,10 @@ NetworkRendezvous::NetworkRendezvous(asio::io_context& io, const common::Clock& 
     : io_(io),
       clock_(clock),
       opt_(std::move(options)),
-      node_id_(local_host_name() + ":" + std::to_string(::getpid()) + ":" + random_hex(6)),
+      // 128 random bits: the id is what the server routes this node's messages by, so no one
+      // else may guess it (status never shows it).
+      node_id_(local_host_name() + ":" + std::to_string(::getpid()) + ":" +
+               make_nonce().substr(0, 32)),
       retry_timer_(io),
       heartbeat_timer_(io),
       status_timer_(io) {}
@@ -88,10 +82,11 @@ void NetworkRendezvous::next_rendezvous(std::function<void(RendezvousResult)> do
   round_.reset();
   succeeded_ = false;
   unsent_failure_.reset();
-  if (conn_ && greeted_)
+  if (ready_to_send())
     send_join();
-  else
+  else if (!conn_)
     connect();
+  // else: the handshake is under way; after_greeting() sends the join.
 }
 
 void NetworkRendezvous::connect() {
@@ -158,13 +153,20 @@ void NetworkRendezvous::on_connected(std::shared_ptr<FramedConnection> conn) {
         if (!*alive || conn_.get() != raw) return;
         on_lost(why.empty() ? "the server closed the connection" : why);
       });
-  conn_->send(make_hello("agent"));
+  handshake_.emplace(opt_.secret, "agent", make_nonce());
+  conn_->send(handshake_->hello());
+  // Without a secret the join follows the hello at once (one round trip saved); with one,
+  // nothing is sent before the server has proved that it holds the secret.
+  if (!handshake_->authenticates()) after_greeting();
+  schedule_heartbeat();
+}
+
+void NetworkRendezvous::after_greeting() {
   if (phase_ == Phase::Joining || phase_ == Phase::Running) send_join();
   if (unsent_failure_) {
     send(*unsent_failure_);
     unsent_failure_.reset();
   }
-  schedule_heartbeat();
 }
 
 void NetworkRendezvous::send(const AgentMessage& message) {
@@ -208,19 +210,22 @@ void NetworkRendezvous::send_join() {
 void NetworkRendezvous::on_message(const nlohmann::json& body) {
   ++frames_received_;
   if (!greeted_) {
-    if (auto bad = check_hello(body)) {
-      // A refusal instead of a hello says why (e.g. the protocol differs).
-      auto parsed = parse_server_message(body);
-      if (auto* m = std::get_if<ServerMessage>(&parsed); m && std::holds_alternative<Refused>(*m))
-        return give_up(RendezvousError{
-            RendezvousErrorKind::State,
-            "the rendezvous server refused this node: " + std::get<Refused>(*m).message});
+    HandshakeStep hs = handshake_->on_message(body);
+    if (hs.error) {
+      // A refusal instead of a hello says why (the protocol differs, the secret is wrong).
+      const bool refused = hs.error->rfind("authentication failed", 0) == 0 ||
+                           hs.error->rfind("the rendezvous server refused", 0) == 0;
       return give_up(RendezvousError{
           RendezvousErrorKind::State,
-          "the server at " + format_endpoint(opt_.endpoint_host, opt_.endpoint_port) +
-              " is not a ddprun rendezvous server of this version: " + *bad});
+          refused ? *hs.error
+                  : "the server at " + format_endpoint(opt_.endpoint_host, opt_.endpoint_port) +
+                        " is " + *hs.error});
     }
+    if (hs.send) conn_->send(*hs.send);
+    if (!hs.done) return;
     greeted_ = true;
+    if (handshake_->authenticates()) after_greeting();
+    handshake_.reset();
     return;
   }
   auto parsed = parse_server_message(body);
@@ -346,7 +351,7 @@ void NetworkRendezvous::notify(Notice notice) {
 
 void NetworkRendezvous::report_failure(const WorkersFailed& failure) {
   if (phase_ != Phase::Running) return;
-  if (conn_ && greeted_)
+  if (ready_to_send())
     send(failure);
   else
     unsent_failure_ = failure;
@@ -355,12 +360,13 @@ void NetworkRendezvous::report_failure(const WorkersFailed& failure) {
 void NetworkRendezvous::report_success() {
   if (phase_ != Phase::Running || !round_) return;
   succeeded_ = true;
-  if (conn_) send(WorkersSucceeded{round_->round});
+  // Not yet authenticated: the join after the handshake claims the round as succeeded.
+  if (ready_to_send()) send(WorkersSucceeded{round_->round});
 }
 
 void NetworkRendezvous::leave(const std::string& reason) {
   if (conn_ && phase_ != Phase::Done) {
-    send(Leave{reason});
+    if (ready_to_send()) send(Leave{reason});
     conn_->close_after_writes();
   }
   phase_ = Phase::Done;
@@ -375,7 +381,7 @@ void NetworkRendezvous::schedule_heartbeat() {
   heartbeat_timer_.expires_after(opt_.settings.keep_alive_interval);
   heartbeat_timer_.async_wait([this, alive = alive_](error_code ec) {
     if (ec || !*alive || !conn_ || phase_ == Phase::Done) return;
-    send(Heartbeat{});
+    if (ready_to_send()) send(Heartbeat{});
     schedule_heartbeat();
   });
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "rendezvous/auth.h"
 #include "rendezvous/connection.h"
 #include "rendezvous/rendezvous_handler.h"
 
@@ -34,6 +35,8 @@ struct NetworkRendezvousOptions {
   /// Called before each connection attempt; may start hosting the server at the endpoint
   /// (embedded server). Empty when this node never hosts.
   std::function<void()> before_connect;
+  /// The shared secret (--rdzv_conf secret_file): prove it to the server and check its proof.
+  std::optional<Secret> secret;
 };
 
 /// The agent's side of the TCP rendezvous: joins rounds at the server, keeps the connection
@@ -72,6 +75,13 @@ class NetworkRendezvous final : public RendezvousHandler {
   void connect();
   void try_endpoint(size_t index, const std::string& last_error);
   void on_connected(std::shared_ptr<FramedConnection> conn);
+  /// Sends what waits for a greeted connection: the join (again) and an unsent failure.
+  void after_greeting();
+  /// A message may go out now: greeted, or greeting without a secret (requests may follow the
+  /// hello at once).
+  bool ready_to_send() const {
+    return conn_ && (greeted_ || (handshake_ && !handshake_->authenticates()));
+  }
   void on_message(const nlohmann::json& body);
   void on_lost(const std::string& why);
   void send_join();
@@ -91,6 +101,7 @@ class NetworkRendezvous final : public RendezvousHandler {
   std::vector<boost::asio::ip::tcp::endpoint> endpoints_;  ///< of the endpoint, being tried
   bool connecting_ = false;
   bool greeted_ = false;
+  std::optional<ClientHandshake> handshake_;
   Phase phase_ = Phase::Idle;
   std::optional<RoundReady> round_;
   bool succeeded_ = false;

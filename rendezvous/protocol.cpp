@@ -17,11 +17,30 @@ class Reader {
 
   const std::optional<std::string>& error() const { return error_; }
 
-  std::string str(const char* key) {
+  /// A string of at most `max_bytes` (identifiers: kMaxIdentifierBytes).
+  std::string str(const char* key, std::size_t max_bytes = kMaxTextBytes) {
     auto v = field(key);
     if (!v) return {};
     if (!v->is_string()) return fail(key, "a string"), std::string();
-    return v->get<std::string>();
+    const auto& text = v->get_ref<const std::string&>();
+    if (text.size() > max_bytes) {
+      fail_value(key, "is " + std::to_string(text.size()) + " bytes long, over the limit of " +
+                          std::to_string(max_bytes));
+      return {};
+    }
+    return text;
+  }
+  /// An identifier (run id, node id, name, address): short, and free of control characters so
+  /// that logs and status tables show it as it is.
+  std::string id(const char* key) {
+    std::string text = str(key, kMaxIdentifierBytes);
+    for (const char c : text) {
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+        fail_value(key, "must not contain control characters");
+        return {};
+      }
+    }
+    return text;
   }
   int integer(const char* key) {
     auto v = field(key);
@@ -45,6 +64,8 @@ class Reader {
     if (!v->is_array()) return fail(key, "an array of strings"), out;
     for (const auto& item : *v) {
       if (!item.is_string()) return fail(key, "an array of strings"), out;
+      if (item.get_ref<const std::string&>().size() > kMaxTextBytes)
+        return fail(key, "an array of strings of at most 4096 bytes"), out;
       out.push_back(item.get<std::string>());
     }
     return out;
@@ -56,7 +77,9 @@ class Reader {
     if (!v->is_array()) return fail(key, "an array of integers"), out;
     for (const auto& item : *v) {
       if (!item.is_number_integer()) return fail(key, "an array of integers"), out;
-      out.push_back(item.get<int>());
+      const auto n = item.get<std::int64_t>();
+      if (n < INT32_MIN || n > INT32_MAX) return fail(key, "an array of 32-bit integers"), out;
+      out.push_back(static_cast<int>(n));
     }
     return out;
   }
@@ -73,6 +96,10 @@ class Reader {
   }
   void fail_value(const char* key, const std::string& why) {
     if (!error_) error_ = type_ + " field \"" + key + "\" " + why;
+  }
+  /// A problem already worded from the field on ("field \"x\" ...").
+  void fail(const std::string& why) {
+    if (!error_) error_ = type_ + " " + why;
   }
 
  private:
@@ -117,14 +144,8 @@ RdzvSettings read_settings(Reader& r) {
   s.keep_alive_interval = r.millis("keep_alive_interval_ms");
   s.keep_alive_max_attempt = r.integer("keep_alive_max_attempt");
   if (r.error()) return s;
-  if (s.min_nodes < 1 || s.max_nodes < s.min_nodes)
-    r.fail_value("max_nodes", "must be at least min_nodes, which must be at least 1");
-  if (s.nproc_per_node < 1) r.fail_value("nproc_per_node", "must be at least 1");
-  if (s.max_restarts < 0) r.fail_value("max_restarts", "must not be negative");
-  if (s.keep_alive_interval.count() <= 0 || s.keep_alive_max_attempt < 1)
-    r.fail_value("keep_alive_interval_ms", "and keep_alive_max_attempt must be positive");
-  if (s.join_timeout.count() < 0 || s.last_call_timeout.count() < 0 || s.close_timeout.count() < 0)
-    r.fail_value("join_timeout_ms", "and the other timeouts must not be negative");
+  // The rules live with the limits table, which the command line checks too.
+  if (auto bad = check_settings(s)) r.fail(*bad);
   return s;
 }
 
@@ -144,7 +165,7 @@ RoundClaim read_claim(Reader& r) {
   c.group_rank = r.integer("group_rank");
   c.group_world_size = r.integer("group_world_size");
   c.restart_count = r.integer("restart_count");
-  c.master_addr = r.str("master_addr");
+  c.master_addr = r.id("master_addr");
   c.master_port = r.integer("master_port");
   c.succeeded = r.boolean("succeeded");
   if (!r.error() && (c.group_world_size < 1 || c.group_rank < 0 ||
@@ -153,35 +174,16 @@ RoundClaim read_claim(Reader& r) {
   return c;
 }
 
-const char* outcome_name(JobOutcomeKind k) {
-  switch (k) {
-    case JobOutcomeKind::Succeeded:
-      return "succeeded";
-    case JobOutcomeKind::Failed:
-      return "failed";
-    case JobOutcomeKind::TimedOut:
-      return "timed_out";
-  }
-  return "failed";
-}
-
-const char* refusal_name(RefusalKind k) {
-  switch (k) {
-    case RefusalKind::Mismatch:
-      return "mismatch";
-    case RefusalKind::DuplicateRank:
-      return "duplicate_rank";
-    case RefusalKind::BadRank:
-      return "bad_rank";
-    case RefusalKind::Closed:
-      return "closed";
-    case RefusalKind::Protocol:
-      return "protocol";
-    case RefusalKind::Dropped:
-      return "dropped";
-  }
-  return "protocol";
-}
+// One name table per enum: the wire names, read and written from the same rows.
+constexpr std::pair<const char*, JobOutcomeKind> kOutcomes[] = {
+    {"succeeded", JobOutcomeKind::Succeeded},
+    {"failed", JobOutcomeKind::Failed},
+    {"timed_out", JobOutcomeKind::TimedOut}};
+constexpr std::pair<const char*, RefusalKind> kRefusals[] = {
+    {"mismatch", RefusalKind::Mismatch},        {"duplicate_rank", RefusalKind::DuplicateRank},
+    {"bad_rank", RefusalKind::BadRank},         {"closed", RefusalKind::Closed},
+    {"protocol", RefusalKind::Protocol},        {"dropped", RefusalKind::Dropped},
+    {"unauthorized", RefusalKind::Unauthorized}};
 
 template <typename Enum, std::size_t N>
 std::optional<Enum> enum_from(const std::string& name,
@@ -191,14 +193,12 @@ std::optional<Enum> enum_from(const std::string& name,
   return std::nullopt;
 }
 
-constexpr std::pair<const char*, JobOutcomeKind> kOutcomes[] = {
-    {"succeeded", JobOutcomeKind::Succeeded},
-    {"failed", JobOutcomeKind::Failed},
-    {"timed_out", JobOutcomeKind::TimedOut}};
-constexpr std::pair<const char*, RefusalKind> kRefusals[] = {
-    {"mismatch", RefusalKind::Mismatch}, {"duplicate_rank", RefusalKind::DuplicateRank},
-    {"bad_rank", RefusalKind::BadRank},  {"closed", RefusalKind::Closed},
-    {"protocol", RefusalKind::Protocol}, {"dropped", RefusalKind::Dropped}};
+template <typename Enum, std::size_t N>
+const char* name_of(Enum value, const std::pair<const char*, Enum> (&table)[N]) {
+  for (const auto& [text, v] : table)
+    if (v == value) return text;
+  return table[0].first;  // unreachable: every value has a row
+}
 
 // ---- to_json --------------------------------------------------------------------------------
 
@@ -229,7 +229,9 @@ struct AgentToJson {
   }
   json operator()(const Leave& m) const { return {{"type", "leave"}, {"reason", m.reason}}; }
   json operator()(const StatusQuery& m) const {
-    return {{"type", "status"}, {"run_id", m.run_id ? json(*m.run_id) : json(nullptr)}};
+    json j = {{"type", "status"}, {"run_id", m.run_id ? json(*m.run_id) : json(nullptr)}};
+    if (m.after) j["after"] = *m.after;
+    return j;
   }
 };
 
@@ -265,16 +267,18 @@ struct ServerToJson {
   }
   json operator()(const Closed& m) const {
     return {{"type", "closed"},
-            {"outcome", outcome_name(m.outcome)},
+            {"outcome", name_of(m.outcome, kOutcomes)},
             {"message", m.message},
             {"exit_code", m.exit_code},
             {"signal", m.signal}};
   }
   json operator()(const Refused& m) const {
-    return {{"type", "refused"}, {"kind", refusal_name(m.kind)}, {"message", m.message}};
+    return {{"type", "refused"}, {"kind", name_of(m.kind, kRefusals)}, {"message", m.message}};
   }
   json operator()(const StatusReply& m) const {
-    return {{"type", "status_reply"}, {"jobs", m.jobs}};
+    json j = {{"type", "status_reply"}, {"jobs", m.jobs}};
+    if (m.next) j["next"] = *m.next;
+    return j;
   }
 };
 
@@ -289,10 +293,10 @@ std::optional<std::string> type_of(const json& body, std::string& type) {
 std::variant<AgentMessage, std::string> read_agent(const std::string& type, Reader& r) {
   if (type == "join") {
     Join m;
-    m.run_id = r.str("run_id");
-    m.node_id = r.str("node_id");
-    m.name = r.str("name");
-    m.addr = r.str("addr");
+    m.run_id = r.id("run_id");
+    m.node_id = r.id("node_id");
+    m.name = r.id("name");
+    m.addr = r.id("addr");
     m.master_port = r.integer("master_port");
     if (r.has("node_rank")) m.node_rank = r.integer("node_rank");
     m.restart_count = r.integer("restart_count");
@@ -340,11 +344,12 @@ std::variant<AgentMessage, std::string> read_agent(const std::string& type, Read
   }
   if (type == "status") {
     StatusQuery m;
-    if (r.has("run_id")) m.run_id = r.str("run_id");
+    if (r.has("run_id")) m.run_id = r.id("run_id");
+    if (r.has("after")) m.after = r.id("after");
     if (r.error()) return *r.error();
     return m;
   }
-  return "unknown message type \"" + type + "\"";
+  return "unknown message type " + quote_peer_value(type);
 }
 
 std::variant<ServerMessage, std::string> read_server(const std::string& type, Reader& r,
@@ -368,7 +373,7 @@ std::variant<ServerMessage, std::string> read_server(const std::string& type, Re
     m.round = r.integer("round");
     m.group_rank = r.integer("group_rank");
     m.group_world_size = r.integer("group_world_size");
-    m.master_addr = r.str("master_addr");
+    m.master_addr = r.id("master_addr");
     m.master_port = r.integer("master_port");
     m.restart_count = r.integer("restart_count");
     m.participants = r.strings("participants");
@@ -383,7 +388,7 @@ std::variant<ServerMessage, std::string> read_server(const std::string& type, Re
   if (type == "restart") {
     Restart m;
     m.next_round = r.integer("next_round");
-    m.reason = r.str("reason");
+    m.reason = r.str("reason", kMaxFrameBytes);
     m.counted = r.boolean("counted");
     m.restart_count = r.integer("restart_count");
     if (r.error()) return *r.error();
@@ -392,31 +397,34 @@ std::variant<ServerMessage, std::string> read_server(const std::string& type, Re
   if (type == "closed") {
     Closed m;
     const std::string outcome = r.str("outcome");
-    m.message = r.str("message");
+    m.message = r.str("message", kMaxFrameBytes);
     m.exit_code = r.integer("exit_code");
     m.signal = r.integer("signal");
     if (r.error()) return *r.error();
     auto kind = enum_from(outcome, kOutcomes);
-    if (!kind) return "closed field \"outcome\" has an unknown value \"" + outcome + "\"";
+    if (!kind) return "closed field \"outcome\" has an unknown value " + quote_peer_value(outcome);
     m.outcome = *kind;
     return m;
   }
   if (type == "refused") {
     Refused m;
     const std::string kind = r.str("kind");
-    m.message = r.str("message");
+    m.message = r.str("message", kMaxFrameBytes);
     if (r.error()) return *r.error();
     auto k = enum_from(kind, kRefusals);
-    if (!k) return "refused field \"kind\" has an unknown value \"" + kind + "\"";
+    if (!k) return "refused field \"kind\" has an unknown value " + quote_peer_value(kind);
     m.kind = *k;
     return m;
   }
   if (type == "status_reply") {
     if (!body.contains("jobs") || !body.at("jobs").is_array())
       return std::string("status_reply field \"jobs\" must be an array");
-    return StatusReply{body.at("jobs")};
+    StatusReply m{body.at("jobs"), std::nullopt};
+    if (r.has("next")) m.next = r.id("next");
+    if (r.error()) return *r.error();
+    return m;
   }
-  return "unknown message type \"" + type + "\"";
+  return "unknown message type " + quote_peer_value(type);
 }
 
 }  // namespace

@@ -92,6 +92,8 @@ struct Leave {
 /// `ddprun status`: describe the jobs on this server (one when run_id is set).
 struct StatusQuery {
   std::optional<std::string> run_id;
+  /// The `next` of the previous reply: jobs after this run id (status comes in pages).
+  std::optional<std::string> after;
 };
 
 using AgentMessage =
@@ -143,7 +145,15 @@ struct Closed {
 };
 
 /// Why a node cannot take part.
-enum class RefusalKind { Mismatch, DuplicateRank, BadRank, Closed, Protocol, Dropped };
+enum class RefusalKind {
+  Mismatch,
+  DuplicateRank,
+  BadRank,
+  Closed,
+  Protocol,
+  Dropped,
+  Unauthorized
+};
 
 /// This node cannot take part; it exits with the message.
 struct Refused {
@@ -154,6 +164,9 @@ struct Refused {
 /// Reply to StatusQuery: a JSON description of the jobs (see describe_job in rdzv_state.h).
 struct StatusReply {
   nlohmann::json jobs;
+  /// Set when more jobs follow: ask again with `after` set to it. Each reply stays under
+  /// kStatusPageBytes of jobs (plus one job), so any number of jobs reads back.
+  std::optional<std::string> next;
 };
 
 using ServerMessage = std::variant<Waiting, RoundReady, Restart, Closed, Refused, StatusReply>;

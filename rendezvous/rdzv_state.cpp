@@ -566,6 +566,30 @@ void on_join(Step& st, const std::string& id, Join join) {
       }
     }
   }
+  if (join.node_rank && !s.nodes.count(id)) {
+    // A newcomer cannot take a group rank that a live node holds (in the running round, or
+    // the one before the round that forms): that would move every worker's MASTER_ADDR.
+    for (const auto& [other_id, node] : s.nodes) {
+      auto previous = s.previous_ranks.find(other_id);
+      const bool holds =
+          node.group_rank == *join.node_rank ||
+          (previous != s.previous_ranks.end() && previous->second == *join.node_rank);
+      if (other_id != id && holds) {
+        refuse(st, id, RefusalKind::DuplicateRank,
+               "node " + join.name + " was started with --node_rank " +
+                   std::to_string(*join.node_rank) + ", but node " + node.request.name +
+                   " holds group rank " + std::to_string(*join.node_rank) + " of job '" + s.run_id +
+                   "': give every node its own --node_rank, or none");
+        return;
+      }
+    }
+  }
+  if (join.restart_count < 0 || join.restart_count > settings.max_restarts) {
+    refuse(st, id, RefusalKind::Protocol,
+           "node " + join.name + " claims restart count " + std::to_string(join.restart_count) +
+               ", impossible with --max_restarts " + std::to_string(settings.max_restarts));
+    return;
+  }
   if (join.resume) {
     const RoundClaim& claim = *join.resume;
     if (claim.group_world_size < 1 || claim.group_world_size > settings.max_nodes ||
@@ -585,8 +609,11 @@ void on_join(Step& st, const std::string& id, Join join) {
     s.round_started = st.now;  // round 0 forms from the first Join on
   }
   // A node remembers the job's count: a restarted server keeps counting where it was, so
-  // losing the server cannot hand out restarts again.
-  s.restart_count = std::max(s.restart_count, join.restart_count);
+  // losing the server cannot hand out restarts again. Only while the job has not completed a
+  // round here (the server was just started) or with a claim on the running round: a newcomer
+  // to a job that runs cannot spend its budget.
+  if (join.resume || (s.round == 0 && s.phase == JobPhase::Joining && s.previous_ranks.empty()))
+    s.restart_count = std::max(s.restart_count, join.restart_count);
   if (join.resume) {
     on_resume_join(st, id, join);
     return;
@@ -842,6 +869,12 @@ StepResult step(JobState state, const Event& event, TimePoint now) {
       remove_node(st, gone->node_id,
                   "node " + it->second.request.name + " disconnected without leaving");
     }
+  } else if (std::holds_alternative<Resumed>(event)) {
+    // Any phase, nodes unchanged: the server was not running, so no node's silence is news.
+    // Each gets a full keep-alive window from now; what it sent meanwhile is read next.
+    const Millis window = st.s.settings.keep_alive_window();
+    for (auto& [id, node] : st.s.nodes) node.last_seen = std::max(node.last_seen, now);
+    if (st.s.adopt_deadline) st.s.adopt_deadline = std::max(*st.s.adopt_deadline, now + window);
   }
   // Every event (not only Tick) runs the due deadlines, so a late Tick cannot reorder outcomes.
   run_deadlines(st);
@@ -963,11 +996,12 @@ nlohmann::json describe_job(const JobState& state, TimePoint now) {
     if ((rank_a < 0) != (rank_b < 0)) return rank_b < 0;
     return rank_a >= 0 && rank_a < rank_b;
   });
+  if (ids.size() > kMaxNodesInStatus) ids.resize(kMaxNodesInStatus);
   for (const std::string& id : ids) {
     const NodeRecord& node = state.nodes.at(id);
+    // No node_id: it is what a connection speaks for a node with, so status never shows it.
     nlohmann::json entry = {
         {"name", node.request.name},
-        {"node_id", id},
         {"state", node_state_name(node.state)},
         {"group_rank", node.group_rank},
         {"last_seen_s", duration_cast<std::chrono::duration<double>>(now - node.last_seen).count()},
@@ -993,6 +1027,7 @@ nlohmann::json describe_job(const JobState& state, TimePoint now) {
         {"keep_alive_max_attempt", settings.keep_alive_max_attempt}}},
       {"settings_from", state.settings_from},
       {"nodes", std::move(nodes)},
+      {"node_count", state.nodes.size()},
   };
   if (state.closed) {
     job["outcome"] = outcome_name(state.closed->outcome);

@@ -70,6 +70,10 @@ struct JobState {
 /// The shortest time between two Waiting broadcasts of one job.
 constexpr Millis kWaitingQuietPeriod{1'000};
 
+/// At most this many nodes are listed per job in a status reply (node_count has them all), so
+/// one job's description stays far under kMaxFrameBytes.
+constexpr std::size_t kMaxNodesInStatus = 500;
+
 /// At most this many names travel in Waiting.joined and RoundReady.participants.
 constexpr std::size_t kMaxNamesInMessage = 16;
 
@@ -90,7 +94,13 @@ struct Disconnected {
 /// Time passed: deadlines (join timeout, last call, heartbeats, adoption, tombstone) are due.
 struct Tick {};
 
-using Event = std::variant<FromNode, Disconnected, Tick>;
+/// The server did not run for a while (it was stopped, swapped out or starved) and runs again:
+/// silence while it was not running is no evidence, and heartbeats may sit unread in socket
+/// buffers. Every node gets a full keep-alive window from now. The server applies this before
+/// any other event once it notices the gap (docs/design.md#stall-tolerance).
+struct Resumed {};
+
+using Event = std::variant<FromNode, Disconnected, Tick, Resumed>;
 
 // ---- outputs ------------------------------------------------------------------------------
 
@@ -137,6 +147,8 @@ JobState new_job(std::string run_id, TimePoint now);
 ///   Joining -> last call cancelled; keep waiting until the join timeout.
 /// - Tick: join timeout with fewer than min joined -> Closed(TimedOut) naming joined and
 ///   missing nodes and the time waited; last call over with >= min -> complete.
+/// - Resumed: every node's last_seen and the adoption deadline move to give a full keep-alive
+///   window from now; other deadlines (join timeout, last call) keep their time.
 /// - Closed: erase once close_timeout has passed since closing.
 StepResult step(JobState state, const Event& event, TimePoint now);
 
@@ -154,7 +166,8 @@ std::map<std::string, int> assign_group_ranks(const std::map<std::string, NodeRe
 bool natural_less(const std::string& a, const std::string& b);
 
 /// The job as `ddprun status` shows it: run id, phase, round, restart count, settings, and
-/// per node: name, node_id, state, group rank, seconds since last seen.
+/// per node: name, state, group rank, seconds since last seen (never the node_id, which a
+/// connection speaks for its node with).
 nlohmann::json describe_job(const JobState& state, TimePoint now);
 
 }  // namespace ddprun::rdzv

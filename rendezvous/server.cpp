@@ -1,6 +1,9 @@
 #include "rendezvous/server.h"
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <boost/asio/ip/v6_only.hpp>
 
@@ -23,6 +26,21 @@ constexpr std::chrono::milliseconds kServerSocketTimeout{20'000};
 /// Pause after a failed accept (e.g. EMFILE) before the next one.
 constexpr std::chrono::milliseconds kAcceptRetry{100};
 
+/// A gap this long between two runs of the server's handlers means it was not running
+/// (stopped, swapped out, starved): housekeeping runs at least every 250 ms otherwise.
+constexpr std::chrono::milliseconds kStallThreshold{1'000};
+
+/// Repeated warnings about the server's resources (descriptors, closed connections) are
+/// summed and logged at most this often.
+constexpr std::chrono::seconds kResourceLogInterval{10};
+
+/// Warnings about peers logged per kResourceLogInterval before they are only counted.
+constexpr int kPeerWarningBurst = 20;
+
+long long ms_of(common::Duration d) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
+}
+
 void log_outgoing(const std::string& run_id, const Outgoing& out) {
   if (auto* ready = std::get_if<RoundReady>(&out.message); ready && ready->group_rank == 0) {
     spdlog::info("job '{}': round {} complete with {} node(s): {}; restart count {}", run_id,
@@ -37,15 +55,30 @@ void log_outgoing(const std::string& run_id, const Outgoing& out) {
 
 }  // namespace
 
-RendezvousServer::RendezvousServer(asio::io_context& io, const common::Clock& clock)
-    : io_(io), clock_(clock), acceptor_(io), timer_(io), accept_timer_(io) {}
+RendezvousServer::RendezvousServer(asio::io_context& io, const common::Clock& clock,
+                                   ServerLimits limits, std::optional<Secret> secret)
+    : io_(io),
+      clock_(clock),
+      acceptor_(io),
+      timer_(io),
+      accept_timer_(io),
+      housekeeping_timer_(io),
+      limits_(limits),
+      secret_(std::move(secret)) {
+  input_budget_.limit = limits_.max_buffered_bytes;
+  // One descriptor held back: when the process runs out, closing it lets the server accept
+  // (and at once close) a connection instead of leaving it queued and retrying forever.
+  reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+}
 
 RendezvousServer::~RendezvousServer() {
   error_code ignored;
   acceptor_.close(ignored);
   timer_.cancel();
   accept_timer_.cancel();
+  housekeeping_timer_.cancel();
   for (auto& [id, s] : sessions_) s.conn->close();
+  if (reserve_fd_ >= 0) ::close(reserve_fd_);
 }
 
 std::optional<std::string> RendezvousServer::listen(const std::string& host, int port,
@@ -81,7 +114,9 @@ std::optional<std::string> RendezvousServer::listen(const std::string& host, int
     }
     port_ = acceptor.local_endpoint().port();
     acceptor_ = std::move(acceptor);
+    awake_at_ = clock_.now();
     accept_next();
+    arm_housekeeping();
     return std::nullopt;
   }
   return last;
@@ -90,17 +125,32 @@ std::optional<std::string> RendezvousServer::listen(const std::string& host, int
 void RendezvousServer::accept_next() {
   acceptor_.async_accept([this](error_code ec, tcp::socket socket) {
     if (ec == asio::error::operation_aborted || stopped_) return;
+    note_awake();
     if (!ec) {
       tune_socket(socket, kServerSocketTimeout);
       const std::uint64_t id = next_session_++;
       auto conn = std::make_shared<FramedConnection>(std::move(socket));
-      sessions_[id].conn = conn;
+      conn->set_input_budget(&input_budget_);
+      Session& session = sessions_[id];
+      session.conn = conn;
+      session.handshake.emplace(secret_, secret_ ? make_nonce() : std::string());
+      session.opened_at = session.progress_at = clock_.now();
       conn->start([this, id](const json& body) { on_message(id, body); },
                   [this, id](const std::string& why) { on_closed(id, why); });
     } else {
-      // E.g. out of file descriptors: pause instead of spinning on the same error.
-      spdlog::warn("accepting a rendezvous connection failed: {}; retrying in {} ms", ec.message(),
-                   kAcceptRetry.count());
+      // Out of descriptors (EMFILE, ENFILE) or another failure: shed the connection that
+      // cannot be served and pause instead of spinning on the same error.
+      if (ec == asio::error::no_descriptors || ec.value() == ENFILE) shed_one_connection();
+      const TimePoint now = clock_.now();
+      if (!shed_logged_at_ || now - *shed_logged_at_ >= kResourceLogInterval) {
+        spdlog::warn(
+            "accepting rendezvous connections fails: {}; {} connection(s) closed unserved "
+            "since the last warning; raise the open-file limit (ulimit -n) or look for idle "
+            "connections",
+            ec.message(), shed_count_);
+        shed_count_ = 0;
+        shed_logged_at_ = now;
+      }
       accept_timer_.expires_after(kAcceptRetry);
       accept_timer_.async_wait([this](error_code wait_ec) {
         if (!wait_ec && !stopped_) accept_next();
@@ -111,27 +161,125 @@ void RendezvousServer::accept_next() {
   });
 }
 
-void RendezvousServer::refuse(Session& session, const std::string& message) {
-  spdlog::warn("rendezvous connection from {}: {}", session.conn->peer(), message);
-  session.conn->send(to_json(ServerMessage{Refused{RefusalKind::Protocol, message}}));
+void RendezvousServer::shed_one_connection() {
+  if (reserve_fd_ < 0) return;
+  ::close(reserve_fd_);
+  const int fd =
+      ::accept4(acceptor_.native_handle(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+  if (fd >= 0) {
+    ::close(fd);
+    ++shed_count_;
+  }
+  reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+}
+
+void RendezvousServer::note_awake() {
+  const TimePoint now = clock_.now();
+  const bool resumed = awake_at_ && now - *awake_at_ > kStallThreshold;
+  const auto gap = awake_at_ ? now - *awake_at_ : common::Duration{};
+  awake_at_ = now;
+  if (!resumed) return;
+  // Nothing ran for a while: the heartbeats of that time may sit unread in the sockets, so
+  // silence is no evidence. Every node, and every connection's timeouts, start afresh now;
+  // the pending input is read next (docs/design.md#stall-tolerance).
+  spdlog::warn(
+      "the rendezvous server did not run for {} ms (stopped, swapped out or starved); every node "
+      "gets a full keep-alive window from now",
+      ms_of(gap));
+  for (auto& [id, session] : sessions_) session.opened_at = session.progress_at = now;
+  std::vector<std::string> ids;
+  for (const auto& [id, job] : jobs_) ids.push_back(id);
+  for (const std::string& id : ids) apply(id, Resumed{});
+}
+
+void RendezvousServer::arm_housekeeping() {
+  const auto shortest = std::min(limits_.hello_timeout, limits_.stalled_frame_timeout);
+  const auto period =
+      std::clamp(shortest / 4, std::chrono::milliseconds(5), std::chrono::milliseconds(250));
+  housekeeping_timer_.expires_after(period);
+  housekeeping_timer_.async_wait([this](error_code ec) {
+    if (ec || stopped_) return;
+    housekeeping();
+    arm_housekeeping();
+  });
+}
+
+void RendezvousServer::housekeeping() {
+  note_awake();
+  const TimePoint now = clock_.now();
+  std::vector<std::pair<std::uint64_t, std::string>> expired;
+  for (auto& [id, session] : sessions_) {
+    const std::uint64_t bytes = session.conn->bytes_received();
+    if (bytes != session.bytes_seen) {
+      session.bytes_seen = bytes;
+      session.progress_at = now;
+    }
+    if (!session.greeted && now - session.opened_at >= limits_.hello_timeout) {
+      expired.emplace_back(
+          id, "no hello within " + std::to_string(limits_.hello_timeout.count()) + " ms");
+    } else if (session.conn->buffered_bytes() > 0 &&
+               now - session.progress_at >= limits_.stalled_frame_timeout) {
+      expired.emplace_back(id, "part of a frame (" +
+                                   std::to_string(session.conn->buffered_bytes()) +
+                                   " bytes) and no progress for " +
+                                   std::to_string(limits_.stalled_frame_timeout.count()) + " ms");
+    }
+  }
+  for (const auto& [id, why] : expired) {
+    auto it = sessions_.find(id);
+    if (it == sessions_.end()) continue;
+    warn_peer(it->second.conn->peer(), "closed: " + why);
+    it->second.conn->close();
+    on_closed(id, why);  // a node's connection: the node disconnected
+  }
+}
+
+void RendezvousServer::warn_peer(const std::string& peer, const std::string& message) {
+  const TimePoint now = clock_.now();
+  if (!peer_warnings_since_ || now - *peer_warnings_since_ >= kResourceLogInterval) {
+    if (peer_warnings_dropped_ > 0)
+      spdlog::warn("{} more warning(s) about rendezvous connections were not logged",
+                   peer_warnings_dropped_);
+    peer_warnings_since_ = now;
+    peer_warnings_ = 0;
+    peer_warnings_dropped_ = 0;
+  }
+  if (++peer_warnings_ > kPeerWarningBurst) {
+    ++peer_warnings_dropped_;
+    return;
+  }
+  spdlog::warn("rendezvous connection from {}: {}", peer, message);
+}
+
+void RendezvousServer::refuse(Session& session, const std::string& message, RefusalKind kind) {
+  warn_peer(session.conn->peer(), message);
+  session.conn->send(to_json(ServerMessage{Refused{kind, message}}));
   session.conn->close_after_writes();
 }
 
 void RendezvousServer::on_message(std::uint64_t id, const json& body) {
+  note_awake();
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return;
   Session& session = it->second;
   if (!session.greeted) {
-    if (auto bad = check_hello(body)) return refuse(session, *bad);
-    session.greeted = true;
-    session.conn->send(make_hello("server"));
+    // Hello, and with a secret the challenge and its answer: nothing else is read before.
+    HandshakeStep hs = session.handshake->on_message(body);
+    if (hs.error)
+      return refuse(session, *hs.error,
+                    hs.unauthorized ? RefusalKind::Unauthorized : RefusalKind::Protocol);
+    if (hs.send) session.conn->send(*hs.send);
+    if (hs.done) {
+      session.greeted = true;
+      session.handshake.reset();
+    }
     return;
   }
   auto parsed = parse_agent_message(body);
   if (auto* bad = std::get_if<std::string>(&parsed)) return refuse(session, *bad);
   AgentMessage& message = std::get<AgentMessage>(parsed);
   if (auto* query = std::get_if<StatusQuery>(&message)) {
-    session.conn->send(to_json(ServerMessage{StatusReply{describe(query->run_id)}}));
+    session.conn->send(to_json(ServerMessage{describe(query->run_id, query->after)}));
     return;
   }
   if (auto* join = std::get_if<Join>(&message)) {
@@ -139,6 +287,10 @@ void RendezvousServer::on_message(std::uint64_t id, const json& body) {
         (session.node_id != join->node_id || session.run_id != join->run_id))
       return refuse(session, "a connection speaks for one node of one job; node " +
                                  session.node_id + " cannot join as " + join->node_id);
+    if (!jobs_.count(join->run_id) && jobs_.size() >= limits_.max_jobs)
+      return refuse(session, "this rendezvous server holds " + std::to_string(jobs_.size()) +
+                                 " jobs, its limit: start job '" + join->run_id +
+                                 "' later, or raise ddprun-rdzvd --max_jobs");
     session.run_id = join->run_id;
     session.node_id = join->node_id;
     auto [route, fresh] = routes_.try_emplace({join->run_id, join->node_id}, id);
@@ -158,10 +310,16 @@ void RendezvousServer::on_message(std::uint64_t id, const json& body) {
 }
 
 void RendezvousServer::on_closed(std::uint64_t id, const std::string& why) {
+  note_awake();
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return;
   const std::string run_id = it->second.run_id;
   const std::string node_id = it->second.node_id;
+  // A bad frame or the input budget: say so (a peer that just closed is no news).
+  if (why.rfind("bad frame from ", 0) == 0)
+    warn_peer(it->second.conn->peer(), "bad frame: " + why.substr(why.find(": ") + 2));
+  else if (why.rfind("input from ", 0) == 0)
+    warn_peer(it->second.conn->peer(), "closed: its input" + why.substr(why.find(" would")));
   sessions_.erase(it);
   if (node_id.empty()) return;
   auto route = routes_.find({run_id, node_id});
@@ -212,6 +370,7 @@ void RendezvousServer::arm_timer() {
 }
 
 void RendezvousServer::on_timer() {
+  note_awake();
   const TimePoint now = clock_.now();
   std::vector<std::string> due;
   for (const auto& [id, job] : jobs_)
@@ -226,6 +385,7 @@ void RendezvousServer::shutdown() {
   acceptor_.close(ignored);
   timer_.cancel();
   accept_timer_.cancel();
+  housekeeping_timer_.cancel();
   for (auto& [id, s] : sessions_) s.conn->close_after_writes();
 }
 
@@ -235,12 +395,23 @@ bool RendezvousServer::has_pending_writes() const {
   return false;
 }
 
-json RendezvousServer::describe(const std::optional<std::string>& run_id) const {
-  json jobs = json::array();
+StatusReply RendezvousServer::describe(const std::optional<std::string>& run_id,
+                                       const std::optional<std::string>& after) const {
+  StatusReply reply{json::array(), std::nullopt};
   const TimePoint now = clock_.now();
-  for (const auto& [id, job] : jobs_)
-    if (!run_id || *run_id == id) jobs.push_back(describe_job(job.state, now));
-  return jobs;
+  auto it = run_id ? jobs_.find(*run_id) : after ? jobs_.upper_bound(*after) : jobs_.begin();
+  std::size_t bytes = 0;
+  for (; it != jobs_.end(); ++it) {
+    if (run_id && it->first != *run_id) break;
+    if (bytes >= kStatusPageBytes) {
+      reply.next = std::prev(it)->first;
+      break;
+    }
+    json job = describe_job(it->second.state, now);
+    bytes += job.dump().size();
+    reply.jobs.push_back(std::move(job));
+  }
+  return reply;
 }
 
 }  // namespace ddprun::rdzv

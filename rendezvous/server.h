@@ -9,7 +9,9 @@
 #include <string>
 
 #include "common/clock.h"
+#include "rendezvous/auth.h"
 #include "rendezvous/connection.h"
+#include "rendezvous/limits.h"
 #include "rendezvous/rdzv_state.h"
 
 namespace ddprun::rdzv {
@@ -25,7 +27,9 @@ namespace ddprun::rdzv {
 /// All on the io_context's thread; the state machine (rdzv_state.h) holds every decision.
 class RendezvousServer {
  public:
-  RendezvousServer(boost::asio::io_context& io, const common::Clock& clock);
+  /// With `secret`, every connection must prove it holds it before anything else (auth.h).
+  RendezvousServer(boost::asio::io_context& io, const common::Clock& clock,
+                   ServerLimits limits = {}, std::optional<Secret> secret = std::nullopt);
   ~RendezvousServer();
   RendezvousServer(const RendezvousServer&) = delete;
   RendezvousServer& operator=(const RendezvousServer&) = delete;
@@ -43,15 +47,21 @@ class RendezvousServer {
   /// Sessions whose queued messages are not all written yet.
   bool has_pending_writes() const;
 
-  /// The jobs as `ddprun status` shows them (one when run_id is set).
-  nlohmann::json describe(const std::optional<std::string>& run_id) const;
+  /// The jobs as `ddprun status` shows them (one when run_id is set), from the first run id
+  /// after `after`, about kStatusPageBytes of them; `next` is set when more follow.
+  StatusReply describe(const std::optional<std::string>& run_id,
+                       const std::optional<std::string>& after = std::nullopt) const;
 
  private:
   struct Session {
     std::shared_ptr<FramedConnection> conn;
+    std::optional<ServerHandshake> handshake;  ///< until the hello (and proof) is done
     bool greeted = false;
     std::string run_id;  ///< set by the first Join
     std::string node_id;
+    TimePoint opened_at;           ///< for the hello timeout
+    std::uint64_t bytes_seen = 0;  ///< bytes_received() at the last housekeeping
+    TimePoint progress_at;         ///< when bytes_seen last changed
   };
   struct Job {
     JobState state;
@@ -59,9 +69,17 @@ class RendezvousServer {
   };
 
   void accept_next();
+  /// Accepts and closes one connection with the reserve descriptor (out of descriptors).
+  void shed_one_connection();
+  /// Called first by every handler: notices that the server did not run for a while.
+  void note_awake();
+  /// Every housekeeping period: stall check, hello and stalled-frame timeouts.
+  void arm_housekeeping();
+  void housekeeping();
   void on_message(std::uint64_t id, const nlohmann::json& body);
   void on_closed(std::uint64_t id, const std::string& why);
-  void refuse(Session& session, const std::string& message);
+  void refuse(Session& session, const std::string& message,
+              RefusalKind kind = RefusalKind::Protocol);
   void apply(const std::string& run_id, const Event& event);
   void deliver(const std::string& run_id, const Outgoing& out);
   void arm_timer();
@@ -72,6 +90,20 @@ class RendezvousServer {
   boost::asio::ip::tcp::acceptor acceptor_;
   boost::asio::steady_timer timer_;
   boost::asio::steady_timer accept_timer_;
+  boost::asio::steady_timer housekeeping_timer_;
+  ServerLimits limits_;
+  std::optional<Secret> secret_;
+  InputBudget input_budget_;
+  std::optional<TimePoint> awake_at_;  ///< when a handler last ran
+  int reserve_fd_ = -1;                ///< kept open to accept-and-close when out of descriptors
+  std::uint64_t shed_count_ = 0;       ///< connections closed for lack of descriptors, unlogged
+  std::optional<TimePoint> shed_logged_at_;
+  /// Warnings about peers (refusals, bad frames, time-outs): at most kPeerWarningBurst per
+  /// interval, the rest counted, so a hostile peer cannot flood the log.
+  void warn_peer(const std::string& peer, const std::string& message);
+  std::optional<TimePoint> peer_warnings_since_;
+  int peer_warnings_ = 0;
+  std::uint64_t peer_warnings_dropped_ = 0;
   int port_ = 0;
   std::uint64_t next_session_ = 1;
   std::map<std::uint64_t, Session> sessions_;

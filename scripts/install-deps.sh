@@ -6,9 +6,9 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git
   libboost-dev libboost-system-dev libboost-filesystem-dev
-  nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev catch2
+  libssl-dev openssl nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev catch2
   libtorch-dev libgloo-dev python3-torch python3-numpy
-  procps iproute2 time clang-format groff-base man-db
+  procps iproute2 time clang-format groff-base man-db clang-14 libclang-rt-14-dev
   slurmctld slurmd slurm-client munge
 )
 

@@ -2,7 +2,8 @@
 # Installs ddprun's dependencies, builds it twice (plain, and with AddressSanitizer and
 # UBSan) and runs the whole test suite in both builds. This is what CI runs. The plain build
 # includes the libtorch worker SDK and its tests (label sdk); the sanitizer build leaves the
-# libtorch part out (docs/sdk.md) but runs the SDK's libtorch-free unit tests.
+# libtorch part out (docs/sdk.md) but runs the SDK's libtorch-free unit tests. Then the
+# libFuzzer targets run for a bounded time (scripts/fuzz.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -10,17 +11,21 @@ jobs=$(nproc)
 bash scripts/install-deps.sh
 
 echo "== build (RelWithDebInfo) =="
-cmake -S . -B build -G Ninja
+# Options forced on every configure: a build/ the demo configured (tests off) gets them back.
+cmake -S . -B build -G Ninja -DDDPRUN_BUILD_TESTS=ON -DDDPRUN_BUILD_SDK=AUTO
 cmake --build build -j"$jobs"
 echo "== tests =="
-(cd build && ctest --output-on-failure -j"$jobs")
+(cd build && ctest --output-on-failure --no-tests=error -j"$jobs")
 
 echo "== build (AddressSanitizer + UBSan) =="
-cmake -S . -B build-asan -G Ninja -DDDPRUN_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
+cmake -S . -B build-asan -G Ninja -DDDPRUN_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug -DDDPRUN_BUILD_TESTS=ON
 cmake --build build-asan -j"$jobs"
 # The Python and SLURM tests run once, in the plain build: they drive the same ddprun code
 # through torch or slurmd, which would only be slower under the sanitizers.
 echo "== launcher, agent, rendezvous and SDK-core tests under ASan/UBSan =="
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --output-on-failure -j"$jobs" -LE 'python|slurm')
+  ctest --output-on-failure --no-tests=error -j"$jobs" -LE 'python|slurm')
+
+echo "== fuzzers (clang, ASan/UBSan), about 40 s each =="
+bash scripts/fuzz.sh

@@ -718,3 +718,27 @@ TEST_CASE("a bad flag in a batch script is reported before any fan-out",
           "[launcher][slurm][unit]") {
   CHECK_THAT(parse_error({"--nnodes", "x", "train.py"}, batch_env()), Contains("--nnodes x"));
 }
+
+TEST_CASE("a --rdzv_conf value the server would refuse is refused at once with its range",
+          "[launcher][unit]") {
+  CHECK(parse_error({"--rdzv_conf", "join_timeout=1e12", "train.py"}) ==
+        "--rdzv_conf join_timeout=1e12: join_timeout=1e12 is out of range: allowed 0 to 86400 "
+        "seconds");
+  CHECK_THAT(parse_error({"--rdzv_conf", "close_timeout=3000000", "train.py"}),
+             Contains("close_timeout=3000000 is out of range: allowed 0 to 86400 seconds"));
+  CHECK_THAT(parse_error({"--rdzv_conf", "keep_alive_interval=1e-9", "train.py"}),
+             Contains("keep_alive_interval=1e-9 is out of range: allowed 0.01 to 3600 seconds"));
+  CHECK_THAT(parse_error({"--rdzv_conf", "keep_alive_max_attempt=101", "train.py"}),
+             Contains("keep_alive_max_attempt=101 is out of range: allowed 1 to 100"));
+  CHECK_THAT(parse_error({"--rdzv_conf", "connect_timeout=1e9", "train.py"}),
+             Contains("connect_timeout=1e9 is out of range"));
+  CHECK_THAT(parse_error({"--rdzv_conf", "join_timeout=nan", "train.py"}),
+             Contains("must be a positive number"));
+  CHECK(parse_ok({"--rdzv_conf", "keep_alive_interval=0.01,join_timeout=86400", "train.py"})
+            .rdzv_conf.at("join_timeout") == "86400");
+}
+
+TEST_CASE("an --rdzv_id longer than the rendezvous accepts is refused", "[launcher][unit]") {
+  CHECK(parse_error({"--nnodes", "2", "--rdzv_endpoint", "h:1", "--rdzv_id", std::string(300, 'j'),
+                     "train.py"}) == "--rdzv_id of 300 bytes: at most 256");
+}

@@ -183,3 +183,64 @@ TEST_CASE("a hello with missing or mistyped fields says what is wrong", "[rdzv][
   REQUIRE(not_object);
   CHECK_THAT(*not_object, Catch::Contains("not a JSON object"));
 }
+
+TEST_CASE("a number too large for a double makes the stream bad instead of throwing",
+          "[rdzv][unit]") {
+  for (const std::string body : {R"({"type":"hello","protocol":1e400})", R"({"x":-1e999})"}) {
+    FrameDecoder decoder;
+    decoder.feed(header(static_cast<std::uint32_t>(body.size())) + body);
+    DecodeResult got = decoder.next();
+    INFO(body);
+    REQUIRE(got.status == DecodeStatus::Bad);
+    CHECK_THAT(got.error, Catch::Contains("not valid JSON"));
+  }
+}
+
+TEST_CASE("a body nested deeper than the limit is refused before it is parsed", "[rdzv][unit]") {
+  const std::string deep =
+      R"({"type":)" + std::string(100'000, '[') + std::string(100'000, ']') + "}";
+  FrameDecoder decoder;
+  decoder.feed(header(static_cast<std::uint32_t>(deep.size())) + deep);
+  DecodeResult got = decoder.next();
+  REQUIRE(got.status == DecodeStatus::Bad);
+  CHECK(got.error == "frame body nests arrays or objects deeper than 32 levels");
+  CHECK(decoder.buffered_bytes() == 0);
+}
+
+TEST_CASE("nesting up to the limit is accepted and brackets inside strings do not count",
+          "[rdzv][unit]") {
+  // 31 arrays inside the top-level object: depth 32.
+  const std::string ok = R"({"a":)" + std::string(31, '[') + std::string(31, ']') +
+                         R"(,"s":"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\"[[["})";
+  FrameDecoder decoder;
+  decoder.feed(header(static_cast<std::uint32_t>(ok.size())) + ok);
+  DecodeResult got = decoder.next();
+  INFO(got.error);
+  REQUIRE(got.status == DecodeStatus::Complete);
+  CHECK(got.body["s"].get<std::string>().size() == 42);
+}
+
+TEST_CASE("a peer's value is quoted short, escaped and never whole", "[rdzv][unit]") {
+  CHECK(quote_peer_value(json("hello")) == "\"hello\"");
+  CHECK(quote_peer_value(json("a\"b\n")) == "\"a\\\"b\\x0a\"");
+  const std::string quoted = quote_peer_value(json(std::string(1 << 20, 'x')));
+  CHECK(quoted == "\"" + std::string(64, 'x') + "\"... (1048576 bytes)");
+  CHECK(quote_peer_value(json(2)) == "2");
+  CHECK(quote_peer_value(json::array({1, 2, 3})) == "an array of 3 item(s)");
+  CHECK(quote_peer_value(json{{"a", 1}}) == "an object of 1 field(s)");
+}
+
+TEST_CASE("a hello whose fields are huge or deep is refused in a short message", "[rdzv][unit]") {
+  json hello = json{{"type", "hello"}, {"protocol", kProtocolVersion}};
+  hello["type"] = std::string(1 << 20, 'y');
+  auto bad = check_hello(hello);
+  REQUIRE(bad);
+  CHECK(bad->size() < 200);
+  hello = json{{"type", "hello"}, {"protocol", kProtocolVersion}};
+  json nested = json::array();
+  for (int i = 0; i < 20; ++i) nested = json::array({nested});
+  hello["protocol"] = nested;
+  bad = check_hello(hello);
+  REQUIRE(bad);
+  CHECK(*bad == "hello field \"protocol\" must be an integer, got an array of 1 item(s)");
+}

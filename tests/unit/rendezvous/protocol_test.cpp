@@ -83,7 +83,7 @@ TEST_CASE("every other agent message survives the trip through JSON", "[rdzv][un
   CHECK(f.description == "rank 3 exited with 1");
   CHECK(agent_round_trip(WorkersSucceeded{7}).round == 7);
   CHECK(agent_round_trip(Leave{"received SIGTERM"}).reason == "received SIGTERM");
-  CHECK(agent_round_trip(StatusQuery{"j"}).run_id == "j");
+  CHECK(agent_round_trip(StatusQuery{"j", std::nullopt}).run_id == "j");
   CHECK_FALSE(agent_round_trip(StatusQuery{}).run_id);
 }
 
@@ -105,7 +105,7 @@ TEST_CASE("every server message survives the trip through JSON", "[rdzv][unit]")
   CHECK(c.outcome == JobOutcomeKind::TimedOut);
   Refused f = server_round_trip(Refused{RefusalKind::DuplicateRank, "taken"});
   CHECK(f.kind == RefusalKind::DuplicateRank);
-  StatusReply st = server_round_trip(StatusReply{json::array({{{"run_id", "j"}}})});
+  StatusReply st = server_round_trip(StatusReply{json::array({{{"run_id", "j"}}}), std::nullopt});
   CHECK(st.jobs[0]["run_id"] == "j");
 }
 
@@ -154,4 +154,40 @@ TEST_CASE("the hello carries this build's protocol version", "[rdzv][unit]") {
   json old = make_hello("agent");
   old["protocol"] = kProtocolVersion + 1;
   CHECK(check_hello(old));
+}
+
+TEST_CASE("identifiers over the limit or with control characters are refused, not echoed",
+          "[rdzv][unit]") {
+  json j = to_json(AgentMessage{sample_join()});
+  j["run_id"] = std::string(1 << 20, 'r');
+  const std::string long_id = agent_error(j);
+  CHECK(long_id == "join field \"run_id\" is 1048576 bytes long, over the limit of 256");
+  j = to_json(AgentMessage{sample_join()});
+  j["name"] = "node\x1b[2J";
+  CHECK(agent_error(j) == "join field \"name\" must not contain control characters");
+  CHECK(agent_error({{"type", std::string(5000, 't')}}).size() < 120);
+}
+
+TEST_CASE("join settings outside the limits table are refused naming the field and the flag",
+          "[rdzv][unit]") {
+  json j = to_json(AgentMessage{sample_join()});
+  j["settings"]["join_timeout_ms"] = 2'000'000'000;
+  CHECK(agent_error(j) ==
+        "join.settings field \"join_timeout_ms\" is 2000000000 ms, outside 0 ms to 86400000 ms "
+        "(--rdzv_conf join_timeout: 0 to 86400 seconds)");
+  j = to_json(AgentMessage{sample_join()});
+  j["settings"]["keep_alive_interval_ms"] = 1;
+  CHECK_THAT(agent_error(j),
+             Catch::Contains("keep_alive_interval_ms") && Catch::Contains("0.01 to 3600 seconds"));
+  j = to_json(AgentMessage{sample_join()});
+  j["settings"]["keep_alive_max_attempt"] = 1000;
+  CHECK_THAT(agent_error(j), Catch::Contains("keep_alive_max_attempt\" is 1000, outside 1 to 100"));
+}
+
+TEST_CASE("a status query and its reply carry the paging cursor", "[rdzv][unit]") {
+  CHECK(agent_round_trip(StatusQuery{std::nullopt, "job-41"}).after == "job-41");
+  CHECK_FALSE(agent_round_trip(StatusQuery{}).after);
+  StatusReply page = server_round_trip(StatusReply{json::array(), "job-99"});
+  CHECK(page.next == "job-99");
+  CHECK_FALSE(server_round_trip(StatusReply{json::array(), std::nullopt}).next);
 }

@@ -268,6 +268,49 @@ TEST_CASE("a participant whose heartbeats stop is lost and the others restart, c
   CHECK(got[0].restart_count == 1);
 }
 
+TEST_CASE("after the server resumes from a stall every node gets a full keep-alive window",
+          "[rdzv][unit]") {
+  Job job = running_job({"a", "b"}, nnodes(2, 2));
+  job.pass(2s);
+  // The server was stopped for 20 s: no heartbeat was read, so every node looks silent for
+  // longer than the 15 s window. Resumed comes first and nobody is lost.
+  job.now += 20s;
+  const auto& resumed = job.apply(Resumed{});
+  CHECK(count_of<Restart>(resumed) == 0);
+  CHECK(job.state.phase == JobPhase::Running);
+  CHECK(job.state.nodes.size() == 2);
+  CHECK(job.node("a").last_seen == job.now);
+  // The heartbeats that waited in the socket buffers arrive; the round goes on.
+  const auto after = job.pass(10s);
+  CHECK(count_of<Restart>(after) == 0);
+  CHECK(job.state.restart_count == 0);
+}
+
+TEST_CASE("a node silent for a whole window after the server resumed is still lost",
+          "[rdzv][unit]") {
+  Job job = running_job({"a", "b"}, nnodes(1, 2));
+  job.now += 20s;
+  job.apply(Resumed{});
+  const auto before = job.pass(14s, {"b"});
+  CHECK(count_of<Restart>(before) == 0);
+  const auto out = job.pass(1s, {"b"});  // 15 s of silence while the server ran
+  const auto restart = to<Restart>(out, "a");
+  REQUIRE(restart.size() == 1);
+  CHECK_THAT(restart[0].reason, Catch::Contains("node b was lost: nothing heard from it for 15 s"));
+}
+
+TEST_CASE("a stall does not postpone the join timeout", "[rdzv][unit]") {
+  Job job;
+  RdzvSettings settings = nnodes(2, 2);
+  job.join(join_of("a", settings));
+  job.now += 700s;  // past the 600 s join timeout, all of it stalled
+  const auto& out = job.apply(Resumed{});
+  CHECK(job.state.phase == JobPhase::Closed);
+  const auto closed = to<Closed>(out, "a");
+  REQUIRE(closed.size() == 1);
+  CHECK(closed[0].outcome == JobOutcomeKind::TimedOut);
+}
+
 TEST_CASE("a participant whose connection drops is lost at once", "[rdzv][unit]") {
   Job job = running_job({"a", "b"}, nnodes(1, 2));
   const auto& out = job.apply(Disconnected{id_of("b")});
@@ -935,4 +978,53 @@ TEST_CASE("a node dropped for silence hears why and its connection ends", "[rdzv
       closes = o.close_after;
   CHECK(closes);
   CHECK_FALSE(job.state.nodes.count(id_of("b")));
+}
+
+TEST_CASE("status never shows the ids that nodes speak with", "[rdzv][unit]") {
+  Job job = running_job({"a", "b"}, nnodes(2, 2));
+  const std::string status = describe_job(job.state, job.now).dump();
+  CHECK(status.find(id_of("a")) == std::string::npos);
+  CHECK(status.find(id_of("b")) == std::string::npos);
+}
+
+namespace {
+
+/// Nodes a and b in the running round 0 of an elastic 2:3 job (the last call ended it).
+Job elastic_job_of_two(int max_restarts = 3) {
+  Job job;
+  job.join(join_of("a", nnodes(2, 3, max_restarts)));
+  job.join(join_of("b", nnodes(2, 3, max_restarts)));
+  job.pass(31s);
+  REQUIRE(job.state.phase == JobPhase::Running);
+  return job;
+}
+
+}  // namespace
+
+TEST_CASE("a newcomer to a running job cannot set its restart count", "[rdzv][unit]") {
+  Job job = elastic_job_of_two();
+  Join stranger = join_of("c", nnodes(2, 3, 3));
+  stranger.restart_count = 3;
+  job.join(stranger);
+  CHECK(job.state.restart_count == 0);
+  // An impossible count is refused outright.
+  Join liar = join_of("d", nnodes(2, 3, 3));
+  liar.restart_count = 2147483647;
+  const auto refused = to<Refused>(job.join(liar), "d");
+  REQUIRE(refused.size() == 1);
+  CHECK(refused[0].message ==
+        "node d claims restart count 2147483647, impossible with --max_restarts 3");
+}
+
+TEST_CASE("a newcomer cannot take a group rank a live node holds", "[rdzv][unit]") {
+  Job job = elastic_job_of_two();
+  REQUIRE(job.node("a").group_rank == 0);
+  const auto refused = to<Refused>(job.join(join_of("x", nnodes(2, 3), 0)), "x");
+  REQUIRE(refused.size() == 1);
+  CHECK(refused[0].kind == RefusalKind::DuplicateRank);
+  CHECK_THAT(refused[0].message, Catch::Contains("node a holds group rank 0"));
+  CHECK(job.node("a").group_rank == 0);
+  CHECK(job.state.phase == JobPhase::Running);
+  // A free rank is fine: node_rank 2 scales the job up.
+  CHECK(to<Refused>(job.join(join_of("y", nnodes(2, 3), 2)), "y").empty());
 }

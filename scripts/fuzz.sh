@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (tests/fuzz/*_fuzz.cpp) with clang, ASan and UBSan in build-fuzz/
+# and runs each for FUZZ_SECONDS (default 40) from its seed corpus in tests/fuzz/corpus/<name>.
+# New inputs go to a temporary directory, never into the repository. A crash, leak, sanitizer
+# report or time-out makes the script fail and leaves the input in build-fuzz/findings/.
+# CI runs it from scripts/test.sh; the last lines give each target's executions per second.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds="${FUZZ_SECONDS:-40}"
+jobs=$(nproc)
+
+cmake -S . -B build-fuzz -G Ninja -DDDPRUN_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CXX_COMPILER=clang++-14 >/dev/null
+targets=()
+for source in tests/fuzz/*_fuzz.cpp; do targets+=("$(basename "$source" .cpp)"); done
+cmake --build build-fuzz -j"$jobs" --target "${targets[@]}"
+
+mkdir -p build-fuzz/findings
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+summary=()
+for target in "${targets[@]}"; do
+  name=${target%_fuzz}
+  seeds="tests/fuzz/corpus/$name"
+  mkdir -p "$scratch/$name"
+  echo "== fuzz: $target for ${seconds} s =="
+  log="build-fuzz/findings/$target.log"
+  if ! ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    "build-fuzz/$target" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+    -max_len=1100000 -print_final_stats=1 -artifact_prefix=build-fuzz/findings/"$target"- \
+    "$scratch/$name" "$seeds" >"$log" 2>&1; then
+    tail -n 60 "$log"
+    echo "fuzz: $target found a problem; the input is in build-fuzz/findings/" >&2
+    exit 1
+  fi
+  runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo 0)
+  speed=$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo 0)
+  summary+=("$target: $runs runs, $speed exec/s, no finding")
+done
+printf 'fuzz: %s\n' "${summary[@]}"

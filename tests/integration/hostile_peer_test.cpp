@@ -1,0 +1,346 @@
+// A broken or hostile peer on the rendezvous port, played by a raw socket, against the daemon
+// and against an agent that hosts the rendezvous while its workers train: one bad connection is
+// closed, everything else carries on (docs/operations.md#security).
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <memory>
+#include <thread>
+
+#include "rendezvous/free_port.h"
+#include "rendezvous/protocol.h"
+#include "tests/integration/ddprun_runs.h"
+#include "tests/support/raw_peer.h"
+
+using namespace ddprun::testing;
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+namespace {
+
+int free_port() {
+  auto p = ddprun::rdzv::find_free_port("127.0.0.1");
+  REQUIRE(std::holds_alternative<int>(p));
+  return std::get<int>(p);
+}
+
+/// The frames the issue reports as crashes: a number out of a double's range, and 100,000
+/// nested arrays (about 200 KB) in the fields a refusal used to quote whole.
+std::vector<std::string> crashing_bodies() {
+  const std::string deep = std::string(100'000, '[') + std::string(100'000, ']');
+  return {R"({"type":"hello","protocol":1e400})", R"({"type":"hello","protocol":-1e999})",
+          R"({"type":)" + deep + R"(,"protocol":1})",
+          R"({"type":"hello","protocol":)" + deep + "}"};
+}
+
+/// A daemon on a free port of 127.0.0.1, with extra flags; stopped with SIGTERM at the end.
+struct Daemon {
+  int port = free_port();
+  std::unique_ptr<Subprocess> process;
+  explicit Daemon(std::vector<std::string> flags = {}) {
+    std::vector<std::string> argv{RDZVD_BIN, "--port", std::to_string(port), "--host", "127.0.0.1"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    process = std::make_unique<Subprocess>(argv);
+    REQUIRE(wait_until([&] { return contains(process->err_so_far(), "listening on"); }, 10s));
+  }
+  ~Daemon() {
+    process->send(SIGTERM);
+    process->wait(10s);
+  }
+  bool alive() const { return process_alive(process->pid()); }
+};
+
+/// A join for job `run_id` from a made-up node.
+json join_body(const std::string& run_id, const std::string& node) {
+  ddprun::rdzv::Join join;
+  join.run_id = run_id;
+  join.node_id = node + ":1:x";
+  join.name = node;
+  join.addr = "127.0.0.1";
+  join.master_port = 1;
+  join.settings.min_nodes = 2;
+  join.settings.max_nodes = 2;
+  return ddprun::rdzv::to_json(ddprun::rdzv::AgentMessage{join});
+}
+
+}  // namespace
+
+TEST_CASE("frames that used to crash the daemon close only their own connection",
+          "[integration][security]") {
+  Daemon daemon;
+  RawPeer bystander(daemon.port);
+  REQUIRE(bystander.greet());
+  for (const std::string& body : crashing_bodies()) {
+    INFO(body.substr(0, 60));
+    RawPeer attacker(daemon.port);
+    attacker.send_body(body);
+    CHECK(attacker.closed_by_server(10s));
+    CHECK(daemon.alive());
+  }
+  // The bystander's connection still works, and so does status.
+  CHECK(bystander.send_json(
+      ddprun::rdzv::to_json(ddprun::rdzv::AgentMessage{ddprun::rdzv::StatusQuery{}})));
+  auto reply = bystander.read_frame(10s);
+  REQUIRE(reply);
+  CHECK((*reply)["type"] == "status_reply");
+  CHECK(status_answers(daemon.port));
+  const std::string log = daemon.process->err_so_far();
+  CHECK(contains(log, "deeper than 32 levels"));
+  CHECK(contains(log, "number overflow"));
+}
+
+TEST_CASE("a refusal quotes at most 64 characters of the peer's value", "[integration][security]") {
+  Daemon daemon;
+  RawPeer peer(daemon.port);
+  peer.send_json(json{{"type", std::string(900'000, 'z')}, {"protocol", 1}});
+  auto refused = peer.read_frame(10s);
+  REQUIRE(refused);
+  CHECK((*refused)["type"] == "refused");
+  const std::string message = (*refused)["message"];
+  CHECK(message.size() < 200);
+  CHECK(contains(message, std::string(64, 'z') + "\"... (900000 bytes)"));
+  CHECK(peer.closed_by_server(10s));
+}
+
+TEST_CASE("an agent hosting the rendezvous keeps training through frames that used to crash it",
+          "[integration][security]") {
+  TempDir dir;
+  const std::string gate = dir.path() + "/gate";
+  const int port = free_port();
+  Subprocess agent(
+      ddprun_fake({"--nnodes", "1", "--nproc_per_node", "2", "--rdzv_backend", "c10d",
+                   "--rdzv_endpoint", "127.0.0.1:" + std::to_string(port), "--rdzv_id", "job"},
+                  {"print=started", "wait_lines=" + gate + ":1", "print=finished"}));
+  REQUIRE(wait_until([&] { return count_of(agent.out_so_far(), "started") == 2; }, kJobLimit));
+  for (const std::string& body : crashing_bodies()) {
+    RawPeer attacker(port);
+    attacker.send_body(body);
+    CHECK(attacker.closed_by_server(10s));
+  }
+  CHECK(status_answers(port));
+  std::ofstream(gate) << "go\n";
+  const auto r = agent.wait(kJobLimit);
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 0);
+  CHECK(count_of(r.out, "finished") == 2);
+}
+
+TEST_CASE("a connection with no hello, or stalled inside a frame, is closed after its timeout",
+          "[integration][security]") {
+  Daemon daemon({"--hello_timeout", "0.3", "--stalled_frame_timeout", "0.5"});
+  std::vector<std::unique_ptr<RawPeer>> idle;
+  for (int i = 0; i < 50; ++i) idle.push_back(std::make_unique<RawPeer>(daemon.port));
+  idle.front()->send_bytes(std::string(2, '\0'));  // two bytes of a header, then silence
+  RawPeer greeted(daemon.port);
+  REQUIRE(greeted.greet());
+  greeted.send_bytes(frame_header(100) + "{\"type\":");  // part of a frame, then silence
+  for (auto& peer : idle) CHECK(peer->closed_by_server(10s));
+  CHECK(greeted.closed_by_server(10s));
+  // A greeted connection that is quiet between whole frames stays open.
+  RawPeer quiet(daemon.port);
+  REQUIRE(quiet.greet("status"));
+  std::this_thread::sleep_for(1s);
+  CHECK(quiet.send_json(
+      ddprun::rdzv::to_json(ddprun::rdzv::AgentMessage{ddprun::rdzv::StatusQuery{}})));
+  auto reply = quiet.read_frame(10s);
+  REQUIRE(reply);
+  CHECK((*reply)["type"] == "status_reply");
+}
+
+TEST_CASE("partial frames over the daemon's input budget close the connection that goes over",
+          "[integration][security]") {
+  Daemon daemon({"--max_buffered_bytes", std::to_string(2 << 20)});
+  const std::string part = frame_header(1 << 20) + std::string(900'000, ' ');
+  std::vector<std::unique_ptr<RawPeer>> peers;
+  for (int i = 0; i < 3; ++i) {
+    peers.push_back(std::make_unique<RawPeer>(daemon.port));
+    peers.back()->send_bytes(part);
+  }
+  // 2.7 MB against a 2 MiB budget: whichever connection's read goes over is closed (the server
+  // reads the three interleaved), and its bytes go back to the budget, so the other two fit.
+  int closed = 0;
+  for (auto& peer : peers) closed += peer->closed_by_server(1s) ? 1 : 0;
+  CHECK(closed == 1);
+  CHECK(contains(daemon.process->err_so_far(), "over the server's limit of 2097152 bytes"));
+  CHECK(status_answers(daemon.port));
+  // Closing the third connection gave its bytes back to the budget.
+  RawPeer fourth(daemon.port);
+  fourth.send_bytes(frame_header(1 << 20) + std::string(100'000, ' '));
+  CHECK_FALSE(fourth.closed_by_server(300ms));
+}
+
+TEST_CASE("a daemon at its job limit refuses a new job and keeps the ones it has",
+          "[integration][security]") {
+  Daemon daemon({"--max_jobs", "2"});
+  std::vector<std::unique_ptr<RawPeer>> nodes;
+  for (const std::string run_id : {"a", "b", "c"}) {
+    nodes.push_back(std::make_unique<RawPeer>(daemon.port));
+    REQUIRE(nodes.back()->greet());
+    nodes.back()->send_json(join_body(run_id, "n-" + run_id));
+  }
+  auto refused = nodes[2]->read_frame(10s);
+  REQUIRE(refused);
+  CHECK((*refused)["type"] == "refused");
+  CHECK(contains((*refused)["message"], "holds 2 jobs, its limit"));
+  CHECK(contains((*refused)["message"], "--max_jobs"));
+  // The jobs it holds still hear about their rounds.
+  auto waiting = nodes[0]->read_frame(10s);
+  REQUIRE(waiting);
+  CHECK((*waiting)["type"] == "waiting");
+}
+
+TEST_CASE("a daemon stopped for longer than the keep-alive window loses no node",
+          "[integration][security]") {
+  Daemon daemon;
+  TempDir dir;
+  const std::string gate = dir.path() + "/gate";
+  const std::string endpoint = "127.0.0.1:" + std::to_string(daemon.port);
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int i = 0; i < 2; ++i) {
+    // keep-alive 0.2 s x 3: a 3 s stop is five windows.
+    nodes.push_back(std::make_unique<Subprocess>(
+        ddprun_fake({"--nnodes", "2", "--nproc_per_node", "1", "--node_rank", std::to_string(i),
+                     "--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint, "--rdzv_id", "job",
+                     "--local_addr", loopback_node_addr(i), "--rdzv_conf", kFastRdzvConf},
+                    {"print=started", "wait_lines=" + gate + ":1", "print=finished"})));
+  }
+  for (auto& node : nodes) REQUIRE(node->wait_for_output("started", kJobLimit));
+  daemon.process->send(SIGSTOP);
+  std::this_thread::sleep_for(3s);
+  daemon.process->send(SIGCONT);
+  // Longer than a window after the daemon resumed: a loss would have been declared by now.
+  std::this_thread::sleep_for(1500ms);
+  std::ofstream(gate) << "go\n";
+  for (auto& node : nodes) {
+    const auto r = node->wait(kJobLimit);
+    INFO(r.out << r.err << daemon.process->err_so_far());
+    CHECK(r.exit_code == 0);
+    CHECK(contains(r.out, "finished"));
+    CHECK_FALSE(contains(r.err, "was lost"));
+    CHECK_FALSE(contains(r.out + r.err, "TORCHELASTIC_RESTART_COUNT=1"));
+  }
+  CHECK(contains(daemon.process->err_so_far(), "did not run for"));
+  CHECK_FALSE(contains(daemon.process->err_so_far(), "was lost"));
+}
+
+namespace {
+
+/// A secret file of mode 600 holding `content`.
+std::string secret_file(const TempDir& dir, const std::string& name, const std::string& content) {
+  const std::string path = dir.path() + "/" + name;
+  std::ofstream(path) << content << "\n";
+  ::chmod(path.c_str(), 0600);
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("with a shared secret a job trains through the daemon and strangers get nothing",
+          "[integration][security]") {
+  TempDir dir;
+  const std::string secret = secret_file(dir, "secret", "s3cret-0123456789abcdef");
+  const std::string wrong = secret_file(dir, "wrong", "not-the-secret-0123456789");
+  Daemon daemon({"--secret_file", secret});
+  const std::string endpoint = "127.0.0.1:" + std::to_string(daemon.port);
+  CHECK(contains(daemon.process->err_so_far(), "shared secret required"));
+  CHECK_FALSE(contains(daemon.process->err_so_far(), "anyone who can reach"));
+
+  // A raw peer without the secret is challenged, and nothing else is answered.
+  RawPeer stranger(daemon.port);
+  stranger.send_json(ddprun::rdzv::make_hello("status"));
+  stranger.send_json(
+      ddprun::rdzv::to_json(ddprun::rdzv::AgentMessage{ddprun::rdzv::StatusQuery{}}));
+  auto challenge = stranger.read_frame(10s);
+  REQUIRE(challenge);
+  CHECK((*challenge)["type"] == "refused");
+  CHECK((*challenge)["kind"] == "unauthorized");
+  CHECK(stranger.closed_by_server(10s));
+
+  auto none = run_command({DDPRUN_BIN, "status", "--rdzv_endpoint", endpoint});
+  CHECK(none.exit_code == 69);
+  CHECK(
+      contains(none.err, "authentication failed: the rendezvous server requires a shared secret"));
+  auto bad =
+      run_command({DDPRUN_BIN, "status", "--rdzv_endpoint", endpoint, "--secret_file", wrong});
+  CHECK(bad.exit_code == 69);
+  CHECK(contains(bad.err, "authentication failed: wrong secret"));
+  CHECK(contains(daemon.process->err_so_far(), "authentication failed: wrong secret"));
+
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int i = 0; i < 2; ++i) {
+    nodes.push_back(std::make_unique<Subprocess>(ddprun_fake(
+        {"--nnodes", "2", "--nproc_per_node", "1", "--node_rank", std::to_string(i),
+         "--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint, "--rdzv_id", "job", "--local_addr",
+         loopback_node_addr(i), "--rdzv_conf", kFastRdzvConf + ",secret_file=" + secret},
+        {"print=started", "sleep=500", "env=RANK"})));
+  }
+  // While they train, ddprun status with the secret (from the environment) sees the job.
+  REQUIRE(nodes[0]->wait_for_output("started", kJobLimit));
+  auto ok = run_command({DDPRUN_BIN, "status", "--rdzv_endpoint", endpoint},
+                        {{"DDPRUN_RDZV_SECRET_FILE", secret}});
+  CHECK(ok.exit_code == 0);
+  CHECK(contains(ok.out, "job job"));
+  for (auto& node : nodes) {
+    const auto r = node->wait(kJobLimit);
+    INFO(r.out << r.err);
+    CHECK(r.exit_code == 0);
+  }
+  // A node with the wrong secret is refused with exit 69 and joins nothing.
+  auto intruder = run_command(
+      ddprun_fake({"--nnodes", "1:2", "--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint,
+                   "--rdzv_id", "job2", "--rdzv_conf", "connect_timeout=5,secret_file=" + wrong},
+                  {"print=should-not-run"}),
+      {}, kJobLimit);
+  INFO(intruder.out << intruder.err);
+  CHECK(intruder.exit_code == 69);
+  CHECK(contains(intruder.err, "authentication failed: wrong secret"));
+  CHECK_FALSE(contains(intruder.out, "should-not-run"));
+}
+
+TEST_CASE("an agent hosting the rendezvous with a secret trains and refuses strangers",
+          "[integration][security]") {
+  TempDir dir;
+  const std::string secret = secret_file(dir, "secret", "s3cret-0123456789abcdef");
+  const std::string gate = dir.path() + "/gate";
+  const int port = free_port();
+  const std::string endpoint = "127.0.0.1:" + std::to_string(port);
+  Subprocess agent(ddprun_fake({"--nnodes", "1", "--nproc_per_node", "2", "--rdzv_backend", "c10d",
+                                "--rdzv_endpoint", endpoint, "--rdzv_id", "job"},
+                               {"print=started", "wait_lines=" + gate + ":1", "print=finished"}),
+                   {{"DDPRUN_RDZV_SECRET_FILE", secret}});
+  REQUIRE(wait_until([&] { return count_of(agent.out_so_far(), "started") == 2; }, kJobLimit));
+  auto none = run_command({DDPRUN_BIN, "status", "--rdzv_endpoint", endpoint});
+  CHECK(none.exit_code == 69);
+  CHECK(contains(none.err, "authentication failed"));
+  auto ok =
+      run_command({DDPRUN_BIN, "status", "--rdzv_endpoint", endpoint, "--secret_file", secret});
+  CHECK(ok.exit_code == 0);
+  std::ofstream(gate) << "go\n";
+  const auto r = agent.wait(kJobLimit);
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 0);
+  CHECK(count_of(r.out, "finished") == 2);
+}
+
+TEST_CASE("a secret file readable by others is refused before anything starts",
+          "[integration][security]") {
+  TempDir dir;
+  const std::string open = dir.path() + "/open";
+  std::ofstream(open) << "s3cret-0123456789abcdef\n";
+  ::chmod(open.c_str(), 0644);
+  auto daemon =
+      run_command({RDZVD_BIN, "--port", std::to_string(free_port()), "--secret_file", open});
+  CHECK(daemon.exit_code == 64);
+  CHECK(contains(daemon.err, "secret file " + open +
+                                 " is readable by group or others (mode 644): "
+                                 "run chmod 600 " +
+                                 open));
+  auto agent =
+      run_command(ddprun_fake({"--nnodes", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint",
+                               "127.0.0.1:1", "--rdzv_conf", "secret_file=" + open},
+                              {"print=x"}));
+  CHECK(agent.exit_code == 64);
+  CHECK(contains(agent.err, "run chmod 600 " + open));
+}
