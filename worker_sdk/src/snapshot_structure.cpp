@@ -814,6 +814,14 @@ std::optional<uint64_t> extent_bytes(const Tensor& t, int64_t item_size) {
   return bytes;
 }
 
+/// The bytes of the tensor's elements; nullopt past 2^64.
+std::optional<uint64_t> element_bytes(const Tensor& t, int64_t item_size) {
+  uint64_t n = static_cast<uint64_t>(item_size);
+  for (int64_t s : t.sizes)
+    if (__builtin_mul_overflow(n, static_cast<uint64_t>(s), &n)) return std::nullopt;
+  return n;
+}
+
 bool contiguous(const Tensor& t) {
   uint64_t expect = 1;  // wraps harmlessly: an overflowing shape fails the extent check anyway
   for (size_t i = t.sizes.size(); i-- > 0;) {
@@ -917,6 +925,14 @@ std::variant<SnapshotStructure, std::string> check_snapshot_structure(std::strin
     if (*need > r->size)
       return "record " + printable(r->name, 256) + " holds " + std::to_string(r->size) +
              " bytes but " + tensor + " needs " + std::to_string(*need);
+    // Strides that revisit elements (0 for an expanded view) let a small record stand for a
+    // huge tensor, which the reader's copy would then allocate. Torch writes none for ddprun.
+    const std::optional<uint64_t> own = element_bytes(t, s.dtype->size);
+    if (!own || *own > r->size)
+      return "record " + printable(r->name, 256) + " holds " + std::to_string(r->size) +
+             " bytes but " + tensor + " has " +
+             (own ? std::to_string(*own) : std::string("more than 2^64")) +
+             " bytes of elements (strides that overlap)";
     out.tensors.push_back(std::move(view));
   }
   for (const Storage& s : storages) {

@@ -318,6 +318,21 @@ TEST_CASE("a record shorter than a strided view at an offset is refused", "[sdk]
         "elements (48 bytes)");
 }
 
+TEST_CASE("a view whose strides overlap to stand for more elements than its record is refused",
+          "[sdk][unit]") {
+  const std::string pickle = Pickle()
+                                 .dict_begin()
+                                 .str("expanded")
+                                 .tensor("0", "FloatStorage", 1, 0, {1000000, 3}, {0, 0})
+                                 .dict_end("Dict[str, Tensor]")
+                                 .done();
+  CHECK(error_of(make_zip({{"archive/data/0", floats(1)},
+                           {"archive/data.pkl", pickle},
+                           {"archive/version", "3\n"}})) ==
+        "record archive/data/0 holds 4 bytes but tensor 'expanded' (float32, shape [1000000, 3], "
+        "strides [0, 0], offset 0) has 12000000 bytes of elements (strides that overlap)");
+}
+
 TEST_CASE("central directory offsets outside the file or into other records are refused",
           "[sdk][unit]") {
   Layout l;
