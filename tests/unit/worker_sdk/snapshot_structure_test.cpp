@@ -40,7 +40,10 @@ struct Layout {
 /// A zip laid out as torch's writer (miniz) lays it out: each record's local header with a data
 /// descriptor flag and zero sizes, an "FB" extra field padding its data to 64 bytes, the data, a
 /// data descriptor; then the central directory, a zip64 end record, its locator, the end record.
-std::string make_zip(const std::vector<Record>& records, Layout* layout = nullptr) {
+/// With `wide`, each central directory entry keeps its sizes and offset in a zip64 extra field
+/// (as miniz writes them past 4 GiB) and only 0xffffffff in the fixed fields.
+std::string make_zip(const std::vector<Record>& records, Layout* layout = nullptr,
+                     bool wide = false) {
   Layout l;
   std::string out;
   for (const Record& r : records) {
@@ -77,16 +80,23 @@ std::string make_zip(const std::vector<Record>& records, Layout* layout = nullpt
     put16(out, 0);
     put32(out, 0);
     put32(out, 0);  // crc: the structure check leaves it to miniz
-    put32(out, records[i].data.size());
-    put32(out, records[i].data.size());
+    put32(out, wide ? 0xffffffff : records[i].data.size());
+    put32(out, wide ? 0xffffffff : records[i].data.size());
     put16(out, records[i].name.size());
-    put16(out, 0);  // extra
-    put16(out, 0);  // comment
-    put16(out, 0);  // disk
-    put16(out, 0);  // internal attributes
-    put32(out, 0);  // external attributes
-    put32(out, l.local[i]);
+    put16(out, wide ? 28 : 0);  // extra
+    put16(out, 0);              // comment
+    put16(out, 0);              // disk
+    put16(out, 0);              // internal attributes
+    put32(out, 0);              // external attributes
+    put32(out, wide ? 0xffffffff : l.local[i]);
     out += records[i].name;
+    if (wide) {
+      put16(out, 0x0001);
+      put16(out, 24);
+      put64(out, records[i].data.size());
+      put64(out, records[i].data.size());
+      put64(out, l.local[i]);
+    }
   }
   const size_t dir_size = out.size() - dir;
   l.end64 = out.size();
@@ -331,6 +341,26 @@ TEST_CASE("a view whose strides overlap to stand for more elements than its reco
                            {"archive/version", "3\n"}})) ==
         "record archive/data/0 holds 4 bytes but tensor 'expanded' (float32, shape [1000000, 3], "
         "strides [0, 0], offset 0) has 12000000 bytes of elements (strides that overlap)");
+}
+
+TEST_CASE("sizes and offsets in zip64 extra fields are read, and a short one is refused",
+          "[sdk][unit]") {
+  Layout l;
+  const std::string wide = make_zip(snapshot_records(), &l, /*wide=*/true);
+  auto r = check_snapshot_structure(wide);
+  INFO((std::holds_alternative<std::string>(r) ? std::get<std::string>(r) : ""));
+  REQUIRE(std::holds_alternative<SnapshotStructure>(r));
+  const auto& records = std::get<SnapshotStructure>(r).records;
+  REQUIRE(records.size() == 5);
+  CHECK(records[1].size == 16);
+  CHECK(wide.substr(records[1].offset, records[1].size) == floats(4));
+
+  std::string bad = wide;  // the zip64 field says 8 bytes: the size alone, not the offset
+  const size_t extra = l.central[1] + 46 + std::string("archive/data/1").size();
+  bad[extra + 2] = 8;
+  CHECK(error_of(bad) ==
+        "record archive/data/1: its zip64 extra field is 8 bytes, too short for the 24 it must "
+        "hold");
 }
 
 TEST_CASE("central directory offsets outside the file or into other records are refused",
