@@ -52,6 +52,8 @@ std::vector<int64_t> snapshots_to_prune(const std::vector<int64_t>& seqs, int ke
 }
 
 uint64_t checksum_update(uint64_t state, const void* data, size_t size) {
+  // An empty tensor's data pointer may be null: nothing to read, not even the pointer.
+  if (size == 0) return state;
   constexpr uint64_t kPrime = 0x100000001b3ULL;
   const auto* p = static_cast<const unsigned char*>(data);
   size_t i = 0;

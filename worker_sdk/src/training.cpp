@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "ddprun/sdk.h"
+#include "ddprun/sdk/snapshot_structure.h"
 #include "torch_compat.h"
 
 namespace ddprun::sdk {
@@ -581,7 +582,13 @@ std::variant<Snapshot, std::string> read_snapshot_file(const std::string& path) 
   if (!in) return "cannot open: " + std::string(std::strerror(errno));
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (bytes.empty()) return std::string("empty file (torn write)");
+  // libtorch trusts the zip directory and data.pkl's tensor views: a damaged or crafted file
+  // (a storage record emptied) would make it read outside a storage. Refused here instead.
+  auto structure = check_snapshot_structure(std::string_view(bytes.data(), bytes.size()));
+  if (auto* err = std::get_if<std::string>(&structure))
+    return "unreadable (torn or corrupt): " + *err;
   Snapshot s;
+  std::string actual;
   try {
     torch::IValue v = torch::pickle_load(bytes);
     if (!v.isGenericDict()) return std::string("not a dict: not a ddprun snapshot");
@@ -604,12 +611,12 @@ std::variant<Snapshot, std::string> read_snapshot_file(const std::string& path) 
       s.model.emplace_back(item.key().toStringRef(), item.value().toTensor());
     s.optimizer = entry(d, "optimizer").toTensor();
     s.rng_state = entry(d, "rng_state").toTensor();
+    actual = snapshot_checksum(s);
   } catch (const std::exception& e) {
     std::string what = e.what();
     what = what.substr(0, what.find('\n'));
     return "unreadable (torn or corrupt): " + what;
   }
-  const std::string actual = snapshot_checksum(s);
   if (actual != s.meta.checksum)
     return "checksum mismatch (corrupt): recorded " + s.meta.checksum + ", content " + actual;
   return s;

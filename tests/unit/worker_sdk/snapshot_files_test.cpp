@@ -37,3 +37,9 @@ TEST_CASE("the checksum changes when any byte changes", "[sdk][unit]") {
   }
   CHECK(checksum_hex(0xabcULL) == "0000000000000abc");
 }
+
+TEST_CASE("the checksum of no bytes is the state it was given, even without a buffer",
+          "[sdk][unit]") {
+  CHECK(checksum_update(kChecksumStart, nullptr, 0) == kChecksumStart);
+  CHECK(checksum_update(42, nullptr, 0) == 42);
+}

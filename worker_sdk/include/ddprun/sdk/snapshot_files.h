@@ -26,7 +26,7 @@ std::vector<int64_t> newest_first(std::vector<int64_t> seqs);
 std::vector<int64_t> snapshots_to_prune(const std::vector<int64_t>& seqs, int keep);
 
 /// A 64-bit FNV-1a-style hash over 8-byte words in four lanes (then the tail), continued from
-/// `state` (start with kChecksumStart).
+/// `state` (start with kChecksumStart). `data` may be null when `size` is 0.
 inline constexpr uint64_t kChecksumStart = 0xcbf29ce484222325ULL;
 uint64_t checksum_update(uint64_t state, const void* data, size_t size);
 
