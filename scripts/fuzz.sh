@@ -26,7 +26,7 @@ for target in "${targets[@]}"; do
   echo "== fuzz: $target for ${seconds} s =="
   log="build-fuzz/findings/$target.log"
   if ! ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    "build-fuzz/$target" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+    "build-fuzz/bin/$target" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
     -max_len=1100000 -print_final_stats=1 -artifact_prefix=build-fuzz/findings/"$target"- \
     "$scratch/$name" "$seeds" >"$log" 2>&1; then
     tail -n 60 "$log"
