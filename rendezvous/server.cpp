@@ -334,7 +334,11 @@ void RendezvousServer::apply(const std::string& run_id, const Event& event) {
   if (job == jobs_.end()) return;
   StepResult r = step(std::move(job->second.state), event, clock_.now());
   job->second.state = std::move(r.state);
-  job->second.wake_at = r.wake_at;
+  // The deadline index holds each job's wake_at once, so the timer finds the earliest in
+  // O(log jobs) however many jobs the server holds.
+  if (job->second.wake_at) deadlines_.erase({*job->second.wake_at, run_id});
+  job->second.wake_at = r.erase ? std::nullopt : r.wake_at;
+  if (job->second.wake_at) deadlines_.insert({*job->second.wake_at, run_id});
   for (const Outgoing& out : r.messages) deliver(run_id, out);
   if (r.erase) {
     spdlog::debug("job '{}': forgotten", run_id);
@@ -358,11 +362,13 @@ void RendezvousServer::deliver(const std::string& run_id, const Outgoing& out) {
 }
 
 void RendezvousServer::arm_timer() {
-  std::optional<TimePoint> earliest;
-  for (const auto& [id, job] : jobs_)
-    if (job.wake_at && (!earliest || *job.wake_at < *earliest)) earliest = job.wake_at;
+  const std::optional<TimePoint> earliest =
+      deadlines_.empty() || stopped_ ? std::nullopt
+                                     : std::optional<TimePoint>(deadlines_.begin()->first);
+  if (earliest == armed_at_) return;  // already set for that time (or for none)
+  armed_at_ = earliest;
   timer_.cancel();
-  if (!earliest || stopped_) return;
+  if (!earliest) return;
   timer_.expires_at(*earliest);
   timer_.async_wait([this](error_code ec) {
     if (!ec) on_timer();
@@ -370,11 +376,12 @@ void RendezvousServer::arm_timer() {
 }
 
 void RendezvousServer::on_timer() {
+  armed_at_.reset();
   note_awake();
   const TimePoint now = clock_.now();
   std::vector<std::string> due;
-  for (const auto& [id, job] : jobs_)
-    if (job.wake_at && *job.wake_at <= now) due.push_back(id);
+  for (auto it = deadlines_.begin(); it != deadlines_.end() && it->first <= now; ++it)
+    due.push_back(it->second);
   for (const std::string& id : due) apply(id, Tick{});
   arm_timer();
 }

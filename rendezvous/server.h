@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "common/clock.h"
@@ -110,6 +111,9 @@ class RendezvousServer {
   /// (run_id, node_id) -> the session that speaks for that node now.
   std::map<std::pair<std::string, std::string>, std::uint64_t> routes_;
   std::map<std::string, Job> jobs_;
+  /// (wake_at, run id) of every job that has one: the earliest is the timer's.
+  std::set<std::pair<TimePoint, std::string>> deadlines_;
+  std::optional<TimePoint> armed_at_;  ///< what the timer is set for now
   bool stopped_ = false;
 };
 

@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <thread>
 
 #include "rendezvous/free_port.h"
@@ -343,4 +344,50 @@ TEST_CASE("a secret file readable by others is refused before anything starts",
                               {"print=x"}));
   CHECK(agent.exit_code == 64);
   CHECK(contains(agent.err, "run chmod 600 " + open));
+}
+
+TEST_CASE("ddprun status reads back a hundred thousand jobs in pages", "[integration][security]") {
+  Daemon daemon({"--max_jobs", "100000"});
+  constexpr int kJobs = 100'000;
+  constexpr int kBatch = 250;
+  // Each job: one connection that greets, joins (a 2-node job that never completes, with a
+  // day-long join timeout) and waits for the server's Waiting before it closes, so the job
+  // stays, empty, until its join timeout.
+  for (int first = 0; first < kJobs; first += kBatch) {
+    std::vector<std::unique_ptr<RawPeer>> batch;
+    for (int i = first; i < first + kBatch; ++i) {
+      batch.push_back(std::make_unique<RawPeer>(daemon.port));
+      json join = join_body("job-" + std::to_string(i), "n" + std::to_string(i));
+      join["settings"]["join_timeout_ms"] = 86'400'000;
+      REQUIRE(batch.back()->send_json(ddprun::rdzv::make_hello("agent")));
+      REQUIRE(batch.back()->send_json(join));
+    }
+    for (auto& peer : batch) {
+      REQUIRE(peer->read_frame(30s));  // the server's hello
+      auto waiting = peer->read_frame(30s);
+      REQUIRE(waiting);
+      REQUIRE((*waiting)["type"] == "waiting");
+      peer->reset_on_close();
+    }
+  }
+  const std::string endpoint = "127.0.0.1:" + std::to_string(daemon.port);
+  auto r =
+      run_command({DDPRUN_BIN, "status", "--rdzv_endpoint", endpoint, "--json", "--timeout", "120"},
+                  {}, std::chrono::seconds(180));
+  REQUIRE(r.exit_code == 0);
+  const json jobs = json::parse(r.out);
+  CHECK(jobs.size() == kJobs);
+  std::set<std::string> ids;
+  for (const json& job : jobs) ids.insert(job["run_id"].get<std::string>());
+  CHECK(ids.size() == kJobs);
+  CHECK(ids.count("job-0") == 1);
+  CHECK(ids.count("job-99999") == 1);
+  // One more job is over the cap.
+  RawPeer extra(daemon.port);
+  extra.send_json(ddprun::rdzv::make_hello("agent"));
+  extra.send_json(join_body("one-too-many", "x"));
+  extra.read_frame(30s);
+  auto refused = extra.read_frame(30s);
+  REQUIRE(refused);
+  CHECK(contains((*refused)["message"], "holds 100000 jobs, its limit"));
 }

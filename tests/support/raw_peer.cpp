@@ -91,6 +91,11 @@ bool RawPeer::closed_by_server(std::chrono::milliseconds limit) {
   return true;
 }
 
+void RawPeer::reset_on_close() {
+  linger no_linger{1, 0};
+  ::setsockopt(fd_, SOL_SOCKET, SO_LINGER, &no_linger, sizeof no_linger);
+}
+
 bool RawPeer::greet(const std::string& role) {
   if (!send_json(rdzv::make_hello(role))) return false;
   auto hello = read_frame(std::chrono::seconds(10));

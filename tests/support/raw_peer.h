@@ -28,6 +28,10 @@ class RawPeer {
   /// True when the server closes the connection within `limit` (frames before are skipped).
   bool closed_by_server(std::chrono::milliseconds limit);
 
+  /// Makes close() reset the connection (SO_LINGER 0) instead of leaving a TIME_WAIT behind:
+  /// for tests that open tens of thousands of connections from one address.
+  void reset_on_close();
+
   /// Sends a hello with this build's protocol version and reads the server's.
   bool greet(const std::string& role = "agent");
 
