@@ -131,7 +131,13 @@ class LocalAgent::Impl {
         standby_timer_(io),
         reports_(io),
         host_(rdzv::local_host_name()),
-        standbys_(launcher) {}
+        standbys_(launcher) {
+    if (!opt_.python_bootstrap.empty())
+      standbys_.set_exit_hint("a Python standby imports torch and waits in ddprun's bootstrap (" +
+                              opt_.python_bootstrap + "); exit code 3 means " +
+                              opt_.spec.argv.front() +
+                              " cannot import torch: set PYTHON_EXEC to an interpreter that can");
+  }
 
   ~Impl() {
     std::error_code ignored;
@@ -533,7 +539,11 @@ class LocalAgent::Impl {
       for (int local = 0; local < opt_.spec.local_world_size; ++local) {
         if (standbys_.has(local)) continue;
         ProcessSpec ps{
-            executable, opt_.spec.argv,
+            executable,
+            opt_.python_bootstrap.empty()
+                ? opt_.spec.argv
+                : build_python_standby_command(opt_.spec.argv, opt_.python_bootstrap,
+                                               opt_.standby_preload),
             to_envp(build_standby_env(opt_.agent_env, opt_.spec, local, rdzv_.run_id()))};
         if (std::string why = standbys_.start(local, std::move(ps)); !why.empty())
           spdlog::warn("cannot start a standby for local rank {}: {}", local, why);

@@ -718,3 +718,43 @@ TEST_CASE("a bad flag in a batch script is reported before any fan-out",
           "[launcher][slurm][unit]") {
   CHECK_THAT(parse_error({"--nnodes", "x", "train.py"}, batch_env()), Contains("--nnodes x"));
 }
+
+TEST_CASE("--standby_workers is on bare, and takes off, on or auto only after =",
+          "[launcher][unit][standby]") {
+  using ddprun::launcher::StandbyMode;
+  CHECK(parse_ok({"train.py"}).standby_workers == StandbyMode::Off);
+  // Bare before the script: on, and the next word is still the script.
+  LaunchConfig bare = parse_ok({"--standby_workers", "train.py", "--lr", "1"});
+  CHECK(bare.standby_workers == StandbyMode::On);
+  CHECK(bare.script == "train.py");
+  CHECK(bare.script_args == Args{"--lr", "1"});
+  CHECK(parse_ok({"--standby_workers=auto", "train.py"}).standby_workers == StandbyMode::Auto);
+  CHECK(parse_ok({"--standby-workers=off", "train.py"}).standby_workers == StandbyMode::Off);
+  CHECK(parse_ok({"--standby_workers=on", "train.py"}).standby_workers == StandbyMode::On);
+  // The last one wins, bare or with a value.
+  CHECK(parse_ok({"--standby_workers=auto", "--standby_workers", "train.py"}).standby_workers ==
+        StandbyMode::On);
+  CHECK(parse_ok({"--standby_workers", "--standby_workers=off", "train.py"}).standby_workers ==
+        StandbyMode::Off);
+  CHECK(parse_ok({"train.py"}, {{"PET_STANDBY_WORKERS", "auto"}}).standby_workers ==
+        StandbyMode::Auto);
+  CHECK(parse_ok({"train.py"}, {{"PET_STANDBY_WORKERS", "1"}}).standby_workers == StandbyMode::On);
+  // The script's own --standby_workers=off is the script's.
+  LaunchConfig passed = parse_ok({"train.py", "--standby_workers=off"});
+  CHECK(passed.standby_workers == StandbyMode::Off);
+  CHECK(passed.script_args == Args{"--standby_workers=off"});
+  CHECK(parse_error({"--standby_workers=sometimes", "train.py"}) ==
+        "--standby_workers=sometimes: expected off, on or auto (bare --standby_workers is on)");
+  CHECK(parse_error({"train.py"}, {{"PET_STANDBY_WORKERS", "sometimes"}}) ==
+        "PET_STANDBY_WORKERS=sometimes: expected off, on or auto (bare PET_STANDBY_WORKERS is "
+        "on)");
+}
+
+TEST_CASE("--standby_preload takes Python module names", "[launcher][unit][standby]") {
+  CHECK(parse_ok({"--standby_preload", "numpy, torchvision.models", "train.py"}).standby_preload ==
+        Args{"numpy", "torchvision.models"});
+  CHECK(parse_ok({"train.py"}).standby_preload.empty());
+  CHECK(parse_error({"--standby_preload", "numpy,os.path;rm", "train.py"}) ==
+        "--standby_preload numpy,os.path;rm: \"os.path;rm\" is not a Python module name; expected "
+        "e.g. numpy,torchvision.models");
+}
