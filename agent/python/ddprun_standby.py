@@ -14,7 +14,9 @@ End of file without a message: ddprun no longer needs this standby; it exits 0 q
 import ast
 import json
 import os
+import socket
 import sys
+import time
 
 # The same values as common/standby_protocol.h.
 STANDBY_FD_VARIABLE = "DDPRUN_STANDBY_FD"
@@ -22,6 +24,8 @@ ACK = b"\x06"
 # Exit codes ddprun's warning explains (agent/standby_pool.cpp).
 EXIT_NO_TORCH = 3
 EXIT_BAD_HANDOVER = 4
+# At most this long a rank other than 0 waits for rank 0's store to listen (wait_for_store).
+STORE_WAIT_S = 1.0
 
 _BOOTSTRAP_FILE = os.path.realpath(__file__)
 
@@ -142,6 +146,27 @@ def become_worker(env, is_module, target, args):
         sys.argv = [target] + list(args)
 
 
+def wait_for_store(env):
+    """Rank 0 hosts the c10d store (TORCHELASTIC_USE_AGENT_STORE=False) and, handed over at the
+    same moment, may not listen yet when another rank connects; torch's TCPStore client then
+    sleeps a whole second before it tries again. Probe MASTER_ADDR:MASTER_PORT every 5 ms first,
+    as the C++ SDK does (wait_for_listener), for at most STORE_WAIT_S: never longer than the
+    sleep it saves. A fresh start spends longer than that importing torch."""
+    if env.get("RANK", "0") == "0" or env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return
+    try:
+        address = (env["MASTER_ADDR"], int(env["MASTER_PORT"]))
+    except (KeyError, ValueError):
+        return
+    deadline = time.monotonic() + STORE_WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(address, timeout=0.05):
+                return
+        except OSError:
+            time.sleep(0.005)
+
+
 def fresh_main_module(file_path):
     """A new, empty __main__ module, installed in sys.modules as the interpreter would."""
     import types
@@ -212,6 +237,7 @@ def main():
     if env is None:
         os._exit(0)  # never became a worker: nothing to clean up or report
     become_worker(env, is_module, target, args)
+    wait_for_store(env)
     del env
     try:
         run_script(is_module, target)
