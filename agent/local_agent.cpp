@@ -834,7 +834,9 @@ class LocalAgent::Impl {
     }
     // Reap what SIGKILL just ended so nothing is left as a zombie of ours.
     for (auto& w : workers_)
-      if (w->running) ::waitpid(w->pid, nullptr, 0);
+      if (w->running)
+        while (::waitpid(w->pid, nullptr, 0) < 0 && errno == EINTR) {
+        }
     if (opt_.on_finish) opt_.on_finish();
   }
 

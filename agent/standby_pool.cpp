@@ -193,7 +193,11 @@ void StandbyPool::clear() {
     standbys_.erase(standbys_.begin());
   }
   // Reap what SIGKILL ended, so nothing is left as a zombie of ours (ECHILD: already reaped).
-  for (pid_t pid : discarded_) ::waitpid(pid, nullptr, 0);
+  // EINTR: the agent's SIGCHLD handler ran (one standby's death interrupts the wait for
+  // another); giving up then would leave a standby dying after ddprun has exited.
+  for (pid_t pid : discarded_)
+    while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
   discarded_.clear();
 }
 

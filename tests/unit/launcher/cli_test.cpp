@@ -719,7 +719,7 @@ TEST_CASE("a bad flag in a batch script is reported before any fan-out",
   CHECK_THAT(parse_error({"--nnodes", "x", "train.py"}, batch_env()), Contains("--nnodes x"));
 }
 
-TEST_CASE("--standby_workers is on bare, and takes off, on or auto only after =",
+TEST_CASE("the option --standby_workers is on bare, and takes off, on or auto only after =",
           "[launcher][unit][standby]") {
   using ddprun::launcher::StandbyMode;
   CHECK(parse_ok({"train.py"}).standby_workers == StandbyMode::Off);
@@ -750,7 +750,7 @@ TEST_CASE("--standby_workers is on bare, and takes off, on or auto only after ="
         "on)");
 }
 
-TEST_CASE("--standby_preload takes Python module names", "[launcher][unit][standby]") {
+TEST_CASE("the option --standby_preload takes Python module names", "[launcher][unit][standby]") {
   CHECK(parse_ok({"--standby_preload", "numpy, torchvision.models", "train.py"}).standby_preload ==
         Args{"numpy", "torchvision.models"});
   CHECK(parse_ok({"train.py"}).standby_preload.empty());
