@@ -131,7 +131,13 @@ class LocalAgent::Impl {
         standby_timer_(io),
         reports_(io),
         host_(rdzv::local_host_name()),
-        standbys_(launcher) {}
+        standbys_(launcher) {
+    if (!opt_.python_bootstrap.empty())
+      standbys_.set_exit_hint("a Python standby imports torch and waits in ddprun's bootstrap (" +
+                              opt_.python_bootstrap + "); exit code 3 means " +
+                              opt_.spec.argv.front() +
+                              " cannot import torch: set PYTHON_EXEC to an interpreter that can");
+  }
 
   ~Impl() {
     std::error_code ignored;
@@ -442,7 +448,7 @@ class LocalAgent::Impl {
     const std::string executable = resolve_executable(opt_.spec.argv.front(), path_env);
     spdlog::debug("starting {} workers (restart {}): master {}:{}", opt_.spec.local_world_size,
                   restart_count_, round.master_addr, round.master_port);
-    int from_standby = 0;
+    std::map<int, EnvMap> envs;  // by local rank
     for (const WorkerPlacement& p : place_workers(round, opt_.spec.local_world_size)) {
       auto w = std::make_unique<WorkerRuntime>();
       w->placement = p;
@@ -462,30 +468,42 @@ class LocalAgent::Impl {
                          w->error_file,
                          socket_path_,
                          checkpoint_requested_};
-      const EnvMap env = build_worker_env(opt_.agent_env, in);
-      ProcessSpec ps{executable, opt_.spec.argv, to_envp(env)};
+      envs[p.local_rank] = build_worker_env(opt_.agent_env, in);
+      workers_.push_back(std::move(w));
+    }
+    // Standbys first, all at once: each must acknowledge its hand-over before it counts as the
+    // worker; the ranks whose standby did not start afresh below.
+    std::map<int, LaunchedProcess> handed;
+    if (standbys_active() && !executable.empty()) {
+      std::vector<std::string> warnings;
+      handed = standbys_.hand_over(envs, warnings);
+      for (const auto& line : warnings) spdlog::warn("{}", line);
+    }
+    const int from_standby = static_cast<int>(handed.size());
+    for (auto& w : workers_) {
+      const WorkerPlacement& p = w->placement;
+      const fs::path dir = attempt_dir / std::to_string(p.local_rank);
       if (executable.empty()) {
         w->launch_error = "command not found: " + opt_.spec.argv.front() + " (PATH=" + path_env +
                           "); check the script name or set PYTHON_EXEC";
-      } else {
-        std::optional<LaunchedProcess> standby;
-        if (opt_.standby_workers) standby = standbys_.hand_over(p.local_rank, env);
-        if (standby) ++from_standby;
-        auto launched =
-            standby ? std::variant<LaunchedProcess, std::string>(*standby) : launcher_.launch(ps);
-        if (auto* why = std::get_if<std::string>(&launched)) {
-          w->launch_error = *why;
-        } else {
-          const LaunchedProcess& lp = std::get<LaunchedProcess>(launched);
-          w->pid = lp.pid;
-          w->running = true;
-          w->out = open_stream(lp.stdout_fd, p.local_rank, launcher::StdStreams::Out, dir);
-          w->err = open_stream(lp.stderr_fd, p.local_rank, launcher::StdStreams::Err, dir);
-          read_more(w->out);
-          read_more(w->err);
-        }
+        continue;
       }
-      workers_.push_back(std::move(w));
+      auto standby = handed.find(p.local_rank);
+      auto launched = standby != handed.end()
+                          ? std::variant<LaunchedProcess, std::string>(standby->second)
+                          : launcher_.launch(ProcessSpec{executable, opt_.spec.argv,
+                                                         to_envp(envs.at(p.local_rank))});
+      if (auto* why = std::get_if<std::string>(&launched)) {
+        w->launch_error = *why;
+      } else {
+        const LaunchedProcess& lp = std::get<LaunchedProcess>(launched);
+        w->pid = lp.pid;
+        w->running = true;
+        w->out = open_stream(lp.stdout_fd, p.local_rank, launcher::StdStreams::Out, dir);
+        w->err = open_stream(lp.stderr_fd, p.local_rank, launcher::StdStreams::Err, dir);
+        read_more(w->out);
+        read_more(w->err);
+      }
     }
     for (auto& w : workers_) {
       if (!w->launch_error.empty()) {
@@ -508,10 +526,12 @@ class LocalAgent::Impl {
     evaluate();
   }
 
+  bool standbys_active() const { return opt_.standby_workers; }
+
   /// --standby_workers: a while after a group starts, one standby per local rank for the
   /// next restart.
   void arm_standbys(const std::string& executable) {
-    if (!opt_.standby_workers || executable.empty()) return;
+    if (!standbys_active() || executable.empty()) return;
     standby_timer_.expires_after(kStandbyDelay);
     standby_timer_.async_wait([this, executable](const boost::system::error_code& ec) {
       if (ec || finished_ || !standbys_.enabled()) return;
@@ -519,7 +539,11 @@ class LocalAgent::Impl {
       for (int local = 0; local < opt_.spec.local_world_size; ++local) {
         if (standbys_.has(local)) continue;
         ProcessSpec ps{
-            executable, opt_.spec.argv,
+            executable,
+            opt_.python_bootstrap.empty()
+                ? opt_.spec.argv
+                : build_python_standby_command(opt_.spec.argv, opt_.python_bootstrap,
+                                               opt_.standby_preload),
             to_envp(build_standby_env(opt_.agent_env, opt_.spec, local, rdzv_.run_id()))};
         if (std::string why = standbys_.start(local, std::move(ps)); !why.empty())
           spdlog::warn("cannot start a standby for local rank {}: {}", local, why);
@@ -810,7 +834,9 @@ class LocalAgent::Impl {
     }
     // Reap what SIGKILL just ended so nothing is left as a zombie of ours.
     for (auto& w : workers_)
-      if (w->running) ::waitpid(w->pid, nullptr, 0);
+      if (w->running)
+        while (::waitpid(w->pid, nullptr, 0) < 0 && errno == EINTR) {
+        }
     if (opt_.on_finish) opt_.on_finish();
   }
 

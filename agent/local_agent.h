@@ -37,6 +37,12 @@ struct AgentOptions {
   /// --standby_workers: keep a standby process per local rank for the next restart
   /// (agent/standby_pool.h).
   bool standby_workers = false;
+  /// With standby_workers, for a Python script: the bootstrap (agent/python/ddprun_standby.py)
+  /// the standbys run, which imports torch and waits; "" when the program itself waits (the C++
+  /// worker SDK).
+  std::string python_bootstrap;
+  /// --standby_preload: modules a Python standby imports besides the script's own imports.
+  std::vector<std::string> standby_preload;
   /// Runs once when the job has ended, before run() returns (e.g. to stop an embedded server).
   std::function<void()> on_finish;
 };

@@ -1,11 +1,13 @@
 #include "agent/standby_pool.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -20,7 +22,31 @@ void close_fd(int& fd) {
   fd = -1;
 }
 
+EnvMap parse_envp(const std::vector<std::string>& envp) {
+  EnvMap env;
+  for (const std::string& kv : envp)
+    if (auto eq = kv.find('='); eq != std::string::npos)
+      env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
+  return env;
+}
+
+/// The start-only variables whose values differ between two environments, comma-separated.
+std::string start_only_differences(const EnvMap& a, const EnvMap& b) {
+  std::set<std::string> names;
+  for (const auto& [name, value] : a)
+    if (is_start_only_variable(name) && (!b.count(name) || b.at(name) != value)) names.insert(name);
+  for (const auto& [name, value] : b)
+    if (is_start_only_variable(name) && !a.count(name)) names.insert(name);
+  std::string out;
+  for (const auto& name : names) out += (out.empty() ? "" : ", ") + name;
+  return out;
+}
+
 }  // namespace
+
+bool is_start_only_variable(const std::string& name) {
+  return name.rfind("PYTHON", 0) == 0 || name.rfind("LD_", 0) == 0 || name == "GLIBC_TUNABLES";
+}
 
 std::string encode_standby_handover(const EnvMap& env) {
   return nlohmann::json{{"env", env}}.dump();
@@ -35,8 +61,9 @@ std::string StandbyPool::start(int local_rank, ProcessSpec spec) {
     return std::string("socketpair: ") + std::strerror(errno);
   const int buffer = 1 << 20;  // room for a large environment
   ::setsockopt(fds[1], SOL_SOCKET, SO_SNDBUF, &buffer, sizeof buffer);
+  EnvMap start_env = parse_envp(spec.envp);
   spec.inherit_fd = fds[0];
-  spec.envp.push_back(std::string(kStandbyFdVariable) + "=" + std::to_string(fds[0]));
+  spec.envp.push_back(std::string(common::kStandbyFdVariable) + "=" + std::to_string(fds[0]));
   auto launched = launcher_.launch(spec);
   close_fd(fds[0]);
   if (auto* why = std::get_if<std::string>(&launched)) {
@@ -46,30 +73,89 @@ std::string StandbyPool::start(int local_rank, ProcessSpec spec) {
   Standby s;
   s.process = std::get<LaunchedProcess>(launched);
   s.handover_fd = fds[1];
+  s.start_env = std::move(start_env);
   spdlog::debug("standby for local rank {} started (pid {})", local_rank, s.process.pid);
   standbys_.emplace(local_rank, s);
   return "";
 }
 
-std::optional<LaunchedProcess> StandbyPool::hand_over(int local_rank, const EnvMap& worker_env) {
-  auto it = standbys_.find(local_rank);
-  if (it == standbys_.end()) return std::nullopt;
-  Standby s = it->second;
-  standbys_.erase(it);
-  const std::string message = encode_standby_handover(worker_env);
-  ssize_t n;
-  do {
-    n = ::send(s.handover_fd, message.data(), message.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-  } while (n < 0 && errno == EINTR);
-  if (n != static_cast<ssize_t>(message.size())) {
-    // Ended but not reaped yet (EPIPE), or a hand-over larger than the buffer: start afresh.
-    spdlog::debug("standby for local rank {} (pid {}) not used: {}", local_rank, s.process.pid,
-                  n < 0 ? std::strerror(errno) : "short write");
-    discard(s);
-    return std::nullopt;
+std::map<int, LaunchedProcess> StandbyPool::hand_over(const std::map<int, EnvMap>& worker_envs,
+                                                      std::vector<std::string>& warnings,
+                                                      std::chrono::milliseconds ack_timeout) {
+  std::vector<std::pair<int, Standby>> waiting;  // sent, not yet acknowledged
+  for (const auto& [local_rank, env] : worker_envs) {
+    auto it = standbys_.find(local_rank);
+    if (it == standbys_.end()) continue;
+    Standby s = std::move(it->second);
+    standbys_.erase(it);
+    // A variable read only when the process started cannot be changed now: never run the
+    // worker with a value other than its own.
+    if (std::string names = start_only_differences(s.start_env, env); !names.empty()) {
+      warnings.push_back(fmt::format(
+          "local rank {} starts afresh instead of from its standby (pid {}): {} differ(s) from "
+          "the standby's, and only take effect when a process starts",
+          local_rank, s.process.pid, names));
+      discard(s);
+      continue;
+    }
+    const std::string message = encode_standby_handover(env);
+    ssize_t n;
+    do {
+      n = ::send(s.handover_fd, message.data(), message.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    } while (n < 0 && errno == EINTR);
+    if (n != static_cast<ssize_t>(message.size())) {
+      // Ended but not reaped yet (EPIPE), or a hand-over larger than the buffer: start afresh.
+      spdlog::debug("standby for local rank {} (pid {}) not used: {}", local_rank, s.process.pid,
+                    n < 0 ? std::strerror(errno) : "short write");
+      discard(s);
+      continue;
+    }
+    ::shutdown(s.handover_fd, SHUT_WR);  // end of file ends the message; the ack comes back
+    waiting.emplace_back(local_rank, std::move(s));
   }
-  close_fd(s.handover_fd);  // end of file ends the message
-  return s.process;
+
+  // Every standby was sent its message: wait for all the acknowledgements at once, so the
+  // deadline bounds the whole restart, not each rank.
+  std::map<int, LaunchedProcess> workers;
+  const auto deadline = std::chrono::steady_clock::now() + ack_timeout;
+  while (!waiting.empty()) {
+    std::vector<pollfd> fds;
+    for (const auto& [local_rank, s] : waiting) fds.push_back(pollfd{s.handover_fd, POLLIN, 0});
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    const int ready =
+        ::poll(fds.data(), fds.size(),
+               static_cast<int>(std::max<long long>(0, static_cast<long long>(left.count()))));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) break;  // the deadline passed (or poll failed): the rest are discarded
+    for (size_t i = fds.size(); i-- > 0;) {
+      if (fds[i].revents == 0) continue;
+      auto& [local_rank, s] = waiting[i];
+      char ack = 0;
+      const ssize_t got = ::recv(s.handover_fd, &ack, 1, MSG_DONTWAIT);
+      if (got < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+      if (got == 1 && ack == common::kStandbyAck) {
+        // Init -> Healthy for this rank: the standby took the hand-over and is the worker.
+        close_fd(s.handover_fd);
+        workers.emplace(local_rank, s.process);
+      } else {
+        warnings.push_back(fmt::format(
+            "the standby for local rank {} (pid {}) ended without taking its hand-over: "
+            "starting the rank afresh",
+            local_rank, s.process.pid));
+        discard(s);
+      }
+      waiting.erase(waiting.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+  }
+  for (auto& [local_rank, s] : waiting) {
+    warnings.push_back(fmt::format(
+        "the standby for local rank {} (pid {}) did not acknowledge its hand-over within {} ms "
+        "(still loading the program?): killing it and starting the rank afresh",
+        local_rank, s.process.pid, ack_timeout.count()));
+    discard(s);
+  }
+  return workers;
 }
 
 bool StandbyPool::on_exit(pid_t pid, const ExitStatus& status) {
@@ -78,11 +164,11 @@ bool StandbyPool::on_exit(pid_t pid, const ExitStatus& status) {
     if (it->second.process.pid != pid) continue;
     spdlog::warn(
         "the standby for local rank {} (pid {}) ended on its own ({}) before it was needed: "
-        "--standby_workers needs a program that calls the ddprun worker SDK's "
-        "WorkerContext::from_env; starting workers afresh from now on",
+        "{}; starting workers afresh from now on",
         it->first, pid,
         status.signal != 0 ? "signal " + std::to_string(status.signal)
-                           : "exit code " + std::to_string(status.code));
+                           : "exit code " + std::to_string(status.code),
+        exit_hint_);
     // The other standbys run the same program: end them too, without more warnings.
     enabled_ = false;
     for (auto& [local, other] : standbys_) discard(other);
@@ -107,7 +193,11 @@ void StandbyPool::clear() {
     standbys_.erase(standbys_.begin());
   }
   // Reap what SIGKILL ended, so nothing is left as a zombie of ours (ECHILD: already reaped).
-  for (pid_t pid : discarded_) ::waitpid(pid, nullptr, 0);
+  // EINTR: the agent's SIGCHLD handler ran (one standby's death interrupts the wait for
+  // another); giving up then would leave a standby dying after ddprun has exited.
+  for (pid_t pid : discarded_)
+    while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
   discarded_.clear();
 }
 

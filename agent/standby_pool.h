@@ -1,35 +1,48 @@
 #pragma once
 #include <sys/types.h>
 
+#include <chrono>
 #include <map>
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "agent/process_launcher.h"
 #include "agent/worker.h"
 #include "agent/worker_env.h"
+#include "common/standby_protocol.h"
 
 namespace ddprun::agent {
 
-/// The environment variable that tells a process it is a standby, and which descriptor the
-/// agent's hand-over arrives on.
-inline constexpr const char* kStandbyFdVariable = "DDPRUN_STANDBY_FD";
+/// How long standbys have, all together, to acknowledge a hand-over. A standby that is still
+/// loading its program (or never reads the descriptor) is discarded after this and its rank
+/// starts afresh: a hand-over that nobody took would otherwise leave the rank without a worker.
+inline constexpr std::chrono::milliseconds kHandoverAckTimeout{2000};
+
+/// Variables that act only when a process starts (the dynamic loader's, the Python
+/// interpreter's): a standby whose value differs from its worker's is not used.
+bool is_start_only_variable(const std::string& name);
 
 /// The hand-over message: the complete environment of the worker the standby becomes.
 std::string encode_standby_handover(const EnvMap& env);
 
 /// Standby processes for --standby_workers: one per local rank, started while the group runs.
-/// Each has the program loaded and waits in the worker SDK (WorkerContext::from_env) for the
-/// environment of the worker it becomes. A restart hands a standby its round's environment
-/// instead of starting a process, which takes process start-up (exec and loading libtorch,
-/// about 1 s) off the time to recovery. See docs/design.md, "Standby workers".
+/// Each has the program loaded and waits for the environment of the worker it becomes: a C++
+/// program in the worker SDK (WorkerContext::from_env), a Python script in ddprun's bootstrap
+/// (agent/python/ddprun_standby.py), which has imported torch. A restart hands a standby its
+/// round's environment instead of starting a process, which takes process start-up (exec and
+/// loading libtorch or importing torch, about 1 s) off the time to recovery. See
+/// docs/design.md, "Standby workers".
 ///
-///   agent                                      standby (worker SDK)
-///   socketpair, launch, DDPRUN_STANDBY_FD=<fd> -> exec, load libraries, main(), from_env():
-///                                               read <fd> until end of file
-///   restart: write {"env": {...}}, close     -> replace the environment, continue as worker
-///   job end or discard: close, SIGKILL       -> end of file with no message: exit 0
+///   agent                                      standby (worker SDK or Python bootstrap)
+///   socketpair, launch, DDPRUN_STANDBY_FD=<fd> -> exec, load libraries, wait: read <fd>
+///                                                 until end of file
+///   restart: write {"env": {...}}, shut down   -> read, check, write the ack byte, close;
+///   the writing side, wait for the ack            continue as the worker
+///   ack within kHandoverAckTimeout: a worker
+///   none (still loading, gone): SIGKILL, the rank starts afresh
+///   job end or discard: close, SIGKILL         -> end of file with no message: exit 0
 class StandbyPool {
  public:
   explicit StandbyPool(ProcessLauncher& launcher) : launcher_(launcher) {}
@@ -41,14 +54,24 @@ class StandbyPool {
   /// unless one is alive or the pool was disabled. Returns why it could not start, or "".
   std::string start(int local_rank, ProcessSpec spec);
 
-  /// Hands the standby of `local_rank` the environment of its worker: the process, with its
-  /// output pipes, is then the worker's. std::nullopt when there is no live standby or the
-  /// hand-over failed (that standby is discarded).
-  std::optional<LaunchedProcess> hand_over(int local_rank, const EnvMap& worker_env);
+  /// Hands each standby named in `worker_envs` (by local rank) the environment of its worker,
+  /// then waits at most `ack_timeout` in all for the acknowledgements. Returns, by local rank,
+  /// the processes that acknowledged: each, with its output pipes, is now its rank's worker.
+  /// Ranks without a live standby are left out; a standby that did not acknowledge in time,
+  /// could not be written to, or was started with a different value of a start-only variable
+  /// (is_start_only_variable) is discarded and its rank left out, so the caller starts it
+  /// afresh. `warnings` gets one line for each standby discarded for a reason a user should know.
+  std::map<int, LaunchedProcess> hand_over(
+      const std::map<int, EnvMap>& worker_envs, std::vector<std::string>& warnings,
+      std::chrono::milliseconds ack_timeout = kHandoverAckTimeout);
 
   /// Called for every reaped child: true when `pid` was a standby. A standby that ends on its
-  /// own (the program does not wait in the SDK) disables the pool, with a warning.
+  /// own (the program does not wait in the SDK) disables the pool, with a warning that ends
+  /// with `hint` (set_exit_hint).
   bool on_exit(pid_t pid, const ExitStatus& status);
+
+  /// What the warning about a standby that ended on its own says the user can do.
+  void set_exit_hint(std::string hint) { exit_hint_ = std::move(hint); }
 
   /// Ends every standby (closes its hand-over socket, SIGKILL) and reaps it.
   void clear();
@@ -66,6 +89,7 @@ class StandbyPool {
   struct Standby {
     LaunchedProcess process;
     int handover_fd = -1;  ///< the agent's end of the hand-over socket pair
+    EnvMap start_env;      ///< the environment it was started with
   };
   void discard(Standby& s);
 
@@ -73,6 +97,9 @@ class StandbyPool {
   std::map<int, Standby> standbys_;  ///< by local rank
   std::set<pid_t> discarded_;        ///< killed by us, not yet reaped
   bool enabled_ = true;
+  std::string exit_hint_ =
+      "--standby_workers needs a program that calls the ddprun worker SDK's "
+      "WorkerContext::from_env";
 };
 
 }  // namespace ddprun::agent

@@ -3,15 +3,22 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <filesystem>
+
 #include "common/strings.h"
 
 namespace ddprun::agent {
 
+bool runs_under_python(const CommandRequest& req,
+                       const std::function<bool(const std::string&)>& is_executable_file) {
+  const bool is_py = req.script.size() >= 3 && req.script.ends_with(".py");
+  return !req.no_python && (req.module || is_py || !is_executable_file(req.script));
+}
+
 std::vector<std::string> build_worker_command(
     const CommandRequest& req, const std::function<bool(const std::string&)>& is_executable_file) {
   std::vector<std::string> argv;
-  const bool is_py = req.script.size() >= 3 && req.script.ends_with(".py");
-  if (req.no_python || (!req.module && !is_py && is_executable_file(req.script))) {
+  if (!runs_under_python(req, is_executable_file)) {
     argv.push_back(req.script);
   } else {
     argv = {req.python_exec, "-u"};
@@ -20,6 +27,25 @@ std::vector<std::string> build_worker_command(
   }
   argv.insert(argv.end(), req.script_args.begin(), req.script_args.end());
   return argv;
+}
+
+std::vector<std::string> build_python_standby_command(const std::vector<std::string>& worker_argv,
+                                                      const std::string& bootstrap,
+                                                      const std::vector<std::string>& preload) {
+  // worker_argv is {python, "-u", [-m,] script, args...}.
+  std::vector<std::string> argv{worker_argv.at(0), "-u", bootstrap};
+  if (!preload.empty()) argv.push_back("--preload=" + common::join(preload, ","));
+  argv.push_back("--");
+  argv.insert(argv.end(), worker_argv.begin() + 2, worker_argv.end());
+  return argv;
+}
+
+std::string find_python_bootstrap(const std::string& ddprun_executable) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path candidate = fs::path(ddprun_executable).parent_path().parent_path() / "share" /
+                             "ddprun" / "ddprun_standby.py";
+  return fs::is_regular_file(candidate, ec) ? candidate.string() : "";
 }
 
 bool is_executable_file(const std::string& path) {

@@ -21,6 +21,22 @@ struct CommandRequest {
 std::vector<std::string> build_worker_command(
     const CommandRequest& req, const std::function<bool(const std::string&)>& is_executable_file);
 
+/// True when the request runs under the Python interpreter (`python -u [-m] script`), as
+/// build_worker_command decides.
+bool runs_under_python(const CommandRequest& req,
+                       const std::function<bool(const std::string&)>& is_executable_file);
+
+/// The command of a Python standby (--standby_workers): `python -u <bootstrap>
+/// [--preload=a,b] -- <script or -m module> args`, from the worker's `python -u ...` command.
+std::vector<std::string> build_python_standby_command(const std::vector<std::string>& worker_argv,
+                                                      const std::string& bootstrap,
+                                                      const std::vector<std::string>& preload);
+
+/// The Python standby bootstrap that ships with ddprun, found from the path of the running
+/// ddprun executable: `<dir of ddprun>/../share/ddprun/ddprun_standby.py`, the same in the
+/// build tree and in an installed tree. "" when it is not there.
+std::string find_python_bootstrap(const std::string& ddprun_executable);
+
 /// True when `path` names a regular file the current user may execute.
 bool is_executable_file(const std::string& path);
 

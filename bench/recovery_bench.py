@@ -3,21 +3,25 @@
 step of the restarted group (every rank's first step done), ddprun against torchrun, side by
 side.
 
-Four series, run interleaved, 2 workers on this node (--standalone), Gloo on CPU, the same
+Five series, run interleaved, 2 workers on this node (--standalone), Gloo on CPU, the same
 model and data (examples/ddp_train.cpp and its Python twin bench/python_ddp_train.py), each
 rank resuming from the snapshot rank 0 saved after the last epoch:
-  ddprun-cpp-standby  ddprun --standby_workers ... build/bin/ddp_train     (C++, worker SDK)
-  ddprun-cpp          ddprun ... build/bin/ddp_train
-  ddprun-python       ddprun ... bench/python_ddp_train.py
-  torchrun-python     torchrun (bench/torchrun_shim.py) --monitor_interval 0.1 ... the same
-                      Python script (torchrun's default interval is 5 s)
+  ddprun-cpp-standby     ddprun --standby_workers ... build/bin/ddp_train  (C++, worker SDK)
+  ddprun-cpp             ddprun ... build/bin/ddp_train
+  ddprun-python-standby  ddprun --standby_workers ... bench/python_ddp_train.py (unmodified;
+                         the standbys run ddprun's Python bootstrap, torch imported)
+  ddprun-python          ddprun ... bench/python_ddp_train.py
+  torchrun-python        torchrun (bench/torchrun_shim.py) --monitor_interval 0.1 ... the same
+                         Python script (torchrun's default interval is 5 s)
 
-For each run the script waits until the group trains (and, with --standby_workers, for the
-standbys plus a second), sends SIGKILL to the worker with RANK=1 at time.monotonic() t0, and
+For each run the script waits until the group trains (and, with --standby_workers, until every
+standby waits for its hand-over, read from /proc/<pid>/syscall), then --settle seconds, sends
+SIGKILL to the worker with LOCAL_RANK=1 (RANK=1 here) at time.monotonic() t0, and
 polls for the first steps of restart 1: the C++ program reports them through ddprun's event
 log (--event_log, CLOCK_MONOTONIC like time.monotonic()), the Python script appends them to a
 mark file. The launcher is then stopped with SIGTERM. ddprun's phases come from
-`ddprun events summarize --json`.
+`ddprun events summarize --json`. The memory of each Python standby while it waits (RSS, and
+PSS, which counts pages shared between processes once) comes from /proc/<pid>/smaps_rollup.
 
     cmake --build build --target ddprun ddp_train
     /usr/bin/python3 bench/recovery_bench.py --build build --runs 5 --markdown
@@ -66,6 +70,36 @@ def worker_with_rank(launcher_pid, rank):
             return pid
         todo += children(pid)
     return None
+
+
+def waiting_standbys(launcher_pid):
+    """Pids of the launcher's standbys that block reading their hand-over descriptor."""
+    out = []
+    for pid in children(launcher_pid):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+            if b"DDPRUN_STANDBY_FD" not in env:
+                continue
+            with open(f"/proc/{pid}/syscall") as f:
+                call = f.read().split()
+            # read(fd, ...): syscall 0 on x86-64.
+            if call[0] == "0" and int(call[1], 16) == int(env[b"DDPRUN_STANDBY_FD"]):
+                out.append(pid)
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
+def rss_pss_kib(pid):
+    """(Rss, Pss) in KiB from /proc/<pid>/smaps_rollup."""
+    values = {}
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            parts = line.split()
+            if parts and parts[0] in ("Rss:", "Pss:"):
+                values[parts[0][:-1]] = int(parts[1])
+    return values["Rss"], values["Pss"]
 
 
 def read_events(path):
@@ -131,6 +165,8 @@ def one_run(series, args, work):
         argv = [ddprun] + common + ["--standby_workers", "--event_log", events] + cpp_args
     elif series == "ddprun-cpp":
         argv = [ddprun] + common + ["--event_log", events] + cpp_args
+    elif series == "ddprun-python-standby":
+        argv = [ddprun] + common + ["--standby_workers", "--event_log", events] + py_args
     elif series == "ddprun-python":
         argv = [ddprun] + common + ["--event_log", events] + py_args
     else:
@@ -144,11 +180,13 @@ def one_run(series, args, work):
     try:
         if not wait_for(lambda: len(firsts(0)) == 2, 120):
             raise RuntimeError(f"{series}: no first step in 120 s")
-        if series == "ddprun-cpp-standby":
-            if not wait_for(lambda: any(e.get("event") == "standbys_started"
-                                        for e in read_events(events)), 60):
-                raise RuntimeError(f"{series}: no standbys in 60 s")
-        time.sleep(args.settle)  # training (and standbys loading) under way
+        memory = []
+        if series.endswith("-standby"):
+            if not wait_for(lambda: len(waiting_standbys(proc.pid)) == 2, 120):
+                raise RuntimeError(f"{series}: no 2 standbys waiting in 120 s")
+            if series == "ddprun-python-standby":
+                memory = [rss_pss_kib(pid) for pid in waiting_standbys(proc.pid)]
+        time.sleep(args.settle)  # training under way
         victim = worker_with_rank(proc.pid, 1)
         if victim is None:
             raise RuntimeError(f"{series}: no worker with RANK=1")
@@ -166,7 +204,7 @@ def one_run(series, args, work):
             detected = [e["t"] for e in read_events(events) if e.get("event") == "failure_detected"]
             if detected:
                 phases["detect"] = detected[0] - t0
-        return recovery, phases, events
+        return recovery, phases, events, memory
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -192,19 +230,22 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--settle", type=float, default=1.5,
                     help="seconds of training before the kill (default 1.5)")
-    ap.add_argument("--series", default="ddprun-cpp-standby,ddprun-cpp,ddprun-python,torchrun-python")
+    ap.add_argument("--series", default="ddprun-cpp-standby,ddprun-cpp,ddprun-python-standby,"
+                                        "ddprun-python,torchrun-python")
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args()
     series = args.series.split(",")
     results = {s: [] for s in series}
     detect = {s: [] for s in series}
     last_events = {}
+    memory = []  # (rss, pss) KiB of each Python standby measured
     work = tempfile.mkdtemp(prefix="ddprun-recovery-")
     try:
         for run in range(args.runs):
             for s in series:
-                recovery, phases, events = one_run(s, args, work)
+                recovery, phases, events, standby_memory = one_run(s, args, work)
                 results[s].append(recovery)
+                memory += standby_memory
                 if "detect" in phases:
                     detect[s].append(phases["detect"])
                 if s.startswith("ddprun"):
@@ -231,6 +272,14 @@ def main():
             if s != "torchrun-python":
                 print(f"\nRatio torchrun-python / {s} (medians): "
                       f"**{base / statistics.median(results[s]):.1f}x**.")
+    if memory:
+        mib = lambda kib: f"{kib / 1024:.0f}"
+        rss = [m[0] for m in memory]
+        pss = [m[1] for m in memory]
+        print(f"\nMemory of a waiting Python standby ({len(memory)} measured, "
+              f"/proc/<pid>/smaps_rollup): RSS median {mib(statistics.median(rss))} MiB "
+              f"(min {mib(min(rss))}, max {mib(max(rss))}), PSS median "
+              f"{mib(statistics.median(pss))} MiB (min {mib(min(pss))}, max {mib(max(pss))}).")
     for s, summary in last_events.items():
         if summary:
             print(f"\nPhases of the last {s} run (`ddprun events summarize --json`):\n")

@@ -44,6 +44,9 @@ struct OptionSpec {
   std::string_view default_text;  ///< parsed like a user value when neither flag nor PET_ is set
   std::string_view group;
   std::string_view help;
+  /// A switch that also takes a value, only as --name=VALUE (so `--name script.py` still reads
+  /// the script): --standby_workers=auto.
+  bool value_after_equals = false;
 };
 
 constexpr std::string_view kNodes = "Nodes and workers";
@@ -105,9 +108,12 @@ constexpr OptionSpec kOptions[] = {
     {"watchdog_timeout", "", false, "SECONDS", "0", kSupervision,
      "Kill a worker as hung when it reported progress through the ddprun SDK and then nothing "
      "for this long; its group fails like a crash (default 0: off)."},
-    {"standby_workers", "", true, "", "", kSupervision,
-     "Keep a standby process per local rank, with the program loaded, for the next restart: "
-     "recovery skips process start-up. For programs on the ddprun worker SDK only."},
+    {"standby_workers", "", true, "[=off|on|auto]", "", kSupervision,
+     "Keep a standby process per local rank, with the program loaded (a Python script's: "
+     "torch and its imports), for the next restart: recovery skips process start-up. Bare: on. "
+     "auto: on for .py and -m jobs whose interpreter can import torch (default off).", true},
+    {"standby_preload", "", false, "MOD,...", "", kSupervision,
+     "Modules a Python standby imports besides torch and the script's top-level imports."},
     {"start_method", "", false, "spawn|fork|forkserver", "spawn", kSupervision,
      "Accepted for torchrun compatibility; workers always start with fork+exec."},
     {"role", "", false, "NAME", "default", kSupervision,
@@ -193,6 +199,28 @@ bool takes_value(const std::string& flag) {
   });
 }
 
+/// True for "--standby_workers" or "--standby-workers": a switch that takes "=VALUE".
+bool value_after_equals(const std::string& flag) {
+  return std::any_of(std::begin(kOptions), std::end(kOptions), [&flag](const OptionSpec& spec) {
+    return spec.value_after_equals &&
+           (flag == "--" + std::string(spec.name) || flag == "--" + dashed(spec.name));
+  });
+}
+
+/// The value of the last "--name=VALUE" for `spec` among the option arguments; "" when the
+/// last one is bare.
+std::string value_after_equals_of(const OptionSpec& spec,
+                                  const std::vector<std::string>& option_args) {
+  std::string value;
+  for (const std::string& arg : option_args) {
+    const size_t eq = arg.find('=');
+    const std::string name = arg.substr(0, eq);
+    if (name != "--" + std::string(spec.name) && name != "--" + dashed(spec.name)) continue;
+    value = eq == std::string::npos ? "" : arg.substr(eq + 1);
+  }
+  return value;
+}
+
 /// args reversed for CLI11 (it pops from the back), with two argparse spellings it reads
 /// differently rewritten in place: "--rdzv_id=" (CLI11 would take the next argument as the
 /// value; argparse reads "") and "-r=3" (CLI11 reads "=3"; argparse reads "3"). Rewriting never
@@ -205,6 +233,8 @@ std::vector<std::string> prepare_for_cli11(const std::vector<std::string>& args)
     std::string arg = *it;
     const size_t eq = arg.find('=');
     if (eq == 2 && arg[0] == '-' && takes_value(arg.substr(0, 2))) arg.erase(2, 1);  // -r=3
+    if (eq != std::string::npos && value_after_equals(arg.substr(0, eq)))
+      arg.erase(eq);  // --standby_workers=auto: CLI11 sees the switch; the value is read later
     if (eq != std::string::npos && eq + 1 == it->size() && takes_value(it->substr(0, eq))) {
       arg += kEmptyValueMarker;  // undone when the value is read
     }
@@ -436,6 +466,25 @@ Error parse_signals(const RawValue& v, LaunchConfig& config) {
   return std::nullopt;
 }
 
+Error parse_standby_workers(const RawValue& v, LaunchConfig& config) {
+  if (!v.given) return std::nullopt;
+  const std::string text = to_lower(trim(v.text));
+  // A bare flag (or PET_STANDBY_WORKERS=1) is on, as before the value existed.
+  if (text.empty() || text == "on") {
+    config.standby_workers = StandbyMode::On;
+  } else if (text == "off") {
+    config.standby_workers = StandbyMode::Off;
+  } else if (text == "auto") {
+    config.standby_workers = StandbyMode::Auto;
+  } else if (auto on = parse_bool(text)) {
+    config.standby_workers = *on ? StandbyMode::On : StandbyMode::Off;
+  } else {
+    return (v.from_env ? describe(v) : v.label + "=" + v.text) +
+           ": expected off, on or auto (bare " + v.label + " is on)";
+  }
+  return std::nullopt;
+}
+
 Error parse_start_method(const RawValue& v, LaunchConfig& config) {
   const std::string method = trim(v.text);
   if (method != "spawn" && method != "fork" && method != "forkserver") {
@@ -549,7 +598,8 @@ std::string help_text() {
       std::string left = "  ";
       if (!spec.short_name.empty()) left += "-" + std::string(spec.short_name) + ", ";
       left += "--" + std::string(spec.name);
-      if (!spec.metavar.empty()) left += " " + std::string(spec.metavar);
+      if (!spec.metavar.empty())
+        left += (spec.value_after_equals ? "" : " ") + std::string(spec.metavar);
       out += left;
       if (left.size() + 1 >= kIndent) {
         out += "\n" + std::string(kIndent, ' ');
@@ -663,7 +713,18 @@ ParseResult build_config(const std::map<std::string_view, RawValue>& raw,
   if (auto e = parse_local_ranks_filter(get("local_ranks_filter"), config)) return UsageError{*e};
 
   config.no_slurm_fanout = switches.at("no_slurm_fanout");
-  config.standby_workers = switches.at("standby_workers");
+  if (auto e = parse_standby_workers(get("standby_workers"), config)) return UsageError{*e};
+  for (const std::string& piece : split(get("standby_preload").text, ',')) {
+    const std::string name = trim(piece);
+    if (name.empty()) continue;
+    const bool valid = std::all_of(name.begin(), name.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.';
+    });
+    if (!valid || name.front() == '.' || std::isdigit(static_cast<unsigned char>(name.front())))
+      return UsageError{describe(get("standby_preload")) + ": \"" + name +
+                        "\" is not a Python module name; expected e.g. numpy,torchvision.models"};
+    config.standby_preload.push_back(name);
+  }
 
   config.script = std::move(script_and_args.front());
   script_and_args.erase(script_and_args.begin());
@@ -741,6 +802,7 @@ ParseResult parse_command_line(const std::vector<std::string>& args, const EnvLo
     if (options.at(spec.name)->count() > 0) {
       value.label = typed_spelling(spec, option_args);
       value.given = true;
+      if (spec.value_after_equals) value.text = value_after_equals_of(spec, option_args);
       if (!spec.is_switch) {
         value.text = values.at(spec.name);
         if (value.text == kEmptyValueMarker) value.text.clear();
@@ -750,7 +812,7 @@ ParseResult parse_command_line(const std::vector<std::string>& args, const EnvLo
       value.text = *from_env;
       value.from_env = true;
       value.given = true;
-      if (spec.is_switch) {
+      if (spec.is_switch && !spec.value_after_equals) {
         auto on = parse_bool(*from_env);
         if (!on) return UsageError{describe(value) + ": expected 1, 0, true or false"};
         switches[spec.name] = *on;

@@ -89,6 +89,37 @@ std::optional<std::string> check_script(const LaunchConfig& config, const agent:
          "); check the script path, or use -m for a module";
 }
 
+/// --standby_workers: which standbys the agent keeps. A Python script's run ddprun's bootstrap
+/// (found next to this executable); any other program is its own standby (the C++ SDK waits).
+void configure_standbys(const LaunchConfig& config, const agent::CommandRequest& req,
+                        agent::AgentOptions& opt) {
+  opt.standby_preload = config.standby_preload;
+  if (config.standby_workers == StandbyMode::Off) return;
+  const bool automatic = config.standby_workers == StandbyMode::Auto;
+  if (!agent::runs_under_python(req, agent::is_executable_file)) {
+    if (automatic) {
+      spdlog::info(
+          "--standby_workers=auto: no standbys, they are automatic for Python scripts (.py, -m) "
+          "only; a program on the C++ worker SDK gets them with --standby_workers=on");
+      return;
+    }
+    opt.standby_workers = true;
+    return;
+  }
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  const std::string bootstrap = ec ? "" : agent::find_python_bootstrap(self.string());
+  if (bootstrap.empty()) {
+    spdlog::warn(
+        "--standby_workers: no standbys: ddprun's Python bootstrap is not at "
+        "{}/../share/ddprun/ddprun_standby.py; reinstall ddprun (cmake --install)",
+        self.parent_path().string());
+    return;
+  }
+  opt.standby_workers = true;
+  opt.python_bootstrap = bootstrap;
+}
+
 }  // namespace
 
 NodeResources detect_node_resources(const agent::EnvMap& env) {
@@ -213,7 +244,7 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
   opt.node_name = config.local_addr.empty() ? rdzv::local_host_name() : config.local_addr;
   opt.watchdog_timeout =
       std::chrono::milliseconds(static_cast<long long>(config.watchdog_timeout * 1000.0));
-  opt.standby_workers = config.standby_workers;
+  configure_standbys(config, req, opt);
 
   boost::asio::io_context io;
   common::SteadyClock clock;

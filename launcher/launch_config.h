@@ -10,6 +10,10 @@ namespace ddprun::launcher {
 /// How --nproc_per_node was given; gpu/cpu/auto are resolved when the node is known.
 enum class NprocKind { Count, Cpu, Gpu, Auto };
 
+/// --standby_workers: off, on (bare flag), or auto (on for Python scripts once their standby
+/// has shown it can import torch).
+enum class StandbyMode { Off, On, Auto };
+
 /// Which standard streams of a worker go to log files (torchrun's Std: 0 none, 1 out, 2 err, 3
 /// both).
 enum class StdStreams : int { None = 0, Out = 1, Err = 2, All = 3 };
@@ -62,7 +66,8 @@ struct LaunchConfig {
   std::string start_method = "spawn";  ///< accepted for compatibility; workers are always fork+exec
   std::vector<int> signals_to_handle;  ///< signal numbers, default SIGTERM,SIGINT,SIGHUP,SIGQUIT
   double watchdog_timeout = 0.0;       ///< seconds; 0 = off (ddprun's own flag)
-  bool standby_workers = false;        ///< a standby process per local rank (ddprun's own flag)
+  StandbyMode standby_workers = StandbyMode::Off;  ///< a standby per local rank (ddprun's own)
+  std::vector<std::string> standby_preload;        ///< --standby_preload: modules to import
   std::string role = "default";
 
   // How workers are started.

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "tests/integration/ddprun_runs.h"
 #include "tests/support/subprocess.h"
@@ -259,4 +260,45 @@ TEST_CASE("a program not on the SDK under --standby_workers warns once and start
                  "ended on its own (exit code 5) before it was needed: --standby_workers "
                  "needs a program that calls the ddprun worker SDK's "
                  "WorkerContext::from_env; starting workers afresh from now on") == 1);
+}
+
+TEST_CASE("a standby that never acknowledges its hand-over is killed and its rank starts afresh",
+          "[agent][integration][standby]") {
+  // The standbys record their pids and never read DDPRUN_STANDBY_FD, like one still loading its
+  // program when the restart comes. Rank 1 fails once both exist; after the restart each rank
+  // must run as a fresh process within the hand-over deadline, not hang in a standby.
+  TempDir dir;
+  const std::string pidfile = dir.path() + "/standbys";
+  const std::string events = dir.path() + "/events.jsonl";
+  const std::string script = "if [ -n \"$DDPRUN_STANDBY_FD\" ]; then echo $$ >> " + pidfile +
+                             "; exec sleep 60; fi; "
+                             "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then "
+                             "  if [ \"$RANK\" = 1 ]; then "
+                             "    i=0; while [ \"$(cat " +
+                             pidfile +
+                             " 2>/dev/null | wc -l)\" -lt 2 ] && [ $i -lt 400 ]; "
+                             "    do sleep 0.1; i=$((i+1)); done; exit 3; "
+                             "  fi; exec sleep 60; "
+                             "fi; echo \"rank $RANK fresh\"";
+  auto r = run_command(
+      {DDPRUN_BIN, "--standalone", "--nproc_per_node", "2", "--max_restarts", "1",
+       "--standby_workers", "--event_log", events, "--no_python", "/bin/sh", "-c", script},
+      {}, kJobLimit);
+  INFO(r.out << r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code == 0);
+  CHECK(contains(r.err, "restarting workers: restart 1 of 1"));
+  CHECK(count_of(r.out, "[default0]:rank 0 fresh") == 1);
+  CHECK(count_of(r.out, "[default1]:rank 1 fresh") == 1);
+  CHECK(count_of(r.err, "did not acknowledge its hand-over within 2000 ms") == 2);
+  // No rank came from a standby, and no standby outlives the job.
+  std::vector<int> from_standby;
+  for (const std::string& line : lines_of(read_file(events)))
+    if (auto e = nlohmann::json::parse(line, nullptr, false);
+        e.is_object() && e["event"] == "workers_started")
+      from_standby.push_back(e["from_standby"].get<int>());
+  CHECK(from_standby == std::vector<int>{0, 0});
+  const auto pids = lines_of(read_file(pidfile));
+  CHECK(pids.size() >= 2);  // the restarted group may have started its own before it ended
+  for (const std::string& pid : pids) CHECK(wait_gone(static_cast<pid_t>(std::stol(pid))));
 }

@@ -1,5 +1,6 @@
 #include "ddprun/sdk/context.h"
 
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -10,6 +11,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include "common/standby_protocol.h"
 #include "common/strings.h"
 #include "ddprun/sdk/agent_report.h"
 #include "ddprun/sdk/preemption.h"
@@ -109,36 +111,59 @@ std::variant<EnvMap, std::string> parse_standby_handover(const std::string& mess
   return env;
 }
 
+std::variant<EnvMap, StandbyReleased, std::string> receive_standby_handover(int fd) {
+  std::string message;
+  char chunk[4096];
+  for (;;) {
+    const ssize_t n = ::read(fd, chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      return "reading the standby hand-over from ddprun: " + why;
+    }
+    if (n == 0) break;
+    message.append(chunk, static_cast<size_t>(n));
+  }
+  if (message.empty()) {
+    ::close(fd);
+    return StandbyReleased{};
+  }
+  auto env = parse_standby_handover(message);
+  if (auto* why = std::get_if<std::string>(&env)) {
+    ::close(fd);
+    return "bad standby hand-over from ddprun: " + *why;
+  }
+  // The agent waits for this byte before it counts this process as the worker. MSG_NOSIGNAL:
+  // an agent already gone must not kill us with SIGPIPE (PDEATHSIG does that job).
+  const char ack = common::kStandbyAck;
+  ssize_t sent;
+  do {
+    sent = ::send(fd, &ack, 1, MSG_NOSIGNAL);
+  } while (sent < 0 && errno == EINTR);
+  ::close(fd);
+  return std::get<EnvMap>(std::move(env));
+}
+
 namespace {
 
 /// A standby process (ddprun --standby_workers) waits here, with its libraries loaded, until
 /// the agent hands it the environment of the worker it becomes (agent/standby_pool.h). An end
 /// of file without a message means the agent no longer needs it.
 void become_worker_if_standby() {
-  const char* fd_text = std::getenv("DDPRUN_STANDBY_FD");
+  const char* fd_text = std::getenv(common::kStandbyFdVariable);
   if (fd_text == nullptr) return;
   const std::optional<long long> fd = common::parse_int(fd_text);
-  if (!fd || *fd < 0)
-    throw std::runtime_error("DDPRUN_STANDBY_FD=\"" + std::string(fd_text) +
+  if (!fd || *fd < 0 || *fd > 1'000'000)
+    throw std::runtime_error(std::string(common::kStandbyFdVariable) + "=\"" + fd_text +
                              "\" is not a descriptor: it is set by ddprun only");
-  std::string message;
-  char chunk[4096];
-  for (;;) {
-    const ssize_t n = ::read(static_cast<int>(*fd), chunk, sizeof chunk);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0)
-      throw std::runtime_error("reading the standby hand-over from ddprun: " +
-                               std::string(std::strerror(errno)));
-    if (n == 0) break;
-    message.append(chunk, static_cast<size_t>(n));
-  }
-  ::close(static_cast<int>(*fd));
-  if (message.empty()) ::_exit(0);  // never became a worker: nothing to clean up or report
-  auto env = parse_standby_handover(message);
-  if (auto* why = std::get_if<std::string>(&env))
-    throw std::runtime_error("bad standby hand-over from ddprun: " + *why);
+  auto received = receive_standby_handover(static_cast<int>(*fd));
+  if (std::holds_alternative<StandbyReleased>(received))
+    ::_exit(0);  // never became a worker: nothing to clean up or report
+  if (auto* why = std::get_if<std::string>(&received)) throw std::runtime_error(*why);
   ::clearenv();
-  for (const auto& [key, value] : std::get<EnvMap>(env)) ::setenv(key.c_str(), value.c_str(), 1);
+  for (const auto& [key, value] : std::get<EnvMap>(received))
+    ::setenv(key.c_str(), value.c_str(), 1);
 }
 
 }  // namespace

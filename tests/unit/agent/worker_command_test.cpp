@@ -50,3 +50,31 @@ TEST_CASE("workers are searched for in the agent's PATH, else in /usr/bin:/bin",
   CHECK(search_path({}) == "/usr/bin:/bin");
   CHECK(search_path({{"PATH", ""}}) == "/usr/bin:/bin");
 }
+
+TEST_CASE("a Python standby runs the bootstrap with the worker's script or module after --",
+          "[agent][unit][standby]") {
+  CommandRequest script{"train.py", {"--lr", "1"}};
+  script.python_exec = "/usr/bin/python3";
+  CHECK(runs_under_python(script, always));
+  CHECK(build_python_standby_command(build_worker_command(script, always), "/p/ddprun_standby.py",
+                                     {}) ==
+        Argv{"/usr/bin/python3", "-u", "/p/ddprun_standby.py", "--", "train.py", "--lr", "1"});
+  CommandRequest module{"pkg.train", {"x"}, /*module=*/true};
+  CHECK(runs_under_python(module, always));
+  CHECK(build_python_standby_command(build_worker_command(module, always), "/b.py",
+                                     {"numpy", "scipy"}) ==
+        Argv{"python3", "-u", "/b.py", "--preload=numpy,scipy", "--", "-m", "pkg.train", "x"});
+  // Programs that are not run by Python have no Python standby.
+  CHECK_FALSE(runs_under_python(CommandRequest{"./trainer", {}}, always));
+  CHECK_FALSE(runs_under_python(CommandRequest{"train.py", {}, false, /*no_python=*/true}, always));
+}
+
+TEST_CASE("the bootstrap is found in share/ddprun next to ddprun's bin directory",
+          "[agent][unit][standby]") {
+  const std::string source = DDPRUN_UNIT_SOURCE_DIR;
+  // The build tree is laid out as an installed one: bin/ddprun, share/ddprun/.
+  CHECK(find_python_bootstrap(DDPRUN_UNIT_BINARY_DIR "/bin/ddprun") == DDPRUN_UNIT_BINARY_DIR
+        "/share/ddprun/ddprun_standby.py");
+  // The source tree has no share/ddprun: nothing found.
+  CHECK(find_python_bootstrap(source + "/bin/ddprun").empty());
+}

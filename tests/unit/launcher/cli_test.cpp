@@ -741,4 +741,43 @@ TEST_CASE("a --rdzv_conf value the server would refuse is refused at once with i
 TEST_CASE("an --rdzv_id longer than the rendezvous accepts is refused", "[launcher][unit]") {
   CHECK(parse_error({"--nnodes", "2", "--rdzv_endpoint", "h:1", "--rdzv_id", std::string(300, 'j'),
                      "train.py"}) == "--rdzv_id of 300 bytes: at most 256");
+
+TEST_CASE("the option --standby_workers is on bare, and takes off, on or auto only after =",
+          "[launcher][unit][standby]") {
+  using ddprun::launcher::StandbyMode;
+  CHECK(parse_ok({"train.py"}).standby_workers == StandbyMode::Off);
+  // Bare before the script: on, and the next word is still the script.
+  LaunchConfig bare = parse_ok({"--standby_workers", "train.py", "--lr", "1"});
+  CHECK(bare.standby_workers == StandbyMode::On);
+  CHECK(bare.script == "train.py");
+  CHECK(bare.script_args == Args{"--lr", "1"});
+  CHECK(parse_ok({"--standby_workers=auto", "train.py"}).standby_workers == StandbyMode::Auto);
+  CHECK(parse_ok({"--standby-workers=off", "train.py"}).standby_workers == StandbyMode::Off);
+  CHECK(parse_ok({"--standby_workers=on", "train.py"}).standby_workers == StandbyMode::On);
+  // The last one wins, bare or with a value.
+  CHECK(parse_ok({"--standby_workers=auto", "--standby_workers", "train.py"}).standby_workers ==
+        StandbyMode::On);
+  CHECK(parse_ok({"--standby_workers", "--standby_workers=off", "train.py"}).standby_workers ==
+        StandbyMode::Off);
+  CHECK(parse_ok({"train.py"}, {{"PET_STANDBY_WORKERS", "auto"}}).standby_workers ==
+        StandbyMode::Auto);
+  CHECK(parse_ok({"train.py"}, {{"PET_STANDBY_WORKERS", "1"}}).standby_workers == StandbyMode::On);
+  // The script's own --standby_workers=off is the script's.
+  LaunchConfig passed = parse_ok({"train.py", "--standby_workers=off"});
+  CHECK(passed.standby_workers == StandbyMode::Off);
+  CHECK(passed.script_args == Args{"--standby_workers=off"});
+  CHECK(parse_error({"--standby_workers=sometimes", "train.py"}) ==
+        "--standby_workers=sometimes: expected off, on or auto (bare --standby_workers is on)");
+  CHECK(parse_error({"train.py"}, {{"PET_STANDBY_WORKERS", "sometimes"}}) ==
+        "PET_STANDBY_WORKERS=sometimes: expected off, on or auto (bare PET_STANDBY_WORKERS is "
+        "on)");
+}
+
+TEST_CASE("the option --standby_preload takes Python module names", "[launcher][unit][standby]") {
+  CHECK(parse_ok({"--standby_preload", "numpy, torchvision.models", "train.py"}).standby_preload ==
+        Args{"numpy", "torchvision.models"});
+  CHECK(parse_ok({"train.py"}).standby_preload.empty());
+  CHECK(parse_error({"--standby_preload", "numpy,os.path;rm", "train.py"}) ==
+        "--standby_preload numpy,os.path;rm: \"os.path;rm\" is not a Python module name; expected "
+        "e.g. numpy,torchvision.models");
 }

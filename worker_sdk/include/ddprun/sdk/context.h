@@ -44,6 +44,15 @@ EnvMap current_environment();
 /// The environment in a standby hand-over message ({"env": {...}}), or what is wrong with it.
 std::variant<EnvMap, std::string> parse_standby_handover(const std::string& message);
 
+/// End of file without a message: the agent no longer needs this standby.
+struct StandbyReleased {};
+
+/// A standby's side of the hand-over (ddprun --standby_workers): reads the agent's message on
+/// `fd` up to end of file and closes `fd`. A valid hand-over is acknowledged on the same socket
+/// first (common/standby_protocol.h), so the agent counts this process as the worker only from
+/// then on. A bad message is not acknowledged: the agent starts that rank afresh.
+std::variant<EnvMap, StandbyReleased, std::string> receive_standby_handover(int fd);
+
 /// The c10d store key prefix workers use with the agent's store: "/worker/attempt_<n>".
 std::string agent_store_prefix(int restart_count);
 

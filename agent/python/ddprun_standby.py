@@ -1,0 +1,252 @@
+"""ddprun's standby for Python workers (ddprun --standby_workers; docs/design.md).
+
+ddprun starts this as `python -u ddprun_standby.py [--preload a,b] -- <script> [args]` (or
+`-- -m <module> [args]`) with the environment that is the same in every round. It imports torch,
+torch.distributed and the script's top-level imports of installed modules, then waits on the
+descriptor named by DDPRUN_STANDBY_FD. When a worker fails, ddprun sends the new worker's whole
+environment there, as {"env": {...}}, and ends the message with end of file. The standby
+acknowledges it with one byte, becomes the worker (environment, sys.argv, sys.path[0], thread
+count) and runs the script unmodified as __main__, as `python -u script.py` would have.
+
+End of file without a message: ddprun no longer needs this standby; it exits 0 quietly.
+"""
+
+import ast
+import json
+import os
+import socket
+import sys
+import time
+
+# The same values as common/standby_protocol.h.
+STANDBY_FD_VARIABLE = "DDPRUN_STANDBY_FD"
+ACK = b"\x06"
+# Exit codes ddprun's warning explains (agent/standby_pool.cpp).
+EXIT_NO_TORCH = 3
+EXIT_BAD_HANDOVER = 4
+# At most this long a rank other than 0 waits for rank 0's store to listen (wait_for_store).
+STORE_WAIT_S = 1.0
+
+_BOOTSTRAP_FILE = os.path.realpath(__file__)
+
+
+def parse_command(argv):
+    """(preload names, is_module, target, args) from this bootstrap's arguments."""
+    preload = []
+    i = 0
+    while i < len(argv) and argv[i] != "--":
+        if argv[i].startswith("--preload="):
+            preload += [m.strip() for m in argv[i][len("--preload="):].split(",") if m.strip()]
+        i += 1
+    rest = argv[i + 1:]
+    if rest and rest[0] == "-m":
+        return preload, True, rest[1], rest[2:]
+    return preload, False, rest[0], rest[1:]
+
+
+def top_level_imports(path):
+    """Module names the script imports at its top level, read from its syntax tree (the script
+    is not run). Relative imports and imports inside functions or conditions are left out."""
+    try:
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read(), filename=path)
+    except (OSError, SyntaxError, ValueError):
+        return []
+    names = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+    return names
+
+
+def is_local(name, local_dir):
+    """True when `name` would be found in the directory that becomes sys.path[0] (the script's):
+    that copy wins at run time, so an installed module of the same name must not be preloaded."""
+    top = name.split(".")[0]
+    return any(os.path.exists(os.path.join(local_dir, top + suffix))
+               for suffix in (".py", "", ".pyc")) or any(
+        entry.startswith(top + ".") and entry.endswith((".so", ".pyd"))
+        for entry in _listdir(local_dir))
+
+
+def _listdir(path):
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def preload(names, local_dir):
+    """Imports what can be imported from installed locations; anything else is left to the
+    script, which then imports it as a fresh interpreter would."""
+    import importlib
+    import importlib.util
+
+    for name in names:
+        if not name or is_local(name, local_dir):
+            continue
+        try:
+            if importlib.util.find_spec(name.split(".")[0]) is None:
+                continue
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the script will meet the same error itself
+            pass
+
+
+def wait_for_handover(fd):
+    """The worker's environment, or None for end of file without a message."""
+    chunks = []
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    if not chunks:
+        os.close(fd)
+        return None
+    try:
+        doc = json.loads(b"".join(chunks).decode("utf-8"))
+        env = doc["env"]
+        if not isinstance(env, dict) or not all(
+                isinstance(k, str) and k and "=" not in k and isinstance(v, str)
+                for k, v in env.items()):
+            raise ValueError("bad variable")
+    except (ValueError, KeyError, TypeError) as e:
+        os.close(fd)
+        sys.stderr.write(f"ddprun standby: bad hand-over from ddprun: {e}\n")
+        sys.exit(EXIT_BAD_HANDOVER)
+    # From here on this process is the worker: ddprun waits for this byte before counting it.
+    try:
+        os.write(fd, ACK)
+    finally:
+        os.close(fd)
+    return env
+
+
+def become_worker(env, is_module, target, args):
+    # os.environ and the C environment (getenv, what libraries and child processes see) both
+    # become exactly the worker's: clear() unsets each variable, assignment sets it.
+    os.environ.clear()
+    os.environ.update(env)
+    # torch read OMP_NUM_THREADS when it was imported; apply the worker's value now.
+    threads = env.get("OMP_NUM_THREADS", "").strip()
+    if threads.isdigit() and int(threads) > 0:
+        import torch
+
+        torch.set_num_threads(int(threads))
+    if is_module:
+        # As `python -m`: the current directory first on the path, argv[0] set by runpy.
+        sys.path.insert(0, os.getcwd())
+        sys.argv = ["-m"] + list(args)
+    else:
+        # As `python script.py`: the script's real directory first on the path, argv[0] as given.
+        sys.path.insert(0, os.path.dirname(os.path.realpath(target)))
+        sys.argv = [target] + list(args)
+
+
+def wait_for_store(env):
+    """Rank 0 hosts the c10d store (TORCHELASTIC_USE_AGENT_STORE=False) and, handed over at the
+    same moment, may not listen yet when another rank connects; torch's TCPStore client then
+    sleeps a whole second before it tries again. Probe MASTER_ADDR:MASTER_PORT every 5 ms first,
+    as the C++ SDK does (wait_for_listener), for at most STORE_WAIT_S: never longer than the
+    sleep it saves. A fresh start spends longer than that importing torch."""
+    if env.get("RANK", "0") == "0" or env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return
+    try:
+        address = (env["MASTER_ADDR"], int(env["MASTER_PORT"]))
+    except (KeyError, ValueError):
+        return
+    deadline = time.monotonic() + STORE_WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(address, timeout=0.05):
+                return
+        except OSError:
+            time.sleep(0.005)
+
+
+def fresh_main_module(file_path):
+    """A new, empty __main__ module, installed in sys.modules as the interpreter would."""
+    import types
+    from importlib.machinery import SourceFileLoader
+
+    module = types.ModuleType("__main__")
+    if file_path is not None:
+        module.__file__ = file_path
+        module.__cached__ = None
+        module.__loader__ = SourceFileLoader("__main__", file_path)
+    module.__spec__ = None
+    module.__package__ = None
+    module.__annotations__ = {}
+    module.__builtins__ = __builtins__
+    sys.modules["__main__"] = module
+    return module
+
+
+def run_script(is_module, target):
+    if is_module:
+        import runpy
+
+        fresh_main_module(None)
+        # What `python -m` itself calls: the module runs in the __main__ module's namespace.
+        runpy._run_module_as_main(target, alter_argv=True)
+        return
+    # Not runpy.run_path: it gives __file__ the path as typed, where Python 3.9+ gives
+    # __main__ an absolute __file__ (and keeps sys.argv[0] as typed).
+    path = os.path.abspath(target)
+    with open(path, "rb") as f:
+        source = f.read()
+    module = fresh_main_module(path)
+    code = compile(source, path, "exec", dont_inherit=True)
+    exec(code, module.__dict__)
+
+
+def report_uncaught(error):
+    """As the interpreter reports an uncaught exception, without this bootstrap's frames."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == _BOOTSTRAP_FILE:
+        tb = tb.tb_next
+    sys.excepthook(type(error), error.with_traceback(tb), tb)
+
+
+def main():
+    preload_names, is_module, target, args = parse_command(sys.argv[1:])
+    # `python ddprun_standby.py` put this file's directory first on the path: the worker must
+    # not see it, and nothing is preloaded from it.
+    if sys.path and os.path.realpath(sys.path[0] or ".") == os.path.dirname(_BOOTSTRAP_FILE):
+        del sys.path[0]
+    fd = int(os.environ[STANDBY_FD_VARIABLE])
+    try:
+        import torch  # noqa: F401
+        import torch.distributed  # noqa: F401
+    except Exception as e:  # noqa: BLE001
+        sys.stderr.write(f"ddprun standby: {sys.executable} cannot import torch: {e}\n")
+        os._exit(EXIT_NO_TORCH)
+    local_dir = os.getcwd() if is_module else os.path.dirname(os.path.realpath(target))
+    names = list(preload_names)
+    if is_module:
+        # The module's own file when it is a plain module under the current directory.
+        names += top_level_imports(os.path.join(local_dir, *target.split(".")) + ".py")
+    else:
+        names += top_level_imports(target)
+    preload(names, local_dir)
+
+    env = wait_for_handover(fd)
+    if env is None:
+        os._exit(0)  # never became a worker: nothing to clean up or report
+    become_worker(env, is_module, target, args)
+    wait_for_store(env)
+    del env
+    try:
+        run_script(is_module, target)
+    except (SystemExit, KeyboardInterrupt):
+        raise  # exit code, and SIGINT's own exit, exactly as in a fresh interpreter
+    except BaseException as e:  # noqa: BLE001
+        report_uncaught(e)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,233 @@
+// Python standbys (--standby_workers): a rank handed to a standby that has imported torch must
+// be indistinguishable, to an unmodified script, from a rank started afresh. Each test restarts
+// a job once, with and without standbys, and compares what the restarted ranks observe.
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "tests/support/polling.h"
+#include "tests/support/subprocess.h"
+
+using namespace ddprun::testing;
+
+namespace {
+
+const std::string kScripts = std::string(DDPRUN_SOURCE_DIR) + "/tests/compat/scripts";
+const std::string kProbe = kScripts + "/standby_probe.py";
+constexpr std::chrono::seconds kLimit{240};
+
+void require_torch() {
+  auto probe = run_command({"/usr/bin/python3", "-c", "import torch.distributed"}, {},
+                           std::chrono::seconds(60));
+  INFO("Debian's python3-torch is needed: run scripts/install-deps.sh\n" << probe.err);
+  REQUIRE(probe.exit_code == 0);
+}
+
+/// ddprun, 2 workers, one restart allowed; the script's rank 1 fails on the first attempt
+/// (once the standbys wait, when there are standbys: env_for).
+std::vector<std::string> ddprun_probe(bool standbys, const std::string& events,
+                                      const std::vector<std::string>& script_and_args) {
+  std::vector<std::string> argv{
+      DDPRUN_BIN,    "--standalone", "--nproc_per_node", "2", "--max_restarts", "1",
+      "--event_log", events};
+  if (standbys) argv.push_back("--standby_workers");
+  argv.insert(argv.end(), script_and_args.begin(), script_and_args.end());
+  return argv;
+}
+
+/// The interpreter with torch; OMP_NUM_THREADS other than ddprun's default of 1, so the standby
+/// must apply it; WAIT_STANDBYS=1 makes the scripts fail only once the standbys wait.
+std::map<std::string, std::string> env_for(bool standbys) {
+  std::map<std::string, std::string> env{{"PYTHON_EXEC", "/usr/bin/python3"},
+                                         {"OMP_NUM_THREADS", "3"}};
+  if (standbys) env["WAIT_STANDBYS"] = "1";
+  return env;
+}
+
+/// The "PROBE <name> <json>" lines one rank printed.
+std::map<std::string, nlohmann::json> probes_of(const std::string& out, int rank) {
+  const std::string prefix = "[default" + std::to_string(rank) + "]:PROBE ";
+  std::map<std::string, nlohmann::json> probes;
+  for (const std::string& line : lines_of(out)) {
+    if (line.rfind(prefix, 0) != 0) continue;
+    const std::string rest = line.substr(prefix.size());
+    const auto space = rest.find(' ');
+    probes[rest.substr(0, space)] = nlohmann::json::parse(rest.substr(space + 1), nullptr, false);
+  }
+  return probes;
+}
+
+/// The values that differ between any two jobs (ports, run ids, temporary paths) replaced by
+/// whether they are set.
+nlohmann::json job_independent(nlohmann::json env) {
+  for (const char* name :
+       {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "DDPRUN_AGENT_SOCKET"})
+    if (env.contains(name)) env[name] = "<set>";
+  env.erase("WAIT_STANDBYS");
+  return env;
+}
+
+/// How many workers of each group came from standbys, from the event log.
+std::vector<int> from_standby(const std::string& events) {
+  std::vector<int> out;
+  for (const std::string& line : lines_of(read_file(events)))
+    if (auto e = nlohmann::json::parse(line, nullptr, false);
+        e.is_object() && e["event"] == "workers_started")
+      out.push_back(e["from_standby"].get<int>());
+  return out;
+}
+
+/// Every probe of each rank of `standby` equals the fresh run's, the environment up to the
+/// values that differ between any two jobs.
+void check_same_probes(const CommandResult& fresh, const CommandResult& standby) {
+  for (int rank = 0; rank < 2; ++rank) {
+    auto a = probes_of(fresh.out, rank);
+    auto b = probes_of(standby.out, rank);
+    INFO("rank " << rank);
+    REQUIRE(a.count("env") == 1);
+    REQUIRE(b.count("env") == 1);
+    a["env"] = job_independent(a["env"]);
+    b["env"] = job_independent(b["env"]);
+    CHECK(a.size() == b.size());
+    for (const auto& [name, value] : a) {
+      INFO(name);
+      CHECK(b[name].dump() == value.dump());
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a rank handed to a Python standby sees what a freshly started rank sees",
+          "[python][integration][standby]") {
+  require_torch();
+  TempDir dir;
+  auto fresh = run_command_diagnosed(ddprun_probe(false, dir.path() + "/fresh.jsonl", {kProbe}),
+                                     env_for(false), kLimit);
+  INFO("fresh:\n" << fresh.out << fresh.err);
+  REQUIRE(fresh.exit_code == 0);
+  auto standby = run_command_diagnosed(ddprun_probe(true, dir.path() + "/standby.jsonl", {kProbe}),
+                                       env_for(true), kLimit);
+  INFO("standby:\n" << standby.out << standby.err);
+  REQUIRE(standby.exit_code == 0);
+  CHECK(from_standby(dir.path() + "/fresh.jsonl") == std::vector<int>{0, 0});
+  // The restarted group came from the standbys, or this test compares nothing.
+  REQUIRE(from_standby(dir.path() + "/standby.jsonl") == std::vector<int>{0, 2});
+  check_same_probes(fresh, standby);
+
+  for (int rank = 0; rank < 2; ++rank) {
+    auto p = probes_of(standby.out, rank);
+    const std::string r = std::to_string(rank);
+    // The torchrun contract, the script as __main__ from its own directory, both views of the
+    // environment agreeing, OMP_NUM_THREADS applied, SIGUSR1 as ddprun leaves it for workers.
+    CHECK(p["env"]["RANK"] == r);
+    CHECK(p["env"]["LOCAL_RANK"] == r);
+    CHECK(p["env"]["WORLD_SIZE"] == "2");
+    CHECK(p["env"]["TORCHELASTIC_RESTART_COUNT"] == "1");
+    CHECK_FALSE(p["env"].contains("DDPRUN_STANDBY_FD"));
+    CHECK(p["c_env_agrees"] == true);
+    CHECK(p["name"] == "__main__");
+    CHECK(p["main_module_is_us"] == true);
+    CHECK(p["file"] == kProbe);
+    CHECK(p["argv"] == nlohmann::json::array({kProbe}));
+    CHECK(p["path"][0] == kScripts);
+    CHECK(p["helper"] == "helper from the script's directory");
+    CHECK(p["threads"] == 3);
+    // ddprun starts workers with the preemption notices ignored (agent/process_launcher.cpp).
+    CHECK(p["signals"]["SIGUSR1"] == "SIG_IGN");
+    CHECK(p["signals"]["SIGUSR2"] == "SIG_IGN");
+    CHECK(p["signals"]["SIGTERM"] == "SIG_DFL");
+    CHECK(p["faulthandler"] == false);
+    CHECK(contains(standby.out, "[default" + r + "]:atexit ran on rank " + r));
+  }
+}
+
+TEST_CASE("a Python standby runs a -m module as python -m would",
+          "[python][integration][standby]") {
+  require_torch();
+  TempDir dir;
+  auto in_scripts = [&](bool standbys, const std::string& events) {
+    std::vector<std::string> argv{"/bin/sh", "-c", "cd \"$0\" && exec \"$@\"", kScripts};
+    for (const std::string& a : ddprun_probe(standbys, events, {"-m", "standby_probe"}))
+      argv.push_back(a);
+    return run_command_diagnosed(argv, env_for(standbys), kLimit);
+  };
+  auto fresh = in_scripts(false, dir.path() + "/fresh.jsonl");
+  INFO("fresh:\n" << fresh.out << fresh.err);
+  REQUIRE(fresh.exit_code == 0);
+  auto standby = in_scripts(true, dir.path() + "/standby.jsonl");
+  INFO("standby:\n" << standby.out << standby.err);
+  REQUIRE(standby.exit_code == 0);
+  REQUIRE(from_standby(dir.path() + "/standby.jsonl") == std::vector<int>{0, 2});
+  check_same_probes(fresh, standby);
+  auto p = probes_of(standby.out, 1);
+  CHECK(p["name"] == "__main__");
+  CHECK(p["argv"][0] == kProbe);
+  CHECK(p["path"][0] == kScripts);
+}
+
+TEST_CASE("a Python standby's exit code and uncaught exception are the script's",
+          "[python][integration][standby]") {
+  require_torch();
+  TempDir dir;
+  SECTION("sys.exit") {
+    auto r = run_command_diagnosed(
+        ddprun_probe(true, dir.path() + "/events.jsonl", {kProbe, "--exit", "7"}), env_for(true),
+        kLimit);
+    INFO(r.out << r.err);
+    REQUIRE(from_standby(dir.path() + "/events.jsonl") == std::vector<int>{0, 2});
+    CHECK(r.exit_code == 75);  // the restart budget is spent
+    CHECK(contains(r.err, "rank      : 1 (local_rank: 1)"));
+    CHECK(contains(r.err, "exitcode  : 7"));
+    CHECK(contains(r.out, "[default1]:atexit ran on rank 1"));
+  }
+  SECTION("an uncaught exception") {
+    auto r =
+        run_command_diagnosed(ddprun_probe(true, dir.path() + "/events.jsonl", {kProbe, "--raise"}),
+                              env_for(true), kLimit);
+    INFO(r.out << r.err);
+    REQUIRE(from_standby(dir.path() + "/events.jsonl") == std::vector<int>{0, 2});
+    CHECK(contains(r.err, "exitcode  : 1"));
+    // The interpreter's report, starting at the script: no frame of ddprun's bootstrap.
+    CHECK(contains(r.err, "[default1]:Traceback (most recent call last):\n[default1]:  File \"" +
+                              kProbe + "\""));
+    CHECK(contains(r.err, "[default1]:RuntimeError: raised by the probe on rank 1"));
+    CHECK_FALSE(contains(r.err, "ddprun_standby.py"));
+    CHECK(contains(r.out, "[default1]:atexit ran on rank 1"));
+  }
+}
+
+TEST_CASE(
+    "a DDP script killed with SIGKILL resumes from its snapshot in standbys to the same "
+    "parameters",
+    "[python][integration][standby]") {
+  require_torch();
+  TempDir dir;
+  auto train = [&](bool standbys) {
+    const std::string tag = standbys ? "standby" : "fresh";
+    std::vector<std::string> argv{DDPRUN_BIN,         "--standalone",
+                                  "--nproc_per_node", "2",
+                                  "--max_restarts",   "1",
+                                  "--event_log",      dir.path() + "/" + tag + ".jsonl"};
+    if (standbys) argv.push_back("--standby_workers");
+    for (const std::string& a :
+         {kScripts + "/ddp_resume.py", std::string("4"), dir.path() + "/" + tag + ".pt",
+          dir.path() + "/" + tag + ".params", std::string("--kill_epoch"), std::string("2")})
+      argv.push_back(a);
+    return run_command_diagnosed(argv, env_for(standbys), kLimit);
+  };
+  auto fresh = train(false);
+  INFO("fresh:\n" << fresh.out << fresh.err);
+  REQUIRE(fresh.exit_code == 0);
+  auto standby = train(true);
+  INFO("standby:\n" << standby.out << standby.err);
+  REQUIRE(standby.exit_code == 0);
+  REQUIRE(from_standby(dir.path() + "/standby.jsonl") == std::vector<int>{0, 2});
+  for (const auto* r : {&fresh, &standby}) {
+    CHECK(contains(r->err, "restarting workers: restart 1 of 1"));
+    CHECK(contains(r->out, "[default0]:rank 0: resuming from the snapshot at epoch 2"));
+    CHECK(contains(r->out, "[default1]:rank 1: resuming from the snapshot at epoch 2"));
+  }
+  const std::string params = read_file(dir.path() + "/fresh.params");
+  CHECK(params.size() == 17 * 4 * 2);  // 16 weights and a bias, float32, in hex
+  CHECK(read_file(dir.path() + "/standby.params") == params);
+}
