@@ -391,3 +391,69 @@ TEST_CASE("ddprun status reads back a hundred thousand jobs in pages", "[integra
   REQUIRE(refused);
   CHECK(contains((*refused)["message"], "holds 100000 jobs, its limit"));
 }
+
+TEST_CASE("a stranger can neither read node ids nor take group rank 0 nor spend the budget",
+          "[integration][security]") {
+  Daemon daemon;
+  TempDir dir;
+  const std::string gate = dir.path() + "/gate";
+  const std::string endpoint = "127.0.0.1:" + std::to_string(daemon.port);
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int i = 0; i < 2; ++i) {
+    nodes.push_back(std::make_unique<Subprocess>(
+        ddprun_fake({"--nnodes", "2:3", "--nproc_per_node", "1", "--max_restarts", "2",
+                     "--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint, "--rdzv_id", "job",
+                     "--local_addr", loopback_node_addr(i), "--rdzv_conf", kFastRdzvConf},
+                    {"env=MASTER_ADDR,TORCHELASTIC_RESTART_COUNT", "wait_lines=" + gate + ":1",
+                     "print=finished"})));
+  }
+  for (auto& node : nodes) REQUIRE(node->wait_for_output("MASTER_ADDR=", kJobLimit));
+  auto status = run_command({DDPRUN_BIN, "status", "--rdzv_endpoint", endpoint, "--json"});
+  REQUIRE(status.exit_code == 0);
+  CHECK_FALSE(contains(status.out, "node_id"));
+  CHECK_FALSE(contains(status.out, ":" + std::to_string(nodes[0]->pid()) + ":"));
+
+  // A stranger claims node_rank 0 of the running elastic job: refused, nothing restarts.
+  RawPeer stranger(daemon.port);
+  REQUIRE(stranger.greet());
+  json join = join_body("job", "stranger");
+  join["settings"] = {{"min_nodes", 2},
+                      {"max_nodes", 3},
+                      {"nproc_per_node", 1},
+                      {"max_restarts", 2},
+                      {"join_timeout_ms", 60000},
+                      {"last_call_timeout_ms", 1000},
+                      {"close_timeout_ms", 30000},
+                      {"keep_alive_interval_ms", 200},
+                      {"keep_alive_max_attempt", 3}};
+  join["node_rank"] = 0;
+  stranger.send_json(join);
+  auto refused = stranger.read_frame(10s);
+  REQUIRE(refused);
+  CHECK((*refused)["type"] == "refused");
+  CHECK(contains((*refused)["message"], "holds group rank 0"));
+
+  // Another claims an impossible restart count: refused too.
+  RawPeer liar(daemon.port);
+  REQUIRE(liar.greet());
+  join["node_rank"] = nullptr;
+  join["node_id"] = "liar:1:x";
+  join["restart_count"] = 2147483647;
+  liar.send_json(join);
+  auto refused_liar = liar.read_frame(10s);
+  REQUIRE(refused_liar);
+  CHECK(contains((*refused_liar)["message"], "impossible with --max_restarts 2"));
+
+  std::ofstream(gate) << "go\n";
+  for (auto& node : nodes) {
+    const auto r = node->wait(kJobLimit);
+    INFO(r.out << r.err);
+    CHECK(r.exit_code == 0);
+    CHECK(contains(r.out, "finished"));
+    CHECK(count_of(r.out, "MASTER_ADDR=") == 1);  // one round: nobody restarted
+    // Group rank 0 stayed with one of the two real nodes.
+    const bool real_master = contains(r.out, "MASTER_ADDR=" + loopback_node_addr(0)) ||
+                             contains(r.out, "MASTER_ADDR=" + loopback_node_addr(1));
+    CHECK(real_master);
+  }
+}

@@ -741,6 +741,7 @@ TEST_CASE("a --rdzv_conf value the server would refuse is refused at once with i
 TEST_CASE("an --rdzv_id longer than the rendezvous accepts is refused", "[launcher][unit]") {
   CHECK(parse_error({"--nnodes", "2", "--rdzv_endpoint", "h:1", "--rdzv_id", std::string(300, 'j'),
                      "train.py"}) == "--rdzv_id of 300 bytes: at most 256");
+}
 
 TEST_CASE("the option --standby_workers is on bare, and takes off, on or auto only after =",
           "[launcher][unit][standby]") {
