@@ -24,7 +24,7 @@ namespace {
 
 constexpr int kDefaultPort = 29400;
 
-/// At most this many status pages are read (a page holds about 256 KiB of jobs: over 10 GB).
+/// At most this many status pages are read (a page holds about 64 KiB of jobs: 2.5 GB).
 constexpr int kMaxStatusPages = 40'000;
 
 std::string text_of(const json& j, const char* key, const std::string& fallback = "-") {

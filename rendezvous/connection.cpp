@@ -38,11 +38,6 @@ void FramedConnection::read_more() {
         if (n > 0) {
           self->bytes_received_ += n;
           const std::size_t before = self->decoder_.buffered_bytes();
-          if (self->budget_ && self->budget_->used + n > self->budget_->limit) {
-            return self->end("input from " + self->peer_ + " would take the unparsed input of " +
-                             "all connections over the server's limit of " +
-                             std::to_string(self->budget_->limit) + " bytes");
-          }
           self->decoder_.feed(std::string_view(self->chunk_.data(), n));
           self->account(before);
           while (self->open_) {
@@ -54,6 +49,11 @@ void FramedConnection::read_more() {
               return self->end("bad frame from " + self->peer_ + ": " + r.error);
             self->on_message_(r.body);
           }
+          // What stays buffered is an unfinished frame: over the group's cap, its owner
+          // decides whom to close (perhaps this connection).
+          if (self->open_ && self->budget_ && self->budget_->used > self->budget_->limit &&
+              self->budget_->over_limit)
+            self->budget_->over_limit();
         }
         if (!self->open_) return;
         if (ec == asio::error::eof) return self->end("");
@@ -65,6 +65,17 @@ void FramedConnection::read_more() {
 void FramedConnection::send(const nlohmann::json& body) {
   if (!open_ || close_when_written_) return;
   writes_.push_back(encode_frame(body));
+  queued_bytes_ += writes_.back().size();
+  if (write_limit_ != 0 && queued_bytes_ > write_limit_) {
+    // Ended from the executor, not here: the caller may be walking its own sessions.
+    const std::string why = std::to_string(queued_bytes_) + " bytes of replies to " + peer_ +
+                            " wait unread, over the limit of " + std::to_string(write_limit_);
+    writes_.clear();
+    queued_bytes_ = 0;
+    close_when_written_ = true;  // nothing more is queued
+    asio::post(socket_.get_executor(), [self = shared_from_this(), why] { self->end(why); });
+    return;
+  }
   write_next();
 }
 
@@ -85,6 +96,7 @@ void FramedConnection::write_next() {
                       if (!self->open_) return;
                       if (ec)
                         return self->end("cannot write to " + self->peer_ + ": " + ec.message());
+                      self->queued_bytes_ -= self->writes_.front().size();
                       self->writes_.pop_front();
                       self->write_next();
                     });
@@ -105,6 +117,7 @@ void FramedConnection::close() {
   if (!open_) return;
   open_ = false;
   writes_.clear();
+  queued_bytes_ = 0;
   if (budget_) budget_->used -= decoder_.buffered_bytes();
   budget_ = nullptr;
   error_code ignored;

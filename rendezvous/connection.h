@@ -11,11 +11,14 @@
 
 namespace ddprun::rdzv {
 
-/// Unparsed input held by a group of connections (a server's sessions), against one cap: a
-/// connection whose read would take the total over `limit` is closed.
+/// Unparsed input held by a group of connections (a server's sessions), against one cap.
+/// Only what stays buffered after a read (unfinished frames) counts; when the total goes over
+/// `limit`, `over_limit` runs and decides whom to close (the server closes the connections
+/// holding the most, so a peer sending whole small frames is never the one cut).
 struct InputBudget {
   std::size_t limit = 0;
   std::size_t used = 0;
+  std::function<void()> over_limit;
 };
 
 /// One TCP connection that carries frames (framing.h) both ways: a read loop that decodes
@@ -52,6 +55,10 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   /// Bytes of an unfinished frame held now.
   std::size_t buffered_bytes() const { return decoder_.buffered_bytes(); }
 
+  /// Closes the connection when more than `bytes` of frames wait to be written: a peer that
+  /// does not read its replies cannot make this side hold them without bound. 0: no limit.
+  void set_write_limit(std::size_t bytes) { write_limit_ = bytes; }
+
   /// "addr:port" of the peer, for logs ("?" when unknown).
   const std::string& peer() const { return peer_; }
 
@@ -77,6 +84,8 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   bool close_when_written_ = false;
   InputBudget* budget_ = nullptr;
   std::uint64_t bytes_received_ = 0;
+  std::size_t write_limit_ = 0;
+  std::size_t queued_bytes_ = 0;  ///< in writes_
 };
 
 /// Sets TCP_NODELAY, and makes unacknowledged data (a vanished peer) fail the connection after

@@ -34,7 +34,7 @@ inline constexpr std::size_t kMaxTextBytes = 4096;
 
 /// A status reply carries jobs up to about this many bytes, then says where to go on: replies
 /// stay far under kMaxFrameBytes however many jobs a server holds.
-inline constexpr std::size_t kStatusPageBytes = 256 * 1024;
+inline constexpr std::size_t kStatusPageBytes = 64 * 1024;
 
 // ---- per-job settings (--rdzv_conf), checked by the command line and by the server ---------
 

@@ -34,6 +34,9 @@ constexpr std::chrono::milliseconds kStallThreshold{1'000};
 /// summed and logged at most this often.
 constexpr std::chrono::seconds kResourceLogInterval{10};
 
+/// Replies a connection may leave unread (a few status pages) before it is closed.
+constexpr std::size_t kSessionWriteLimit = 4 * kMaxFrameBytes;
+
 /// Warnings about peers logged per kResourceLogInterval before they are only counted.
 constexpr int kPeerWarningBurst = 20;
 
@@ -66,6 +69,7 @@ RendezvousServer::RendezvousServer(asio::io_context& io, const common::Clock& cl
       limits_(limits),
       secret_(std::move(secret)) {
   input_budget_.limit = limits_.max_buffered_bytes;
+  input_budget_.over_limit = [this] { shed_largest_inputs(); };
   // One descriptor held back: when the process runs out, closing it lets the server accept
   // (and at once close) a connection instead of leaving it queued and retrying forever.
   reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -131,6 +135,7 @@ void RendezvousServer::accept_next() {
       const std::uint64_t id = next_session_++;
       auto conn = std::make_shared<FramedConnection>(std::move(socket));
       conn->set_input_budget(&input_budget_);
+      conn->set_write_limit(kSessionWriteLimit);
       Session& session = sessions_[id];
       session.conn = conn;
       session.handshake.emplace(secret_, secret_ ? make_nonce() : std::string());
@@ -171,6 +176,30 @@ void RendezvousServer::shed_one_connection() {
     ++shed_count_;
   }
   reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+}
+
+void RendezvousServer::shed_largest_inputs() {
+  // Bounded: each pass closes one connection that holds input.
+  while (input_budget_.used > input_budget_.limit) {
+    auto largest = sessions_.end();
+    std::size_t most = 0;
+    for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
+      if (it->second.conn->buffered_bytes() > most) {
+        most = it->second.conn->buffered_bytes();
+        largest = it;
+      }
+    }
+    if (largest == sessions_.end()) return;
+    const std::uint64_t id = largest->first;
+    const std::string why = "closed: it held the largest unfinished message (" +
+                            std::to_string(most) +
+                            " bytes) when the unparsed input of all connections went over the "
+                            "server's limit of " +
+                            std::to_string(input_budget_.limit) + " bytes";
+    warn_peer(largest->second.conn->peer(), why);
+    largest->second.conn->close();
+    on_closed(id, why);
+  }
 }
 
 void RendezvousServer::note_awake() {
@@ -318,8 +347,8 @@ void RendezvousServer::on_closed(std::uint64_t id, const std::string& why) {
   // A bad frame or the input budget: say so (a peer that just closed is no news).
   if (why.rfind("bad frame from ", 0) == 0)
     warn_peer(it->second.conn->peer(), "bad frame: " + why.substr(why.find(": ") + 2));
-  else if (why.rfind("input from ", 0) == 0)
-    warn_peer(it->second.conn->peer(), "closed: its input" + why.substr(why.find(" would")));
+  else if (why.find(" wait unread, over the limit of ") != std::string::npos)
+    warn_peer(it->second.conn->peer(), "closed: " + why);
   sessions_.erase(it);
   if (node_id.empty()) return;
   auto route = routes_.find({run_id, node_id});

@@ -70,6 +70,8 @@ class RendezvousServer {
   };
 
   void accept_next();
+  /// Over the input budget: closes the connections holding the most unfinished input.
+  void shed_largest_inputs();
   /// Accepts and closes one connection with the reserve descriptor (out of descriptors).
   void shed_one_connection();
   /// Called first by every handler: notices that the server did not run for a while.

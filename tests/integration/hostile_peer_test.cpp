@@ -150,7 +150,7 @@ TEST_CASE("a connection with no hello, or stalled inside a frame, is closed afte
   CHECK((*reply)["type"] == "status_reply");
 }
 
-TEST_CASE("partial frames over the daemon's input budget close the connection that goes over",
+TEST_CASE("partial frames over the daemon's input budget close the connection holding the most",
           "[integration][security]") {
   Daemon daemon({"--max_buffered_bytes", std::to_string(2 << 20)});
   const std::string part = frame_header(1 << 20) + std::string(900'000, ' ');
@@ -159,11 +159,12 @@ TEST_CASE("partial frames over the daemon's input budget close the connection th
     peers.push_back(std::make_unique<RawPeer>(daemon.port));
     peers.back()->send_bytes(part);
   }
-  // 2.7 MB against a 2 MiB budget: whichever connection's read goes over is closed (the server
-  // reads the three interleaved), and its bytes go back to the budget, so the other two fit.
+  // 2.7 MB against a 2 MiB budget: the connection holding the most is closed once the total
+  // goes over, and its bytes go back to the budget, so the other two fit.
   int closed = 0;
   for (auto& peer : peers) closed += peer->closed_by_server(1s) ? 1 : 0;
   CHECK(closed == 1);
+  CHECK(contains(daemon.process->err_so_far(), "it held the largest unfinished message"));
   CHECK(contains(daemon.process->err_so_far(), "over the server's limit of 2097152 bytes"));
   CHECK(status_answers(daemon.port));
   // Closing the third connection gave its bytes back to the budget.
