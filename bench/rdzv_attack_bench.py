@@ -8,7 +8,7 @@ Each run starts a fresh daemon, pinned with taskset to --daemon-cpu, with the li
 by --daemon-flags. The benchmark client (and, in an attack run, the attacker) runs pinned to
 --client-cpu. The attacker starts once every job's round 0 has formed, so the legitimate jobs
 exist before it fills the job cap; the benchmark's warm-up (longer than the daemon's stalled
-frame timeout) lets the attack reach its steady state before the measurement window. The
+frame timeout with the short timeouts of a trial) lets the attack settle before the measurement window. The
 daemon's VmRSS is sampled from /proc every 100 ms; VmHWM is read at the end.
 
 Standard library only. Every process is started by this script and ended by its pid.
@@ -27,7 +27,7 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_DAEMON_FLAGS = ("--hello_timeout 2 --stalled_frame_timeout 5 "
+DEFAULT_DAEMON_FLAGS = ("--hello_timeout 10 --stalled_frame_timeout 30 "
                         "--max_buffered_bytes 33554432 --max_jobs 2000")
 started = []  # every Popen this script made, ended by pid in cleanup()
 
@@ -108,24 +108,33 @@ def one_run(a, attack, log_dir, index):
                   "--jobs", str(a.jobs), "--nodes", str(a.nodes), "--duration", str(a.duration),
                   "--warmup", str(a.warmup), "--round-gap-ms", str(a.round_gap_ms),
                   "--run-id", "bench-%d-%d" % (os.getpid(), index)]
-    bench = popen(bench_argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Output to files: the clients log a warning line for every connection the server closes,
+    # and a pipe nobody reads would block them (and stop their heartbeats).
+    tag = "%02d-%s" % (index, "attack" if attack else "base")
+    bench_out_path = os.path.join(log_dir, "bench-%s.out" % tag)
+    bench_err_path = os.path.join(log_dir, "bench-%s.err" % tag)
+    with open(bench_out_path, "w") as bo, open(bench_err_path, "w") as be:
+        bench = popen(bench_argv, stdout=bo, stderr=be)
     attacker = None
     cpu0 = None
     # Round 0 formed: start the attacker (attack runs) and the daemon's CPU clock.
-    for line in bench.stderr:
-        if "round 0 formed" in line:
-            cpu0 = cpu_seconds(daemon.pid)
-            if attack:
-                attacker = popen(["taskset", "-c", a.client_cpu, sys.executable,
-                                  os.path.join(ROOT, "bench", "rdzv_attacker.py"), "--port",
-                                  str(port), "--duration", str(a.warmup + a.duration + 2),
-                                  "--rate", a.rate, "--hold", str(a.hold)],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            break
-        sys.stderr.write("  bench: " + line)
-    rest_err = bench.stderr.read()
-    out = bench.stdout.read()
+    while bench.poll() is None:
+        with open(bench_err_path) as f:
+            if "round 0 formed" in f.read():
+                cpu0 = cpu_seconds(daemon.pid)
+                if attack:
+                    attacker = popen(["taskset", "-c", a.client_cpu, sys.executable,
+                                      os.path.join(ROOT, "bench", "rdzv_attacker.py"), "--port",
+                                      str(port), "--duration", str(a.warmup + a.duration + 2),
+                                      "--rate", a.rate, "--hold", str(a.hold)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                break
+        time.sleep(0.02)
     bench.wait()
+    with open(bench_out_path) as f:
+        out = f.read()
+    with open(bench_err_path) as f:
+        rest_err = f.read()
     cpu1 = cpu_seconds(daemon.pid)
     attack_out = None
     if attacker:
@@ -162,6 +171,7 @@ def one_run(a, attack, log_dir, index):
                    "daemon_cpu_s": round(cpu1 - cpu0, 2) if cpu0 is not None else None,
                    "daemon_stall_warnings": len(stalls), "daemon_longest_stall_ms": max(stalls, default=0),
                    "daemon_log_lines": log.count("\n"),
+                   "client_connections_lost": out.count("lost the rendezvous server"),
                    "attacker": attack_out, "argv": bench_argv})
     return result
 
@@ -204,6 +214,11 @@ def main():
             for attack in ([False, True] if r % 2 == 0 else [True, False]):
                 res = one_run(a, attack, log_dir, len(runs))
                 runs.append(res)
+                if "error" in res:
+                    print("repeat %d %s: FAILED: %s %s" % (r, "attack" if attack else "no attack",
+                                                          res["error"], res.get("problems", "")[:3]),
+                          file=sys.stderr, flush=True)
+                    continue
                 lj = res["last_join_to_all_ranks_ms"]
                 print("repeat %d %-9s median %.1f ms p99 %.1f ms rounds/s %.0f rss peak %.1f MiB "
                       "errors %s load %.2f" % (r, "attack" if attack else "no attack", lj["median"],
@@ -215,8 +230,9 @@ def main():
     if a.json_out:
         with open(a.json_out, "w") as f:
             json.dump(runs, f, indent=1)
-    base = [r for r in runs if not r["attack"]]
-    att = [r for r in runs if r["attack"]]
+    failed = [r for r in runs if "error" in r]
+    base = [r for r in runs if not r["attack"] and "error" not in r]
+    att = [r for r in runs if r["attack"] and "error" not in r]
     rows = [
         ("round latency, last join to all ranks, median (ms)",
          lambda r: r["last_join_to_all_ranks_ms"]["median"]),
@@ -232,6 +248,8 @@ def main():
         ("daemon CPU from round 0 to the end (s)", lambda r: r["daemon_cpu_s"]),
         ("client errors", lambda r: r["errors"]),
         ("daemon \"did not run for N ms\" warnings", lambda r: r["daemon_stall_warnings"]),
+        ("client connections the server closed (clients' \"lost the rendezvous server\")",
+         lambda r: r["client_connections_lost"]),
     ]
     print("%d jobs x %d nodes, window %g s after %g s warm-up, round gap %g ms, %d repeats "
           "interleaved; daemon on CPU %s, client and attacker on CPU %s" %
@@ -249,6 +267,9 @@ def main():
         print("| %s | %.1f (%.1f-%.1f) | %.1f (%.1f-%.1f) | %s |" % (name, b, bl, bh, t, tl, th, ratio))
     print()
     print("daemon alive at the end of every run: %s" % all(r["daemon_alive_at_end"] for r in runs))
+    print("runs that failed before the window (not in the table): %d%s" % (
+        len(failed), "".join("\n- %s: %s" % ("attack" if r["attack"] else "no attack", r["error"])
+                             for r in failed)))
     for r in att:
         s = r["attacker"]
         if not s:
