@@ -21,7 +21,8 @@ second):
 Connections the server should close (stall2, partial1m, crash frames) are held open until the
 server closes them or --hold seconds pass, whichever is first; at most --max-open at once (an
 attack that would go over is counted as skipped). At --duration every connection still open is
-closed ("held_to_end") and the script exits.
+closed ("closed_here", as is a status or new_job connection once its reply is read) and the
+script exits.
 Prints one JSON object with the counts: started, closed by the server, replies, refusals.
 Standard library only.
 """
@@ -105,10 +106,10 @@ def main():
             if k not in rates:
                 sys.exit("rdzv_attacker.py: unknown attack %r (known: %s)" % (k, ", ".join(KINDS)))
             rates[k] = float(v)
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
-    stats = {k: {"started": 0, "closed_by_server": 0, "held_to_end": 0, "connect_failed": 0,
+    stats = {k: {"started": 0, "closed_by_server": 0, "closed_here": 0, "connect_failed": 0,
                  "skipped": 0, "replies": 0, "refused": 0} for k in KINDS}
     refusal_samples = {}
     sel = selectors.DefaultSelector()
@@ -130,7 +131,7 @@ def main():
         if by_server:
             s["closed_by_server"] += 1
         else:
-            s["held_to_end"] += 1
+            s["closed_here"] += 1
 
     def launch(kind, now):
         nonlocal max_open, jobs_made
