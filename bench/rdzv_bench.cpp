@@ -367,10 +367,9 @@ int run_loss(const BenchConfig& c) {
 /// Per-job bookkeeping of the jobs mode.
 struct JobRun {
   std::vector<std::unique_ptr<NetworkRendezvous>> clients;
-  int round = -1;    ///< the round the job's clients hold (after RoundReady)
-  int joins = 0;     ///< clients that have called next_rendezvous for the forming round
-  int ranks = 0;     ///< clients holding their rank in the forming round
-  int restarts = 0;  ///< clients that got the Restart of the running round
+  int round = -1;  ///< the round the job's clients hold (after RoundReady)
+  int joins = 0;   ///< clients that have called next_rendezvous for the forming round
+  int ranks = 0;   ///< clients holding their rank in the forming round
   TimePoint last_join_at;
   TimePoint failure_at;    ///< when a client reported the failure that started the forming round
   bool measured = false;   ///< the forming round started inside the measurement window
@@ -454,7 +453,7 @@ int run_jobs(const BenchConfig& c) {
       if (++r.ranks < n) return;
       // Every client of the job holds its rank: the round is complete.
       r.round = info.round;
-      r.joins = r.ranks = r.restarts = 0;
+      r.joins = r.ranks = 0;
       r.in_flight = false;
       if (info.round == 0) {
         ++formed0;
@@ -476,7 +475,6 @@ int run_jobs(const BenchConfig& c) {
       runs[j].clients[i]->set_notice_handler([&, j, i](Notice notice) {
         if (std::holds_alternative<Restart>(notice)) {
           // Restart -> join the next round at once, as an agent does once its workers stopped.
-          ++runs[j].restarts;
           asio::post(io, [&, j, i] { join(j, i); });
         } else if (auto* error = std::get_if<RendezvousError>(&notice)) {
           errors.push_back("job " + std::to_string(j) + ": " + error->message);
