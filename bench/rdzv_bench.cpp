@@ -11,6 +11,11 @@
 //                    forked child process. Once the round runs, the child is sent SIGKILL (the
 //                    kernel closes its socket) or SIGSTOP (its socket stays open and only the
 //                    heartbeats stop); measures the time until every survivor holds a Restart.
+//   --mode jobs      J jobs of N clients each (distinct rdzv ids, --nnodes N:N). Round 0 forms;
+//                    then each job repeats rounds for --duration seconds: a client reports a
+//                    worker failure, every client gets the server's Restart and joins again.
+//                    Measures each round from the job's last join (and from the failure report)
+//                    to every client of the job holding its rank, and the rounds per second.
 //
 // Prints one JSON object on stdout; exit 0 on success, 1 on a failed check, 2 on a timeout.
 #include <signal.h>
@@ -25,6 +30,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <iostream>
@@ -67,6 +73,10 @@ struct BenchConfig {
   bool progress = false;
   std::string victim = "kill";
   double timeout_s = 120;
+  int jobs = 1000;          ///< jobs mode: concurrent jobs of `nodes` clients each
+  double round_gap_ms = 0;  ///< jobs mode: pause between a round's end and the next failure
+  double duration_s = 20;   ///< jobs mode: the measurement window
+  double warmup_s = 5;      ///< jobs mode: rounds repeat unmeasured this long first
 };
 
 double ms_between(TimePoint from, TimePoint to) {
@@ -94,7 +104,8 @@ NetworkRendezvousOptions client_options(const BenchConfig& c, int index, int min
   o.settings.min_nodes = min_nodes;
   o.settings.max_nodes = max_nodes;
   o.settings.nproc_per_node = 1;
-  o.settings.max_restarts = 3;
+  // The jobs mode restarts every job round after round: a budget it never runs out of.
+  o.settings.max_restarts = c.mode == "jobs" ? 1'000'000 : 3;
   o.settings.join_timeout = Millis(static_cast<long long>(c.timeout_s * 1000));
   o.settings.keep_alive_interval = Millis(static_cast<long long>(c.keep_alive_interval_s * 1000));
   o.settings.keep_alive_max_attempt = c.keep_alive_max_attempt;
@@ -353,6 +364,198 @@ int run_loss(const BenchConfig& c) {
   return rc;
 }
 
+/// Per-job bookkeeping of the jobs mode.
+struct JobRun {
+  std::vector<std::unique_ptr<NetworkRendezvous>> clients;
+  int round = -1;  ///< the round the job's clients hold (after RoundReady)
+  int joins = 0;   ///< clients that have called next_rendezvous for the forming round
+  int ranks = 0;   ///< clients holding their rank in the forming round
+  TimePoint last_join_at;
+  TimePoint failure_at;    ///< when a client reported the failure that started the forming round
+  bool measured = false;   ///< the forming round started inside the measurement window
+  bool in_flight = false;  ///< a failure was reported and the next round is not complete
+};
+
+/// The q-quantile (0..1) of `v` by the nearest-rank method; v is sorted.
+double quantile(const std::vector<double>& v, double q) {
+  if (v.empty()) return 0;
+  const auto rank = static_cast<std::size_t>(std::ceil(q * static_cast<double>(v.size())));
+  return v[std::min(v.size() - 1, rank == 0 ? 0 : rank - 1)];
+}
+
+json summary(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return {{"count", v.size()},
+          {"median", quantile(v, 0.5)},
+          {"p90", quantile(v, 0.9)},
+          {"p99", quantile(v, 0.99)},
+          {"max", v.empty() ? 0.0 : v.back()}};
+}
+
+/// J jobs of N clients (distinct rdzv ids, --nnodes N:N) on one io_context. Round 0 forms as
+/// the clients join; then each job repeats rounds until the measurement window ends: one of its
+/// clients reports a worker failure (counted, within a large --max_restarts), the server sends
+/// every participant a Restart, each client joins the next round at once, and the server
+/// completes it when the N-th join arrives (a re-round completes as soon as no node is
+/// stopping). A job pauses --round-gap-ms between the end of one round and its failure report.
+int run_jobs(const BenchConfig& c) {
+  const int jobs = c.jobs, n = c.nodes;
+  asio::io_context io;
+  SteadyClock clock;
+  std::mt19937 random(std::random_device{}());
+  std::vector<JobRun> runs(jobs);
+  std::vector<std::unique_ptr<asio::steady_timer>> gaps;
+  std::vector<double> join_to_ranks_ms, failure_to_ranks_ms;
+  std::vector<std::string> errors;
+  int formed0 = 0;  // jobs whose round 0 is complete
+  bool cycling = false, in_window = false, stopping = false;
+  TimePoint window_start{}, window_end{};
+  long long rounds_in_window = 0;
+  const auto gap_ms = [&](bool first) {
+    if (c.round_gap_ms <= 0) return 0.0;
+    // The first gap is spread over [0, gap] so the jobs do not restart in step.
+    return first ? std::uniform_real_distribution<double>(0, c.round_gap_ms)(random)
+                 : c.round_gap_ms;
+  };
+
+  std::function<void(int)> start_round;  // a client of job j reports a failure
+  std::function<void(int, int)> join;    // client i of job j calls next_rendezvous
+  const auto schedule_next = [&](int j, bool first) {
+    const double wait = gap_ms(first);
+    gaps[j]->expires_after(std::chrono::microseconds(static_cast<long long>(wait * 1000)));
+    gaps[j]->async_wait([&, j](boost::system::error_code ec) {
+      if (!ec && !stopping) start_round(j);
+    });
+  };
+  start_round = [&](int j) {
+    JobRun& run = runs[j];
+    run.failure_at = clock.now();
+    run.in_flight = true;
+    run.measured = in_window;
+    ddprun::rdzv::WorkersFailed failure;
+    failure.round = run.round;
+    failure.description = "benchmark: a worker of round " + std::to_string(run.round) + " failed";
+    failure.exit_code = 1;
+    run.clients[0]->report_failure(failure);
+  };
+  join = [&](int j, int i) {
+    JobRun& run = runs[j];
+    if (++run.joins == n) run.last_join_at = clock.now();
+    run.clients[i]->next_rendezvous([&, j](RendezvousResult result) {
+      JobRun& r = runs[j];
+      const TimePoint now = clock.now();
+      if (auto* error = std::get_if<RendezvousError>(&result)) {
+        errors.push_back("job " + std::to_string(j) + ": " + error->message);
+        r.in_flight = false;  // the job is over for this benchmark: counted as an error
+        return;
+      }
+      const auto& info = std::get<RendezvousInfo>(result);
+      if (++r.ranks < n) return;
+      // Every client of the job holds its rank: the round is complete.
+      r.round = info.round;
+      r.joins = r.ranks = 0;
+      r.in_flight = false;
+      if (info.round == 0) {
+        ++formed0;
+      } else if (r.measured) {
+        join_to_ranks_ms.push_back(ms_between(r.last_join_at, now));
+        failure_to_ranks_ms.push_back(ms_between(r.failure_at, now));
+        if (now <= window_end) ++rounds_in_window;
+      }
+      if (cycling && !stopping) schedule_next(j, false);
+    });
+  };
+
+  for (int j = 0; j < jobs; ++j) {
+    BenchConfig jc = c;
+    jc.run_id = c.run_id + "-job" + std::to_string(j);
+    runs[j].clients = make_clients(io, clock, jc, 0, n, n, n);
+    gaps.push_back(std::make_unique<asio::steady_timer>(io));
+    for (int i = 0; i < n; ++i) {
+      runs[j].clients[i]->set_notice_handler([&, j, i](Notice notice) {
+        if (std::holds_alternative<Restart>(notice)) {
+          // Restart -> join the next round at once, as an agent does once its workers stopped.
+          asio::post(io, [&, j, i] { join(j, i); });
+        } else if (auto* error = std::get_if<RendezvousError>(&notice)) {
+          errors.push_back("job " + std::to_string(j) + ": " + error->message);
+          runs[j].in_flight = false;
+        } else if (auto* closed = std::get_if<ddprun::rdzv::Closed>(&notice)) {
+          errors.push_back("job " + std::to_string(j) + " closed: " + closed->message);
+          runs[j].in_flight = false;
+        }
+      });
+    }
+  }
+  json out{{"mode", "jobs"},
+           {"jobs", jobs},
+           {"nodes", n},
+           {"clients", jobs * n},
+           {"round_gap_ms", c.round_gap_ms},
+           {"duration_s", c.duration_s},
+           {"warmup_s", c.warmup_s}};
+
+  // Round 0 of every job: all clients join at once.
+  const TimePoint setup_start = clock.now();
+  for (int j = 0; j < jobs; ++j)
+    for (int i = 0; i < n; ++i) join(j, i);
+  if (!run_until(
+          io, [&] { return formed0 == jobs || !errors.empty(); }, c.timeout_s) ||
+      !errors.empty()) {
+    out["error"] =
+        "round 0 formed for " + std::to_string(formed0) + " of " + std::to_string(jobs) + " jobs";
+    if (errors.size() > 10) errors.resize(10);
+    out["problems"] = errors;
+    print(out);
+    return 2;
+  }
+  out["round0_all_jobs_ms"] = ms_between(setup_start, clock.now());
+  // bench/rdzv_attack_bench.py starts its attacker on this line.
+  std::cerr << "ddprun-rdzv-bench: round 0 formed for all " << jobs << " jobs" << std::endl;
+
+  // Warm-up, then the measurement window: every job restarts round after round.
+  cycling = true;
+  for (int j = 0; j < jobs; ++j) schedule_next(j, true);
+  run_until(
+      io, [] { return false; }, c.warmup_s);
+  in_window = true;
+  window_start = clock.now();
+  window_end =
+      window_start + std::chrono::milliseconds(static_cast<long long>(c.duration_s * 1000));
+  run_until(
+      io, [&] { return clock.now() >= window_end; }, c.duration_s + 5);
+  stopping = true;
+  for (auto& g : gaps) g->cancel();
+  // Rounds under way finish (they are measured); no new ones start. Bounded: a round that
+  // needs a lost node back never completes.
+  const bool drained = run_until(
+      io,
+      [&] {
+        return std::all_of(runs.begin(), runs.end(), [](const JobRun& r) { return !r.in_flight; });
+      },
+      std::min(c.timeout_s, 30.0));
+
+  out["window_s"] = ms_between(window_start, window_end) / 1000;
+  out["rounds"] = join_to_ranks_ms.size();
+  out["rounds_per_s"] =
+      static_cast<double>(rounds_in_window) / (c.duration_s > 0 ? c.duration_s : 1);
+  out["last_join_to_all_ranks_ms"] = summary(join_to_ranks_ms);
+  out["failure_to_all_ranks_ms"] = summary(failure_to_ranks_ms);
+  out["drained"] = drained;
+  out["errors"] = errors.size();
+  out["jobs_in_flight_at_end"] =
+      std::count_if(runs.begin(), runs.end(), [](const JobRun& r) { return r.in_flight; });
+  if (!errors.empty()) {
+    if (errors.size() > 10) errors.resize(10);
+    out["problems"] = errors;
+  }
+  print(out);
+  for (auto& run : runs)
+    for (auto& cl : run.clients) cl->leave("benchmark done");
+  io.restart();
+  io.run_for(std::chrono::milliseconds(500));
+  return errors.empty() && drained ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -361,7 +564,8 @@ int main(int argc, char** argv) {
       "ddprun-rdzv-bench: rendezvous latency and node-loss reaction of many light "
       "agents (no workers) in one process, against ddprun-rdzvd",
       "ddprun-rdzv-bench"};
-  app.add_option("--mode", c.mode, "latency or loss")->check(CLI::IsMember({"latency", "loss"}));
+  app.add_option("--mode", c.mode, "latency, loss or jobs")
+      ->check(CLI::IsMember({"latency", "loss", "jobs"}));
   app.add_option("--host", c.host, "the daemon's address (default 127.0.0.1)");
   app.add_option("--port", c.port, "the daemon's port")->required()->check(CLI::Range(1, 65535));
   app.add_option("--run-id", c.run_id, "rdzv_id of the job (default: one made from the pid)");
@@ -378,18 +582,32 @@ int main(int argc, char** argv) {
   app.add_option("--victim", c.victim,
                  "loss: kill (SIGKILL: the socket closes) or stop (SIGSTOP: heartbeats stop)")
       ->check(CLI::IsMember({"kill", "stop"}));
+  app.add_option("--jobs", c.jobs, "jobs: number of concurrent jobs (default 1000)")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--round-gap-ms", c.round_gap_ms,
+                 "jobs: pause between the end of a job's round and its next failure report "
+                 "(default 0: back to back)")
+      ->check(CLI::Range(0.0, 3600000.0));
+  app.add_option("--duration", c.duration_s,
+                 "jobs: seconds of the measurement window after every round 0 formed (default 20)")
+      ->check(CLI::Range(0.1, 3600.0));
+  app.add_option("--warmup", c.warmup_s,
+                 "jobs: seconds of repeated rounds, not measured, between round 0 and the "
+                 "window (default 5)")
+      ->check(CLI::Range(0.0, 3600.0));
   app.add_option("--timeout", c.timeout_s, "give up after this many seconds (default 120)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  if (c.keep_alive_interval_s <= 0) c.keep_alive_interval_s = c.mode == "latency" ? 5.0 : 0.5;
+  if (c.keep_alive_interval_s <= 0) c.keep_alive_interval_s = c.mode == "loss" ? 0.5 : 5.0;
   if (c.run_id.empty()) c.run_id = "bench-" + c.mode + "-" + std::to_string(getpid());
   spdlog::set_level(spdlog::level::warn);  // one process speaks for N agents: no per-agent lines
   std::signal(SIGPIPE, SIG_IGN);
   raise_fd_limit();
   try {
+    if (c.mode == "jobs") return run_jobs(c);
     return c.mode == "latency" ? run_latency(c) : run_loss(c);
   } catch (const std::exception& e) {
     std::cerr << "ddprun-rdzv-bench: " << e.what() << "\n";

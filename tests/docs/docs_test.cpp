@@ -300,6 +300,8 @@ const std::set<std::string> kForeignFlags = {
     "--rounds", "--seed", "--round", "--faults", "--nproc", "--verbose",
     // bench/launch_bench.py and bench/rdzv_bench.py (benchmarks.md)
     "--ddprun", "--runs", "--baseline-runs", "--markdown", "--reps", "--torch-reps", "--loss-reps",
+    // bench/rdzv_attack_bench.py, bench/rdzv_attacker.py, ddprun-rdzv-bench (benchmarks.md)
+    "--mode", "--jobs", "--round-gap-ms", "--duration", "--warmup", "--rate", "--hold", "--repeats",
     // systemctl, apt-get
     "--now", "--no-install-recommends",
     // usage.md's "--flag value" and the stand-ins' own arguments
