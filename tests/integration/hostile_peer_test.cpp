@@ -66,6 +66,23 @@ json join_body(const std::string& run_id, const std::string& node) {
   return ddprun::rdzv::to_json(ddprun::rdzv::AgentMessage{join});
 }
 
+/// Two agents of job "job" at `endpoint` (127.0.0.2 and .3, fast keep-alive), each running
+/// one fake worker with `actions`; `flags` go before the common ones.
+std::vector<std::unique_ptr<Subprocess>> start_two_nodes(const std::string& endpoint,
+                                                         const std::vector<std::string>& flags,
+                                                         const std::vector<std::string>& actions,
+                                                         const std::string& conf = "") {
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int i = 0; i < 2; ++i) {
+    std::vector<std::string> all = flags;
+    all.insert(all.end(), {"--nproc_per_node", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint",
+                           endpoint, "--rdzv_id", "job", "--local_addr", loopback_node_addr(i),
+                           "--rdzv_conf", kFastRdzvConf + conf});
+    nodes.push_back(std::make_unique<Subprocess>(ddprun_fake(all, actions)));
+  }
+  return nodes;
+}
+
 }  // namespace
 
 TEST_CASE("frames that used to crash the daemon close only their own connection",
@@ -199,15 +216,9 @@ TEST_CASE("a daemon stopped for longer than the keep-alive window loses no node"
   TempDir dir;
   const std::string gate = dir.path() + "/gate";
   const std::string endpoint = "127.0.0.1:" + std::to_string(daemon.port);
-  std::vector<std::unique_ptr<Subprocess>> nodes;
-  for (int i = 0; i < 2; ++i) {
-    // keep-alive 0.2 s x 3: a 3 s stop is five windows.
-    nodes.push_back(std::make_unique<Subprocess>(
-        ddprun_fake({"--nnodes", "2", "--nproc_per_node", "1", "--node_rank", std::to_string(i),
-                     "--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint, "--rdzv_id", "job",
-                     "--local_addr", loopback_node_addr(i), "--rdzv_conf", kFastRdzvConf},
-                    {"print=started", "wait_lines=" + gate + ":1", "print=finished"})));
-  }
+  // keep-alive 0.2 s x 3: a 3 s stop is five windows.
+  auto nodes = start_two_nodes(endpoint, {"--nnodes", "2"},
+                               {"print=started", "wait_lines=" + gate + ":1", "print=finished"});
   for (auto& node : nodes) REQUIRE(node->wait_for_output("started", kJobLimit));
   daemon.process->send(SIGSTOP);
   std::this_thread::sleep_for(3s);
@@ -270,14 +281,9 @@ TEST_CASE("with a shared secret a job trains through the daemon and strangers ge
   CHECK(contains(bad.err, "authentication failed: wrong secret"));
   CHECK(contains(daemon.process->err_so_far(), "authentication failed: wrong secret"));
 
-  std::vector<std::unique_ptr<Subprocess>> nodes;
-  for (int i = 0; i < 2; ++i) {
-    nodes.push_back(std::make_unique<Subprocess>(ddprun_fake(
-        {"--nnodes", "2", "--nproc_per_node", "1", "--node_rank", std::to_string(i),
-         "--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint, "--rdzv_id", "job", "--local_addr",
-         loopback_node_addr(i), "--rdzv_conf", kFastRdzvConf + ",secret_file=" + secret},
-        {"print=started", "sleep=500", "env=RANK"})));
-  }
+  auto nodes =
+      start_two_nodes(endpoint, {"--nnodes", "2"}, {"print=started", "sleep=500", "env=RANK"},
+                      ",secret_file=" + secret);
   // While they train, ddprun status with the secret (from the environment) sees the job.
   REQUIRE(nodes[0]->wait_for_output("started", kJobLimit));
   auto ok = run_command({DDPRUN_BIN, "status", "--rdzv_endpoint", endpoint},
@@ -399,15 +405,9 @@ TEST_CASE("a stranger can neither read node ids nor take group rank 0 nor spend 
   TempDir dir;
   const std::string gate = dir.path() + "/gate";
   const std::string endpoint = "127.0.0.1:" + std::to_string(daemon.port);
-  std::vector<std::unique_ptr<Subprocess>> nodes;
-  for (int i = 0; i < 2; ++i) {
-    nodes.push_back(std::make_unique<Subprocess>(
-        ddprun_fake({"--nnodes", "2:3", "--nproc_per_node", "1", "--max_restarts", "2",
-                     "--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint, "--rdzv_id", "job",
-                     "--local_addr", loopback_node_addr(i), "--rdzv_conf", kFastRdzvConf},
-                    {"env=MASTER_ADDR,TORCHELASTIC_RESTART_COUNT", "wait_lines=" + gate + ":1",
-                     "print=finished"})));
-  }
+  auto nodes = start_two_nodes(endpoint, {"--nnodes", "2:3", "--max_restarts", "2"},
+                               {"env=MASTER_ADDR,TORCHELASTIC_RESTART_COUNT",
+                                "wait_lines=" + gate + ":1", "print=finished"});
   for (auto& node : nodes) REQUIRE(node->wait_for_output("MASTER_ADDR=", kJobLimit));
   auto status = run_command({DDPRUN_BIN, "status", "--rdzv_endpoint", endpoint, "--json"});
   REQUIRE(status.exit_code == 0);
