@@ -458,3 +458,41 @@ TEST_CASE("a stranger can neither read node ids nor take group rank 0 nor spend 
     CHECK(real_master);
   }
 }
+
+TEST_CASE(
+    "an agent hosting the rendezvous stopped for longer than the keep-alive window loses "
+    "no node",
+    "[integration][security]") {
+  TempDir dir;
+  const std::string gate = dir.path() + "/gate";
+  const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  // The first node hosts the rendezvous (the endpoint is this machine, the port free); the
+  // second joins as a client.
+  Subprocess host(ddprun_fake({"--nnodes", "2", "--nproc_per_node", "1", "--rdzv_backend", "c10d",
+                               "--rdzv_endpoint", endpoint, "--rdzv_id", "job", "--local_addr",
+                               loopback_node_addr(0), "--rdzv_conf", kFastRdzvConf},
+                              {"print=started", "wait_lines=" + gate + ":1", "print=finished"}));
+  REQUIRE(
+      wait_until([&] { return contains(host.err_so_far(), "hosting the rendezvous"); }, kJobLimit));
+  Subprocess client(
+      ddprun_fake({"--nnodes", "2", "--nproc_per_node", "1", "--rdzv_backend", "c10d",
+                   "--rdzv_endpoint", endpoint, "--rdzv_id", "job", "--local_addr",
+                   loopback_node_addr(1), "--rdzv_conf", kFastRdzvConf + ",is_host=0"},
+                  {"print=started", "wait_lines=" + gate + ":1", "print=finished"}));
+  REQUIRE(host.wait_for_output("started", kJobLimit));
+  REQUIRE(client.wait_for_output("started", kJobLimit));
+  // The hosting agent (not its worker) stops for five keep-alive windows.
+  host.send(SIGSTOP);
+  std::this_thread::sleep_for(3s);
+  host.send(SIGCONT);
+  std::this_thread::sleep_for(1500ms);
+  std::ofstream(gate) << "go\n";
+  for (Subprocess* node : {&host, &client}) {
+    const auto r = node->wait(kJobLimit);
+    INFO(r.out << r.err);
+    CHECK(r.exit_code == 0);
+    CHECK(contains(r.out, "finished"));
+    CHECK_FALSE(contains(r.err, "was lost"));
+  }
+  CHECK(contains(host.err_so_far(), "did not run for"));
+}
