@@ -181,7 +181,9 @@ HandshakeStep ClientHandshake::on_message(const json& body) {
     auto message = short_string(body, "message", kMaxFrameBytes);
     out.error = "the rendezvous server refused this connection: " +
                 message.value_or(std::string("no reason given"));
-    if (message && message->rfind("authentication failed", 0) == 0) out.error = *message;
+    // A refusal of kind "unauthorized" already says "authentication failed: ...".
+    if (message && short_string(body, "kind", 32) == std::optional<std::string>("unauthorized"))
+      out.error = *message;
     return out;
   }
   if (type == "challenge") {
@@ -206,6 +208,7 @@ HandshakeStep ClientHandshake::on_message(const json& body) {
   }
   if (auto bad = check_hello(body)) {
     out.error = "not a ddprun rendezvous server of this version: " + *bad;
+    out.not_ddprun = true;
     return out;
   }
   if (secret_) {

@@ -48,6 +48,7 @@ struct HandshakeStep {
   bool done = false;                   ///< authenticated (or no secret needed): go on
   std::optional<std::string> error;    ///< refuse (server) or give up (client) with this
   bool unauthorized = false;           ///< the error is a failed authentication (server)
+  bool not_ddprun = false;  ///< (client) the peer's greeting is not ddprun's of this version
 };
 
 /// The server's side: feed every message until done or error.

@@ -213,13 +213,12 @@ void NetworkRendezvous::on_message(const nlohmann::json& body) {
     HandshakeStep hs = handshake_->on_message(body);
     if (hs.error) {
       // A refusal instead of a hello says why (the protocol differs, the secret is wrong).
-      const bool refused = hs.error->rfind("authentication failed", 0) == 0 ||
-                           hs.error->rfind("the rendezvous server refused", 0) == 0;
       return give_up(RendezvousError{
           RendezvousErrorKind::State,
-          refused ? *hs.error
-                  : "the server at " + format_endpoint(opt_.endpoint_host, opt_.endpoint_port) +
-                        " is " + *hs.error});
+          hs.not_ddprun
+              ? "the server at " + format_endpoint(opt_.endpoint_host, opt_.endpoint_port) +
+                    " is " + *hs.error
+              : *hs.error});
     }
     if (hs.send) conn_->send(*hs.send);
     if (!hs.done) return;
