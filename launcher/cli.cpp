@@ -87,7 +87,8 @@ constexpr OptionSpec kOptions[] = {
      "Rendezvous settings: join_timeout (600), last_call_timeout (30), close_timeout (30), "
      "keep_alive_interval (5), connect_timeout (60) in seconds; keep_alive_max_attempt (3); "
      "is_host (0/1); secret_file (the rendezvous's shared secret, also "
-     "$DDPRUN_RDZV_SECRET_FILE)."},
+     "$DDPRUN_RDZV_SECRET_FILE); tls_ca, tls_cert, tls_key (PEM files: TLS to the "
+     "rendezvous)."},
     {"master_addr", "", false, "HOST", "127.0.0.1", kRendezvous,
      "Address of the node with rank 0 (static rendezvous); workers get it as MASTER_ADDR "
      "(default 127.0.0.1)."},

@@ -218,6 +218,41 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
       plan.client.secret = std::get<rdzv::Secret>(std::move(read));
     }
   }
+  // TLS: --rdzv_conf tls_ca (the client's side), tls_cert and tls_key (shown to the server
+  // when it asks, and the certificate of the server this node may host).
+  rdzv::TlsContext hosted_tls;
+  if (!plan.single_node) {
+    rdzv::TlsFiles tls;
+    auto conf = [&config](const char* key) {
+      auto it = config.rdzv_conf.find(key);
+      return it == config.rdzv_conf.end() ? std::string() : it->second;
+    };
+    tls.ca = conf("tls_ca");
+    tls.cert = conf("tls_cert");
+    tls.key = conf("tls_key");
+    if (tls.any()) {
+      auto client = rdzv::make_client_tls(tls, "--rdzv_conf tls_");
+      if (auto* why = std::get_if<std::string>(&client)) {
+        spdlog::error("{}", *why);
+        return common::kExitUsage;
+      }
+      plan.client.tls = std::get<rdzv::TlsContext>(std::move(client));
+      if (tls.cert.empty() && plan.hosting == Hosting::Always) {
+        spdlog::error(
+            "this node hosts the rendezvous (is_host=1): over TLS it needs --rdzv_conf "
+            "tls_cert=FILE,tls_key=FILE, its certificate as a server");
+        return common::kExitUsage;
+      }
+      if (!tls.cert.empty() && plan.hosting != Hosting::Never) {
+        auto server_side = rdzv::make_server_tls(tls, "--rdzv_conf tls_");
+        if (auto* why = std::get_if<std::string>(&server_side)) {
+          spdlog::error("{}", *why);
+          return common::kExitUsage;
+        }
+        hosted_tls = std::get<rdzv::TlsContext>(std::move(server_side));
+      }
+    }
+  }
 
   if (auto why = check_script(config, env)) {
     spdlog::error("{}", *why);
@@ -261,10 +296,12 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
   } else {
     // The embedded server: hosted here when the endpoint names this machine (or is_host=1),
     // and taken over by a surviving node on this machine if the host node dies.
-    auto try_host = [&io, &clock, &server, &plan]() -> std::optional<std::string> {
+    auto try_host = [&io, &clock, &server, &plan, hosted_tls]() -> std::optional<std::string> {
       if (server || plan.hosting == Hosting::Never) return std::nullopt;
+      // TLS without a certificate of its own: this node cannot serve it, another must host.
+      if (plan.client.tls && !hosted_tls) return std::nullopt;
       auto candidate = std::make_unique<rdzv::RendezvousServer>(io, clock, rdzv::ServerLimits{},
-                                                                plan.client.secret);
+                                                                plan.client.secret, hosted_tls);
       bool in_use = false;
       if (auto why = candidate->listen("", plan.listen_port, &in_use)) {
         if (plan.hosting == Hosting::Auto && in_use) return std::nullopt;  // someone else hosts

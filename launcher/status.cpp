@@ -61,6 +61,12 @@ std::variant<StatusRequest, InfoRequest, UsageError> parse_status_args(
   std::string secret_file;
   app.add_option("--secret_file,--secret-file", secret_file,
                  "the server's shared secret, for a server started with --secret_file");
+  rdzv::TlsFiles tls;
+  app.add_option("--tls_ca,--tls-ca", tls.ca,
+                 "speak TLS: the CA that signed the server's certificate (PEM)");
+  app.add_option("--tls_cert,--tls-cert", tls.cert,
+                 "with --tls_ca: this client's certificate, for a server started with --tls_ca");
+  app.add_option("--tls_key,--tls-key", tls.key, "the private key of --tls_cert");
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   try {
     app.parse(reversed);
@@ -96,6 +102,7 @@ std::variant<StatusRequest, InfoRequest, UsageError> parse_status_args(
   request.json = as_json;
   request.timeout = std::chrono::milliseconds(static_cast<long long>(timeout_s * 1000));
   if (!secret_file.empty()) request.secret_file = secret_file;
+  request.tls = tls;
   return request;
 }
 
@@ -153,6 +160,15 @@ int run_status(const StatusRequest& request) {
     }
     secret = std::get<rdzv::Secret>(read);
   }
+  std::optional<rdzv::TlsRole> tls;
+  if (request.tls.any()) {
+    auto made = rdzv::make_client_tls(request.tls, "--tls_");
+    if (auto* bad = std::get_if<std::string>(&made)) {
+      std::fprintf(stderr, "ddprun status: %s\n", bad->c_str());
+      return common::kExitUsage;
+    }
+    tls = rdzv::TlsRole{std::get<rdzv::TlsContext>(made), false, request.host};
+  }
   rdzv::ClientHandshake handshake(secret, "status", rdzv::make_nonce());
   std::optional<json> jobs;       // every page, once the last one arrived
   std::optional<json> page_jobs;  // the pages so far
@@ -176,7 +192,7 @@ int run_status(const StatusRequest& request) {
                 error = ec.message();
                 return;
               }
-              conn = std::make_shared<rdzv::FramedConnection>(std::move(*socket));
+              conn = std::make_shared<rdzv::FramedConnection>(std::move(*socket), tls);
               bool greeted = false;
               conn->start(
                   [&, greeted](const json& body) mutable {
@@ -221,8 +237,19 @@ int run_status(const StatusRequest& request) {
                     conn->close();
                   },
                   [&](const std::string& why) {
-                    if (!jobs && error.empty())
-                      error = why.empty() ? "the server closed the connection" : why;
+                    if (jobs || !error.empty()) return;
+                    if (conn->tls_failed())
+                      error = why +
+                              "; check --tls_ca, --tls_cert and --tls_key against the "
+                              "server's TLS settings";
+                    else if (!why.empty())
+                      error = why;
+                    else if (conn->bytes_received() == 0 && !tls)
+                      error =
+                          "the server closed the connection without a hello (a server "
+                          "with TLS does so to a client without: give --tls_ca)";
+                    else
+                      error = "the server closed the connection";
                   });
               conn->send(handshake.hello());
               // Without a secret the query follows the hello at once.

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "launcher/cli.h"
+#include "rendezvous/tls.h"
 
 namespace ddprun::launcher {
 
@@ -19,6 +20,8 @@ struct StatusRequest {
   std::chrono::milliseconds timeout{5000};
   /// --secret_file (or DDPRUN_RDZV_SECRET_FILE): prove the shared secret to the server.
   std::optional<std::string> secret_file;
+  /// --tls_ca, --tls_cert, --tls_key: speak TLS to the server (rendezvous/tls.h).
+  rdzv::TlsFiles tls;
 };
 
 /// Parses the arguments after "status" (PET_RDZV_ENDPOINT and PET_RDZV_ID as fallbacks).

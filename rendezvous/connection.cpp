@@ -6,6 +6,8 @@
 #include <netinet/tcp.h>
 
 #include <boost/asio/post.hpp>
+#include <boost/asio/ssl/error.hpp>
+#include <boost/asio/ssl/stream.hpp>
 #include <boost/asio/write.hpp>
 
 namespace ddprun::rdzv {
@@ -13,16 +15,81 @@ namespace ddprun::rdzv {
 namespace asio = boost::asio;
 using boost::system::error_code;
 
-FramedConnection::FramedConnection(asio::ip::tcp::socket socket) : socket_(std::move(socket)) {
+namespace ssl = asio::ssl;
+
+struct FramedConnection::TlsStream {
+  TlsStream(asio::ip::tcp::socket& socket, const TlsRole& role)
+      : stream(socket, *role.context), server(role.server) {}
+  ssl::stream<asio::ip::tcp::socket&> stream;
+  bool server;
+};
+
+namespace {
+
+/// Why a TLS handshake failed, in OpenSSL's words where it gives them.
+std::string handshake_error(const error_code& ec) {
+  if (ec == asio::error::eof || ec == ssl::error::stream_truncated)
+    return "the peer closed the connection during the TLS handshake (does it speak TLS, and "
+           "does it accept this side's certificate?)";
+  std::string text = ec.message();
+  if (ec.category() == asio::error::get_ssl_category()) {
+    // "certificate verify failed (SSL routines)" reads better without the library's name.
+    if (auto paren = text.find(" ("); paren != std::string::npos) text.resize(paren);
+  }
+  return text;
+}
+
+}  // namespace
+
+FramedConnection::FramedConnection(asio::ip::tcp::socket socket, std::optional<TlsRole> tls)
+    : socket_(std::move(socket)) {
   error_code ec;
   auto remote = socket_.remote_endpoint(ec);
   peer_ = ec ? "?" : format_endpoint(remote.address().to_string(), remote.port());
+  if (tls) {
+    tls_ = std::make_unique<TlsStream>(socket_, *tls);
+    if (!tls->server) {
+      // The server's certificate must name the host the endpoint gave (a name or an address),
+      // checked by OpenSSL during its verification so a mismatch is reported as such.
+      SSL* ssl = tls_->stream.native_handle();
+      error_code parse_ec;
+      asio::ip::make_address(tls->host, parse_ec);
+      if (parse_ec) {
+        ::SSL_set1_host(ssl, tls->host.c_str());
+        ::SSL_set_tlsext_host_name(ssl, tls->host.c_str());  // SNI, for names only
+      } else {
+        ::X509_VERIFY_PARAM_set1_ip_asc(::SSL_get0_param(ssl), tls->host.c_str());
+      }
+    }
+  } else {
+    handshaken_ = true;
+  }
 }
+
+FramedConnection::~FramedConnection() = default;
 
 void FramedConnection::start(MessageHandler on_message, CloseHandler on_close) {
   on_message_ = std::move(on_message);
   on_close_ = std::move(on_close);
-  read_more();
+  if (!tls_) return read_more();
+  tls_->stream.async_handshake(
+      tls_->server ? ssl::stream_base::server : ssl::stream_base::client,
+      [self = shared_from_this()](error_code ec) {
+        if (!self->open_) return;
+        if (ec) {
+          self->tls_failed_ = ec.category() == asio::error::get_ssl_category();
+          std::string why = handshake_error(ec);
+          // Which check the peer's certificate failed ("hostname mismatch", "unable to get
+          // local issuer certificate"), where OpenSSL's reason is only "verify failed".
+          const long verified = ::SSL_get_verify_result(self->tls_->stream.native_handle());
+          if (self->tls_failed_ && verified != X509_V_OK)
+            why += " (" + std::string(::X509_verify_cert_error_string(verified)) + ")";
+          return self->end("TLS handshake with " + self->peer_ + " failed: " + why);
+        }
+        self->handshaken_ = true;
+        self->read_more();
+        self->write_next();
+      });
 }
 
 std::string FramedConnection::local_address() const {
@@ -32,34 +99,56 @@ std::string FramedConnection::local_address() const {
 }
 
 void FramedConnection::read_more() {
-  socket_.async_read_some(
-      asio::buffer(chunk_), [self = shared_from_this()](error_code ec, std::size_t n) {
-        if (!self->open_) return;
-        if (n > 0) {
-          self->bytes_received_ += n;
-          const std::size_t before = self->decoder_.buffered_bytes();
-          self->decoder_.feed(std::string_view(self->chunk_.data(), n));
-          self->account(before);
-          while (self->open_) {
-            const std::size_t held = self->decoder_.buffered_bytes();
-            DecodeResult r = self->decoder_.next();
-            self->account(held);
-            if (r.status == DecodeStatus::NeedMore) break;
-            if (r.status == DecodeStatus::Bad)
-              return self->end("bad frame from " + self->peer_ + ": " + r.error);
-            self->on_message_(r.body);
-          }
-          // What stays buffered is an unfinished frame: over the group's cap, its owner
-          // decides whom to close (perhaps this connection).
-          if (self->open_ && self->budget_ && self->budget_->used > self->budget_->limit &&
-              self->budget_->over_limit)
-            self->budget_->over_limit();
-        }
-        if (!self->open_) return;
-        if (ec == asio::error::eof) return self->end("");
-        if (ec) return self->end(ec.message());
-        self->read_more();
-      });
+  auto handler = [self = shared_from_this()](error_code ec, std::size_t n) {
+    self->on_read(ec, n);
+  };
+  if (tls_)
+    tls_->stream.async_read_some(asio::buffer(chunk_), std::move(handler));
+  else
+    socket_.async_read_some(asio::buffer(chunk_), std::move(handler));
+}
+
+void FramedConnection::on_read(error_code ec, std::size_t n) {
+  if (!open_) return;
+  if (n > 0) {
+    const bool first = bytes_received_ == 0;
+    bytes_received_ += n;
+    // A TLS record on a plain connection: the other side has TLS configured and this one not.
+    if (first && !tls_ && looks_like_tls(std::string(chunk_.data(), std::min<std::size_t>(n, 3)))) {
+      tls_failed_ = true;
+      return end(peer_ +
+                 " speaks TLS and this side does not: configure TLS on both sides "
+                 "(docs/operations.md#tls)");
+    }
+    const std::size_t before = decoder_.buffered_bytes();
+    decoder_.feed(std::string_view(chunk_.data(), n));
+    account(before);
+    while (open_) {
+      const std::size_t held = decoder_.buffered_bytes();
+      DecodeResult r = decoder_.next();
+      account(held);
+      if (r.status == DecodeStatus::NeedMore) break;
+      if (r.status == DecodeStatus::Bad) return end("bad frame from " + peer_ + ": " + r.error);
+      on_message_(r.body);
+    }
+    // What stays buffered is an unfinished frame: over the group's cap, its owner decides whom
+    // to close (perhaps this connection).
+    if (open_ && budget_ && budget_->used > budget_->limit && budget_->over_limit)
+      budget_->over_limit();
+  }
+  if (!open_) return;
+  // Over TLS a peer that closes without TLS's close_notify ends with stream_truncated: an
+  // orderly end all the same between whole frames (frames carry their own length).
+  if (ec == asio::error::eof ||
+      (ec == ssl::error::stream_truncated && decoder_.buffered_bytes() == 0))
+    return end("");
+  if (ec && ec.category() == asio::error::get_ssl_category()) {
+    // After the handshake, as TLS 1.3 does it: the server refused this side's certificate.
+    tls_failed_ = true;
+    return end("TLS with " + peer_ + " failed: " + handshake_error(ec));
+  }
+  if (ec) return end(ec.message());
+  read_more();
 }
 
 void FramedConnection::send(const nlohmann::json& body) {
@@ -80,7 +169,7 @@ void FramedConnection::send(const nlohmann::json& body) {
 }
 
 void FramedConnection::write_next() {
-  if (writing_ || !open_) return;
+  if (writing_ || !open_ || !handshaken_) return;
   if (writes_.empty()) {
     if (close_when_written_) {
       error_code ignored;
@@ -90,16 +179,18 @@ void FramedConnection::write_next() {
     return;
   }
   writing_ = true;
-  asio::async_write(socket_, asio::buffer(writes_.front()),
-                    [self = shared_from_this()](error_code ec, std::size_t) {
-                      self->writing_ = false;
-                      if (!self->open_) return;
-                      if (ec)
-                        return self->end("cannot write to " + self->peer_ + ": " + ec.message());
-                      self->queued_bytes_ -= self->writes_.front().size();
-                      self->writes_.pop_front();
-                      self->write_next();
-                    });
+  auto handler = [self = shared_from_this()](error_code ec, std::size_t) {
+    self->writing_ = false;
+    if (!self->open_) return;
+    if (ec) return self->end("cannot write to " + self->peer_ + ": " + ec.message());
+    self->queued_bytes_ -= self->writes_.front().size();
+    self->writes_.pop_front();
+    self->write_next();
+  };
+  if (tls_)
+    asio::async_write(tls_->stream, asio::buffer(writes_.front()), std::move(handler));
+  else
+    asio::async_write(socket_, asio::buffer(writes_.front()), std::move(handler));
 }
 
 void FramedConnection::close_after_writes() {

@@ -1,13 +1,16 @@
 #pragma once
+#include <array>
 #include <boost/asio/ip/tcp.hpp>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "rendezvous/framing.h"
+#include "rendezvous/tls.h"
 
 namespace ddprun::rdzv {
 
@@ -22,17 +25,23 @@ struct InputBudget {
 };
 
 /// One TCP connection that carries frames (framing.h) both ways: a read loop that decodes
-/// frames and a write queue. Shared by the server's sessions, the agent's client and
-/// `ddprun status`. Lives in shared_ptrs: pending handlers keep it alive until they ran.
+/// frames and a write queue, over the plain socket or a TLS stream on it (tls.h). Shared by the
+/// server's sessions, the agent's client and `ddprun status`. Lives in shared_ptrs: pending
+/// handlers keep it alive until they ran.
 class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
  public:
   using MessageHandler = std::function<void(const nlohmann::json&)>;
   /// Called once when the connection ends: "" for an orderly close by the peer, else why.
   using CloseHandler = std::function<void(const std::string&)>;
 
-  explicit FramedConnection(boost::asio::ip::tcp::socket socket);
+  /// With `tls`, start() first runs the TLS handshake in that role; frames sent before it
+  /// completes wait in the queue.
+  explicit FramedConnection(boost::asio::ip::tcp::socket socket,
+                            std::optional<TlsRole> tls = std::nullopt);
+  ~FramedConnection();
 
-  /// Starts the read loop. Handlers run on the socket's executor.
+  /// Starts the read loop (after the TLS handshake, with TLS). Handlers run on the socket's
+  /// executor; a failed handshake closes the connection with the reason.
   void start(MessageHandler on_message, CloseHandler on_close);
 
   /// Queues one frame. Ignored once closed.
@@ -45,6 +54,10 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   void close();
 
   bool is_open() const { return open_; }
+
+  /// The connection ended on a TLS failure (a certificate refused, TLS on one side only):
+  /// a configuration error, which reconnecting does not cure.
+  bool tls_failed() const { return tls_failed_; }
 
   /// Counts this connection's unparsed input against `budget` (which must outlive it).
   void set_input_budget(InputBudget* budget) { budget_ = budget; }
@@ -66,13 +79,18 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   std::string local_address() const;
 
  private:
+  struct TlsStream;
   void read_more();
+  void on_read(boost::system::error_code ec, std::size_t n);
   void write_next();
   void end(const std::string& why);
   /// Moves the budget's count by this connection's change in buffered bytes since `before`.
   void account(std::size_t before);
 
   boost::asio::ip::tcp::socket socket_;
+  std::unique_ptr<TlsStream> tls_;  ///< over socket_, with TLS
+  bool handshaken_ = false;         ///< frames may be written (always, without TLS)
+  bool tls_failed_ = false;
   FrameDecoder decoder_;
   std::array<char, 16384> chunk_{};
   std::deque<std::string> writes_;

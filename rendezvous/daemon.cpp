@@ -50,6 +50,13 @@ std::variant<DaemonConfig, DaemonExit> parse_daemon_args(const std::vector<std::
   app.add_option("--secret_file,--secret-file", config.secret_file,
                  "a file holding the shared secret every agent and ddprun status must prove "
                  "(mode 600; default: $DDPRUN_RDZV_SECRET_FILE)");
+  app.add_option("--tls_cert,--tls-cert", config.tls.cert,
+                 "PEM certificate (chain) of this server: every connection speaks TLS "
+                 "(with --tls_key)");
+  app.add_option("--tls_key,--tls-key", config.tls.key,
+                 "PEM private key of --tls_cert (not readable by others)");
+  app.add_option("--tls_ca,--tls-ca", config.tls.ca,
+                 "PEM CA certificate(s): every client must present a certificate it signed");
   app.set_version_flag("--version", "ddprun-rdzvd " DDPRUN_VERSION);
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   try {
@@ -105,17 +112,30 @@ int run_daemon(const DaemonConfig& config) {
     }
     secret = std::get<Secret>(std::move(read));
   }
+  TlsContext tls;
+  if (config.tls.any()) {
+    auto made = make_server_tls(config.tls, "--tls_");
+    if (auto* why = std::get_if<std::string>(&made)) {
+      spdlog::error("{}", *why);
+      return common::kExitUsage;
+    }
+    tls = std::get<TlsContext>(std::move(made));
+  }
   boost::asio::io_context io;
   common::SteadyClock clock;
-  RendezvousServer server(io, clock, config.limits, secret);
+  RendezvousServer server(io, clock, config.limits, secret, tls);
   if (auto why = server.listen(config.host, config.port)) {
     spdlog::error("{}; is another ddprun-rdzvd or agent using the port? pick another --port", *why);
     return common::kExitRendezvous;
   }
-  spdlog::info("listening on {}:{} (rendezvous protocol {}{})",
+  const char* tls_note = !tls                    ? ""
+                         : config.tls.ca.empty() ? ", TLS"
+                                                 : ", TLS with client certificates";
+  spdlog::info("listening on {}:{} (rendezvous protocol {}{}{})",
                config.host.empty() ? "*" : config.host, server.port(), kProtocolVersion,
-               secret ? ", shared secret required" : "");
-  if (!secret)
+               secret ? ", shared secret required" : "", tls_note);
+  // Client certificates authenticate peers as the secret does.
+  if (!secret && config.tls.ca.empty())
     spdlog::warn(
         "no --secret_file: anyone who can reach this port can read, join and end its jobs; "
         "use it on trusted networks only (docs/operations.md#security)");

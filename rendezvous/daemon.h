@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "rendezvous/limits.h"
+#include "rendezvous/tls.h"
 
 namespace ddprun::rdzv {
 
@@ -13,6 +14,7 @@ struct DaemonConfig {
   int port = 29400;
   ServerLimits limits;
   std::string secret_file;  ///< --secret_file, else $DDPRUN_RDZV_SECRET_FILE; "" for none
+  TlsFiles tls;             ///< --tls_cert, --tls_key, --tls_ca; none: plain TCP
 };
 
 /// Parses ddprun-rdzvd's arguments; a message (help text or error) when it should not run.

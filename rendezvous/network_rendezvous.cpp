@@ -132,25 +132,31 @@ void NetworkRendezvous::try_endpoint(size_t index, const std::string& last_error
     if (ec) return try_endpoint(index + 1, ec.message());
     connecting_ = false;
     tune_socket(*socket, opt_.settings.keep_alive_window());
-    on_connected(std::make_shared<FramedConnection>(std::move(*socket)));
+    std::optional<TlsRole> tls;
+    if (opt_.tls) tls = TlsRole{opt_.tls, false, opt_.endpoint_host};
+    on_connected(std::make_shared<FramedConnection>(std::move(*socket), std::move(tls)));
   });
 }
 
 void NetworkRendezvous::on_connected(std::shared_ptr<FramedConnection> conn) {
   if (phase_ == Phase::Done) return conn->close();
-  if (lost_since_ && round_)
-    spdlog::info("reconnected to the rendezvous at {}",
-                 format_endpoint(opt_.endpoint_host, opt_.endpoint_port));
   conn_ = conn;
   greeted_ = false;
-  lost_since_.reset();
-  backoff_ = Millis(100);
   conn_->start(
       [this, alive = alive_](const nlohmann::json& body) {
         if (*alive) on_message(body);
       },
       [this, alive = alive_, raw = conn.get()](const std::string& why) {
         if (!*alive || conn_.get() != raw) return;
+        // A certificate refused, or TLS on one side only: no retry cures that.
+        if (raw->tls_failed())
+          return give_up(RendezvousError{RendezvousErrorKind::State,
+                                         why + "; check --rdzv_conf tls_ca, tls_cert and tls_key "
+                                               "against the server's TLS settings"});
+        if (why.empty() && raw->bytes_received() == 0 && !opt_.tls)
+          return on_lost(
+              "the server closed the connection without a hello (a server with TLS does so "
+              "to a client without: give --rdzv_conf tls_ca=FILE)");
         on_lost(why.empty() ? "the server closed the connection" : why);
       });
   handshake_.emplace(opt_.secret, "agent", make_nonce());
@@ -223,6 +229,13 @@ void NetworkRendezvous::on_message(const nlohmann::json& body) {
     if (hs.send) conn_->send(*hs.send);
     if (!hs.done) return;
     greeted_ = true;
+    // Reachable again only once the server greeted: a connection that a server closes at once
+    // (TLS expected, out of descriptors) keeps counting towards connect_timeout.
+    if (lost_since_ && round_)
+      spdlog::info("reconnected to the rendezvous at {}",
+                   format_endpoint(opt_.endpoint_host, opt_.endpoint_port));
+    lost_since_.reset();
+    backoff_ = Millis(100);
     if (handshake_->authenticates()) after_greeting();
     handshake_.reset();
     return;

@@ -12,6 +12,7 @@
 #include "rendezvous/auth.h"
 #include "rendezvous/connection.h"
 #include "rendezvous/rendezvous_handler.h"
+#include "rendezvous/tls.h"
 
 namespace ddprun::rdzv {
 
@@ -37,6 +38,9 @@ struct NetworkRendezvousOptions {
   std::function<void()> before_connect;
   /// The shared secret (--rdzv_conf secret_file): prove it to the server and check its proof.
   std::optional<Secret> secret;
+  /// TLS (--rdzv_conf tls_ca, tls_cert, tls_key; make_client_tls): the server's certificate
+  /// must chain to tls_ca and name endpoint_host. Null: plain TCP.
+  TlsContext tls;
 };
 
 /// The agent's side of the TCP rendezvous: joins rounds at the server, keeps the connection

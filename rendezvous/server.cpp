@@ -59,7 +59,8 @@ void log_outgoing(const std::string& run_id, const Outgoing& out) {
 }  // namespace
 
 RendezvousServer::RendezvousServer(asio::io_context& io, const common::Clock& clock,
-                                   ServerLimits limits, std::optional<Secret> secret)
+                                   ServerLimits limits, std::optional<Secret> secret,
+                                   TlsContext tls)
     : io_(io),
       clock_(clock),
       acceptor_(io),
@@ -67,7 +68,8 @@ RendezvousServer::RendezvousServer(asio::io_context& io, const common::Clock& cl
       accept_timer_(io),
       housekeeping_timer_(io),
       limits_(limits),
-      secret_(std::move(secret)) {
+      secret_(std::move(secret)),
+      tls_(std::move(tls)) {
   input_budget_.limit = limits_.max_buffered_bytes;
   input_budget_.over_limit = [this] { shed_largest_inputs(); };
   // One descriptor held back: when the process runs out, closing it lets the server accept
@@ -133,7 +135,9 @@ void RendezvousServer::accept_next() {
     if (!ec) {
       tune_socket(socket, kServerSocketTimeout);
       const std::uint64_t id = next_session_++;
-      auto conn = std::make_shared<FramedConnection>(std::move(socket));
+      std::optional<TlsRole> role;
+      if (tls_) role = TlsRole{tls_, true, ""};
+      auto conn = std::make_shared<FramedConnection>(std::move(socket), std::move(role));
       conn->set_input_budget(&input_budget_);
       conn->set_write_limit(kSessionWriteLimit);
       Session& session = sessions_[id];
@@ -347,7 +351,9 @@ void RendezvousServer::on_closed(std::uint64_t id, const std::string& why) {
   // A bad frame or the input budget: say so (a peer that just closed is no news).
   if (why.rfind("bad frame from ", 0) == 0)
     warn_peer(it->second.conn->peer(), "bad frame: " + why.substr(why.find(": ") + 2));
-  else if (why.find(" wait unread, over the limit of ") != std::string::npos)
+  else if (why.find(" wait unread, over the limit of ") != std::string::npos ||
+           why.rfind("TLS handshake with ", 0) == 0 || why.rfind("TLS with ", 0) == 0 ||
+           why.find(" speaks TLS and this side does not") != std::string::npos)
     warn_peer(it->second.conn->peer(), "closed: " + why);
   sessions_.erase(it);
   if (node_id.empty()) return;

@@ -28,9 +28,11 @@ namespace ddprun::rdzv {
 /// All on the io_context's thread; the state machine (rdzv_state.h) holds every decision.
 class RendezvousServer {
  public:
-  /// With `secret`, every connection must prove it holds it before anything else (auth.h).
+  /// With `secret`, every connection must prove it holds it before anything else (auth.h);
+  /// with `tls` (make_server_tls), every connection speaks TLS (tls.h).
   RendezvousServer(boost::asio::io_context& io, const common::Clock& clock,
-                   ServerLimits limits = {}, std::optional<Secret> secret = std::nullopt);
+                   ServerLimits limits = {}, std::optional<Secret> secret = std::nullopt,
+                   TlsContext tls = nullptr);
   ~RendezvousServer();
   RendezvousServer(const RendezvousServer&) = delete;
   RendezvousServer& operator=(const RendezvousServer&) = delete;
@@ -96,6 +98,7 @@ class RendezvousServer {
   boost::asio::steady_timer housekeeping_timer_;
   ServerLimits limits_;
   std::optional<Secret> secret_;
+  TlsContext tls_;
   InputBudget input_budget_;
   std::optional<TimePoint> awake_at_;  ///< when a handler last ran
   int reserve_fd_ = -1;                ///< kept open to accept-and-close when out of descriptors

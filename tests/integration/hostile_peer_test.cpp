@@ -14,6 +14,7 @@
 #include "rendezvous/free_port.h"
 #include "rendezvous/protocol.h"
 #include "tests/integration/ddprun_runs.h"
+#include "tests/integration/rdzv_fixtures.h"
 #include "tests/support/raw_peer.h"
 
 using namespace ddprun::testing;
@@ -21,12 +22,6 @@ using namespace std::chrono_literals;
 using nlohmann::json;
 
 namespace {
-
-int free_port() {
-  auto p = ddprun::rdzv::find_free_port("127.0.0.1");
-  REQUIRE(std::holds_alternative<int>(p));
-  return std::get<int>(p);
-}
 
 /// The frames the issue reports as crashes: a number out of a double's range, and 100,000
 /// nested arrays (about 200 KB) in the fields a refusal used to quote whole.
@@ -36,23 +31,6 @@ std::vector<std::string> crashing_bodies() {
           R"({"type":)" + deep + R"(,"protocol":1})",
           R"({"type":"hello","protocol":)" + deep + "}"};
 }
-
-/// A daemon on a free port of 127.0.0.1, with extra flags; stopped with SIGTERM at the end.
-struct Daemon {
-  int port = free_port();
-  std::unique_ptr<Subprocess> process;
-  explicit Daemon(std::vector<std::string> flags = {}) {
-    std::vector<std::string> argv{RDZVD_BIN, "--port", std::to_string(port), "--host", "127.0.0.1"};
-    argv.insert(argv.end(), flags.begin(), flags.end());
-    process = std::make_unique<Subprocess>(argv);
-    REQUIRE(wait_until([&] { return contains(process->err_so_far(), "listening on"); }, 10s));
-  }
-  ~Daemon() {
-    process->send(SIGTERM);
-    process->wait(10s);
-  }
-  bool alive() const { return process_alive(process->pid()); }
-};
 
 /// A join for job `run_id` from a made-up node.
 json join_body(const std::string& run_id, const std::string& node) {
@@ -65,23 +43,6 @@ json join_body(const std::string& run_id, const std::string& node) {
   join.settings.min_nodes = 2;
   join.settings.max_nodes = 2;
   return ddprun::rdzv::to_json(ddprun::rdzv::AgentMessage{join});
-}
-
-/// Two agents of job "job" at `endpoint` (127.0.0.2 and .3, fast keep-alive), each running
-/// one fake worker with `actions`; `flags` go before the common ones.
-std::vector<std::unique_ptr<Subprocess>> start_two_nodes(const std::string& endpoint,
-                                                         const std::vector<std::string>& flags,
-                                                         const std::vector<std::string>& actions,
-                                                         const std::string& conf = "") {
-  std::vector<std::unique_ptr<Subprocess>> nodes;
-  for (int i = 0; i < 2; ++i) {
-    std::vector<std::string> all = flags;
-    all.insert(all.end(), {"--nproc_per_node", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint",
-                           endpoint, "--rdzv_id", "job", "--local_addr", loopback_node_addr(i),
-                           "--rdzv_conf", kFastRdzvConf + conf});
-    nodes.push_back(std::make_unique<Subprocess>(ddprun_fake(all, actions)));
-  }
-  return nodes;
 }
 
 }  // namespace
@@ -238,18 +199,6 @@ TEST_CASE("a daemon stopped for longer than the keep-alive window loses no node"
   CHECK(contains(daemon.process->err_so_far(), "did not run for"));
   CHECK_FALSE(contains(daemon.process->err_so_far(), "was lost"));
 }
-
-namespace {
-
-/// A secret file of mode 600 holding `content`.
-std::string secret_file(const TempDir& dir, const std::string& name, const std::string& content) {
-  const std::string path = dir.path() + "/" + name;
-  std::ofstream(path) << content << "\n";
-  ::chmod(path.c_str(), 0600);
-  return path;
-}
-
-}  // namespace
 
 TEST_CASE("with a shared secret a job trains through the daemon and strangers get nothing",
           "[integration][security]") {

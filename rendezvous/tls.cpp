@@ -1,0 +1,144 @@
+#include "rendezvous/tls.h"
+
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+#include <sys/stat.h>
+
+#include <boost/asio/ssl/context.hpp>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+namespace ddprun::rdzv {
+
+namespace ssl = boost::asio::ssl;
+
+namespace {
+
+/// A failed call's reason in OpenSSL's words (Asio keeps OpenSSL's error code as the value);
+/// clears what else OpenSSL queued so the next call starts clean.
+std::string openssl_reason(const boost::system::error_code& ec) {
+  ::ERR_clear_error();
+  if (ec.category() == boost::asio::error::get_ssl_category()) {
+    if (const char* text = ::ERR_reason_error_string(static_cast<unsigned long>(ec.value())))
+      return text;
+  }
+  return ec.message();
+}
+
+/// Checks that `path` names a readable regular file before OpenSSL reads it, so the usual
+/// mistakes get a message about the file rather than about PEM parsing.
+std::optional<std::string> check_file(const std::string& option, const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    return option + " " + path + ": " + std::strerror(errno) + "; give the path of a PEM file";
+  if (!S_ISREG(st.st_mode)) return option + " " + path + ": not a regular file";
+  return std::nullopt;
+}
+
+/// A private key others can read is not private: refused, naming the fix.
+std::optional<std::string> check_key_mode(const std::string& option, const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && (st.st_mode & S_IROTH) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%o", static_cast<unsigned>(st.st_mode & 0777));
+    return option + " " + path + " is readable by others (mode " + mode + "): run chmod o-r " +
+           path;
+  }
+  return std::nullopt;
+}
+
+/// A context of the given method with TLS 1.2 as the oldest version.
+TlsContext new_context(ssl::context::method method) {
+  auto context = std::make_shared<ssl::context>(method);
+  context->set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 |
+                       ssl::context::no_sslv3 | ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1 |
+                       ssl::context::single_dh_use);
+  return context;
+}
+
+std::optional<std::string> load_ca(ssl::context& context, const std::string& flag,
+                                   const std::string& path) {
+  const std::string option = flag + "ca";
+  if (auto why = check_file(option, path)) return why;
+  boost::system::error_code ec;
+  context.load_verify_file(path, ec);
+  if (ec)
+    return option + " " + path + ": cannot load it as PEM certificates: " + openssl_reason(ec);
+  return std::nullopt;
+}
+
+std::optional<std::string> load_identity(ssl::context& context, const std::string& flag,
+                                         const TlsFiles& files) {
+  const std::string cert = flag + "cert";
+  const std::string key = flag + "key";
+  if (auto why = check_file(cert, files.cert)) return why;
+  if (auto why = check_file(key, files.key)) return why;
+  if (auto why = check_key_mode(key, files.key)) return why;
+  boost::system::error_code ec;
+  context.use_certificate_chain_file(files.cert, ec);
+  if (ec)
+    return cert + " " + files.cert + ": cannot load it as a PEM certificate: " + openssl_reason(ec);
+  context.use_private_key_file(files.key, ssl::context::pem, ec);
+  // Asio takes OpenSSL's error off the queue into the error code's value.
+  const bool mismatch =
+      ec && ec.category() == boost::asio::error::get_ssl_category() &&
+      ERR_GET_REASON(static_cast<unsigned long>(ec.value())) == X509_R_KEY_VALUES_MISMATCH;
+  if (mismatch || (!ec && ::SSL_CTX_check_private_key(context.native_handle()) != 1)) {
+    ::ERR_clear_error();
+    return key + " " + files.key + " does not belong to " + cert + " " + files.cert +
+           ": give the key the certificate was made for";
+  }
+  if (ec)
+    return key + " " + files.key + ": cannot load it as a PEM private key: " + openssl_reason(ec);
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::variant<TlsContext, std::string> make_server_tls(const TlsFiles& files,
+                                                      const std::string& flag) {
+  if (files.cert.empty() || files.key.empty())
+    return "TLS needs both " + flag + "cert and " + flag +
+           "key on the side that serves the rendezvous (the daemon, or the agent that hosts it)";
+  TlsContext context = new_context(ssl::context::tls_server);
+  if (auto why = load_identity(*context, flag, files)) return *why;
+  if (!files.ca.empty()) {
+    if (auto why = load_ca(*context, flag, files.ca)) return *why;
+    // Clients must show a certificate of this CA; the list tells them which one.
+    if (STACK_OF(X509_NAME)* names = ::SSL_load_client_CA_file(files.ca.c_str()))
+      ::SSL_CTX_set_client_CA_list(context->native_handle(), names);
+    context->set_verify_mode(ssl::verify_peer | ssl::verify_fail_if_no_peer_cert);
+  }
+  return context;
+}
+
+std::variant<TlsContext, std::string> make_client_tls(const TlsFiles& files,
+                                                      const std::string& flag) {
+  if (files.ca.empty())
+    return "TLS needs " + flag + "ca (the CA that signed the rendezvous server's certificate)" +
+           (files.cert.empty() && files.key.empty()
+                ? ""
+                : " besides " + flag + "cert and " + flag + "key");
+  if (files.cert.empty() != files.key.empty())
+    return "give " + flag + "cert and " + flag + "key together (a certificate and its key)";
+  TlsContext context = new_context(ssl::context::tls_client);
+  if (auto why = load_ca(*context, flag, files.ca)) return *why;
+  context->set_verify_mode(ssl::verify_peer);
+  if (!files.cert.empty()) {
+    if (auto why = load_identity(*context, flag, files)) return *why;
+  }
+  return context;
+}
+
+bool looks_like_tls(const std::string& bytes) {
+  // A record header: content type (21 alert, 22 handshake), then version 3.x.
+  if (bytes.size() < 3) return false;
+  const auto type = static_cast<unsigned char>(bytes[0]);
+  const auto major = static_cast<unsigned char>(bytes[1]);
+  const auto minor = static_cast<unsigned char>(bytes[2]);
+  return (type == 21 || type == 22) && major == 3 && minor <= 4;
+}
+
+}  // namespace ddprun::rdzv
