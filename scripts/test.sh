@@ -21,13 +21,13 @@ echo "== build (AddressSanitizer + UBSan) =="
 cmake -S . -B build-asan -G Ninja -DDDPRUN_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug -DDDPRUN_BUILD_TESTS=ON
 cmake --build build-asan -j"$jobs"
 # The Python and SLURM tests run once, in the plain build: they drive the same ddprun code
-# through torch or slurmd, which would only be slower under the sanitizers. So do the scale
-# tests (label scale: 100,000 jobs take ten times as long there); smaller cases of the same
-# code run in both builds.
+# through torch or slurmd, which would only be slower under the sanitizers. So do the tests
+# labelled plain-only (tests/CMakeLists.txt says why each); smaller cases of the same code run
+# in both builds.
 echo "== launcher, agent, rendezvous and SDK-core tests under ASan/UBSan =="
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --output-on-failure --no-tests=error -j"$jobs" -LE 'python|slurm|scale')
+  ctest --output-on-failure --no-tests=error -j"$jobs" -LE 'python|slurm|plain-only')
 
 echo "== fuzzers (clang, ASan/UBSan), about 40 s each =="
 bash scripts/fuzz.sh
