@@ -14,13 +14,10 @@
 #include "common/exit_codes.h"
 #include "common/signals.h"
 #include "common/strings.h"
+#include "common/version.h"
 #include "launcher/slurm.h"
 #include "rendezvous/endpoint.h"
 #include "rendezvous/limits.h"
-
-#ifndef DDPRUN_VERSION
-#define DDPRUN_VERSION "dev"
-#endif
 
 namespace ddprun::launcher {
 namespace {
@@ -750,7 +747,7 @@ ParseResult parse_command_line(const std::vector<std::string>& args, const EnvLo
   CLI::App app{"ddprun", "ddprun"};
   app.prefix_command();  // the first positional is the script; it and the rest are untouched
   app.set_help_flag("-h,--help");
-  app.set_version_flag("--version", "ddprun " DDPRUN_VERSION);
+  app.set_version_flag("--version", common::version_line("ddprun"));
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 
   // std::map keeps element addresses stable, so CLI11 can write into these.
@@ -773,7 +770,7 @@ ParseResult parse_command_line(const std::vector<std::string>& args, const EnvLo
   } catch (const CLI::CallForAllHelp&) {
     return InfoRequest{help_text()};
   } catch (const CLI::CallForVersion&) {
-    return InfoRequest{"ddprun " DDPRUN_VERSION "\n"};
+    return InfoRequest{common::version_line("ddprun") + "\n"};
   } catch (const CLI::ParseError& error) {
     return usage_error_from(error);
   }

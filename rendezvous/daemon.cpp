@@ -14,6 +14,7 @@
 #include "common/exit_codes.h"
 #include "common/signals.h"
 #include "common/strings.h"
+#include "common/version.h"
 #include "rendezvous/auth.h"
 #include "rendezvous/server.h"
 
@@ -57,14 +58,14 @@ std::variant<DaemonConfig, DaemonExit> parse_daemon_args(const std::vector<std::
                  "PEM private key of --tls_cert (not readable by others)");
   app.add_option("--tls_ca,--tls-ca", config.tls.ca,
                  "PEM CA certificate(s): every client must present a certificate it signed");
-  app.set_version_flag("--version", "ddprun-rdzvd " DDPRUN_VERSION);
+  app.set_version_flag("--version", common::version_line("ddprun-rdzvd"));
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   try {
     app.parse(reversed);
   } catch (const CLI::CallForHelp&) {
     return DaemonExit{0, app.help()};
   } catch (const CLI::CallForVersion&) {
-    return DaemonExit{0, "ddprun-rdzvd " DDPRUN_VERSION "\n"};
+    return DaemonExit{0, common::version_line("ddprun-rdzvd") + "\n"};
   } catch (const CLI::ParseError& e) {
     return DaemonExit{common::kExitUsage,
                       std::string("ddprun-rdzvd: error: ") + e.what() + ": see --help\n"};

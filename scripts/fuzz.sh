@@ -10,7 +10,7 @@ seconds="${FUZZ_SECONDS:-40}"
 jobs=$(nproc)
 
 cmake -S . -B build-fuzz -G Ninja -DDDPRUN_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CXX_COMPILER=clang++-14 >/dev/null
+  -DCMAKE_CXX_COMPILER=clang++-14 -DDDPRUN_WERROR=ON >/dev/null
 targets=()
 for source in tests/fuzz/*_fuzz.cpp; do targets+=("$(basename "$source" .cpp)"); done
 cmake --build build-fuzz -j"$jobs" --target "${targets[@]}"

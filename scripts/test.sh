@@ -2,32 +2,61 @@
 # Installs ddprun's dependencies, builds it twice (plain, and with AddressSanitizer and
 # UBSan) and runs the whole test suite in both builds. This is what CI runs. The plain build
 # includes the libtorch worker SDK and its tests (label sdk); the sanitizer build leaves the
-# libtorch part out (docs/sdk.md) but runs the SDK's libtorch-free unit tests. Then the
-# libFuzzer targets run for a bounded time (scripts/fuzz.sh).
+# libtorch part out (docs/sdk.md) but runs the SDK's libtorch-free unit tests. Then a Release
+# build with clang (no SDK, no tests: it must compile warning-free), and the libFuzzer targets
+# for a bounded time (scripts/fuzz.sh). Warnings are errors in every build here
+# (DDPRUN_WERROR=ON). Each stage's time is printed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
 
+timings=()
+stage_started=$SECONDS
+stage_name=""
+# Starts a stage: closes the previous one's timing and prints a header.
+stage() {
+  if [ -n "$stage_name" ]; then timings+=("$(printf '%5d s  %s' $((SECONDS - stage_started)) "$stage_name")"); fi
+  stage_name="$1"
+  stage_started=$SECONDS
+  [ -z "$1" ] || echo "== $1 =="
+}
+print_timings() {
+  stage ""
+  echo "== stage times =="
+  printf '%s\n' "${timings[@]}"
+  echo "$(printf '%5d s' "$SECONDS")  in all"
+}
+trap print_timings EXIT
+
+stage "install dependencies"
 bash scripts/install-deps.sh
 
-echo "== build (RelWithDebInfo) =="
+stage "build (RelWithDebInfo)"
 # Options forced on every configure: a build/ the demo configured (tests off) gets them back.
-cmake -S . -B build -G Ninja -DDDPRUN_BUILD_TESTS=ON -DDDPRUN_BUILD_SDK=AUTO
+cmake -S . -B build -G Ninja -DDDPRUN_BUILD_TESTS=ON -DDDPRUN_BUILD_SDK=AUTO -DDDPRUN_WERROR=ON
 cmake --build build -j"$jobs"
-echo "== tests =="
+stage "tests (plain build)"
+# One run for every label, in parallel; ctest's "Label Time Summary" gives each label's time.
 (cd build && ctest --output-on-failure --no-tests=error -j"$jobs")
 
-echo "== build (AddressSanitizer + UBSan) =="
-cmake -S . -B build-asan -G Ninja -DDDPRUN_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug -DDDPRUN_BUILD_TESTS=ON
+stage "build (AddressSanitizer + UBSan)"
+cmake -S . -B build-asan -G Ninja -DDDPRUN_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug \
+  -DDDPRUN_BUILD_TESTS=ON -DDDPRUN_WERROR=ON
 cmake --build build-asan -j"$jobs"
 # The Python and SLURM tests run once, in the plain build: they drive the same ddprun code
 # through torch or slurmd, which would only be slower under the sanitizers. So do the tests
 # labelled plain-only (tests/CMakeLists.txt says why each); smaller cases of the same code run
 # in both builds.
-echo "== launcher, agent, rendezvous and SDK-core tests under ASan/UBSan =="
+stage "launcher, agent, rendezvous and SDK-core tests under ASan/UBSan"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --output-on-failure --no-tests=error -j"$jobs" -LE 'python|slurm|plain-only')
 
-echo "== fuzzers (clang, ASan/UBSan), about 40 s each =="
+stage "build (Release, clang 14, no SDK)"
+cmake -S . -B build-clang -G Ninja -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=Release \
+  -DDDPRUN_BUILD_SDK=OFF -DDDPRUN_BUILD_TESTS=OFF -DDDPRUN_WERROR=ON
+cmake --build build-clang -j"$jobs"
+
+stage "fuzzers (clang, ASan/UBSan), about 40 s each"
 bash scripts/fuzz.sh
+stage ""
