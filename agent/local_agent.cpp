@@ -479,32 +479,56 @@ class LocalAgent::Impl {
       handed = standbys_.hand_over(envs, warnings);
       for (const auto& line : warnings) spdlog::warn("{}", line);
     }
-    const int from_standby = static_cast<int>(handed.size());
+    auto plan = std::make_shared<LaunchPlan>();
+    plan->executable = executable;
+    plan->path_env = path_env;
+    plan->attempt_dir = attempt_dir;
+    plan->envs = std::move(envs);
+    plan->handed = std::move(handed);
+    plan->from_standby = static_cast<int>(plan->handed.size());
+    plan->cgroup_procs_fd = opt_.cleanup != nullptr ? opt_.cleanup->begin_group() : -1;
+    // The standbys handed over run already: they are workers before any launch.
     for (auto& w : workers_) {
-      const WorkerPlacement& p = w->placement;
-      const fs::path dir = attempt_dir / std::to_string(p.local_rank);
-      if (executable.empty()) {
-        w->launch_error = "command not found: " + opt_.spec.argv.front() + " (PATH=" + path_env +
-                          "); check the script name or set PYTHON_EXEC";
-        continue;
-      }
-      auto standby = handed.find(p.local_rank);
-      auto launched = standby != handed.end()
-                          ? std::variant<LaunchedProcess, std::string>(standby->second)
-                          : launcher_.launch(ProcessSpec{executable, opt_.spec.argv,
-                                                         to_envp(envs.at(p.local_rank))});
-      if (auto* why = std::get_if<std::string>(&launched)) {
-        w->launch_error = *why;
-      } else {
-        const LaunchedProcess& lp = std::get<LaunchedProcess>(launched);
-        w->pid = lp.pid;
-        w->running = true;
-        w->out = open_stream(lp.stdout_fd, p.local_rank, launcher::StdStreams::Out, dir);
-        w->err = open_stream(lp.stderr_fd, p.local_rank, launcher::StdStreams::Err, dir);
-        read_more(w->out);
-        read_more(w->err);
-      }
+      if (plan->handed.count(w->placement.local_rank) == 0) continue;
+      if (opt_.cleanup != nullptr)
+        opt_.cleanup->adopt(plan->handed.at(w->placement.local_rank).pid);
+      launch_one(*plan, *w);
     }
+    launching_ = true;
+    launch_next(std::move(plan), 0);
+  }
+
+  /// What start_workers hands to each launch step.
+  struct LaunchPlan {
+    std::string executable;
+    std::string path_env;
+    fs::path attempt_dir;
+    std::map<int, EnvMap> envs;  // by local rank
+    std::map<int, LaunchedProcess> handed;
+    int from_standby = 0;
+    int cgroup_procs_fd = -1;
+  };
+
+  /// Starts worker `index`, then lets the event loop run before the next: a stop signal that
+  /// comes while a large group starts is acted on between two launches, not after the last.
+  void launch_next(std::shared_ptr<LaunchPlan> plan, size_t index) {
+    while (index < workers_.size() && workers_[index]->pid > 0) ++index;  // a standby's
+    if (index < workers_.size() && stop_reason_ == StopReason::None && !finished_) {
+      launch_one(*plan, *workers_[index]);
+      asio::post(io_, [this, plan, index] { launch_next(plan, index + 1); });
+      return;
+    }
+    launching_ = false;
+    if (finished_) return;
+    // Init -> Stopped for the workers not started: a stop came while the group started.
+    const size_t planned = workers_.size();
+    workers_.erase(
+        std::remove_if(workers_.begin(), workers_.end(),
+                       [](const auto& w) { return w->pid <= 0 && w->launch_error.empty(); }),
+        workers_.end());
+    if (workers_.size() < planned)
+      spdlog::info("stopped starting workers: {} of {} started", workers_.size(), planned);
+    if (workers_.empty()) return on_group_stopped();  // Init -> Stopped: none had started
     for (auto& w : workers_) {
       if (!w->launch_error.empty()) {
         // Init -> Failed: a worker that cannot start fails its group like a crash would.
@@ -518,12 +542,39 @@ class LocalAgent::Impl {
     emit("workers_started", {{"count", workers_.size()},
                              {"pids", pids},
                              {"restart_count", restart_count_},
-                             {"from_standby", from_standby}});
+                             {"from_standby", plan->from_standby}});
     arm_watchdog();
-    arm_standbys(executable);
+    arm_standbys(plan->executable);
     // SIGCHLD may have arrived before every pid was known.
     reap_children();
     evaluate();
+  }
+
+  void launch_one(const LaunchPlan& plan, WorkerRuntime& w) {
+    const WorkerPlacement& p = w.placement;
+    const fs::path dir = plan.attempt_dir / std::to_string(p.local_rank);
+    if (plan.executable.empty()) {
+      w.launch_error = "command not found: " + opt_.spec.argv.front() + " (PATH=" + plan.path_env +
+                       "); check the script name or set PYTHON_EXEC";
+      return;
+    }
+    auto standby = plan.handed.find(p.local_rank);
+    ProcessSpec spec{plan.executable, opt_.spec.argv, to_envp(plan.envs.at(p.local_rank))};
+    spec.cgroup_procs_fd = plan.cgroup_procs_fd;
+    auto launched = standby != plan.handed.end()
+                        ? std::variant<LaunchedProcess, std::string>(standby->second)
+                        : launcher_.launch(spec);
+    if (auto* why = std::get_if<std::string>(&launched)) {
+      w.launch_error = *why;
+    } else {
+      const LaunchedProcess& lp = std::get<LaunchedProcess>(launched);
+      w.pid = lp.pid;
+      w.running = true;
+      w.out = open_stream(lp.stdout_fd, p.local_rank, launcher::StdStreams::Out, dir);
+      w.err = open_stream(lp.stderr_fd, p.local_rank, launcher::StdStreams::Err, dir);
+      read_more(w.out);
+      read_more(w.err);
+    }
   }
 
   bool standbys_active() const { return opt_.standby_workers; }
@@ -545,6 +596,7 @@ class LocalAgent::Impl {
                 : build_python_standby_command(opt_.spec.argv, opt_.python_bootstrap,
                                                opt_.standby_preload),
             to_envp(build_standby_env(opt_.agent_env, opt_.spec, local, rdzv_.run_id()))};
+        if (opt_.cleanup != nullptr) ps.cgroup_procs_fd = opt_.cleanup->standby_procs_fd();
         if (std::string why = standbys_.start(local, std::move(ps)); !why.empty())
           spdlog::warn("cannot start a standby for local rank {}: {}", local, why);
         else
@@ -602,6 +654,8 @@ class LocalAgent::Impl {
       pid_t pid = ::waitpid(-1, &status, WNOHANG);
       if (pid <= 0) break;
       if (standbys_.on_exit(pid, ExitStatus::from_wait_status(status))) continue;
+      // As a child subreaper the agent also reaps orphaned descendants of its workers (and the
+      // cgroup watcher): a pid that is no running worker's is only reaped.
       for (auto& w : workers_) {
         if (w->running && w->pid == pid) on_worker_exit(*w, ExitStatus::from_wait_status(status));
       }
@@ -660,7 +714,8 @@ class LocalAgent::Impl {
   }
 
   void evaluate() {
-    if (finished_ || workers_.empty() || group_ended_) return;
+    // While a group starts, exits are recorded and judged once every worker was launched.
+    if (finished_ || workers_.empty() || group_ended_ || launching_) return;
     const GroupObservation obs = observe();
     if (stop_reason_ != StopReason::None) {
       if (obs.running == 0) on_group_stopped();
@@ -789,6 +844,14 @@ class LocalAgent::Impl {
     for (auto& w : workers_)
       if (w->pid > 0 && launcher_.signal_group(w->pid, SIGKILL))
         spdlog::debug("killed leftover processes of local rank {}", w->placement.local_rank);
+    // And what left the process groups (setsid): every descendant but the standbys.
+    if (opt_.cleanup != nullptr) {
+      std::set<pid_t> standbys;
+      for (int local = 0; local < opt_.spec.local_world_size; ++local)
+        if (standbys_.has(local)) standbys.insert(standbys_.pid_of(local));
+      if (int killed = opt_.cleanup->end_group(standbys); killed > 0)
+        spdlog::debug("killed {} leftover descendant(s) of the group", killed);
+    }
     after_drain_ = std::move(next);
     drain_timer_.expires_after(kDrainTimeout);
     drain_timer_.async_wait([this](const boost::system::error_code& ec) {
@@ -837,6 +900,7 @@ class LocalAgent::Impl {
       if (w->running)
         while (::waitpid(w->pid, nullptr, 0) < 0 && errno == EINTR) {
         }
+    if (opt_.cleanup != nullptr) opt_.cleanup->finish();
     if (opt_.on_finish) opt_.on_finish();
   }
 
@@ -872,6 +936,7 @@ class LocalAgent::Impl {
   std::optional<rdzv::Closed> closed_;
   std::optional<rdzv::RendezvousError> lost_;
   bool group_ended_ = false;
+  bool launching_ = false;  ///< launch_next() is starting the group's workers one by one
   bool finished_ = false;
   int exit_code_ = 0;
 };

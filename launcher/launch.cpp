@@ -16,6 +16,7 @@
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "agent/group_cleanup.h"
 #include "agent/local_agent.h"
 #include "agent/worker_command.h"
 #include "common/clock.h"
@@ -223,6 +224,14 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
     spdlog::error("{}", *why);
     return common::kExitUsage;
   }
+  // Before any thread or process starts: the cgroup watcher is forked here.
+  auto started_cleanup = agent::GroupCleanup::start(config.cleanup);
+  if (auto* why = std::get_if<std::string>(&started_cleanup)) {
+    spdlog::error("{}", *why);
+    return common::kExitUsage;
+  }
+  auto cleanup = std::get<std::unique_ptr<agent::GroupCleanup>>(std::move(started_cleanup));
+  spdlog::debug("process cleanup: {}", cleanup->describe());
 
   agent::AgentOptions opt;
   opt.spec.role = config.role;
@@ -245,6 +254,7 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
   opt.watchdog_timeout =
       std::chrono::milliseconds(static_cast<long long>(config.watchdog_timeout * 1000.0));
   configure_standbys(config, req, opt);
+  opt.cleanup = cleanup.get();
 
   boost::asio::io_context io;
   common::SteadyClock clock;
