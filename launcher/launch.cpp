@@ -19,6 +19,7 @@
 #include "agent/group_cleanup.h"
 #include "agent/local_agent.h"
 #include "agent/worker_command.h"
+#include "agent/worker_limits.h"
 #include "common/clock.h"
 #include "common/exit_codes.h"
 #include "common/strings.h"
@@ -221,6 +222,18 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
   }
 
   if (auto why = check_script(config, env)) {
+    spdlog::error("{}", *why);
+    return common::kExitUsage;
+  }
+  // A count the kernel's limits cannot hold is refused here, before any worker starts, rather
+  // than failing rank by rank (docs/design.md, "Process hygiene").
+  agent::WorkerNeeds needs;
+  needs.log_files = config.redirects.all != StdStreams::None ||
+                    !config.redirects.per_rank.empty() || config.tee.all != StdStreams::None ||
+                    !config.tee.per_rank.empty();
+  needs.standbys = config.standby_workers != StandbyMode::Off;
+  if (auto why = agent::check_worker_limits(std::get<int>(nproc), needs,
+                                            agent::current_process_limits())) {
     spdlog::error("{}", *why);
     return common::kExitUsage;
   }

@@ -1,6 +1,7 @@
 // No process left behind, whatever ends the job: a worker's setsid'd grandchildren (which leave
 // its process group) are gone after a normal end, a SIGTERM and a SIGKILL of the agent; a stop
-// signal is acted on while a large group starts. (docs/design.md, "Process hygiene")
+// signal is acted on while a large group starts; a worker count beyond the kernel's limits is
+// refused before anything starts. (docs/design.md, "Process hygiene")
 #include <signal.h>
 #include <unistd.h>
 
@@ -180,4 +181,22 @@ TEST_CASE("a SIGTERM while 400 workers start stops them and leaves nothing",
   REQUIRE_FALSE(r.timed_out);
   CHECK(r.exit_code == 143);
   CHECK(none_left(dir.path()));
+}
+
+TEST_CASE("a worker count beyond RLIMIT_NOFILE is refused before anything starts",
+          "[agent][integration]") {
+  TempDir dir;
+  const std::string pids = dir.path() + "/pids";
+  WorkerSweeper sweeper(pids);
+  std::string command = "ulimit -n 256; exec";
+  for (const auto& a : ddprun_fake({"--nproc_per_node", "5000"}, {"pidfile=" + pids, "hang"}))
+    command += " '" + a + "'";
+  auto r = run_command({"/bin/bash", "-c", command}, {}, kJobLimit);
+  INFO(r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code == 64);
+  CHECK(lines_of(r.err).size() <= 3);
+  CHECK(contains(r.err, "RLIMIT_NOFILE allows (256)"));
+  CHECK(contains(r.err, "ulimit -n"));
+  CHECK(read_pids(pids).empty());
 }
