@@ -47,18 +47,22 @@ constexpr std::chrono::milliseconds kWatchdogTick{1000};
 /// the workers train, not while they start.
 constexpr std::chrono::milliseconds kStandbyDelay{1000};
 
-void write_all(int fd, const std::string& data) {
+/// Writes all of `data`; returns the errno of a failed write (0: all written) and sets `lost`
+/// to the bytes not written.
+int write_all(int fd, const std::string& data, size_t* lost = nullptr) {
   const char* p = data.data();
   size_t left = data.size();
   while (left > 0) {
     ssize_t n = ::write(fd, p, left);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return;  // console gone (EPIPE): nothing more to do with this output
+      if (lost != nullptr) *lost = left;
+      return errno;  // console gone (EPIPE), disk full (ENOSPC), file too large (EFBIG)
     }
     p += n;
     left -= static_cast<size_t>(n);
   }
+  return 0;
 }
 
 bool has_stream(launcher::StdStreams set, launcher::StdStreams which) {
@@ -74,21 +78,38 @@ struct OutputStream {
   int console_fd = -1;  ///< -1: not shown on the console
   std::string prefix;
   int file_fd = -1;  ///< -1: not written to a file
+  std::string file_path;
+  int file_error = 0;       ///< errno of the first failed write to the file (0: none yet)
+  long long file_lost = 0;  ///< bytes that did not reach the file
   bool open = true;
 
-  void emit(const std::vector<std::string>& done) {
+  /// True when this call saw the first failed write to the file (to be reported once).
+  bool emit(const std::vector<std::string>& done) {
+    bool first_failure = false;
     for (const auto& line : done) {
       if (console_fd >= 0) write_all(console_fd, prefix + line + "\n");
-      if (file_fd >= 0) write_all(file_fd, line + "\n");
+      if (file_fd < 0) continue;
+      // Later writes are still tried: output resumes once the disk has room again.
+      size_t lost = 0;
+      if (int err = write_all(file_fd, line + "\n", &lost); err != 0) {
+        if (file_error == 0) {
+          first_failure = true;
+          file_error = err;
+        }
+        file_lost += static_cast<long long>(lost);
+      }
     }
+    return first_failure;
   }
-  void close() {
-    emit(lines.finish());
+  /// Like emit(): true when the last line's write was the file's first failure.
+  bool close() {
+    const bool first_failure = emit(lines.finish());
     boost::system::error_code ignored;
     pipe.close(ignored);
     if (file_fd >= 0) ::close(file_fd);
     file_fd = -1;
     open = false;
+    return first_failure;
   }
   ~OutputStream() {
     if (file_fd >= 0) ::close(file_fd);
@@ -221,6 +242,8 @@ class LocalAgent::Impl {
     pthread_sigmask(SIG_UNBLOCK, &notices, nullptr);
     // A closed console must not kill the agent while it still has workers to stop.
     std::signal(SIGPIPE, SIG_IGN);
+    // Nor a log file past RLIMIT_FSIZE: the write fails with EFBIG and is reported instead.
+    std::signal(SIGXFSZ, SIG_IGN);
     wait_for_signal();
   }
 
@@ -424,7 +447,7 @@ class LocalAgent::Impl {
     }
     if (!failures_.empty())
       write_all(STDERR_FILENO, format_failure_report(opt_.script, host_, failures_, restart_count_,
-                                                     opt_.spec.max_restarts));
+                                                     opt_.spec.max_restarts, log_loss()));
     else
       spdlog::error("the job failed on another node: {}", closed.message);
     // A job that failed without a worker failing (a node was lost) still must not exit 0.
@@ -620,6 +643,7 @@ class LocalAgent::Impl {
       const fs::path file =
           dir / (which == launcher::StdStreams::Out ? "stdout.log" : "stderr.log");
       s->file_fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      s->file_path = file.string();
       if (s->file_fd < 0)
         spdlog::warn("cannot open {}: {}; its output goes to the console", file.string(),
                      std::strerror(errno));
@@ -632,18 +656,40 @@ class LocalAgent::Impl {
   /// The handler owns the stream: a read aborted by close() may run after the group is gone.
   void read_more(std::shared_ptr<OutputStream> s) {
     OutputStream& stream = *s;
-    stream.pipe.async_read_some(asio::buffer(stream.chunk),
-                                [this, s](const boost::system::error_code& ec, size_t n) {
-                                  if (!s->open) return;
-                                  if (n > 0)
-                                    s->emit(s->lines.feed(std::string_view(s->chunk.data(), n)));
-                                  if (ec) {
-                                    s->close();
-                                    maybe_drained();
-                                    return;
-                                  }
-                                  read_more(s);
-                                });
+    stream.pipe.async_read_some(
+        asio::buffer(stream.chunk), [this, s](const boost::system::error_code& ec, size_t n) {
+          if (!s->open) return;
+          if (n > 0 && s->emit(s->lines.feed(std::string_view(s->chunk.data(), n))))
+            report_log_failure(s);
+          if (ec) {
+            if (s->close()) report_log_failure(s);
+            maybe_drained();
+            return;
+          }
+          read_more(s);
+        });
+  }
+
+  /// Once per log file: the job goes on without that file's output (a full disk must not stop
+  /// training); the loss is counted in the failure report and at the job's end.
+  void report_log_failure(const std::shared_ptr<OutputStream>& s) {
+    failed_logs_.push_back(s);
+    spdlog::warn(
+        "cannot write worker output to {}: {}; {} bytes lost so far, the job goes on without "
+        "this file's output (free space, or pick another --log_dir)",
+        s->file_path, std::strerror(s->file_error), s->file_lost);
+    emit("log_write_failed", {{"path", s->file_path},
+                              {"error", std::strerror(s->file_error)},
+                              {"bytes_lost", s->file_lost}});
+  }
+
+  LogLoss log_loss() const {
+    LogLoss loss;
+    for (const auto& s : failed_logs_) {
+      ++loss.files;
+      loss.bytes += s->file_lost;
+    }
+    return loss;
   }
 
   // ---- observing workers ------------------------------------------------------------------
@@ -880,7 +926,14 @@ class LocalAgent::Impl {
     finished_ = true;
     exit_code_ = code;
     drain_reports();
-    emit("job_end", {{"exit_code", code}});
+    nlohmann::json end{{"exit_code", code}};
+    if (const LogLoss loss = log_loss(); loss.files > 0) {
+      end["log_write_failures"] = loss.files;
+      end["log_bytes_lost"] = loss.bytes;
+      spdlog::warn("{} bytes of worker output could not be written to {} log file(s) (see above)",
+                   loss.bytes, loss.files);
+    }
+    emit("job_end", end);
     watchdog_timer_.cancel();
     standby_timer_.cancel();
     standbys_.clear();
@@ -925,6 +978,7 @@ class LocalAgent::Impl {
   rdzv::RendezvousInfo round_;
   std::vector<std::unique_ptr<WorkerRuntime>> workers_;
   std::vector<ProcessFailure> failures_;
+  std::vector<std::shared_ptr<OutputStream>> failed_logs_;  ///< each reported once
   StandbyPool standbys_;
   StopReason stop_reason_ = StopReason::None;
   std::function<void()> after_drain_;

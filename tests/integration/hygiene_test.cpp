@@ -1,7 +1,8 @@
 // No process left behind, whatever ends the job: a worker's setsid'd grandchildren (which leave
 // its process group) are gone after a normal end, a SIGTERM and a SIGKILL of the agent; a stop
 // signal is acted on while a large group starts; a worker count beyond the kernel's limits is
-// refused before anything starts. (docs/design.md, "Process hygiene")
+// refused before anything starts; a log file that cannot be written is reported, once.
+// (docs/design.md, "Process hygiene")
 #include <signal.h>
 #include <unistd.h>
 
@@ -199,4 +200,44 @@ TEST_CASE("a worker count beyond RLIMIT_NOFILE is refused before anything starts
   CHECK(contains(r.err, "RLIMIT_NOFILE allows (256)"));
   CHECK(contains(r.err, "ulimit -n"));
   CHECK(read_pids(pids).empty());
+}
+
+namespace {
+
+/// Runs a worker that prints 100 KB into --log_dir under a 16 KiB RLIMIT_FSIZE, so writes to
+/// its stdout.log fail (EFBIG) as on a full disk; then `last` (e.g. "exit=1").
+CommandResult run_with_small_file_limit(const TempDir& dir, const std::string& last) {
+  std::string command = "ulimit -f 16; exec";
+  for (const auto& a : ddprun_fake({"--log_dir", dir.path() + "/logs", "--redirects", "3",
+                                    "--event_log", dir.path() + "/events.jsonl"},
+                                   {"spam=1000", "print=after", last}))
+    command += " '" + a + "'";
+  return run_command({"/bin/bash", "-c", command}, {}, kJobLimit);
+}
+
+}  // namespace
+
+TEST_CASE("a failed write to a log file is reported once and the job goes on",
+          "[agent][integration]") {
+  TempDir dir;
+  auto r = run_with_small_file_limit(dir, "exit=0");
+  INFO(r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code == 0);
+  CHECK(count_of(r.err, "cannot write worker output to ") == 1);
+  CHECK(contains(r.err, "stdout.log: File too large"));
+  CHECK(contains(r.err, "bytes lost so far"));
+  const std::string events = read_file(dir.path() + "/events.jsonl");
+  CHECK(count_of(events, "\"event\":\"log_write_failed\"") == 1);
+  CHECK(contains(events, "\"log_write_failures\":1"));
+}
+
+TEST_CASE("the failure report counts the output lost to failed log writes",
+          "[agent][integration]") {
+  TempDir dir;
+  auto r = run_with_small_file_limit(dir, "exit=3");
+  INFO(r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code == 3);
+  CHECK(contains(r.err, "Log writes: failed for 1 file(s), "));
 }
