@@ -212,17 +212,20 @@ std::variant<std::unique_ptr<GroupCleanup>, std::string> GroupCleanup::start(Cle
     return "--cleanup cgroup: " + unusable +
            "; run ddprun where a cgroup v2 tree is delegated to its user (a systemd unit or "
            "scope with Delegate=yes), or pass --cleanup auto";
+  cleanup->no_cgroup_ = unusable;
   return cleanup;  // auto: the subreaper alone
 }
 
 std::string GroupCleanup::describe() const {
   if (mode_ == CleanupMode::Cgroup) return "cgroup " + node_dir_;
+  if (!no_cgroup_.empty()) return "subreaper (no cgroup: " + no_cgroup_ + ")";
   return std::string(cleanup_mode_name(mode_));
 }
 
 int GroupCleanup::begin_group() {
   if (group_fd_ >= 0) ::close(group_fd_);
   group_fd_ = -1;
+  if (!group_dir_.empty()) ended_dirs_.push_back(group_dir_);  // not ended: removed at finish()
   if (node_dir_.empty()) return -1;
   group_dir_ = node_dir_ + "/group-" + std::to_string(groups_++);
   if (::mkdir(group_dir_.c_str(), 0755) == 0)

@@ -51,7 +51,8 @@ class GroupCleanup {
   /// and the fix.
   static std::variant<std::unique_ptr<GroupCleanup>, std::string> start(CleanupMode mode);
 
-  /// The mode in effect (never Auto), and where: "cgroup /sys/fs/cgroup/ddprun-12", "subreaper".
+  /// The mode in effect (never Auto), and where or why: "cgroup /sys/fs/cgroup/ddprun-12",
+  /// "subreaper (no cgroup: <reason>)".
   CleanupMode mode() const { return mode_; }
   std::string describe() const;
 
@@ -78,6 +79,7 @@ class GroupCleanup {
 
   CleanupMode mode_ = CleanupMode::Subreaper;
   std::string node_dir_;                 ///< <mount><own cgroup>/ddprun-<pid>, "" without
+  std::string no_cgroup_;                ///< why auto fell back to the subreaper
   std::string group_dir_;                ///< the current group's cgroup, "" before the first
   std::vector<std::string> ended_dirs_;  ///< killed, to be removed once empty
   int group_fd_ = -1;
