@@ -1,9 +1,12 @@
 #include "agent/process_tree.h"
 
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <fstream>
 
 using namespace ddprun::agent;
 
@@ -31,4 +34,58 @@ TEST_CASE("this process's descendants are read from /proc", "[agent][unit]") {
   const auto parents = read_process_parents();
   REQUIRE(parents.count(::getpid()) == 1);
   CHECK(parents.at(::getpid()) == ::getppid());
+}
+
+namespace {
+
+/// Ended: gone, or a zombie waiting for its parent.
+bool ended(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(in, stat)) return true;
+  return stat.substr(stat.rfind(')') + 2, 1) == "Z";
+}
+
+}  // namespace
+
+TEST_CASE("every descendant is killed, a setsid'd grandchild too, and a spared one is not",
+          "[agent][unit]") {
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  const pid_t worker = ::fork();
+  if (worker == 0) {
+    if (::fork() == 0) {
+      ::setsid();
+      const pid_t self = ::getpid();
+      if (::write(ready[1], &self, sizeof(self)) < 0) ::_exit(1);
+      ::pause();
+      ::_exit(0);
+    }
+    ::pause();
+    ::_exit(0);
+  }
+  const pid_t spared = ::fork();
+  if (spared == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  ::close(ready[1]);
+  pid_t grandchild = -1;
+  REQUIRE(::read(ready[0], &grandchild, sizeof(grandchild)) == sizeof(grandchild));
+  ::close(ready[0]);
+
+  CHECK(kill_descendants({spared}) >= 2);  // the worker and its grandchild
+  int status = 0;
+  REQUIRE(::waitpid(worker, &status, 0) == worker);
+  CHECK((WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL));
+  // The grandchild is not ours to reap: it ends, re-parented, as a zombie or gone.
+  bool gone = false;
+  for (int i = 0; i < 500 && !gone; ++i) {
+    gone = ended(grandchild);
+    if (!gone) ::usleep(10 * 1000);
+  }
+  CHECK(gone);
+  CHECK(::waitpid(spared, &status, WNOHANG) == 0);  // still running
+  ::kill(spared, SIGKILL);
+  ::waitpid(spared, &status, 0);
 }
