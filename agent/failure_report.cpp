@@ -69,7 +69,7 @@ std::string describe_exit(const ExitStatus& status) {
 
 std::string format_failure_report(const std::string& script, const std::string& host,
                                   const std::vector<ProcessFailure>& failures, int restarts_used,
-                                  int max_restarts) {
+                                  int max_restarts, LogLoss log_loss) {
   const std::string title = script + " FAILED";
   std::vector<std::string> blocks;
   for (size_t i = 0; i < failures.size(); ++i)
@@ -84,6 +84,9 @@ std::string format_failure_report(const std::string& script, const std::string& 
   std::ostringstream os;
   os << border << "\n" << title << "\n" << section << "\n";
   os << "Restarts  : " << restarts_used << " of " << max_restarts << " used\n";
+  if (log_loss.files > 0)
+    os << "Log writes: failed for " << log_loss.files << " file(s), " << log_loss.bytes
+       << " bytes of output lost\n";
   os << "Failures:\n";
   if (blocks.size() <= 1) os << "  <NO_OTHER_FAILURES>\n";
   for (size_t i = 1; i < blocks.size(); ++i) os << blocks[i] << "\n";

@@ -9,11 +9,17 @@ namespace ddprun::agent {
 /// "exit code 3" / "signal SIGKILL (9)": how a failure ended, for humans.
 std::string describe_exit(const ExitStatus& status);
 
+/// Worker output that could not be written to --log_dir files in the job.
+struct LogLoss {
+  int files = 0;        ///< log files a write to failed
+  long long bytes = 0;  ///< bytes of output that never reached them
+};
+
 /// The failure summary in torchrun's shape: "<script> FAILED", every failure of the last
 /// attempt, and the root cause (the first failure observed) with its error-file traceback.
 /// `failures` is in observation order; failures[0] is the root cause.
 std::string format_failure_report(const std::string& script, const std::string& host,
                                   const std::vector<ProcessFailure>& failures, int restarts_used,
-                                  int max_restarts);
+                                  int max_restarts, LogLoss log_loss = {});
 
 }  // namespace ddprun::agent

@@ -47,18 +47,22 @@ constexpr std::chrono::milliseconds kWatchdogTick{1000};
 /// the workers train, not while they start.
 constexpr std::chrono::milliseconds kStandbyDelay{1000};
 
-void write_all(int fd, const std::string& data) {
+/// Writes all of `data`; returns the errno of a failed write (0: all written) and sets `lost`
+/// to the bytes not written.
+int write_all(int fd, const std::string& data, size_t* lost = nullptr) {
   const char* p = data.data();
   size_t left = data.size();
   while (left > 0) {
     ssize_t n = ::write(fd, p, left);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return;  // console gone (EPIPE): nothing more to do with this output
+      if (lost != nullptr) *lost = left;
+      return errno;  // console gone (EPIPE), disk full (ENOSPC), file too large (EFBIG)
     }
     p += n;
     left -= static_cast<size_t>(n);
   }
+  return 0;
 }
 
 bool has_stream(launcher::StdStreams set, launcher::StdStreams which) {
@@ -74,21 +78,38 @@ struct OutputStream {
   int console_fd = -1;  ///< -1: not shown on the console
   std::string prefix;
   int file_fd = -1;  ///< -1: not written to a file
+  std::string file_path;
+  int file_error = 0;       ///< errno of the first failed write to the file (0: none yet)
+  long long file_lost = 0;  ///< bytes that did not reach the file
   bool open = true;
 
-  void emit(const std::vector<std::string>& done) {
+  /// True when this call saw the first failed write to the file (to be reported once).
+  bool emit(const std::vector<std::string>& done) {
+    bool first_failure = false;
     for (const auto& line : done) {
       if (console_fd >= 0) write_all(console_fd, prefix + line + "\n");
-      if (file_fd >= 0) write_all(file_fd, line + "\n");
+      if (file_fd < 0) continue;
+      // Later writes are still tried: output resumes once the disk has room again.
+      size_t lost = 0;
+      if (int err = write_all(file_fd, line + "\n", &lost); err != 0) {
+        if (file_error == 0) {
+          first_failure = true;
+          file_error = err;
+        }
+        file_lost += static_cast<long long>(lost);
+      }
     }
+    return first_failure;
   }
-  void close() {
-    emit(lines.finish());
+  /// Like emit(): true when the last line's write was the file's first failure.
+  bool close() {
+    const bool first_failure = emit(lines.finish());
     boost::system::error_code ignored;
     pipe.close(ignored);
     if (file_fd >= 0) ::close(file_fd);
     file_fd = -1;
     open = false;
+    return first_failure;
   }
   ~OutputStream() {
     if (file_fd >= 0) ::close(file_fd);
@@ -221,6 +242,8 @@ class LocalAgent::Impl {
     pthread_sigmask(SIG_UNBLOCK, &notices, nullptr);
     // A closed console must not kill the agent while it still has workers to stop.
     std::signal(SIGPIPE, SIG_IGN);
+    // Nor a log file past RLIMIT_FSIZE: the write fails with EFBIG and is reported instead.
+    std::signal(SIGXFSZ, SIG_IGN);
     wait_for_signal();
   }
 
@@ -424,7 +447,7 @@ class LocalAgent::Impl {
     }
     if (!failures_.empty())
       write_all(STDERR_FILENO, format_failure_report(opt_.script, host_, failures_, restart_count_,
-                                                     opt_.spec.max_restarts));
+                                                     opt_.spec.max_restarts, log_loss()));
     else
       spdlog::error("the job failed on another node: {}", closed.message);
     // A job that failed without a worker failing (a node was lost) still must not exit 0.
@@ -479,32 +502,56 @@ class LocalAgent::Impl {
       handed = standbys_.hand_over(envs, warnings);
       for (const auto& line : warnings) spdlog::warn("{}", line);
     }
-    const int from_standby = static_cast<int>(handed.size());
+    auto plan = std::make_shared<LaunchPlan>();
+    plan->executable = executable;
+    plan->path_env = path_env;
+    plan->attempt_dir = attempt_dir;
+    plan->envs = std::move(envs);
+    plan->handed = std::move(handed);
+    plan->from_standby = static_cast<int>(plan->handed.size());
+    plan->cgroup_procs_fd = opt_.cleanup != nullptr ? opt_.cleanup->begin_group() : -1;
+    // The standbys handed over run already: they are workers before any launch.
     for (auto& w : workers_) {
-      const WorkerPlacement& p = w->placement;
-      const fs::path dir = attempt_dir / std::to_string(p.local_rank);
-      if (executable.empty()) {
-        w->launch_error = "command not found: " + opt_.spec.argv.front() + " (PATH=" + path_env +
-                          "); check the script name or set PYTHON_EXEC";
-        continue;
-      }
-      auto standby = handed.find(p.local_rank);
-      auto launched = standby != handed.end()
-                          ? std::variant<LaunchedProcess, std::string>(standby->second)
-                          : launcher_.launch(ProcessSpec{executable, opt_.spec.argv,
-                                                         to_envp(envs.at(p.local_rank))});
-      if (auto* why = std::get_if<std::string>(&launched)) {
-        w->launch_error = *why;
-      } else {
-        const LaunchedProcess& lp = std::get<LaunchedProcess>(launched);
-        w->pid = lp.pid;
-        w->running = true;
-        w->out = open_stream(lp.stdout_fd, p.local_rank, launcher::StdStreams::Out, dir);
-        w->err = open_stream(lp.stderr_fd, p.local_rank, launcher::StdStreams::Err, dir);
-        read_more(w->out);
-        read_more(w->err);
-      }
+      if (plan->handed.count(w->placement.local_rank) == 0) continue;
+      if (opt_.cleanup != nullptr)
+        opt_.cleanup->adopt(plan->handed.at(w->placement.local_rank).pid);
+      launch_one(*plan, *w);
     }
+    launching_ = true;
+    launch_next(std::move(plan), 0);
+  }
+
+  /// What start_workers hands to each launch step.
+  struct LaunchPlan {
+    std::string executable;
+    std::string path_env;
+    fs::path attempt_dir;
+    std::map<int, EnvMap> envs;  // by local rank
+    std::map<int, LaunchedProcess> handed;
+    int from_standby = 0;
+    int cgroup_procs_fd = -1;
+  };
+
+  /// Starts worker `index`, then lets the event loop run before the next: a stop signal that
+  /// comes while a large group starts is acted on between two launches, not after the last.
+  void launch_next(std::shared_ptr<LaunchPlan> plan, size_t index) {
+    while (index < workers_.size() && workers_[index]->pid > 0) ++index;  // a standby's
+    if (index < workers_.size() && stop_reason_ == StopReason::None && !finished_) {
+      launch_one(*plan, *workers_[index]);
+      asio::post(io_, [this, plan, index] { launch_next(plan, index + 1); });
+      return;
+    }
+    launching_ = false;
+    if (finished_) return;
+    // Init -> Stopped for the workers not started: a stop came while the group started.
+    const size_t planned = workers_.size();
+    workers_.erase(
+        std::remove_if(workers_.begin(), workers_.end(),
+                       [](const auto& w) { return w->pid <= 0 && w->launch_error.empty(); }),
+        workers_.end());
+    if (workers_.size() < planned)
+      spdlog::info("stopped starting workers: {} of {} started", workers_.size(), planned);
+    if (workers_.empty()) return on_group_stopped();  // Init -> Stopped: none had started
     for (auto& w : workers_) {
       if (!w->launch_error.empty()) {
         // Init -> Failed: a worker that cannot start fails its group like a crash would.
@@ -518,12 +565,39 @@ class LocalAgent::Impl {
     emit("workers_started", {{"count", workers_.size()},
                              {"pids", pids},
                              {"restart_count", restart_count_},
-                             {"from_standby", from_standby}});
+                             {"from_standby", plan->from_standby}});
     arm_watchdog();
-    arm_standbys(executable);
+    arm_standbys(plan->executable);
     // SIGCHLD may have arrived before every pid was known.
     reap_children();
     evaluate();
+  }
+
+  void launch_one(const LaunchPlan& plan, WorkerRuntime& w) {
+    const WorkerPlacement& p = w.placement;
+    const fs::path dir = plan.attempt_dir / std::to_string(p.local_rank);
+    if (plan.executable.empty()) {
+      w.launch_error = "command not found: " + opt_.spec.argv.front() + " (PATH=" + plan.path_env +
+                       "); check the script name or set PYTHON_EXEC";
+      return;
+    }
+    auto standby = plan.handed.find(p.local_rank);
+    ProcessSpec spec{plan.executable, opt_.spec.argv, to_envp(plan.envs.at(p.local_rank))};
+    spec.cgroup_procs_fd = plan.cgroup_procs_fd;
+    auto launched = standby != plan.handed.end()
+                        ? std::variant<LaunchedProcess, std::string>(standby->second)
+                        : launcher_.launch(spec);
+    if (auto* why = std::get_if<std::string>(&launched)) {
+      w.launch_error = *why;
+    } else {
+      const LaunchedProcess& lp = std::get<LaunchedProcess>(launched);
+      w.pid = lp.pid;
+      w.running = true;
+      w.out = open_stream(lp.stdout_fd, p.local_rank, launcher::StdStreams::Out, dir);
+      w.err = open_stream(lp.stderr_fd, p.local_rank, launcher::StdStreams::Err, dir);
+      read_more(w.out);
+      read_more(w.err);
+    }
   }
 
   bool standbys_active() const { return opt_.standby_workers; }
@@ -545,6 +619,7 @@ class LocalAgent::Impl {
                 : build_python_standby_command(opt_.spec.argv, opt_.python_bootstrap,
                                                opt_.standby_preload),
             to_envp(build_standby_env(opt_.agent_env, opt_.spec, local, rdzv_.run_id()))};
+        if (opt_.cleanup != nullptr) ps.cgroup_procs_fd = opt_.cleanup->standby_procs_fd();
         if (std::string why = standbys_.start(local, std::move(ps)); !why.empty())
           spdlog::warn("cannot start a standby for local rank {}: {}", local, why);
         else
@@ -568,6 +643,7 @@ class LocalAgent::Impl {
       const fs::path file =
           dir / (which == launcher::StdStreams::Out ? "stdout.log" : "stderr.log");
       s->file_fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      s->file_path = file.string();
       if (s->file_fd < 0)
         spdlog::warn("cannot open {}: {}; its output goes to the console", file.string(),
                      std::strerror(errno));
@@ -580,18 +656,40 @@ class LocalAgent::Impl {
   /// The handler owns the stream: a read aborted by close() may run after the group is gone.
   void read_more(std::shared_ptr<OutputStream> s) {
     OutputStream& stream = *s;
-    stream.pipe.async_read_some(asio::buffer(stream.chunk),
-                                [this, s](const boost::system::error_code& ec, size_t n) {
-                                  if (!s->open) return;
-                                  if (n > 0)
-                                    s->emit(s->lines.feed(std::string_view(s->chunk.data(), n)));
-                                  if (ec) {
-                                    s->close();
-                                    maybe_drained();
-                                    return;
-                                  }
-                                  read_more(s);
-                                });
+    stream.pipe.async_read_some(
+        asio::buffer(stream.chunk), [this, s](const boost::system::error_code& ec, size_t n) {
+          if (!s->open) return;
+          if (n > 0 && s->emit(s->lines.feed(std::string_view(s->chunk.data(), n))))
+            report_log_failure(s);
+          if (ec) {
+            if (s->close()) report_log_failure(s);
+            maybe_drained();
+            return;
+          }
+          read_more(s);
+        });
+  }
+
+  /// Once per log file: the job goes on without that file's output (a full disk must not stop
+  /// training); the loss is counted in the failure report and at the job's end.
+  void report_log_failure(const std::shared_ptr<OutputStream>& s) {
+    failed_logs_.push_back(s);
+    spdlog::warn(
+        "cannot write worker output to {}: {}; {} bytes lost so far, the job goes on without "
+        "this file's output (free space, or pick another --log_dir)",
+        s->file_path, std::strerror(s->file_error), s->file_lost);
+    emit("log_write_failed", {{"path", s->file_path},
+                              {"error", std::strerror(s->file_error)},
+                              {"bytes_lost", s->file_lost}});
+  }
+
+  LogLoss log_loss() const {
+    LogLoss loss;
+    for (const auto& s : failed_logs_) {
+      ++loss.files;
+      loss.bytes += s->file_lost;
+    }
+    return loss;
   }
 
   // ---- observing workers ------------------------------------------------------------------
@@ -602,6 +700,8 @@ class LocalAgent::Impl {
       pid_t pid = ::waitpid(-1, &status, WNOHANG);
       if (pid <= 0) break;
       if (standbys_.on_exit(pid, ExitStatus::from_wait_status(status))) continue;
+      // As a child subreaper the agent also reaps orphaned descendants of its workers (and the
+      // cgroup watcher): a pid that is no running worker's is only reaped.
       for (auto& w : workers_) {
         if (w->running && w->pid == pid) on_worker_exit(*w, ExitStatus::from_wait_status(status));
       }
@@ -660,7 +760,8 @@ class LocalAgent::Impl {
   }
 
   void evaluate() {
-    if (finished_ || workers_.empty() || group_ended_) return;
+    // While a group starts, exits are recorded and judged once every worker was launched.
+    if (finished_ || workers_.empty() || group_ended_ || launching_) return;
     const GroupObservation obs = observe();
     if (stop_reason_ != StopReason::None) {
       if (obs.running == 0) on_group_stopped();
@@ -789,6 +890,14 @@ class LocalAgent::Impl {
     for (auto& w : workers_)
       if (w->pid > 0 && launcher_.signal_group(w->pid, SIGKILL))
         spdlog::debug("killed leftover processes of local rank {}", w->placement.local_rank);
+    // And what left the process groups (setsid): every descendant but the standbys.
+    if (opt_.cleanup != nullptr) {
+      std::set<pid_t> standbys;
+      for (int local = 0; local < opt_.spec.local_world_size; ++local)
+        if (standbys_.has(local)) standbys.insert(standbys_.pid_of(local));
+      if (int killed = opt_.cleanup->end_group(standbys); killed > 0)
+        spdlog::debug("killed {} leftover descendant(s) of the group", killed);
+    }
     after_drain_ = std::move(next);
     drain_timer_.expires_after(kDrainTimeout);
     drain_timer_.async_wait([this](const boost::system::error_code& ec) {
@@ -817,7 +926,14 @@ class LocalAgent::Impl {
     finished_ = true;
     exit_code_ = code;
     drain_reports();
-    emit("job_end", {{"exit_code", code}});
+    nlohmann::json end{{"exit_code", code}};
+    if (const LogLoss loss = log_loss(); loss.files > 0) {
+      end["log_write_failures"] = loss.files;
+      end["log_bytes_lost"] = loss.bytes;
+      spdlog::warn("{} bytes of worker output could not be written to {} log file(s) (see above)",
+                   loss.bytes, loss.files);
+    }
+    emit("job_end", end);
     watchdog_timer_.cancel();
     standby_timer_.cancel();
     standbys_.clear();
@@ -837,6 +953,7 @@ class LocalAgent::Impl {
       if (w->running)
         while (::waitpid(w->pid, nullptr, 0) < 0 && errno == EINTR) {
         }
+    if (opt_.cleanup != nullptr) opt_.cleanup->finish();
     if (opt_.on_finish) opt_.on_finish();
   }
 
@@ -861,6 +978,7 @@ class LocalAgent::Impl {
   rdzv::RendezvousInfo round_;
   std::vector<std::unique_ptr<WorkerRuntime>> workers_;
   std::vector<ProcessFailure> failures_;
+  std::vector<std::shared_ptr<OutputStream>> failed_logs_;  ///< each reported once
   StandbyPool standbys_;
   StopReason stop_reason_ = StopReason::None;
   std::function<void()> after_drain_;
@@ -872,6 +990,7 @@ class LocalAgent::Impl {
   std::optional<rdzv::Closed> closed_;
   std::optional<rdzv::RendezvousError> lost_;
   bool group_ended_ = false;
+  bool launching_ = false;  ///< launch_next() is starting the group's workers one by one
   bool finished_ = false;
   int exit_code_ = 0;
 };

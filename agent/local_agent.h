@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/group_cleanup.h"
 #include "agent/process_launcher.h"
 #include "agent/worker.h"
 #include "agent/worker_env.h"
@@ -43,6 +44,9 @@ struct AgentOptions {
   std::string python_bootstrap;
   /// --standby_preload: modules a Python standby imports besides the script's own imports.
   std::vector<std::string> standby_preload;
+  /// Kills what each group leaves behind (--cleanup); nullptr: only the workers' process
+  /// groups are killed.
+  GroupCleanup* cleanup = nullptr;
   /// Runs once when the job has ended, before run() returns (e.g. to stop an embedded server).
   std::function<void()> on_finish;
 };

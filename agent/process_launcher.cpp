@@ -26,8 +26,15 @@ std::vector<char*> to_c_array(const std::vector<std::string>& items) {
 
 /// Runs in the forked child: only async-signal-safe calls until execve.
 [[noreturn]] void exec_child(const char* exe, char* const* argv, char* const* envp, pid_t parent,
-                             int out_w, int err_w, int report_w, int inherit_fd) {
+                             int out_w, int err_w, int report_w, int inherit_fd,
+                             int cgroup_procs_fd) {
   ::setpgid(0, 0);
+  // "0" is the writer: in the group's cgroup before exec, so before it can fork. A failure
+  // leaves it in the agent's cgroup, where the /proc walk still finds what it leaves behind.
+  if (cgroup_procs_fd >= 0) {
+    ssize_t moved = ::write(cgroup_procs_fd, "0", 1);
+    (void)moved;
+  }
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   // The agent may have died between fork and prctl; then nobody would kill us later.
   if (::getppid() != parent) ::_exit(127);
@@ -71,7 +78,7 @@ std::variant<LaunchedProcess, std::string> PosixProcessLauncher::launch(const Pr
   const pid_t pid = ::fork();
   if (pid == 0)
     exec_child(spec.executable.c_str(), argv.data(), envp.data(), parent, out[1], err[1], report[1],
-               spec.inherit_fd);
+               spec.inherit_fd, spec.cgroup_procs_fd);
   close_fd(out[1]);
   close_fd(err[1]);
   close_fd(report[1]);

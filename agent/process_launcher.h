@@ -15,6 +15,9 @@ struct ProcessSpec {
   /// A descriptor the process keeps across exec under the same number (-1: none); every other
   /// descriptor of the agent is close-on-exec.
   int inherit_fd = -1;
+  /// An open cgroup.procs file (GroupCleanup) the process moves itself into before exec, so
+  /// that everything it forks is in that cgroup from the start (-1: stay in the agent's).
+  int cgroup_procs_fd = -1;
 };
 
 /// A started process: its pid (also its process-group id) and the read ends of its

@@ -112,6 +112,11 @@ constexpr OptionSpec kOptions[] = {
      "auto: on for .py and -m jobs whose interpreter can import torch (default off).", true},
     {"standby_preload", "", false, "MOD,...", "", kSupervision,
      "Modules a Python standby imports besides torch and the script's top-level imports."},
+    {"cleanup", "", false, "auto|cgroup|subreaper", "auto", kSupervision,
+     "How no process a worker started outlives its group or a killed ddprun: cgroup (a cgroup "
+     "v2 per group, killed with cgroup.kill, also after a SIGKILL of ddprun), subreaper (every "
+     "descendant is killed at the group's end; a SIGKILL of ddprun can leave setsid'd ones), "
+     "auto (cgroup where the cgroup tree is delegated, else subreaper) (default auto)."},
     {"start_method", "", false, "spawn|fork|forkserver", "spawn", kSupervision,
      "Accepted for torchrun compatibility; workers always start with fork+exec."},
     {"role", "", false, "NAME", "default", kSupervision,
@@ -483,6 +488,13 @@ Error parse_standby_workers(const RawValue& v, LaunchConfig& config) {
   return std::nullopt;
 }
 
+Error parse_cleanup(const RawValue& v, LaunchConfig& config) {
+  auto mode = agent::parse_cleanup_mode(to_lower(trim(v.text)));
+  if (!mode) return describe(v) + ": expected auto, cgroup or subreaper";
+  config.cleanup = *mode;
+  return std::nullopt;
+}
+
 Error parse_start_method(const RawValue& v, LaunchConfig& config) {
   const std::string method = trim(v.text);
   if (method != "spawn" && method != "fork" && method != "forkserver") {
@@ -702,6 +714,7 @@ ParseResult build_config(const std::map<std::string_view, RawValue>& raw,
   if (auto e = parse_signals(get("signals_to_handle"), config)) return UsageError{*e};
   if (auto e = parse_watchdog_timeout(get("watchdog_timeout"), config)) return UsageError{*e};
   if (auto e = parse_start_method(get("start_method"), config)) return UsageError{*e};
+  if (auto e = parse_cleanup(get("cleanup"), config)) return UsageError{*e};
   if (auto e = parse_role(get("role"), config)) return UsageError{*e};
 
   config.log_dir = get("log_dir").text;

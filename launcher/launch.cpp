@@ -16,8 +16,10 @@
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "agent/group_cleanup.h"
 #include "agent/local_agent.h"
 #include "agent/worker_command.h"
+#include "agent/worker_limits.h"
 #include "common/clock.h"
 #include "common/exit_codes.h"
 #include "common/strings.h"
@@ -258,6 +260,26 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
     spdlog::error("{}", *why);
     return common::kExitUsage;
   }
+  // A count the kernel's limits cannot hold is refused here, before any worker starts, rather
+  // than failing rank by rank (docs/design.md, "Process hygiene").
+  agent::WorkerNeeds needs;
+  needs.log_files = config.redirects.all != StdStreams::None ||
+                    !config.redirects.per_rank.empty() || config.tee.all != StdStreams::None ||
+                    !config.tee.per_rank.empty();
+  needs.standbys = config.standby_workers != StandbyMode::Off;
+  if (auto why = agent::check_worker_limits(std::get<int>(nproc), needs,
+                                            agent::current_process_limits())) {
+    spdlog::error("{}", *why);
+    return common::kExitUsage;
+  }
+  // Before any thread or process starts: the cgroup watcher is forked here.
+  auto started_cleanup = agent::GroupCleanup::start(config.cleanup);
+  if (auto* why = std::get_if<std::string>(&started_cleanup)) {
+    spdlog::error("{}", *why);
+    return common::kExitUsage;
+  }
+  auto cleanup = std::get<std::unique_ptr<agent::GroupCleanup>>(std::move(started_cleanup));
+  spdlog::debug("process cleanup: {}", cleanup->describe());
 
   agent::AgentOptions opt;
   opt.spec.role = config.role;
@@ -280,6 +302,7 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
   opt.watchdog_timeout =
       std::chrono::milliseconds(static_cast<long long>(config.watchdog_timeout * 1000.0));
   configure_standbys(config, req, opt);
+  opt.cleanup = cleanup.get();
 
   boost::asio::io_context io;
   common::SteadyClock clock;

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "agent/group_cleanup.h"
+
 namespace ddprun::launcher {
 
 /// How --nproc_per_node was given; gpu/cpu/auto are resolved when the node is known.
@@ -69,6 +71,8 @@ struct LaunchConfig {
   StandbyMode standby_workers = StandbyMode::Off;  ///< a standby per local rank (ddprun's own)
   std::vector<std::string> standby_preload;        ///< --standby_preload: modules to import
   std::string role = "default";
+  /// --cleanup: how no descendant of a worker outlives its group or the agent (ddprun's own).
+  agent::CleanupMode cleanup = agent::CleanupMode::Auto;
 
   // How workers are started.
   bool module = false;     ///< -m: python -u -m <script>

@@ -19,6 +19,8 @@
 //   pidfile=PATH      append "RANK PID" to PATH (a test can check the pids later)
 //   spawn_child[=PATH] fork a child in the same process group that sleeps 10 minutes;
 //                     with PATH, append "childRANK PID" to PATH
+//   spawn_setsid=PATH:N  fork N children that each leave the process group and session
+//                     (setsid) and sleep 10 minutes; append "setsidRANK.I PID" to PATH
 //   spam=N            print N numbered lines of 100 bytes as fast as possible
 //   wait_lines=PATH:N wait until PATH has N lines (e.g. every rank wrote its pidfile line);
 //                     exit 96 after 60 s
@@ -187,6 +189,17 @@ int main(int argc, char** argv) {
       }
       if (!val.empty())
         std::ofstream(val, std::ios::app) << "child" << rank << " " << child << "\n";
+    } else if (key == "spawn_setsid" && split_pair(val, who, n)) {
+      std::fflush(stdout);
+      for (int i = 0; i < n; ++i) {
+        const pid_t child = ::fork();
+        if (child == 0) {
+          ::setsid();
+          for (int s = 0; s < 600; ++s) ::sleep(1);
+          _exit(0);
+        }
+        std::ofstream(who, std::ios::app) << "setsid" << rank << "." << i << " " << child << "\n";
+      }
     } else if (key == "wait_lines") {
       auto colon = val.rfind(':');
       if (colon == std::string::npos) return 98;

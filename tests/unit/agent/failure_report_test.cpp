@@ -65,3 +65,11 @@ TEST_CASE("a worker that never started shows no pid and no error file", "[agent]
   CHECK(report.find("error_file: <N/A>") != std::string::npos);
   CHECK(report.find("traceback : exec ./x: Exec format error") != std::string::npos);
 }
+
+TEST_CASE("the report counts the output lost to failed log writes", "[agent][unit]") {
+  const auto root = failure(0, {1, 0}, 10);
+  CHECK(format_failure_report("t.py", "n", {root}, 0, 0).find("Log writes") == std::string::npos);
+  const std::string report = format_failure_report("t.py", "n", {root}, 0, 0, LogLoss{2, 4096});
+  CHECK(report.find("Log writes: failed for 2 file(s), 4096 bytes of output lost") !=
+        std::string::npos);
+}

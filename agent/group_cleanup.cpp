@@ -1,0 +1,293 @@
+#include "agent/group_cleanup.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "agent/process_tree.h"
+
+namespace ddprun::agent {
+namespace {
+
+constexpr std::array<std::pair<CleanupMode, std::string_view>, 3> kModeNames = {{
+    {CleanupMode::Auto, "auto"},
+    {CleanupMode::Cgroup, "cgroup"},
+    {CleanupMode::Subreaper, "subreaper"},
+}};
+
+/// How long the agent (at its end) and the watcher (after the agent's death) wait for killed
+/// processes to leave a cgroup before giving up on removing it.
+constexpr int kRemoveWaitMs = 2000;
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+/// Writes `text` to a cgroup control file; returns errno, 0 on success.
+int write_control(const std::string& path, std::string_view text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return errno;
+  const ssize_t n = ::write(fd, text.data(), text.size());
+  const int err = n < 0 ? errno : 0;
+  ::close(fd);
+  return err;
+}
+
+/// Removes `dir` and the cgroups directly below it (ours are one level deep); true when gone.
+bool remove_cgroup(const std::string& dir) {
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      if (e->d_type != DT_DIR || e->d_name[0] == '.') continue;
+      ::rmdir((dir + "/" + e->d_name).c_str());
+    }
+    ::closedir(d);
+  }
+  return ::rmdir(dir.c_str()) == 0 || errno == ENOENT;
+}
+
+/// The watcher: waits for the agent's end (EOF on the pipe, whether the agent exited or was
+/// SIGKILLed), then kills what is left in the node's cgroup and removes it. It runs in a fork
+/// of a process with one thread, so the calls below are safe; it holds nothing of the agent's.
+[[noreturn]] void watch(int pipe_r, const std::string& node_dir) {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE, SIGTSTP})
+    ::signal(sig, SIG_IGN);
+  ::setsid();  // out of the terminal's process group: a Ctrl-C or kill -9 -<pgid> misses it
+  const int devnull = ::open("/dev/null", O_RDWR);
+  for (int fd = 0; fd < 3; ++fd) ::dup2(devnull, fd);
+  if (pipe_r != 3) {
+    ::dup2(pipe_r, 3);
+    pipe_r = 3;
+  }
+  if (::syscall(SYS_close_range, 4U, ~0U, 0U) != 0)
+    for (int fd = 4; fd < 65536; ++fd) ::close(fd);
+  if (::chdir("/") != 0) {
+  }
+  char byte;
+  while (true) {
+    const ssize_t n = ::read(pipe_r, &byte, 1);
+    if (n == 0 || (n < 0 && errno != EINTR)) break;
+  }
+  // A normal end removed the directory already: ENOENT, nothing to do.
+  if (write_control(node_dir + "/cgroup.kill", "1") != ENOENT) {
+    for (int waited = 0; waited < kRemoveWaitMs && !remove_cgroup(node_dir); waited += 20)
+      ::usleep(20 * 1000);
+  }
+  ::_exit(0);
+}
+
+}  // namespace
+
+std::string_view cleanup_mode_name(CleanupMode mode) {
+  for (const auto& [m, name] : kModeNames)
+    if (m == mode) return name;
+  return "?";
+}
+
+std::optional<CleanupMode> parse_cleanup_mode(std::string_view text) {
+  for (const auto& [m, name] : kModeNames)
+    if (name == text) return m;
+  return std::nullopt;
+}
+
+std::optional<std::string> cgroup2_mount_point(const std::string& mountinfo) {
+  std::istringstream lines(mountinfo);
+  for (std::string line; std::getline(lines, line);) {
+    // "36 25 0:30 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw": the type follows " - ".
+    const auto dash = line.find(" - ");
+    if (dash == std::string::npos) continue;
+    std::istringstream after(line.substr(dash + 3));
+    std::string type;
+    if (!(after >> type) || type != "cgroup2") continue;
+    std::istringstream before(line.substr(0, dash));
+    std::string id, parent, devices, root, mount_point;
+    if (before >> id >> parent >> devices >> root >> mount_point) return mount_point;
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> cgroup2_own_path(const std::string& proc_self_cgroup) {
+  std::istringstream lines(proc_self_cgroup);
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind("0::", 0) == 0) return line.substr(3);
+  return std::nullopt;
+}
+
+GroupCleanup::~GroupCleanup() {
+  if (group_fd_ >= 0) ::close(group_fd_);
+  if (standby_fd_ >= 0) ::close(standby_fd_);
+  if (watcher_pipe_ >= 0) ::close(watcher_pipe_);
+}
+
+std::variant<std::unique_ptr<GroupCleanup>, std::string> GroupCleanup::start(CleanupMode mode) {
+  std::unique_ptr<GroupCleanup> cleanup(new GroupCleanup());
+  if (std::string why = become_child_subreaper(); !why.empty()) return why;
+  if (mode == CleanupMode::Subreaper) return cleanup;
+
+  // Why the cgroup path cannot be used here, or "".
+  std::string unusable;
+  auto mount = cgroup2_mount_point(read_text("/proc/self/mountinfo"));
+  auto own = cgroup2_own_path(read_text("/proc/self/cgroup"));
+  std::string node_dir;
+  if (!mount) {
+    unusable = "no cgroup v2 hierarchy is mounted (none in /proc/self/mountinfo)";
+  } else if (!own) {
+    unusable = "this process is in no cgroup v2 group (no 0:: line in /proc/self/cgroup)";
+  } else {
+    std::string parent = *mount + (*own == "/" ? "" : *own);
+    node_dir = parent + "/ddprun-" + std::to_string(::getpid());
+    if (::mkdir(node_dir.c_str(), 0755) != 0) {
+      unusable = "cannot create " + node_dir + ": " + std::strerror(errno) +
+                 " (the cgroup tree is not delegated to this user)";
+      node_dir.clear();
+    } else if (::access((node_dir + "/cgroup.kill").c_str(), F_OK) != 0) {
+      unusable = "the kernel has no cgroup.kill (Linux 5.14 or later has it)";
+    } else {
+      const std::string standby = node_dir + "/standby";
+      const int fd = ::mkdir(standby.c_str(), 0755) == 0
+                         ? ::open((standby + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC)
+                         : -1;
+      if (fd < 0) {
+        unusable = "cannot create " + standby + ": " + std::strerror(errno);
+      } else {
+        cleanup->standby_fd_ = fd;
+        // Moving a process needs write access to the common ancestor's cgroup.procs too: try
+        // it with a process that exits at once.
+        const pid_t probe = ::fork();
+        if (probe == 0) ::_exit(::write(fd, "0", 1) == 1 ? 0 : (errno & 0x7f));
+        int status = 0;
+        if (probe < 0) {
+          unusable = std::string("fork: ") + std::strerror(errno);
+        } else {
+          while (::waitpid(probe, &status, 0) < 0 && errno == EINTR) {
+          }
+          if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            unusable = "cannot move a process into " + standby + ": " +
+                       std::strerror(WIFEXITED(status) ? WEXITSTATUS(status) : EPERM);
+        }
+      }
+    }
+  }
+  if (unusable.empty()) {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) {
+      unusable = std::string("pipe: ") + std::strerror(errno);
+    } else {
+      const pid_t watcher = ::fork();
+      if (watcher == 0) {
+        ::close(fds[1]);
+        watch(fds[0], node_dir);
+      }
+      ::close(fds[0]);
+      if (watcher < 0) {
+        ::close(fds[1]);
+        unusable = std::string("fork: ") + std::strerror(errno);
+      } else {
+        cleanup->watcher_ = watcher;
+        cleanup->watcher_pipe_ = fds[1];
+      }
+    }
+  }
+  if (unusable.empty()) {
+    cleanup->mode_ = CleanupMode::Cgroup;
+    cleanup->node_dir_ = node_dir;
+    return cleanup;
+  }
+  if (!node_dir.empty()) remove_cgroup(node_dir);
+  if (mode == CleanupMode::Cgroup)
+    return "--cleanup cgroup: " + unusable +
+           "; run ddprun where a cgroup v2 tree is delegated to its user (a systemd unit or "
+           "scope with Delegate=yes), or pass --cleanup auto";
+  cleanup->no_cgroup_ = unusable;
+  return cleanup;  // auto: the subreaper alone
+}
+
+std::string GroupCleanup::describe() const {
+  if (mode_ == CleanupMode::Cgroup) return "cgroup " + node_dir_;
+  if (!no_cgroup_.empty()) return "subreaper (no cgroup: " + no_cgroup_ + ")";
+  return std::string(cleanup_mode_name(mode_));
+}
+
+int GroupCleanup::begin_group() {
+  if (group_fd_ >= 0) ::close(group_fd_);
+  group_fd_ = -1;
+  if (!group_dir_.empty()) ended_dirs_.push_back(group_dir_);  // not ended: removed at finish()
+  if (node_dir_.empty()) return -1;
+  group_dir_ = node_dir_ + "/group-" + std::to_string(groups_++);
+  if (::mkdir(group_dir_.c_str(), 0755) == 0)
+    group_fd_ = ::open((group_dir_ + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC);
+  // Should the group have no cgroup of its own, its workers stay in the agent's, where the
+  // /proc walk still finds them and the watcher cannot: the node's cgroup is the fallback.
+  if (group_fd_ < 0) group_dir_.clear();
+  return group_fd_;
+}
+
+void GroupCleanup::adopt(pid_t pid) {
+  if (group_fd_ < 0) return;
+  const std::string text = std::to_string(pid);
+  if (::write(group_fd_, text.data(), text.size()) < 0) {
+    // It stays in the standby cgroup: still below the node's, which the watcher kills.
+  }
+}
+
+int GroupCleanup::end_group(const std::set<pid_t>& spared) {
+  std::set<pid_t> keep = spared;
+  if (watcher_ > 0) keep.insert(watcher_);
+  const int killed = kill_descendants(keep);
+  if (!group_dir_.empty()) {
+    write_control(group_dir_ + "/cgroup.kill", "1");
+    ended_dirs_.push_back(group_dir_);
+    group_dir_.clear();
+    ::close(group_fd_);
+    group_fd_ = -1;
+  }
+  remove_ended_groups(0);
+  return killed;
+}
+
+void GroupCleanup::remove_ended_groups(int wait_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
+  while (true) {
+    std::vector<std::string> left;
+    for (const auto& dir : ended_dirs_)
+      if (::rmdir(dir.c_str()) != 0 && errno != ENOENT) left.push_back(dir);
+    ended_dirs_ = std::move(left);
+    if (ended_dirs_.empty() || std::chrono::steady_clock::now() >= deadline) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+void GroupCleanup::finish() {
+  std::set<pid_t> keep;
+  if (watcher_ > 0) keep.insert(watcher_);
+  kill_descendants(keep);
+  if (!node_dir_.empty()) write_control(node_dir_ + "/cgroup.kill", "1");
+  // Killed children of ours are zombies until reaped; reap them rather than leave them to init.
+  reap_children_except(keep, kRemoveWaitMs);
+  if (node_dir_.empty()) return;
+  if (!group_dir_.empty()) ended_dirs_.push_back(group_dir_);
+  group_dir_.clear();
+  ended_dirs_.push_back(node_dir_ + "/standby");
+  ended_dirs_.push_back(node_dir_);
+  if (group_fd_ >= 0) ::close(group_fd_);
+  if (standby_fd_ >= 0) ::close(standby_fd_);
+  group_fd_ = standby_fd_ = -1;
+  remove_ended_groups(kRemoveWaitMs);
+  // What could not be removed, the watcher tries again when the agent is gone.
+}
+
+}  // namespace ddprun::agent

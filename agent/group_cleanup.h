@@ -1,0 +1,92 @@
+#pragma once
+#include <sys/types.h>
+
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace ddprun::agent {
+
+/// --cleanup: how the agent makes sure no descendant of a worker outlives its group, or the
+/// agent itself when the agent is SIGKILLed. See docs/design.md, "Process hygiene".
+enum class CleanupMode {
+  Auto,       ///< cgroup where a cgroup v2 tree is delegated to us, else subreaper
+  Cgroup,     ///< a cgroup v2 per group, and a watcher that writes cgroup.kill if the agent dies
+  Subreaper,  ///< the /proc walk only: nothing survives a group or the agent's exit, but a
+              ///< SIGKILLed agent's setsid'd grandchildren do
+};
+
+/// "auto", "cgroup", "subreaper": the one name table of CleanupMode (flag values and messages).
+std::string_view cleanup_mode_name(CleanupMode mode);
+std::optional<CleanupMode> parse_cleanup_mode(std::string_view text);
+
+/// Where the cgroup v2 hierarchy is mounted, from the text of /proc/self/mountinfo (the first
+/// "cgroup2" mount); nullopt when there is none.
+std::optional<std::string> cgroup2_mount_point(const std::string& mountinfo);
+
+/// This process's cgroup v2 path ("/user.slice/x.scope"), from the text of /proc/self/cgroup
+/// (its "0::" line); nullopt when there is none.
+std::optional<std::string> cgroup2_own_path(const std::string& proc_self_cgroup);
+
+/// Kills what is left of each worker group, and everything at the end.
+///
+///   agent (child subreaper) ----- pipe (write end, close-on-exec) -----> watcher (cgroup only)
+///     |-- workers of group N  (in <own cgroup>/ddprun-<pid>/group-N)       read() blocks until
+///     |     \-- setsid'd grandchildren (same cgroup; ours once orphaned)   the agent is gone,
+///     \-- standbys            (in <own cgroup>/ddprun-<pid>/standby)       then cgroup.kill on
+///                                                                          ddprun-<pid>, rmdir
+/// A group's end kills every descendant of the agent but the standbys (a /proc walk), and with
+/// a cgroup also writes the group's cgroup.kill.
+class GroupCleanup {
+ public:
+  ~GroupCleanup();
+  GroupCleanup(const GroupCleanup&) = delete;
+  GroupCleanup& operator=(const GroupCleanup&) = delete;
+
+  /// Sets up the mode asked for. Call before any other process or thread starts: the cgroup
+  /// watcher is forked here. An error (a forced cgroup that cannot be used) names the reason
+  /// and the fix.
+  static std::variant<std::unique_ptr<GroupCleanup>, std::string> start(CleanupMode mode);
+
+  /// The mode in effect (never Auto), and where or why: "cgroup /sys/fs/cgroup/ddprun-12",
+  /// "subreaper (no cgroup: <reason>)".
+  CleanupMode mode() const { return mode_; }
+  std::string describe() const;
+
+  /// A new group starts: the descriptor of its cgroup.procs, which each of its workers writes
+  /// before exec (ProcessSpec::cgroup_procs_fd); -1 without a cgroup.
+  int begin_group();
+  /// The cgroup.procs descriptor for standbys (-1 without a cgroup).
+  int standby_procs_fd() const { return standby_fd_; }
+  /// A standby handed over to the current group joins its cgroup.
+  void adopt(pid_t pid);
+  /// The group has ended: SIGKILL every descendant of the agent except the `spared` pids and
+  /// theirs (the standbys), and the group's cgroup. Returns how many processes the /proc walk
+  /// signalled.
+  int end_group(const std::set<pid_t>& spared);
+  /// The job has ended: SIGKILL every descendant, reap the agent's children (bounded), remove
+  /// the cgroups.
+  void finish();
+  /// Processes of ours that are not workers: never killed by end_group, never a worker.
+  pid_t watcher_pid() const { return watcher_; }
+
+ private:
+  GroupCleanup() = default;
+  void remove_ended_groups(int wait_ms);
+
+  CleanupMode mode_ = CleanupMode::Subreaper;
+  std::string node_dir_;                 ///< <mount><own cgroup>/ddprun-<pid>, "" without
+  std::string no_cgroup_;                ///< why auto fell back to the subreaper
+  std::string group_dir_;                ///< the current group's cgroup, "" before the first
+  std::vector<std::string> ended_dirs_;  ///< killed, to be removed once empty
+  int group_fd_ = -1;
+  int standby_fd_ = -1;
+  int watcher_pipe_ = -1;  ///< the agent's end; the watcher reads EOF when the agent is gone
+  pid_t watcher_ = -1;
+  int groups_ = 0;
+};
+
+}  // namespace ddprun::agent

@@ -1,0 +1,40 @@
+#pragma once
+#include <sys/types.h>
+
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace ddprun::agent {
+
+/// The parent pid from the text of /proc/<pid>/stat ("1234 (name) S 1 ..."); nullopt when the
+/// text is not in that shape. The command name may hold spaces and parentheses: the fields
+/// start after the last ')'.
+std::optional<pid_t> parent_from_stat(const std::string& stat);
+
+/// Every process's parent, read from /proc (a process gone while it was read is left out).
+std::map<pid_t, pid_t> read_process_parents();
+
+/// Every descendant of `root` in `parents` (pid -> parent pid), `root` itself excluded, leaving
+/// out each pid in `spared` together with its own descendants.
+std::vector<pid_t> descendants_of(const std::map<pid_t, pid_t>& parents, pid_t root,
+                                  const std::set<pid_t>& spared);
+
+/// SIGKILLs every descendant of this process except the `spared` subtrees, scanning /proc again
+/// until a scan finds nothing new (a process may fork while the previous scan runs; at most
+/// kMaxScans scans). Returns how many processes it signalled. See docs/design.md, "Process
+/// hygiene".
+int kill_descendants(const std::set<pid_t>& spared);
+
+/// Reaps, without blocking for more than about `limit_ms` in all, the children of this process
+/// that have ended or end meanwhile, leaving `spared` alone; returns how many it reaped.
+int reap_children_except(const std::set<pid_t>& spared, int limit_ms);
+
+/// Makes this process a child subreaper (PR_SET_CHILD_SUBREAPER): a descendant orphaned by its
+/// parent (a worker's setsid'd grandchild whose worker ended) becomes our child, so it stays
+/// findable below us and is reaped by us. Returns the error, or "".
+std::string become_child_subreaper();
+
+}  // namespace ddprun::agent

@@ -1,0 +1,101 @@
+#!/usr/bin/python3
+"""How fast ddprun stops when SIGTERM comes while a large group starts.
+
+Starts `ddprun --nproc_per_node N --no_python /bin/sh -c 'echo $$ >> PIDS; exec sleep MARK'`,
+sends SIGTERM as soon as the first worker has written its pid, and measures the time from the
+signal to ddprun's exit, how many workers had started by then, and how many processes running
+`sleep MARK` are left after the exit (MARK is a number of seconds unique to the run, so only
+this run's workers match). Runs alternate between the binaries given, e.g. the branch and main.
+
+    /usr/bin/python3 bench/stop_bench.py --ddprun build/bin/ddprun --baseline /work/main/build/bin/ddprun
+
+Python standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import statistics
+import subprocess
+import tempfile
+import time
+
+
+def live_sleepers(mark: str) -> int:
+    n = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if mark in cmd and state != "Z":
+            n += 1
+    return n
+
+
+def one_run(ddprun: str, workers: int, extra: list[str]) -> tuple[float, int, int, int]:
+    mark = f"600.{random.randrange(10**6, 10**7)}"
+    with tempfile.TemporaryDirectory() as tmp:
+        pids = os.path.join(tmp, "pids")
+        cmd = [ddprun, "--nproc_per_node", str(workers), *extra, "--no_python", "/bin/sh", "-c",
+               f"echo $$ >> {pids}; exec sleep {mark}"]
+        job = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (os.path.exists(pids) and os.path.getsize(pids)):
+            time.sleep(0.005)
+        sent = time.monotonic()
+        job.send_signal(signal.SIGTERM)
+        try:
+            code = job.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            job.kill()
+            code = job.wait()
+        elapsed = time.monotonic() - sent
+        with open(pids) as f:
+            started = sum(1 for _ in f)
+        time.sleep(0.5)  # let SIGKILLed leftovers die
+        left = live_sleepers(mark)
+        for pid in os.listdir("/proc"):  # this run's only: they run `sleep MARK`
+            if pid.isdigit():
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        if mark.encode() in f.read():
+                            os.kill(int(pid), signal.SIGKILL)
+                except OSError:
+                    pass
+        return elapsed, started, left, code
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ddprun", required=True)
+    ap.add_argument("--baseline", help="another ddprun to compare with (e.g. main's)")
+    ap.add_argument("--workers", type=int, default=400)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--extra", default="", help="more ddprun flags, space separated")
+    args = ap.parse_args()
+    binaries = [args.ddprun] + ([args.baseline] if args.baseline else [])
+    results: dict[str, list[tuple[float, int, int, int]]] = {b: [] for b in binaries}
+    extra = args.extra.split()
+    for _ in range(args.runs):
+        for b in binaries:
+            results[b].append(one_run(b, args.workers, extra))
+    print(f"load average {os.getloadavg()}, {os.cpu_count()} CPUs, {args.workers} workers")
+    for b, rs in results.items():
+        times = [r[0] for r in rs]
+        print(f"{b}: SIGTERM to exit median {statistics.median(times):.3f} s "
+              f"(min {min(times):.3f}, max {max(times):.3f}); workers started "
+              f"{[r[1] for r in rs]}; left running {[r[2] for r in rs]}; exit {[r[3] for r in rs]}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+// No process left behind, whatever ends the job: a worker's setsid'd grandchildren (which leave
+// its process group) are gone after a normal end, a SIGTERM and a SIGKILL of the agent; a stop
+// signal is acted on while a large group starts; a worker count beyond the kernel's limits is
+// refused before anything starts; a log file that cannot be written is reported, once.
+// (docs/design.md, "Process hygiene")
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include "tests/integration/ddprun_runs.h"
+#include "tests/support/subprocess.h"
+
+using namespace ddprun::testing;
+
+namespace {
+
+/// Live (not zombie) processes whose command line mentions `text` (a test's temporary
+/// directory, which every worker and grandchild of that test has in its arguments).
+std::vector<pid_t> live_processes_mentioning(const std::string& text) {
+  std::vector<pid_t> found;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(name));
+    std::string cmdline = read_file("/proc/" + name + "/cmdline");
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    if (contains(cmdline, text) && process_alive(pid)) found.push_back(pid);
+  }
+  return found;
+}
+
+/// True once no process mentioning `text` runs (bounded: 10 s).
+bool none_left(const std::string& text) {
+  return wait_until([&] { return live_processes_mentioning(text).empty(); },
+                    std::chrono::seconds(10));
+}
+
+/// Two workers, each starting two setsid'd sleepers, then `then` (e.g. "hang").
+std::vector<std::string> two_workers_with_grandchildren(const std::string& cleanup,
+                                                        const std::string& pids,
+                                                        const std::string& then) {
+  return ddprun_fake({"--nproc_per_node", "2", "--cleanup", cleanup},
+                     {"spawn_setsid=" + pids + ":2", "wait_lines=" + pids + ":4", then});
+}
+
+/// Whether --cleanup cgroup can work here (a cgroup v2 tree delegated to this user); when not,
+/// the cgroup cases say so and pass, and "forcing --cleanup cgroup where it cannot work" covers
+/// the refusal.
+bool cgroup_usable() {
+  auto r = run_command(ddprun_fake({"--cleanup", "cgroup"}, {"exit=0"}), {}, kJobLimit);
+  if (r.exit_code == 64 && contains(r.err, "--cleanup cgroup:")) {
+    WARN("--cleanup cgroup is not usable here: " << r.err);
+    return false;
+  }
+  return true;
+}
+
+void check_grandchildren_gone_after_normal_end(const std::string& cleanup) {
+  TempDir dir;
+  const std::string pids = dir.path() + "/pids";
+  WorkerSweeper sweeper(pids);
+  auto r = run_command(two_workers_with_grandchildren(cleanup, pids, "print=done"), {}, kJobLimit);
+  INFO(r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code == 0);
+  CHECK(read_pids(pids).size() == 4);
+  CHECK(none_left(dir.path()));
+}
+
+void check_grandchildren_gone_after_sigterm(const std::string& cleanup) {
+  TempDir dir;
+  const std::string pids = dir.path() + "/pids";
+  WorkerSweeper sweeper(pids);
+  Subprocess job(two_workers_with_grandchildren(cleanup, pids, "hang"));
+  REQUIRE(wait_until([&] { return read_pids(pids).size() == 4; }, kJobLimit));
+  job.send(SIGTERM);
+  auto r = job.wait(kJobLimit);
+  INFO(r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code == 143);
+  CHECK(none_left(dir.path()));
+}
+
+}  // namespace
+
+TEST_CASE("setsid grandchildren are gone after a normal end with --cleanup subreaper",
+          "[agent][integration]") {
+  check_grandchildren_gone_after_normal_end("subreaper");
+}
+
+TEST_CASE("setsid grandchildren are gone after a normal end with --cleanup cgroup",
+          "[agent][integration]") {
+  if (cgroup_usable()) check_grandchildren_gone_after_normal_end("cgroup");
+}
+
+TEST_CASE("setsid grandchildren are gone after a SIGTERM with --cleanup subreaper",
+          "[agent][integration]") {
+  check_grandchildren_gone_after_sigterm("subreaper");
+}
+
+TEST_CASE("setsid grandchildren are gone after a SIGTERM with --cleanup cgroup",
+          "[agent][integration]") {
+  if (cgroup_usable()) check_grandchildren_gone_after_sigterm("cgroup");
+}
+
+TEST_CASE("setsid grandchildren of a failed group are gone before the restart",
+          "[agent][integration]") {
+  TempDir dir;
+  const std::string pids = dir.path() + "/pids";
+  WorkerSweeper sweeper(pids);
+  // Restart 0 leaves sleepers and fails; restart 1 checks they are gone, then succeeds.
+  auto r =
+      run_command(ddprun_fake({"--max_restarts", "1", "--cleanup", "subreaper"},
+                              {"exit_if_restart=1:0", "spawn_setsid=" + pids + ":2", "exit=1"}),
+                  {}, kJobLimit);
+  INFO(r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code == 0);
+  REQUIRE(read_pids(pids).size() == 2);
+  for (const auto& [key, pid] : read_pids(pids)) CHECK_FALSE(process_alive(pid));
+}
+
+TEST_CASE("setsid grandchildren are gone after a SIGKILL of the agent (--cleanup cgroup)",
+          "[agent][integration]") {
+  if (!cgroup_usable()) return;
+  TempDir dir;
+  const std::string pids = dir.path() + "/pids";
+  WorkerSweeper sweeper(pids);
+  Subprocess job(two_workers_with_grandchildren("cgroup", pids, "hang"));
+  REQUIRE(wait_until([&] { return read_pids(pids).size() == 4; }, kJobLimit));
+  job.send(SIGKILL);
+  auto r = job.wait(kJobLimit);
+  CHECK(r.exit_code == 128 + SIGKILL);
+  // The watcher kills the cgroup; a zombie left for init to reap counts as gone.
+  CHECK(none_left(dir.path()));
+}
+
+TEST_CASE("forcing --cleanup cgroup where it cannot work exits 64 with the reason",
+          "[agent][integration]") {
+  if (::geteuid() != 0) {
+    WARN("needs root, to run ddprun as nobody, whom the cgroup tree is not delegated to");
+    return;
+  }
+  // nobody may not create a cgroup below root's: the cgroup path is unusable for it.
+  const std::vector<std::string> as_nobody{"/usr/bin/setpriv", "--reuid=65534", "--regid=65534",
+                                           "--clear-groups"};
+  std::vector<std::string> forced = as_nobody;
+  for (const auto& a : ddprun_fake({"--cleanup", "cgroup"}, {"print=ran"})) forced.push_back(a);
+  auto r = run_command(forced, {}, kJobLimit);
+  INFO(r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code == 64);
+  CHECK(contains(r.err, "--cleanup cgroup: "));
+  CHECK(contains(r.err, "--cleanup auto"));
+  CHECK_FALSE(contains(r.out, "ran"));
+  // auto falls back to the subreaper and runs the job.
+  std::vector<std::string> automatic = as_nobody;
+  for (const auto& a : ddprun_fake({"--cleanup", "auto"}, {"print=ran"})) automatic.push_back(a);
+  auto fallback = run_command(automatic, {}, kJobLimit);
+  INFO(fallback.err);
+  CHECK(fallback.exit_code == 0);
+  CHECK(contains(fallback.out, "[default0]:ran"));
+}
+
+TEST_CASE("a SIGTERM while 400 workers start stops them and leaves nothing",
+          "[agent][integration]") {
+  TempDir dir;
+  const std::string pids = dir.path() + "/pids";
+  WorkerSweeper sweeper(pids);
+  Subprocess job(ddprun_fake({"--nproc_per_node", "400"}, {"pidfile=" + pids, "hang"}));
+  REQUIRE(wait_until([&] { return !read_pids(pids).empty(); }, kJobLimit));
+  job.send(SIGTERM);
+  // Generous: the stop is acted on between two launches (bench/README.md has the time).
+  auto r = job.wait(kJobLimit);
+  INFO(r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code == 143);
+  CHECK(none_left(dir.path()));
+}
+
+TEST_CASE("a worker count beyond RLIMIT_NOFILE is refused before anything starts",
+          "[agent][integration]") {
+  TempDir dir;
+  const std::string pids = dir.path() + "/pids";
+  WorkerSweeper sweeper(pids);
+  std::string command = "ulimit -n 256; exec";
+  for (const auto& a : ddprun_fake({"--nproc_per_node", "5000"}, {"pidfile=" + pids, "hang"}))
+    command += " '" + a + "'";
+  auto r = run_command({"/bin/bash", "-c", command}, {}, kJobLimit);
+  INFO(r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code == 64);
+  CHECK(lines_of(r.err).size() <= 3);
+  CHECK(contains(r.err, "RLIMIT_NOFILE allows (256)"));
+  CHECK(contains(r.err, "ulimit -n"));
+  CHECK(read_pids(pids).empty());
+}
+
+namespace {
+
+/// Runs a worker that prints 100 KB into --log_dir under a 16 KiB RLIMIT_FSIZE, so writes to
+/// its stdout.log fail (EFBIG) as on a full disk; then `last` (e.g. "exit=1").
+CommandResult run_with_small_file_limit(const TempDir& dir, const std::string& last) {
+  std::string command = "ulimit -f 16; exec";
+  for (const auto& a : ddprun_fake({"--log_dir", dir.path() + "/logs", "--redirects", "3",
+                                    "--event_log", dir.path() + "/events.jsonl"},
+                                   {"spam=1000", "print=after", last}))
+    command += " '" + a + "'";
+  return run_command({"/bin/bash", "-c", command}, {}, kJobLimit);
+}
+
+}  // namespace
+
+TEST_CASE("a failed write to a log file is reported once and the job goes on",
+          "[agent][integration]") {
+  TempDir dir;
+  auto r = run_with_small_file_limit(dir, "exit=0");
+  INFO(r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code == 0);
+  CHECK(count_of(r.err, "cannot write worker output to ") == 1);
+  CHECK(contains(r.err, "stdout.log: File too large"));
+  CHECK(contains(r.err, "bytes lost so far"));
+  const std::string events = read_file(dir.path() + "/events.jsonl");
+  CHECK(count_of(events, "\"event\":\"log_write_failed\"") == 1);
+  CHECK(contains(events, "\"log_write_failures\":1"));
+}
+
+TEST_CASE("the failure report counts the output lost to failed log writes",
+          "[agent][integration]") {
+  TempDir dir;
+  auto r = run_with_small_file_limit(dir, "exit=3");
+  INFO(r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code == 3);
+  CHECK(contains(r.err, "Log writes: failed for 1 file(s), "));
+}

@@ -1,0 +1,91 @@
+#include "agent/process_tree.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <fstream>
+
+using namespace ddprun::agent;
+
+TEST_CASE("the parent is read after the last parenthesis of a stat line", "[agent][unit]") {
+  CHECK(parent_from_stat("1234 (sleep) S 77 1234 1234 0 -1") == 77);
+  CHECK(parent_from_stat("1234 (a) b) (c) Z 1 0 0") == 1);
+  CHECK(parent_from_stat("1234 (my prog) R 0 1 1") == 0);
+  CHECK_FALSE(parent_from_stat("garbage").has_value());
+  CHECK_FALSE(parent_from_stat("12 (x) S").has_value());
+}
+
+TEST_CASE("descendants are found at every depth and spared subtrees are left out",
+          "[agent][unit]") {
+  // 10 is the agent: workers 11 and 12; 11's grandchild 21 (setsid'd, still below 11); 30 an
+  // orphan reparented to the agent; 40 a standby with its child 41; 99 someone else's.
+  const std::map<pid_t, pid_t> parents{{10, 1},  {11, 10}, {12, 10}, {21, 11}, {22, 21},
+                                       {30, 10}, {40, 10}, {41, 40}, {99, 1}};
+  auto found = descendants_of(parents, 10, {40});
+  std::sort(found.begin(), found.end());
+  CHECK(found == std::vector<pid_t>{11, 12, 21, 22, 30});
+  CHECK(descendants_of(parents, 99, {}).empty());
+}
+
+TEST_CASE("this process's descendants are read from /proc", "[agent][unit]") {
+  const auto parents = read_process_parents();
+  REQUIRE(parents.count(::getpid()) == 1);
+  CHECK(parents.at(::getpid()) == ::getppid());
+}
+
+namespace {
+
+/// Ended: gone, or a zombie waiting for its parent.
+bool ended(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(in, stat)) return true;
+  return stat.substr(stat.rfind(')') + 2, 1) == "Z";
+}
+
+}  // namespace
+
+TEST_CASE("every descendant is killed, a setsid'd grandchild too, and a spared one is not",
+          "[agent][unit]") {
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  const pid_t worker = ::fork();
+  if (worker == 0) {
+    if (::fork() == 0) {
+      ::setsid();
+      const pid_t self = ::getpid();
+      if (::write(ready[1], &self, sizeof(self)) < 0) ::_exit(1);
+      ::pause();
+      ::_exit(0);
+    }
+    ::pause();
+    ::_exit(0);
+  }
+  const pid_t spared = ::fork();
+  if (spared == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  ::close(ready[1]);
+  pid_t grandchild = -1;
+  REQUIRE(::read(ready[0], &grandchild, sizeof(grandchild)) == sizeof(grandchild));
+  ::close(ready[0]);
+
+  CHECK(kill_descendants({spared}) >= 2);  // the worker and its grandchild
+  int status = 0;
+  REQUIRE(::waitpid(worker, &status, 0) == worker);
+  CHECK((WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL));
+  // The grandchild is not ours to reap: it ends, re-parented, as a zombie or gone.
+  bool gone = false;
+  for (int i = 0; i < 500 && !gone; ++i) {
+    gone = ended(grandchild);
+    if (!gone) ::usleep(10 * 1000);
+  }
+  CHECK(gone);
+  CHECK(::waitpid(spared, &status, WNOHANG) == 0);  // still running
+  ::kill(spared, SIGKILL);
+  ::waitpid(spared, &status, 0);
+}
