@@ -442,3 +442,34 @@ TEST_CASE("an agent stopped past the keep-alive window rejoins an agent-hosted j
           "[integration][multinode][fault]") {
   stopped_node_rejoins("");
 }
+
+TEST_CASE("an agent stopped past the keep-alive window while it waits for a round rejoins it",
+          "[integration][multinode][fault]") {
+  const int port = free_port();
+  Subprocess daemon({RDZVD_BIN, "--port", std::to_string(port), "--host", "127.0.0.1"});
+  REQUIRE(wait_until([&] { return contains(daemon.err_so_far(), "listening on"); }, kJobLimit));
+  const std::string endpoint = "127.0.0.1:" + std::to_string(port);
+  const std::vector<std::string> flags{"--nnodes", "2", "--rdzv_conf", "is_host=0," + kFastConf};
+  const std::vector<std::string> actions{"env=TORCHELASTIC_RESTART_COUNT", "exit=0"};
+  auto waiting = start_node(endpoint, node_addr(1), flags, actions);
+  REQUIRE(
+      wait_until([&] { return contains(waiting->err_so_far(), "waiting for nodes"); }, kJobLimit));
+  waiting->send(SIGSTOP);
+  const bool dropped =
+      wait_until([&] { return contains(daemon.err_so_far(), "was lost"); }, kJobLimit);
+  waiting->send(SIGCONT);
+  REQUIRE(dropped);
+  REQUIRE(wait_until(
+      [&] { return contains(waiting->err_so_far(), "joining the job again as a new node"); },
+      kJobLimit));
+  auto second = start_node(endpoint, node_addr(0), flags, actions);
+  for (auto* node : {waiting.get(), second.get()}) {
+    auto r = node->wait(kJobLimit);
+    INFO(r.out << r.err << daemon.err_so_far());
+    CHECK(r.exit_code == 0);
+    // Dropped from a forming round: no workers ran, so no restart.
+    CHECK(contains(r.out, "TORCHELASTIC_RESTART_COUNT=0"));
+  }
+  daemon.send(SIGTERM);
+  daemon.wait(std::chrono::seconds(10));
+}
