@@ -24,6 +24,12 @@ constexpr Millis kMaxBackoff{2'000};
 
 long long seconds(Millis m) { return static_cast<long long>(m.count() / 1000); }
 
+/// 128 random bits: the id is what the server routes this node's messages by, so no one else
+/// may guess it (status never shows it).
+std::string new_node_id() {
+  return local_host_name() + ":" + std::to_string(::getpid()) + ":" + make_nonce().substr(0, 32);
+}
+
 }  // namespace
 
 std::string format_waiting(const Waiting& w) {
@@ -54,10 +60,7 @@ NetworkRendezvous::NetworkRendezvous(asio::io_context& io, const common::Clock& 
     : io_(io),
       clock_(clock),
       opt_(std::move(options)),
-      // 128 random bits: the id is what the server routes this node's messages by, so no one
-      // else may guess it (status never shows it).
-      node_id_(local_host_name() + ":" + std::to_string(::getpid()) + ":" +
-               make_nonce().substr(0, 32)),
+      node_id_(new_node_id()),
       retry_timer_(io),
       heartbeat_timer_(io),
       status_timer_(io) {}
@@ -294,6 +297,10 @@ void NetworkRendezvous::on_message(const nlohmann::json& body) {
                                         closed->message});
     notify(*closed);
   } else if (auto* refused = std::get_if<Refused>(&message)) {
+    // A node whose workers already succeeded does not rejoin: as a newcomer it would make the
+    // job scale up and run again. It ends with the refusal, as any refused node does.
+    if (refused->kind == RefusalKind::Dropped && phase_ != Phase::Done && !succeeded_)
+      return rejoin_as_new_node(refused->message);
     const Phase was = phase_;
     phase_ = Phase::Done;
     RendezvousError error{refused->kind == RefusalKind::Closed ? RendezvousErrorKind::Closed
@@ -324,6 +331,34 @@ void NetworkRendezvous::on_lost(const std::string& why) {
   retry_timer_.async_wait([this, alive = alive_](error_code ec) {
     if (!ec && *alive) connect();
   });
+}
+
+void NetworkRendezvous::rejoin_as_new_node(const std::string& why) {
+  const Phase was = phase_;
+  // A participant running its workers cost the job a restart (the server counted it when it
+  // dropped the node); its next round brings the job's count.
+  const bool counted = was == Phase::Running;
+  const int next_round = round_ ? round_->round + 1 : 0;
+  node_id_ = new_node_id();
+  round_.reset();
+  succeeded_ = false;
+  unsent_failure_.reset();
+  // The server closes this connection; the next one speaks for the new id.
+  if (conn_) {
+    conn_->close();
+    conn_.reset();
+  }
+  greeted_ = false;
+  handshake_.reset();
+  heartbeat_timer_.cancel();
+  spdlog::warn("the rendezvous dropped this node: {}; joining the job again as a new node", why);
+  if (was == Phase::Joining) return connect();  // the same request for a round, with the new id
+  // Running -> Idle: the workers stop (Restart), then next_rendezvous() joins with the new id.
+  // Idle: a Restart already came; the join that follows it uses the new id.
+  phase_ = Phase::Idle;
+  if (was == Phase::Running)
+    notify(Restart{next_round, "this node was dropped by the rendezvous and joins again", counted,
+                   known_restart_count_ + (counted ? 1 : 0)});
 }
 
 void NetworkRendezvous::give_up(const std::string& why) {

@@ -67,7 +67,7 @@ class NetworkRendezvous final : public RendezvousHandler {
   /// Nothing is left to send: no connection, or it has closed.
   bool flushed() const { return !conn_ || !conn_->is_open(); }
 
-  /// This node's id at the server ("host:pid:random").
+  /// This node's id at the server ("host:pid:random"); a new one after the server dropped it.
   const std::string& node_id() const { return node_id_; }
 
   /// Frames received from the server so far, hellos included (bench/ counts messages per round).
@@ -92,6 +92,9 @@ class NetworkRendezvous final : public RendezvousHandler {
   void send(const AgentMessage& message);
   void schedule_heartbeat();
   void schedule_status();
+  /// The server dropped this node (silence, a partition) and will not take its id again: join
+  /// once more as a newcomer with a new id; workers that ran a round are stopped (Restart).
+  void rejoin_as_new_node(const std::string& why);
   void give_up(const std::string& why);  ///< the server stayed unreachable
   void give_up(RendezvousError error);
   void fail_round(RendezvousError error);

@@ -334,15 +334,14 @@ void remove_node(Step& st, const std::string& id, const std::string& reason, boo
   auto it = s.nodes.find(id);
   if (it == s.nodes.end()) return;
   const NodeState was = it->second.state;
-  // A node dropped for silence may still listen: it hears why and its connection ends, so it
-  // does not wait for a job that has gone on without it.
-  if (tell)
-    send(st, id,
-         Refused{RefusalKind::Dropped, reason + "; node " + it->second.request.name +
-                                           " is no longer part of job '" + s.run_id + "'"},
-         true);
+  const std::string name = it->second.request.name;
   s.nodes.erase(it);
   s.previous_ranks.erase(id);
+  if (tell) {
+    // Its id is dead from now on: if the node is alive (a partition), it rejoins as a newcomer.
+    s.dropped_ids.push_back(id);
+    if (s.dropped_ids.size() > kMaxDroppedIds) s.dropped_ids.pop_front();
+  }
   if (s.phase == JobPhase::Running) {
     if (was == NodeState::Running) {
       // Running -> Joining (counted): a participant was lost; its workers' state is gone
@@ -355,6 +354,17 @@ void remove_node(Step& st, const std::string& id, const std::string& reason, boo
     const bool promoted = fill_places(s);
     maybe_complete(st);
     if (s.phase == JobPhase::Joining && (was == NodeState::Joined || promoted)) send_waiting(st);
+  }
+  // A node dropped for silence may still listen: it hears why and its connection ends, so it
+  // does not wait for a job that has gone on without it. If the loss ended the job, it hears
+  // the job's end instead, and exits with it like every other node.
+  if (tell && s.phase == JobPhase::Closed && s.closed) {
+    send(st, id, *s.closed, true);
+  } else if (tell) {
+    send(st, id,
+         Refused{RefusalKind::Dropped,
+                 reason + "; node " + name + " is no longer part of job '" + s.run_id + "'"},
+         true);
   }
 }
 
@@ -527,6 +537,21 @@ void on_resume_join(Step& st, const std::string& id, const Join& join) {
 void on_join(Step& st, const std::string& id, Join join) {
   JobState& s = st.s;
   join.node_id = id;  // the connection's identity is authoritative
+  if (std::find(s.dropped_ids.begin(), s.dropped_ids.end(), id) != s.dropped_ids.end()) {
+    // [dropped] -> [dropped]: a dropped id is dead; the node rejoins with a new one, as a
+    // newcomer (a node of a job that has ended hears the end, and exits with the job's result)
+    if (s.phase == JobPhase::Closed && s.closed) {
+      send(st, id, *s.closed, true);
+    } else {
+      send(st, id,
+           Refused{RefusalKind::Dropped,
+                   "node " + join.name + " was dropped from job '" + s.run_id +
+                       "' (nothing heard from it for the keep-alive window) and its id is no "
+                       "longer valid: it joins again as a new node"},
+           true);
+    }
+    return;
+  }
   if (s.phase == JobPhase::Closed) {
     // Closed -> Closed: a late join is refused with the job's end
     const std::string end = s.closed ? s.closed->message : "it ended";

