@@ -23,22 +23,11 @@ import subprocess
 import tempfile
 import time
 
+from proc_scan import live_pids
+
 
 def live(mark: str) -> list[int]:
-    out = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            with open(f"/proc/{pid}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if mark in cmd and state != "Z" and "ddprun" not in cmd and "/bin/sh" not in cmd:
-            out.append(int(pid))
-    return out
+    return live_pids(mark, skip=("ddprun", "/bin/sh"))
 
 
 def launch_to_exit(ddprun: str, mode: str) -> float:

@@ -23,22 +23,7 @@ import subprocess
 import tempfile
 import time
 
-
-def live_sleepers(mark: str) -> int:
-    n = 0
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            with open(f"/proc/{pid}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if mark in cmd and state != "Z":
-            n += 1
-    return n
+from proc_scan import live_pids
 
 
 def one_run(ddprun: str, workers: int, extra: list[str]) -> tuple[float, int, int, int]:
@@ -63,15 +48,13 @@ def one_run(ddprun: str, workers: int, extra: list[str]) -> tuple[float, int, in
         with open(pids) as f:
             started = sum(1 for _ in f)
         time.sleep(0.5)  # let SIGKILLed leftovers die
-        left = live_sleepers(mark)
-        for pid in os.listdir("/proc"):  # this run's only: they run `sleep MARK`
-            if pid.isdigit():
-                try:
-                    with open(f"/proc/{pid}/cmdline", "rb") as f:
-                        if mark.encode() in f.read():
-                            os.kill(int(pid), signal.SIGKILL)
-                except OSError:
-                    pass
+        leftovers = live_pids(mark)
+        left = len(leftovers)
+        for pid in leftovers:  # this run's only: they run `sleep MARK`
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
         return elapsed, started, left, code
 
 
