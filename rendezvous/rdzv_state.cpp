@@ -513,8 +513,23 @@ void on_resume_join(Step& st, const std::string& id, const Join& join) {
       finish_adoption_if_complete(st);
       return;
     }
-    // Running -> Joining (not counted): the claim conflicts with the running round, so nobody
-    // can tell which group is right; everyone (the claimant too) stops and forms a new round
+    if (!s.adopt_deadline && s.nodes.count(id) == 0) {
+      // Running -> Running: a node the round does not know claims another round while nothing
+      // of the running one is in doubt (formed here, or taken back whole after a restart): a
+      // stale claim, or a made-up one. The claimant alone stops its workers and joins as a
+      // newcomer; the round goes on.
+      s.nodes[id] = record_for(join, NodeState::Stopping, -1, st.now);
+      send(st, id,
+           Restart{s.round,
+                   "node " + join.name + " re-registered round " + std::to_string(claim.round) +
+                       ", but job '" + s.run_id + "' runs round " + std::to_string(s.round) +
+                       " without it",
+                   false, s.restart_count});
+      return;
+    }
+    // Running -> Joining (not counted): the claim conflicts with the running round while it is
+    // being taken back, so nobody can tell which group is right; everyone (the claimant too)
+    // stops and forms a new round
     const std::string reason =
         "node " + join.name + " claims round " + std::to_string(claim.round) + " (group rank " +
         std::to_string(claim.group_rank) + " of " + std::to_string(claim.group_world_size) +
@@ -619,12 +634,14 @@ void on_join(Step& st, const std::string& id, Join join) {
     const RoundClaim& claim = *join.resume;
     if (claim.group_world_size < 1 || claim.group_world_size > settings.max_nodes ||
         claim.group_rank < 0 || claim.group_rank >= claim.group_world_size || claim.round < 0 ||
-        claim.restart_count < 0) {
+        claim.restart_count < 0 || claim.restart_count > settings.max_restarts) {
       refuse(st, id, RefusalKind::Protocol,
              "node " + join.name + " re-registered an impossible round: group rank " +
                  std::to_string(claim.group_rank) + " of " +
                  std::to_string(claim.group_world_size) + " nodes in round " +
-                 std::to_string(claim.round) + " (--nnodes " + nnodes_text(settings) + ")");
+                 std::to_string(claim.round) + ", restart count " +
+                 std::to_string(claim.restart_count) + " (--nnodes " + nnodes_text(settings) +
+                 ", --max_restarts " + std::to_string(settings.max_restarts) + ")");
       return;
     }
   }
@@ -635,9 +652,11 @@ void on_join(Step& st, const std::string& id, Join join) {
   }
   // A node remembers the job's count: a restarted server keeps counting where it was, so
   // losing the server cannot hand out restarts again. Only while the job has not completed a
-  // round here (the server was just started) or with a claim on the running round: a newcomer
-  // to a job that runs cannot spend its budget.
-  if (join.resume || (s.round == 0 && s.phase == JobPhase::Joining && s.previous_ranks.empty()))
+  // round here (the server was just started), while it takes back a round after a restart, or
+  // from a node the job knows: a newcomer to a job that runs cannot spend its budget, with a
+  // claim or without.
+  const bool rebuilding = s.round == 0 && s.phase == JobPhase::Joining && s.previous_ranks.empty();
+  if (rebuilding || (join.resume && (s.adopt_deadline || s.nodes.count(id) > 0)))
     s.restart_count = std::max(s.restart_count, join.restart_count);
   if (join.resume) {
     on_resume_join(st, id, join);

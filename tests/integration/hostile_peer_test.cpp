@@ -418,6 +418,22 @@ TEST_CASE("a stranger can neither read node ids nor take group rank 0 nor spend 
   REQUIRE(refused_liar);
   CHECK(contains((*refused_liar)["message"], "impossible with --max_restarts 2"));
 
+  // A third re-registers a made-up round with restarts to spend: it alone is told to stop.
+  RawPeer claimer(port);
+  REQUIRE(claimer.greet());
+  json claim_join = join;
+  claim_join["node_id"] = "claimer:1:x";
+  claim_join["restart_count"] = 2;
+  claim_join["resume"] = {
+      {"round", 9},         {"group_rank", 0},           {"group_world_size", 2},
+      {"restart_count", 2}, {"master_addr", "10.9.9.9"}, {"master_port", 1},
+      {"succeeded", false}};
+  claimer.send_json(claim_join);
+  auto told = claimer.read_frame(10s);
+  REQUIRE(told);
+  CHECK((*told)["type"] == "restart");
+  CHECK(contains((*told)["reason"], "without it"));
+
   std::ofstream(gate) << "go\n";
   for (auto& node : nodes) {
     const auto r = node->wait(kJobLimit);

@@ -1016,6 +1016,39 @@ TEST_CASE("a newcomer to a running job cannot set its restart count", "[rdzv][un
         "node d claims restart count 2147483647, impossible with --max_restarts 3");
 }
 
+TEST_CASE("a claim from a node the running round does not know stops that node alone",
+          "[rdzv][unit]") {
+  Job job = elastic_job_of_two();
+  // A made-up (or stale) claim on another round, with a restart count to spend.
+  Join stranger = join_of("s", nnodes(2, 3, 3));
+  stranger.restart_count = 3;
+  stranger.resume = claim(7, 0, 2, 3);
+  const auto& out = job.join(stranger);
+  const auto told = to<Restart>(out, "s");
+  REQUIRE(told.size() == 1);
+  CHECK_FALSE(told[0].counted);
+  CHECK_THAT(told[0].reason, Catch::Contains("runs round 0 without it"));
+  // Nobody of the round is disturbed and the budget is untouched.
+  CHECK(to<Restart>(out, "a").empty());
+  CHECK(to<Restart>(out, "b").empty());
+  CHECK(job.state.phase == JobPhase::Running);
+  CHECK(job.state.round == 0);
+  CHECK(job.state.restart_count == 0);
+  CHECK(job.node("a").group_rank == 0);
+  CHECK(job.node("s").state == NodeState::Stopping);
+}
+
+TEST_CASE("a claim of a restart count over --max_restarts is refused", "[rdzv][unit]") {
+  Job job;
+  Join liar = join_of("x", nnodes(2, 2, 3));
+  liar.resume = claim(0, 0, 2, 2147483647);
+  const auto refused = to<Refused>(job.join(liar), "x");
+  REQUIRE(refused.size() == 1);
+  CHECK_THAT(refused[0].message, Catch::Contains("restart count 2147483647"));
+  CHECK_THAT(refused[0].message, Catch::Contains("--max_restarts 3"));
+  CHECK(job.state.restart_count == 0);
+}
+
 TEST_CASE("a newcomer cannot take a group rank a live node holds", "[rdzv][unit]") {
   Job job = elastic_job_of_two();
   REQUIRE(job.node("a").group_rank == 0);
