@@ -130,6 +130,34 @@ TEST_CASE("a connection with no hello, or stalled inside a frame, is closed afte
   CHECK((*reply)["type"] == "status_reply");
 }
 
+TEST_CASE("an agent hosting the rendezvous closes silent and stalled connections and trains on",
+          "[integration][security]") {
+  TempDir dir;
+  const std::string gate = dir.path() + "/gate";
+  const int port = free_port();
+  Subprocess agent(
+      ddprun_fake({"--nnodes", "1", "--nproc_per_node", "2", "--rdzv_backend", "c10d",
+                   "--rdzv_endpoint", "127.0.0.1:" + std::to_string(port), "--rdzv_id", "job"},
+                  {"print=started", "wait_lines=" + gate + ":1", "print=finished"}));
+  REQUIRE(wait_until([&] { return count_of(agent.out_so_far(), "started") == 2; }, kJobLimit));
+  // The embedded server's limits are the defaults: no hello within 10 s, no progress inside a
+  // frame for 30 s.
+  RawPeer silent(port);
+  RawPeer stalled(port);
+  REQUIRE(stalled.greet());
+  stalled.send_bytes(frame_header(100) + "{\"type\":");
+  CHECK(silent.closed_by_server(20s));
+  CHECK(stalled.closed_by_server(40s));
+  CHECK(contains(agent.err_so_far(), "closed: no hello within 10000 ms"));
+  CHECK(contains(agent.err_so_far(), "no progress for 30000 ms"));
+  CHECK(status_answers(port));
+  std::ofstream(gate) << "go\n";
+  const auto r = agent.wait(kJobLimit);
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 0);
+  CHECK(count_of(r.out, "finished") == 2);
+}
+
 TEST_CASE("partial frames over the daemon's input budget close the connection holding the most",
           "[integration][security]") {
   Daemon daemon({"--max_buffered_bytes", std::to_string(2 << 20)});
