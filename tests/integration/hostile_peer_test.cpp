@@ -87,25 +87,14 @@ TEST_CASE("a refusal quotes at most 64 characters of the peer's value", "[integr
 
 TEST_CASE("an agent hosting the rendezvous keeps training through frames that used to crash it",
           "[integration][security]") {
-  TempDir dir;
-  const std::string gate = dir.path() + "/gate";
-  const int port = free_port();
-  Subprocess agent(
-      ddprun_fake({"--nnodes", "1", "--nproc_per_node", "2", "--rdzv_backend", "c10d",
-                   "--rdzv_endpoint", "127.0.0.1:" + std::to_string(port), "--rdzv_id", "job"},
-                  {"print=started", "wait_lines=" + gate + ":1", "print=finished"}));
-  REQUIRE(wait_until([&] { return count_of(agent.out_so_far(), "started") == 2; }, kJobLimit));
+  HostingAgent agent;
   for (const std::string& body : crashing_bodies()) {
-    RawPeer attacker(port);
+    RawPeer attacker(agent.port);
     attacker.send_body(body);
     CHECK(attacker.closed_by_server(10s));
   }
-  CHECK(status_answers(port));
-  std::ofstream(gate) << "go\n";
-  const auto r = agent.wait(kJobLimit);
-  INFO(r.out << r.err);
-  CHECK(r.exit_code == 0);
-  CHECK(count_of(r.out, "finished") == 2);
+  CHECK(status_answers(agent.port));
+  agent.finish();
 }
 
 TEST_CASE("a connection with no hello, or stalled inside a frame, is closed after its timeout",
@@ -132,30 +121,19 @@ TEST_CASE("a connection with no hello, or stalled inside a frame, is closed afte
 
 TEST_CASE("an agent hosting the rendezvous closes silent and stalled connections and trains on",
           "[integration][security]") {
-  TempDir dir;
-  const std::string gate = dir.path() + "/gate";
-  const int port = free_port();
-  Subprocess agent(
-      ddprun_fake({"--nnodes", "1", "--nproc_per_node", "2", "--rdzv_backend", "c10d",
-                   "--rdzv_endpoint", "127.0.0.1:" + std::to_string(port), "--rdzv_id", "job"},
-                  {"print=started", "wait_lines=" + gate + ":1", "print=finished"}));
-  REQUIRE(wait_until([&] { return count_of(agent.out_so_far(), "started") == 2; }, kJobLimit));
+  HostingAgent agent;
   // The embedded server's limits are the defaults: no hello within 10 s, no progress inside a
   // frame for 30 s.
-  RawPeer silent(port);
-  RawPeer stalled(port);
+  RawPeer silent(agent.port);
+  RawPeer stalled(agent.port);
   REQUIRE(stalled.greet());
   stalled.send_bytes(frame_header(100) + "{\"type\":");
   CHECK(silent.closed_by_server(20s));
   CHECK(stalled.closed_by_server(40s));
   CHECK(contains(agent.err_so_far(), "closed: no hello within 10000 ms"));
   CHECK(contains(agent.err_so_far(), "no progress for 30000 ms"));
-  CHECK(status_answers(port));
-  std::ofstream(gate) << "go\n";
-  const auto r = agent.wait(kJobLimit);
-  INFO(r.out << r.err);
-  CHECK(r.exit_code == 0);
-  CHECK(count_of(r.out, "finished") == 2);
+  CHECK(status_answers(agent.port));
+  agent.finish();
 }
 
 TEST_CASE("partial frames over the daemon's input budget close the connection holding the most",
@@ -290,25 +268,14 @@ TEST_CASE("an agent hosting the rendezvous with a secret trains and refuses stra
           "[integration][security]") {
   TempDir dir;
   const std::string secret = secret_file(dir, "secret", "s3cret-0123456789abcdef");
-  const std::string gate = dir.path() + "/gate";
-  const int port = free_port();
-  const std::string endpoint = "127.0.0.1:" + std::to_string(port);
-  Subprocess agent(ddprun_fake({"--nnodes", "1", "--nproc_per_node", "2", "--rdzv_backend", "c10d",
-                                "--rdzv_endpoint", endpoint, "--rdzv_id", "job"},
-                               {"print=started", "wait_lines=" + gate + ":1", "print=finished"}),
-                   {{"DDPRUN_RDZV_SECRET_FILE", secret}});
-  REQUIRE(wait_until([&] { return count_of(agent.out_so_far(), "started") == 2; }, kJobLimit));
-  auto none = run_command({DDPRUN_BIN, "status", "--rdzv_endpoint", endpoint});
+  HostingAgent agent({}, {{"DDPRUN_RDZV_SECRET_FILE", secret}});
+  auto none = run_command({DDPRUN_BIN, "status", "--rdzv_endpoint", agent.endpoint});
   CHECK(none.exit_code == 69);
   CHECK(contains(none.err, "authentication failed"));
-  auto ok =
-      run_command({DDPRUN_BIN, "status", "--rdzv_endpoint", endpoint, "--secret_file", secret});
+  auto ok = run_command(
+      {DDPRUN_BIN, "status", "--rdzv_endpoint", agent.endpoint, "--secret_file", secret});
   CHECK(ok.exit_code == 0);
-  std::ofstream(gate) << "go\n";
-  const auto r = agent.wait(kJobLimit);
-  INFO(r.out << r.err);
-  CHECK(r.exit_code == 0);
-  CHECK(count_of(r.out, "finished") == 2);
+  agent.finish();
 }
 
 TEST_CASE("a secret file readable by others is refused before anything starts",

@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,6 +55,37 @@ inline std::vector<std::unique_ptr<Subprocess>> start_two_nodes(
   }
   return nodes;
 }
+
+/// A one-node job "job" whose agent hosts the rendezvous at 127.0.0.1:port: two fake workers
+/// print "started", wait for a line in a gate file, then print "finished". The constructor
+/// waits until both started; finish() opens the gate and checks that the job ended well.
+struct HostingAgent {
+  TempDir dir;
+  const int port = free_port();
+  const std::string endpoint = "127.0.0.1:" + std::to_string(port);
+  std::unique_ptr<Subprocess> process;
+
+  explicit HostingAgent(const std::vector<std::string>& flags = {},
+                        const std::map<std::string, std::string>& env = {}) {
+    std::vector<std::string> all{"--nnodes",       "1",    "--nproc_per_node", "2",
+                                 "--rdzv_backend", "c10d", "--rdzv_endpoint",  endpoint,
+                                 "--rdzv_id",      "job"};
+    all.insert(all.end(), flags.begin(), flags.end());
+    process = std::make_unique<Subprocess>(
+        ddprun_fake(all,
+                    {"print=started", "wait_lines=" + dir.path() + "/gate:1", "print=finished"}),
+        env);
+    REQUIRE(wait_until([&] { return count_of(process->out_so_far(), "started") == 2; }, kJobLimit));
+  }
+  std::string err_so_far() const { return process->err_so_far(); }
+  void finish() {
+    std::ofstream(dir.path() + "/gate") << "go\n";
+    const auto r = process->wait(kJobLimit);
+    INFO(r.out << r.err);
+    CHECK(r.exit_code == 0);
+    CHECK(count_of(r.out, "finished") == 2);
+  }
+};
 
 /// A secret file of mode 600 holding `content`.
 inline std::string secret_file(const TempDir& dir, const std::string& name,

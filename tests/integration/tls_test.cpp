@@ -170,32 +170,21 @@ TEST_CASE("an agent hosting the rendezvous over TLS with a secret trains and ref
           "[integration][security][tls]") {
   Pki pki;
   const std::string secret = secret_file(pki.dir, "secret", "s3cret-0123456789abcdef");
-  const std::string gate = pki.dir.path() + "/gate";
-  const int port = free_port();
-  const std::string endpoint = "127.0.0.1:" + std::to_string(port);
   // One certificate serves as the hosted server's and as the node's client certificate.
-  Subprocess agent(
-      ddprun_fake({"--nnodes", "1", "--nproc_per_node", "2", "--rdzv_backend", "c10d",
-                   "--rdzv_endpoint", endpoint, "--rdzv_id", "job", "--rdzv_conf",
-                   "secret_file=" + secret + pki.agent_conf(pki.server_cert, pki.server_key)},
-                  {"print=started", "wait_lines=" + gate + ":1", "print=finished"}));
-  REQUIRE(wait_until([&] { return count_of(agent.out_so_far(), "started") == 2; }, kJobLimit));
-  auto plain = status_at(endpoint, {"--secret_file", secret});
+  HostingAgent agent(
+      {"--rdzv_conf", "secret_file=" + secret + pki.agent_conf(pki.server_cert, pki.server_key)});
+  auto plain = status_at(agent.endpoint, {"--secret_file", secret});
   CHECK(plain.exit_code == 69);
-  auto no_secret = status_at(endpoint, pki.status_flags());
+  auto no_secret = status_at(agent.endpoint, pki.status_flags());
   CHECK(no_secret.exit_code == 69);
   CHECK(contains(no_secret.err, "authentication failed"));
   std::vector<std::string> both = pki.status_flags();
   both.insert(both.end(), {"--secret_file", secret});
-  auto ok = status_at(endpoint, both);
+  auto ok = status_at(agent.endpoint, both);
   INFO(ok.err);
   CHECK(ok.exit_code == 0);
   CHECK(contains(ok.out, "job job"));
-  std::ofstream(gate) << "go\n";
-  const auto r = agent.wait(kJobLimit);
-  INFO(r.out << r.err);
-  CHECK(r.exit_code == 0);
-  CHECK(count_of(r.out, "finished") == 2);
+  agent.finish();
 }
 
 TEST_CASE("bad TLS files are refused before anything starts naming the file and the fix",
