@@ -348,12 +348,11 @@ void RendezvousServer::on_closed(std::uint64_t id, const std::string& why) {
   if (it == sessions_.end()) return;
   const std::string run_id = it->second.run_id;
   const std::string node_id = it->second.node_id;
-  // A bad frame or the input budget: say so (a peer that just closed is no news).
+  // A bad frame, the write limit or a TLS failure: say so (a peer that just closed is no news).
   if (why.rfind("bad frame from ", 0) == 0)
     warn_peer(it->second.conn->peer(), "bad frame: " + why.substr(why.find(": ") + 2));
-  else if (why.find(" wait unread, over the limit of ") != std::string::npos ||
-           why.rfind("TLS handshake with ", 0) == 0 || why.rfind("TLS with ", 0) == 0 ||
-           why.find(" speaks TLS and this side does not") != std::string::npos)
+  else if (it->second.conn->tls_failed() ||
+           why.find(" wait unread, over the limit of ") != std::string::npos)
     warn_peer(it->second.conn->peer(), "closed: " + why);
   sessions_.erase(it);
   if (node_id.empty()) return;
