@@ -27,6 +27,7 @@
 #include "agent/failure_report.h"
 #include "agent/line_buffer.h"
 #include "agent/policy.h"
+#include "agent/python_zygote.h"
 #include "agent/standby_pool.h"
 #include "agent/worker_command.h"
 #include "common/signals.h"
@@ -46,6 +47,9 @@ constexpr std::chrono::milliseconds kWatchdogTick{1000};
 /// Standby processes start this long after a group: they load the program (and libtorch) while
 /// the workers train, not while they start.
 constexpr std::chrono::milliseconds kStandbyDelay{1000};
+/// How long a group waits for the Python zygote to import torch before it starts without it
+/// (a fresh interpreter per worker would spend as long importing the same modules).
+constexpr std::chrono::seconds kZygoteReadyTimeout{60};
 
 /// Writes all of `data`; returns the errno of a failed write (0: all written) and sets `lost`
 /// to the bytes not written.
@@ -150,6 +154,8 @@ class LocalAgent::Impl {
         drain_timer_(io),
         watchdog_timer_(io),
         standby_timer_(io),
+        zygote_timer_(io),
+        zygote_wait_(io),
         reports_(io),
         host_(rdzv::local_host_name()),
         standbys_(launcher) {
@@ -182,6 +188,7 @@ class LocalAgent::Impl {
       spdlog::info(
           "setting OMP_NUM_THREADS=1 for each worker to avoid overloading the system; set it "
           "yourself to tune it");
+    start_zygote();
     start_round();
     io_.run();
     return exit_code_;
@@ -392,6 +399,7 @@ class LocalAgent::Impl {
   /// Between rounds the rendezvous decides: join again, the job is over, or it is lost.
   void on_notice(rdzv::Notice notice) {
     if (finished_) return;
+    waiting_round_.reset();  // that round is over for this node
     if (auto* restart = std::get_if<rdzv::Restart>(&notice)) {
       emit("restart", {{"reason", restart->reason},
                        {"counted", restart->counted},
@@ -457,6 +465,12 @@ class LocalAgent::Impl {
   }
 
   void start_workers(const rdzv::RendezvousInfo& round) {
+    if (zygote_ != nullptr && zygote_->state() == PythonZygote::State::Starting) {
+      // The zygote still imports torch: the group starts from it once it is ready (or has
+      // failed, or kZygoteReadyTimeout passed). Signals and notices are acted on meanwhile.
+      waiting_round_ = round;
+      return;
+    }
     round_ = round;
     restart_count_ = round.restart_count;
     idle_ = false;
@@ -498,6 +512,10 @@ class LocalAgent::Impl {
     // worker; the ranks whose standby did not start afresh below.
     std::map<int, LaunchedProcess> handed;
     if (standbys_active() && !executable.empty()) {
+      // With a zygote, the ranks without a standby get one now (a fork each): the first group
+      // imports torch once, not once per worker.
+      if (zygote_ != nullptr && zygote_->state() == PythonZygote::State::Ready)
+        start_standbys(executable);
       std::vector<std::string> warnings;
       handed = standbys_.hand_over(envs, warnings);
       for (const auto& line : warnings) spdlog::warn("{}", line);
@@ -608,26 +626,124 @@ class LocalAgent::Impl {
     if (!standbys_active() || executable.empty()) return;
     standby_timer_.expires_after(kStandbyDelay);
     standby_timer_.async_wait([this, executable](const boost::system::error_code& ec) {
-      if (ec || finished_ || !standbys_.enabled()) return;
-      nlohmann::json started = nlohmann::json::array();
-      for (int local = 0; local < opt_.spec.local_world_size; ++local) {
-        if (standbys_.has(local)) continue;
-        ProcessSpec ps{
-            executable,
-            opt_.python_bootstrap.empty()
-                ? opt_.spec.argv
-                : build_python_standby_command(opt_.spec.argv, opt_.python_bootstrap,
-                                               opt_.standby_preload),
-            to_envp(build_standby_env(opt_.agent_env, opt_.spec, local, rdzv_.run_id()))};
-        if (opt_.cleanup != nullptr) ps.cgroup_procs_fd = opt_.cleanup->standby_procs_fd();
-        if (std::string why = standbys_.start(local, std::move(ps)); !why.empty())
-          spdlog::warn("cannot start a standby for local rank {}: {}", local, why);
-        else
-          started.push_back(standbys_.pid_of(local));
-      }
-      if (!started.empty())
-        emit("standbys_started", {{"count", started.size()}, {"pids", started}});
+      if (ec || finished_) return;
+      start_standbys(executable);
     });
+  }
+
+  /// A standby for every local rank that has none (from the zygote when it runs).
+  void start_standbys(const std::string& executable) {
+    if (!standbys_.enabled()) return;
+    nlohmann::json started = nlohmann::json::array();
+    for (int local = 0; local < opt_.spec.local_world_size; ++local) {
+      if (standbys_.has(local)) continue;
+      ProcessSpec ps{executable,
+                     opt_.python_bootstrap.empty()
+                         ? opt_.spec.argv
+                         : build_python_standby_command(opt_.spec.argv, opt_.python_bootstrap,
+                                                        opt_.standby_preload),
+                     to_envp(build_standby_env(opt_.agent_env, opt_.spec, local, rdzv_.run_id()))};
+      if (opt_.cleanup != nullptr) ps.cgroup_procs_fd = opt_.cleanup->standby_procs_fd();
+      if (std::string why = standbys_.start(local, std::move(ps)); !why.empty())
+        spdlog::warn("cannot start a standby for local rank {}: {}", local, why);
+      else
+        started.push_back(standbys_.pid_of(local));
+    }
+    if (!started.empty())
+      emit("standbys_started",
+           {{"count", started.size()},
+            {"pids", started},
+            {"forked", zygote_ != nullptr && zygote_->state() == PythonZygote::State::Ready}});
+  }
+
+  // ---- the Python zygote -------------------------------------------------------------------
+
+  /// --standby_workers with a Python script: one interpreter (agent/python_zygote.h) starts
+  /// importing torch at once, while the rendezvous forms; the first group's workers and every
+  /// standby are then forked from it. Needs the agent to be a child subreaper (GroupCleanup),
+  /// which adopts the forks; without one, standbys start one interpreter each.
+  void start_zygote() {
+    if (!standbys_active() || opt_.python_bootstrap.empty() || opt_.cleanup == nullptr) return;
+    const std::string executable =
+        resolve_executable(opt_.spec.argv.front(), search_path(opt_.agent_env));
+    if (executable.empty()) return;  // start_workers reports the missing command
+    std::vector<std::string> argv =
+        build_python_standby_command(opt_.spec.argv, opt_.python_bootstrap, opt_.standby_preload);
+    argv.insert(argv.begin() + 3, "--zygote");  // after python -u <bootstrap>
+    ProcessSpec ps{executable, argv,
+                   to_envp(build_standby_env(opt_.agent_env, opt_.spec, 0, rdzv_.run_id()))};
+    ps.cgroup_procs_fd = opt_.cleanup->standby_procs_fd();
+    zygote_ = std::make_unique<PythonZygote>(launcher_);
+    if (std::string why = zygote_->start(std::move(ps)); !why.empty()) {
+      spdlog::warn("cannot start the Python zygote: {}; standbys start one interpreter each", why);
+      zygote_.reset();
+      return;
+    }
+    zygote_started_ = std::chrono::steady_clock::now();
+    emit("zygote_started", {{"pid", zygote_->pid()}});
+    zygote_wait_.assign(::dup(zygote_->control_fd()));
+    zygote_wait_.async_wait(asio::posix::stream_descriptor::wait_read,
+                            [this](const boost::system::error_code& ec) {
+                              if (ec || finished_ || zygote_settled_) return;
+                              on_zygote_settled(zygote_->on_readable());
+                            });
+    zygote_timer_.expires_after(kZygoteReadyTimeout);
+    zygote_timer_.async_wait([this](const boost::system::error_code& ec) {
+      if (ec || finished_ || zygote_ == nullptr ||
+          zygote_->state() != PythonZygote::State::Starting)
+        return;
+      zygote_->stop();
+      on_zygote_settled(
+          PythonZygote::State::Gone,
+          "it was not ready within " + std::to_string(kZygoteReadyTimeout.count()) + " s");
+    });
+  }
+
+  /// Starting -> Ready or Gone: standbys come from the zygote, or there are none; a group
+  /// that waited for it starts now.
+  void on_zygote_settled(PythonZygote::State state, const std::string& why = "") {
+    if (zygote_settled_) return;
+    zygote_settled_ = true;
+    zygote_timer_.cancel();
+    boost::system::error_code ignored;
+    zygote_wait_.close(ignored);
+    if (state == PythonZygote::State::Ready) {
+      zygote_ready_ = true;
+      standbys_.use_launcher(*zygote_);
+      emit("zygote_ready", {{"pid", zygote_->pid()},
+                            {"import_ms", std::chrono::duration<double, std::milli>(
+                                              std::chrono::steady_clock::now() - zygote_started_)
+                                              .count()}});
+    } else {
+      // What the zygote could not import, a standby cannot either.
+      spdlog::warn("no standbys: the Python zygote (pid {}) failed: {}; {}; workers start afresh",
+                   zygote_->pid(), why.empty() ? zygote_->failure() : why, zygote_hint());
+      standbys_.disable();
+    }
+    if (waiting_round_ && !finished_) {
+      const rdzv::RendezvousInfo round = *waiting_round_;
+      waiting_round_.reset();
+      start_workers(round);
+    }
+  }
+
+  /// The zygote was reaped: while it starts, as a failure; once it ran, standbys start one
+  /// interpreter each from now on.
+  void on_zygote_exit() {
+    if (finished_) return;
+    if (!zygote_settled_) {
+      on_zygote_settled(PythonZygote::State::Gone);
+    } else if (zygote_ready_ && standbys_.enabled()) {
+      spdlog::warn(
+          "the Python zygote (pid {}) ended: {}; standbys start one interpreter each from now on",
+          zygote_->pid(), zygote_->failure());
+      standbys_.use_launcher(launcher_);
+    }
+  }
+
+  std::string zygote_hint() const {
+    return "exit code 3 means " + opt_.spec.argv.front() +
+           " cannot import torch: set PYTHON_EXEC to an interpreter that can";
   }
 
   std::shared_ptr<OutputStream> open_stream(int fd, int local_rank, launcher::StdStreams which,
@@ -700,6 +816,10 @@ class LocalAgent::Impl {
       pid_t pid = ::waitpid(-1, &status, WNOHANG);
       if (pid <= 0) break;
       if (standbys_.on_exit(pid, ExitStatus::from_wait_status(status))) continue;
+      if (zygote_ != nullptr && zygote_->on_exit(pid, ExitStatus::from_wait_status(status))) {
+        on_zygote_exit();
+        continue;
+      }
       // As a child subreaper the agent also reaps orphaned descendants of its workers (and the
       // cgroup watcher): a pid that is no running worker's is only reaped.
       for (auto& w : workers_) {
@@ -895,6 +1015,8 @@ class LocalAgent::Impl {
       std::set<pid_t> standbys;
       for (int local = 0; local < opt_.spec.local_world_size; ++local)
         if (standbys_.has(local)) standbys.insert(standbys_.pid_of(local));
+      if (zygote_ != nullptr && zygote_->state() != PythonZygote::State::Gone)
+        standbys.insert(zygote_->pid());
       if (int killed = opt_.cleanup->end_group(standbys); killed > 0)
         spdlog::debug("killed {} leftover descendant(s) of the group", killed);
     }
@@ -937,6 +1059,8 @@ class LocalAgent::Impl {
     watchdog_timer_.cancel();
     standby_timer_.cancel();
     standbys_.clear();
+    zygote_timer_.cancel();
+    if (zygote_ != nullptr) zygote_->stop();
     boost::system::error_code closed;
     reports_.close(closed);
     kill_remaining();
@@ -966,6 +1090,8 @@ class LocalAgent::Impl {
   asio::steady_timer drain_timer_;
   asio::steady_timer watchdog_timer_;
   asio::steady_timer standby_timer_;
+  asio::steady_timer zygote_timer_;
+  asio::posix::stream_descriptor zygote_wait_;  ///< a copy of the zygote's control socket
   asio::local::datagram_protocol::socket reports_;
   std::vector<char> report_buffer_;
   std::string socket_dir_;
@@ -979,7 +1105,14 @@ class LocalAgent::Impl {
   std::vector<std::unique_ptr<WorkerRuntime>> workers_;
   std::vector<ProcessFailure> failures_;
   std::vector<std::shared_ptr<OutputStream>> failed_logs_;  ///< each reported once
+  /// Before standbys_, which may use it as its launcher until it is destroyed.
+  std::unique_ptr<PythonZygote> zygote_;
   StandbyPool standbys_;
+  bool zygote_settled_ = false;  ///< ready, or failed before it was
+  bool zygote_ready_ = false;
+  std::chrono::steady_clock::time_point zygote_started_;
+  /// A round that waits for the zygote to be ready before its workers start.
+  std::optional<rdzv::RendezvousInfo> waiting_round_;
   StopReason stop_reason_ = StopReason::None;
   std::function<void()> after_drain_;
   int restart_count_ = 0;

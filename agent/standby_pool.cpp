@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include <spdlog/spdlog.h>
 
@@ -22,6 +23,12 @@ void close_fd(int& fd) {
   fd = -1;
 }
 
+}  // namespace
+
+bool is_start_only_variable(const std::string& name) {
+  return name.rfind("PYTHON", 0) == 0 || name.rfind("LD_", 0) == 0 || name == "GLIBC_TUNABLES";
+}
+
 EnvMap parse_envp(const std::vector<std::string>& envp) {
   EnvMap env;
   for (const std::string& kv : envp)
@@ -30,7 +37,6 @@ EnvMap parse_envp(const std::vector<std::string>& envp) {
   return env;
 }
 
-/// The start-only variables whose values differ between two environments, comma-separated.
 std::string start_only_differences(const EnvMap& a, const EnvMap& b) {
   std::set<std::string> names;
   for (const auto& [name, value] : a)
@@ -42,10 +48,22 @@ std::string start_only_differences(const EnvMap& a, const EnvMap& b) {
   return out;
 }
 
-}  // namespace
-
-bool is_start_only_variable(const std::string& name) {
-  return name.rfind("PYTHON", 0) == 0 || name.rfind("LD_", 0) == 0 || name == "GLIBC_TUNABLES";
+std::string standby_memory_shortfall(const std::string& meminfo, int local_world_size) {
+  std::istringstream lines(meminfo);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream words(line);
+    std::string name, unit;
+    long long kib = -1;
+    if (!(words >> name >> kib >> unit) || name != "MemAvailable:" || unit != "kB") continue;
+    const long long need =
+        kStandbyMemoryBaseMiB + static_cast<long long>(local_world_size) * kStandbyMemoryPerRankMiB;
+    if (kib / 1024 >= need) return "";
+    return fmt::format(
+        "{} MiB of memory available (MemAvailable), and Python standbys for {} local rank(s) "
+        "need {} MiB",
+        kib / 1024, local_world_size, need);
+  }
+  return "";
 }
 
 std::string encode_standby_handover(const EnvMap& env) {
@@ -64,7 +82,7 @@ std::string StandbyPool::start(int local_rank, ProcessSpec spec) {
   EnvMap start_env = parse_envp(spec.envp);
   spec.inherit_fd = fds[0];
   spec.envp.push_back(std::string(common::kStandbyFdVariable) + "=" + std::to_string(fds[0]));
-  auto launched = launcher_.launch(spec);
+  auto launched = launcher_->launch(spec);
   close_fd(fds[0]);
   if (auto* why = std::get_if<std::string>(&launched)) {
     close_fd(fds[1]);
@@ -183,7 +201,7 @@ void StandbyPool::discard(Standby& s) {
   close_fd(s.handover_fd);
   close_fd(s.process.stdout_fd);
   close_fd(s.process.stderr_fd);
-  launcher_.signal_group(s.process.pid, SIGKILL);
+  launcher_->signal_group(s.process.pid, SIGKILL);
   discarded_.insert(s.process.pid);
 }
 

@@ -24,6 +24,26 @@ inline constexpr std::chrono::milliseconds kHandoverAckTimeout{2000};
 /// interpreter's): a standby whose value differs from its worker's is not used.
 bool is_start_only_variable(const std::string& name);
 
+/// The start-only variables whose values differ between two environments, comma-separated
+/// ("" when they agree).
+std::string start_only_differences(const EnvMap& a, const EnvMap& b);
+
+/// An environment from "K=V" strings.
+EnvMap parse_envp(const std::vector<std::string>& envp);
+
+/// Python standbys need at least this much available memory (MemAvailable) for the zygote, an
+/// interpreter with torch imported (about 225 MiB RSS, docs/benchmarks.md), and the script's
+/// own imports...
+inline constexpr long long kStandbyMemoryBaseMiB = 1024;
+/// ...and this much per local rank: the most a forked standby could come to hold if none of
+/// its pages stayed shared with the zygote.
+inline constexpr long long kStandbyMemoryPerRankMiB = 256;
+
+/// Why a node has too little memory for Python standbys (MemAvailable in the text of
+/// /proc/meminfo below kStandbyMemoryBaseMiB + local_world_size x kStandbyMemoryPerRankMiB),
+/// or "" when it has enough or the text does not say.
+std::string standby_memory_shortfall(const std::string& meminfo, int local_world_size);
+
 /// The hand-over message: the complete environment of the worker the standby becomes.
 std::string encode_standby_handover(const EnvMap& env);
 
@@ -45,7 +65,7 @@ std::string encode_standby_handover(const EnvMap& env);
 ///   job end or discard: close, SIGKILL         -> end of file with no message: exit 0
 class StandbyPool {
  public:
-  explicit StandbyPool(ProcessLauncher& launcher) : launcher_(launcher) {}
+  explicit StandbyPool(ProcessLauncher& launcher) : launcher_(&launcher) {}
   ~StandbyPool() { clear(); }
   StandbyPool(const StandbyPool&) = delete;
   StandbyPool& operator=(const StandbyPool&) = delete;
@@ -70,6 +90,16 @@ class StandbyPool {
   /// with `hint` (set_exit_hint).
   bool on_exit(pid_t pid, const ExitStatus& status);
 
+  /// Where standbys come from from now on: the agent's launcher (exec), or a Python zygote
+  /// that forks them (agent/python_zygote.h).
+  void use_launcher(ProcessLauncher& launcher) { launcher_ = &launcher; }
+
+  /// Disables the pool for the rest of the job and ends every standby.
+  void disable() {
+    enabled_ = false;
+    clear();
+  }
+
   /// What the warning about a standby that ended on its own says the user can do.
   void set_exit_hint(std::string hint) { exit_hint_ = std::move(hint); }
 
@@ -93,7 +123,7 @@ class StandbyPool {
   };
   void discard(Standby& s);
 
-  ProcessLauncher& launcher_;
+  ProcessLauncher* launcher_;
   std::map<int, Standby> standbys_;  ///< by local rank
   std::set<pid_t> discarded_;        ///< killed by us, not yet reaped
   bool enabled_ = true;

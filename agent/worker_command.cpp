@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "common/strings.h"
 
@@ -38,6 +40,55 @@ std::vector<std::string> build_python_standby_command(const std::vector<std::str
   argv.push_back("--");
   argv.insert(argv.end(), worker_argv.begin() + 2, worker_argv.end());
   return argv;
+}
+
+bool source_imports_torch(const std::string& source) {
+  std::istringstream lines(source);
+  for (std::string line; std::getline(lines, line);) {
+    const auto start = line.find_first_not_of(" \t");
+    if (start == std::string::npos) continue;
+    std::istringstream words(line.substr(start));
+    std::string keyword;
+    words >> keyword;
+    if (keyword != "import" && keyword != "from") continue;
+    // The module names: up to "import" after from, up to "as"/";"/"#" after import.
+    for (std::string word; words >> word;) {
+      if (word == "import" || word == "as" || word[0] == '#' || word[0] == ';') break;
+      for (std::string name; !word.empty();) {
+        const auto comma = word.find(',');
+        name = word.substr(0, comma);
+        if (name == "torch" || name.rfind("torch.", 0) == 0) return true;
+        word = comma == std::string::npos ? "" : word.substr(comma + 1);
+      }
+      if (keyword == "from") break;  // `from x import torch` imports x's torch, not torch
+    }
+  }
+  return false;
+}
+
+std::string python_source_of(const CommandRequest& req, const std::string& cwd) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> candidates;
+  if (!req.module) {
+    candidates.push_back(fs::path(req.script));
+  } else {
+    fs::path base = fs::path(cwd);
+    std::string rest = req.script;
+    for (auto dot = rest.find('.'); dot != std::string::npos; dot = rest.find('.')) {
+      base /= rest.substr(0, dot);
+      rest = rest.substr(dot + 1);
+    }
+    candidates.push_back(base / (rest + ".py"));
+    candidates.push_back(base / rest / "__main__.py");
+  }
+  for (const fs::path& path : candidates) {
+    std::ifstream in(path.is_absolute() ? path : fs::path(cwd) / path, std::ios::binary);
+    if (!in) continue;
+    std::ostringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }
+  return "";
 }
 
 std::string find_python_bootstrap(const std::string& ddprun_executable) {

@@ -32,6 +32,15 @@ std::vector<std::string> build_python_standby_command(const std::vector<std::str
                                                       const std::string& bootstrap,
                                                       const std::vector<std::string>& preload);
 
+/// True when Python source imports torch at the start of a line (`import torch`, `import
+/// torch.distributed as dist`, `from torch import nn`, `import os, torch`): what
+/// --standby_workers=auto looks for before it has a script's interpreter import torch ahead.
+bool source_imports_torch(const std::string& source);
+
+/// The Python source --standby_workers=auto reads for a request: the script, or for -m the
+/// module's file (or its package's __main__.py) under `cwd`. "" when there is none.
+std::string python_source_of(const CommandRequest& req, const std::string& cwd);
+
 /// The Python standby bootstrap that ships with ddprun, found from the path of the running
 /// ddprun executable: `<dir of ddprun>/../share/ddprun/ddprun_standby.py`, the same in the
 /// build tree and in an installed tree. "" when it is not there.

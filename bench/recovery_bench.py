@@ -72,23 +72,41 @@ def worker_with_rank(launcher_pid, rank):
     return None
 
 
-def waiting_standbys(launcher_pid):
-    """Pids of the launcher's standbys that block reading their hand-over descriptor."""
+def waiting_standbys(launcher_pid, events):
+    """Pids of the launcher's standbys that block reading their hand-over socket (from the
+    event log's standbys_started: a standby forked by the Python zygote has the zygote's
+    /proc/<pid>/environ, so its environment cannot tell)."""
+    started = set()
+    for e in read_events(events):
+        if e.get("event") == "standbys_started":
+            started.update(e.get("pids", []))
     out = []
     for pid in children(launcher_pid):
+        if pid not in started:
+            continue
         try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-            if b"DDPRUN_STANDBY_FD" not in env:
-                continue
             with open(f"/proc/{pid}/syscall") as f:
                 call = f.read().split()
-            # read(fd, ...): syscall 0 on x86-64.
-            if call[0] == "0" and int(call[1], 16) == int(env[b"DDPRUN_STANDBY_FD"]):
+            # read(fd, ...): syscall 0 on x86-64, on a socket (the hand-over's).
+            if call[0] == "0" and os.readlink(
+                    f"/proc/{pid}/fd/{int(call[1], 16)}").startswith("socket:"):
                 out.append(pid)
         except (OSError, ValueError, IndexError):
             pass
     return out
+
+
+def ddprun_worker(events, local_rank):
+    """The pid of `local_rank` in ddprun's last started group, from its event log."""
+    groups = [e for e in read_events(events) if e.get("event") == "workers_started"]
+    return groups[-1]["pids"][local_rank] if groups else None
+
+
+def zygote_pid(events):
+    for e in read_events(events):
+        if e.get("event") == "zygote_ready":
+            return e["pid"]
+    return None
 
 
 def rss_pss_kib(pid):
@@ -182,12 +200,17 @@ def one_run(series, args, work):
             raise RuntimeError(f"{series}: no first step in 120 s")
         memory = []
         if series.endswith("-standby"):
-            if not wait_for(lambda: len(waiting_standbys(proc.pid)) == 2, 120):
+            if not wait_for(lambda: len(waiting_standbys(proc.pid, events)) == 2, 120):
                 raise RuntimeError(f"{series}: no 2 standbys waiting in 120 s")
             if series == "ddprun-python-standby":
-                memory = [rss_pss_kib(pid) for pid in waiting_standbys(proc.pid)]
+                memory = [("standby",) + rss_pss_kib(pid)
+                          for pid in waiting_standbys(proc.pid, events)]
+                if zygote_pid(events) is not None:
+                    memory.append(("zygote",) + rss_pss_kib(zygote_pid(events)))
         time.sleep(args.settle)  # training under way
-        victim = worker_with_rank(proc.pid, 1)
+        # --standalone: RANK=1 is local rank 1.
+        victim = (ddprun_worker(events, 1) if series.startswith("ddprun")
+                  else worker_with_rank(proc.pid, 1))
         if victim is None:
             raise RuntimeError(f"{series}: no worker with RANK=1")
         t0 = time.monotonic()
@@ -238,7 +261,7 @@ def main():
     results = {s: [] for s in series}
     detect = {s: [] for s in series}
     last_events = {}
-    memory = []  # (rss, pss) KiB of each Python standby measured
+    memory = []  # (kind, rss, pss) KiB of each Python standby and zygote measured
     work = tempfile.mkdtemp(prefix="ddprun-recovery-")
     try:
         for run in range(args.runs):
@@ -272,14 +295,15 @@ def main():
             if s != "torchrun-python":
                 print(f"\nRatio torchrun-python / {s} (medians): "
                       f"**{base / statistics.median(results[s]):.1f}x**.")
-    if memory:
-        mib = lambda kib: f"{kib / 1024:.0f}"
-        rss = [m[0] for m in memory]
-        pss = [m[1] for m in memory]
-        print(f"\nMemory of a waiting Python standby ({len(memory)} measured, "
-              f"/proc/<pid>/smaps_rollup): RSS median {mib(statistics.median(rss))} MiB "
-              f"(min {mib(min(rss))}, max {mib(max(rss))}), PSS median "
-              f"{mib(statistics.median(pss))} MiB (min {mib(min(pss))}, max {mib(max(pss))}).")
+    mib = lambda kib: f"{kib / 1024:.0f}"
+    for kind in ("standby", "zygote"):
+        rss = [m[1] for m in memory if m[0] == kind]
+        pss = [m[2] for m in memory if m[0] == kind]
+        if rss:
+            print(f"\nMemory of a waiting Python {kind} ({len(rss)} measured, "
+                  f"/proc/<pid>/smaps_rollup): RSS median {mib(statistics.median(rss))} MiB "
+                  f"(min {mib(min(rss))}, max {mib(max(rss))}), PSS median "
+                  f"{mib(statistics.median(pss))} MiB (min {mib(min(pss))}, max {mib(max(pss))}).")
     for s, summary in last_events.items():
         if summary:
             print(f"\nPhases of the last {s} run (`ddprun events summarize --json`):\n")

@@ -12,4 +12,13 @@ inline constexpr const char* kStandbyFdVariable = "DDPRUN_STANDBY_FD";
 /// the worker. A standby that never writes it (still loading, or gone) is discarded.
 inline constexpr char kStandbyAck = '\x06';  // ASCII ACK
 
+/// Names the descriptor of a Python zygote's control socket (agent/python_zygote.h): a
+/// SOCK_SEQPACKET pair on which the zygote says {"ready": pid} once it has imported torch, and
+/// answers each fork request ({"env": {...}} with the standby's hand-over descriptor and its
+/// stdout and stderr pipes attached) with {"pid": n} or {"error": "..."}.
+inline constexpr const char* kZygoteFdVariable = "DDPRUN_ZYGOTE_FD";
+
+/// The largest fork request the zygote reads (the standby's whole environment).
+inline constexpr int kZygoteRequestMax = 4 << 20;
+
 }  // namespace ddprun::common

@@ -108,8 +108,9 @@ constexpr OptionSpec kOptions[] = {
      "for this long; its group fails like a crash (default 0: off)."},
     {"standby_workers", "", true, "[=off|on|auto]", "", kSupervision,
      "Keep a standby process per local rank, with the program loaded (a Python script's: "
-     "torch and its imports), for the next restart: recovery skips process start-up. Bare: on. "
-     "auto: on for .py and -m jobs whose interpreter can import torch (default off).", true},
+     "torch and its imports, forked from one interpreter per node that also starts the first "
+     "workers), for the next restart: recovery skips process start-up. Bare: on. auto: on for "
+     ".py and -m scripts that import torch, where memory allows (default auto).", true},
     {"standby_preload", "", false, "MOD,...", "", kSupervision,
      "Modules a Python standby imports besides torch and the script's top-level imports."},
     {"cleanup", "", false, "auto|cgroup|subreaper", "auto", kSupervision,
@@ -471,6 +472,7 @@ Error parse_signals(const RawValue& v, LaunchConfig& config) {
 
 Error parse_standby_workers(const RawValue& v, LaunchConfig& config) {
   if (!v.given) return std::nullopt;
+  config.standby_workers_given = true;
   const std::string text = to_lower(trim(v.text));
   // A bare flag (or PET_STANDBY_WORKERS=1) is on, as before the value existed.
   if (text.empty() || text == "on") {

@@ -11,13 +11,16 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <filesystem>
+#include <fstream>
 #include <optional>
+#include <sstream>
 
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include "agent/group_cleanup.h"
 #include "agent/local_agent.h"
+#include "agent/standby_pool.h"
 #include "agent/worker_command.h"
 #include "agent/worker_limits.h"
 #include "common/clock.h"
@@ -92,32 +95,49 @@ std::optional<std::string> check_script(const LaunchConfig& config, const agent:
 }
 
 /// --standby_workers: which standbys the agent keeps. A Python script's run ddprun's bootstrap
-/// (found next to this executable); any other program is its own standby (the C++ SDK waits).
+/// (found next to this executable), forked from one zygote per node; any other program is its
+/// own standby (the C++ SDK waits). auto, the default, keeps them for Python scripts that
+/// import torch on a node with the memory for them, and says why not only when it was asked.
 void configure_standbys(const LaunchConfig& config, const agent::CommandRequest& req,
                         agent::AgentOptions& opt) {
   opt.standby_preload = config.standby_preload;
   if (config.standby_workers == StandbyMode::Off) return;
   const bool automatic = config.standby_workers == StandbyMode::Auto;
+  // auto by default: a reason to stay off is news only to a user who asked for standbys.
+  auto off_because = [&](const std::string& why) {
+    if (!automatic)
+      spdlog::warn("--standby_workers: no standbys: {}", why);
+    else if (config.standby_workers_given)
+      spdlog::info("--standby_workers=auto: no standbys: {}", why);
+    else
+      spdlog::debug("--standby_workers=auto (the default): no standbys: {}", why);
+  };
   if (!agent::runs_under_python(req, agent::is_executable_file)) {
-    if (automatic) {
-      spdlog::info(
-          "--standby_workers=auto: no standbys, they are automatic for Python scripts (.py, -m) "
-          "only; a program on the C++ worker SDK gets them with --standby_workers=on");
-      return;
-    }
+    if (automatic)
+      return off_because(
+          "they are automatic for Python scripts (.py, -m) only; a program on the C++ worker "
+          "SDK gets them with --standby_workers=on");
     opt.standby_workers = true;
     return;
   }
   std::error_code ec;
+  if (automatic && !agent::source_imports_torch(
+                       agent::python_source_of(req, std::filesystem::current_path(ec).string())))
+    return off_because(config.script +
+                       " does not import torch at its top level (--standby_workers=on makes "
+                       "standbys for it anyway)");
+  std::ifstream meminfo_file("/proc/meminfo");
+  std::ostringstream meminfo;
+  meminfo << meminfo_file.rdbuf();
+  if (std::string short_of =
+          agent::standby_memory_shortfall(meminfo.str(), opt.spec.local_world_size);
+      !short_of.empty())
+    return off_because(short_of);
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
   const std::string bootstrap = ec ? "" : agent::find_python_bootstrap(self.string());
-  if (bootstrap.empty()) {
-    spdlog::warn(
-        "--standby_workers: no standbys: ddprun's Python bootstrap is not at "
-        "{}/../share/ddprun/ddprun_standby.py; reinstall ddprun (cmake --install)",
-        self.parent_path().string());
-    return;
-  }
+  if (bootstrap.empty())
+    return off_because("ddprun's Python bootstrap is not at " + self.parent_path().string() +
+                       "/../share/ddprun/ddprun_standby.py; reinstall ddprun (cmake --install)");
   opt.standby_workers = true;
   opt.python_bootstrap = bootstrap;
 }

@@ -12,8 +12,8 @@ namespace ddprun::launcher {
 /// How --nproc_per_node was given; gpu/cpu/auto are resolved when the node is known.
 enum class NprocKind { Count, Cpu, Gpu, Auto };
 
-/// --standby_workers: off, on (bare flag), or auto (on for Python scripts once their standby
-/// has shown it can import torch).
+/// --standby_workers: off, on (bare flag), or auto, the default (on for Python scripts that
+/// import torch, on a node with the memory for them).
 enum class StandbyMode { Off, On, Auto };
 
 /// Which standard streams of a worker go to log files (torchrun's Std: 0 none, 1 out, 2 err, 3
@@ -68,8 +68,9 @@ struct LaunchConfig {
   std::string start_method = "spawn";  ///< accepted for compatibility; workers are always fork+exec
   std::vector<int> signals_to_handle;  ///< signal numbers, default SIGTERM,SIGINT,SIGHUP,SIGQUIT
   double watchdog_timeout = 0.0;       ///< seconds; 0 = off (ddprun's own flag)
-  StandbyMode standby_workers = StandbyMode::Off;  ///< a standby per local rank (ddprun's own)
-  std::vector<std::string> standby_preload;        ///< --standby_preload: modules to import
+  StandbyMode standby_workers = StandbyMode::Auto;  ///< a standby per local rank (ddprun's own)
+  bool standby_workers_given = false;        ///< by the flag or PET_STANDBY_WORKERS, not by default
+  std::vector<std::string> standby_preload;  ///< --standby_preload: modules to import
   std::string role = "default";
   /// --cleanup: how no descendant of a worker outlives its group or the agent (ddprun's own).
   agent::CleanupMode cleanup = agent::CleanupMode::Auto;

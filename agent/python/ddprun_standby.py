@@ -9,18 +9,33 @@ acknowledges it with one byte, becomes the worker (environment, sys.argv, sys.pa
 count) and runs the script unmodified as __main__, as `python -u script.py` would have.
 
 End of file without a message: ddprun no longer needs this standby; it exits 0 quietly.
+
+With --zygote, this interpreter is the node's zygote instead of one rank's standby: it imports
+the same modules once, says so on the descriptor named by DDPRUN_ZYGOTE_FD, and then forks a
+standby for each request the agent sends there (its environment, with its hand-over descriptor
+and output pipes attached). Each standby is a copy of this interpreter with everything imported,
+made in milliseconds, and becomes a child of the agent (a child subreaper) when the process that
+forked it exits. The agent hands the first group to standbys made this way too, so N workers
+import torch once, not N times.
 """
 
 import ast
+import ctypes
 import json
 import os
+import signal
 import socket
 import sys
 import time
 
 # The same values as common/standby_protocol.h.
 STANDBY_FD_VARIABLE = "DDPRUN_STANDBY_FD"
+ZYGOTE_FD_VARIABLE = "DDPRUN_ZYGOTE_FD"
 ACK = b"\x06"
+# The largest fork request a zygote reads (common/standby_protocol.h).
+ZYGOTE_REQUEST_MAX = 4 << 20
+# prctl(2)
+PR_SET_PDEATHSIG = 1
 # Exit codes ddprun's warning explains (agent/standby_pool.cpp).
 EXIT_NO_TORCH = 3
 EXIT_BAD_HANDOVER = 4
@@ -31,17 +46,20 @@ _BOOTSTRAP_FILE = os.path.realpath(__file__)
 
 
 def parse_command(argv):
-    """(preload names, is_module, target, args) from this bootstrap's arguments."""
+    """(preload names, zygote, is_module, target, args) from this bootstrap's arguments."""
     preload = []
+    zygote = False
     i = 0
     while i < len(argv) and argv[i] != "--":
         if argv[i].startswith("--preload="):
             preload += [m.strip() for m in argv[i][len("--preload="):].split(",") if m.strip()]
+        elif argv[i] == "--zygote":
+            zygote = True
         i += 1
     rest = argv[i + 1:]
     if rest and rest[0] == "-m":
-        return preload, True, rest[1], rest[2:]
-    return preload, False, rest[0], rest[1:]
+        return preload, zygote, True, rest[1], rest[2:]
+    return preload, zygote, False, rest[0], rest[1:]
 
 
 def top_level_imports(path):
@@ -92,6 +110,108 @@ def preload(names, local_dir):
                 continue
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - the script will meet the same error itself
+            pass
+
+
+def serve_forks(control_fd):
+    """The zygote's loop: one standby forked per request, until the agent closes the socket
+    (then exit 0). Returns only in a forked standby, with its hand-over descriptor."""
+    agent = os.getppid()
+    sock = socket.socket(fileno=control_fd)  # the agent's SOCK_SEQPACKET pair: one request each
+    sock.send(json.dumps({"ready": os.getpid()}).encode())
+    while True:
+        msg, fds, _, _ = socket.recv_fds(sock, ZYGOTE_REQUEST_MAX, 3)
+        if not msg and not fds:
+            os._exit(0)  # the agent closed its end: the job is over
+        try:
+            env = json.loads(msg.decode("utf-8"))["env"]
+            if len(fds) != 3 or not isinstance(env, dict):
+                raise ValueError(f"{len(fds)} descriptors")
+        except (ValueError, KeyError, TypeError) as e:
+            for fd in fds:
+                os.close(fd)
+            sock.send(json.dumps({"error": f"bad fork request: {e}"}).encode())
+            continue
+        try:
+            pid = fork_standby(sock, agent, env, fds)
+        except OSError as e:
+            for fd in fds:
+                os.close(fd)
+            sock.send(json.dumps({"error": f"fork: {e.strerror}"}).encode())
+            continue
+        if pid == 0:
+            return fds[0]  # this process is the new standby
+        for fd in fds:
+            os.close(fd)
+        reply = {"pid": pid} if pid > 0 else {"error": "fork failed in the intermediate process"}
+        sock.send(json.dumps(reply).encode())
+
+
+def fork_standby(sock, agent, env, fds):
+    """Forks twice, so the standby's parent (the middle process) exits at once and the agent,
+    a child subreaper, adopts it: the agent then reaps and signals it like any process it
+    started. Returns the standby's pid in the zygote (-1 if the middle process could not fork),
+    and 0 in the standby itself, which is set up by become_standby first."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    r, w = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        os.close(r)
+        try:
+            child = os.fork()
+        except OSError:
+            os._exit(1)
+        if child == 0:
+            os.close(w)
+            sock.close()
+            become_standby(agent, env, fds)
+            return 0
+        try:
+            os.setpgid(child, child)  # also here, so that no signal to its group can miss
+        except OSError:
+            pass
+        os.write(w, str(child).encode())
+        os._exit(0)
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 32):
+        data += chunk
+    os.close(r)
+    # Once the middle process is reaped it has exited, so the standby already is the agent's.
+    os.waitpid(middle, 0)
+    return int(data) if data else -1
+
+
+def become_standby(agent, env, fds):
+    """In a standby just forked by the zygote: as ddprun's process launcher sets up a process it
+    starts, then the standby's environment (its own hand-over descriptor named in it)."""
+    handover, out, err = fds
+    os.setpgid(0, 0)  # leads its own process group, as every process the agent starts
+    deadline = time.monotonic() + 5
+    while os.getppid() != agent:  # adopted by the agent once the middle process has exited
+        if time.monotonic() > deadline:
+            os._exit(127)
+        time.sleep(0.001)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != agent:  # the agent died before prctl: nobody would kill us later
+        os._exit(127)
+    os.dup2(out, 1)
+    os.dup2(err, 2)
+    os.close(out)
+    os.close(err)
+    env = dict(env)
+    env[STANDBY_FD_VARIABLE] = str(handover)
+    os.environ.clear()
+    os.environ.update(env)
+    # A fresh interpreter seeds numpy's global generator from the OS; a forked copy would share
+    # the zygote's, the same numbers on every rank. (`random` reseeds itself after a fork.)
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        try:
+            numpy_random.seed()
+        except Exception:  # noqa: BLE001 - an unusual numpy: leave it as it is
             pass
 
 
@@ -212,12 +332,12 @@ def report_uncaught(error):
 
 
 def main():
-    preload_names, is_module, target, args = parse_command(sys.argv[1:])
+    preload_names, zygote, is_module, target, args = parse_command(sys.argv[1:])
     # `python ddprun_standby.py` put this file's directory first on the path: the worker must
     # not see it, and nothing is preloaded from it.
     if sys.path and os.path.realpath(sys.path[0] or ".") == os.path.dirname(_BOOTSTRAP_FILE):
         del sys.path[0]
-    fd = int(os.environ[STANDBY_FD_VARIABLE])
+    fd = int(os.environ[ZYGOTE_FD_VARIABLE if zygote else STANDBY_FD_VARIABLE])
     try:
         import torch  # noqa: F401
         import torch.distributed  # noqa: F401
@@ -232,6 +352,8 @@ def main():
     else:
         names += top_level_imports(target)
     preload(names, local_dir)
+    if zygote:
+        fd = serve_forks(fd)  # returns in each forked standby
 
     env = wait_for_handover(fd)
     if env is None:

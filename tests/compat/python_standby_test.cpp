@@ -2,6 +2,8 @@
 // be indistinguishable, to an unmodified script, from a rank started afresh. Each test restarts
 // a job once, with and without standbys, and compares what the restarted ranks observe.
 #include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "tests/support/polling.h"
@@ -29,7 +31,8 @@ std::vector<std::string> ddprun_probe(bool standbys, const std::string& events,
   std::vector<std::string> argv{
       DDPRUN_BIN,    "--standalone", "--nproc_per_node", "2", "--max_restarts", "1",
       "--event_log", events};
-  if (standbys) argv.push_back("--standby_workers");
+  // Standbys are on by default for a script that imports torch (auto): off said explicitly.
+  argv.push_back(standbys ? "--standby_workers" : "--standby_workers=off");
   argv.insert(argv.end(), script_and_args.begin(), script_and_args.end());
   return argv;
 }
@@ -87,6 +90,9 @@ void check_same_probes(const CommandResult& fresh, const CommandResult& standby)
     REQUIRE(b.count("env") == 1);
     a["env"] = job_independent(a["env"]);
     b["env"] = job_independent(b["env"]);
+    // Random numbers differ between any two interpreters: compared between ranks instead.
+    REQUIRE(a.erase("random") == 1);
+    REQUIRE(b.erase("random") == 1);
     CHECK(a.size() == b.size());
     for (const auto& [name, value] : a) {
       INFO(name);
@@ -110,9 +116,17 @@ TEST_CASE("a rank handed to a Python standby sees what a freshly started rank se
   INFO("standby:\n" << standby.out << standby.err);
   REQUIRE(standby.exit_code == 0);
   CHECK(from_standby(dir.path() + "/fresh.jsonl") == std::vector<int>{0, 0});
-  // The restarted group came from the standbys, or this test compares nothing.
-  REQUIRE(from_standby(dir.path() + "/standby.jsonl") == std::vector<int>{0, 2});
+  // Both groups came from standbys forked by the zygote (the restarted one is what the
+  // probes compare), or this test compares nothing.
+  REQUIRE(from_standby(dir.path() + "/standby.jsonl") == std::vector<int>{2, 2});
   check_same_probes(fresh, standby);
+  // Forked from one zygote, the ranks still draw different numbers (random reseeds itself
+  // after a fork; the bootstrap reseeds numpy's global generator).
+  const auto draws0 = probes_of(standby.out, 0)["random"];
+  const auto draws1 = probes_of(standby.out, 1)["random"];
+  REQUIRE(draws0.size() == 2);
+  CHECK(draws0[0] != draws1[0]);
+  CHECK(draws0[1] != draws1[1]);
 
   for (int rank = 0; rank < 2; ++rank) {
     auto p = probes_of(standby.out, rank);
@@ -137,6 +151,7 @@ TEST_CASE("a rank handed to a Python standby sees what a freshly started rank se
     CHECK(p["signals"]["SIGUSR2"] == "SIG_IGN");
     CHECK(p["signals"]["SIGTERM"] == "SIG_DFL");
     CHECK(p["faulthandler"] == false);
+    CHECK(p["cuda_initialized"] == false);
     CHECK(contains(standby.out, "[default" + r + "]:atexit ran on rank " + r));
   }
 }
@@ -157,7 +172,7 @@ TEST_CASE("a Python standby runs a -m module as python -m would",
   auto standby = in_scripts(true, dir.path() + "/standby.jsonl");
   INFO("standby:\n" << standby.out << standby.err);
   REQUIRE(standby.exit_code == 0);
-  REQUIRE(from_standby(dir.path() + "/standby.jsonl") == std::vector<int>{0, 2});
+  REQUIRE(from_standby(dir.path() + "/standby.jsonl") == std::vector<int>{2, 2});
   check_same_probes(fresh, standby);
   auto p = probes_of(standby.out, 1);
   CHECK(p["name"] == "__main__");
@@ -174,7 +189,7 @@ TEST_CASE("a Python standby's exit code and uncaught exception are the script's"
         ddprun_probe(true, dir.path() + "/events.jsonl", {kProbe, "--exit", "7"}), env_for(true),
         kLimit);
     INFO(r.out << r.err);
-    REQUIRE(from_standby(dir.path() + "/events.jsonl") == std::vector<int>{0, 2});
+    REQUIRE(from_standby(dir.path() + "/events.jsonl") == std::vector<int>{2, 2});
     CHECK(r.exit_code == 75);  // the restart budget is spent
     CHECK(contains(r.err, "rank      : 1 (local_rank: 1)"));
     CHECK(contains(r.err, "exitcode  : 7"));
@@ -185,7 +200,7 @@ TEST_CASE("a Python standby's exit code and uncaught exception are the script's"
         run_command_diagnosed(ddprun_probe(true, dir.path() + "/events.jsonl", {kProbe, "--raise"}),
                               env_for(true), kLimit);
     INFO(r.out << r.err);
-    REQUIRE(from_standby(dir.path() + "/events.jsonl") == std::vector<int>{0, 2});
+    REQUIRE(from_standby(dir.path() + "/events.jsonl") == std::vector<int>{2, 2});
     CHECK(contains(r.err, "exitcode  : 1"));
     // The interpreter's report, starting at the script: no frame of ddprun's bootstrap.
     CHECK(contains(r.err, "[default1]:Traceback (most recent call last):\n[default1]:  File \"" +
@@ -208,7 +223,7 @@ TEST_CASE(
                                   "--nproc_per_node", "2",
                                   "--max_restarts",   "1",
                                   "--event_log",      dir.path() + "/" + tag + ".jsonl"};
-    if (standbys) argv.push_back("--standby_workers");
+    argv.push_back(standbys ? "--standby_workers" : "--standby_workers=off");
     for (const std::string& a :
          {kScripts + "/ddp_resume.py", std::string("4"), dir.path() + "/" + tag + ".pt",
           dir.path() + "/" + tag + ".params", std::string("--kill_epoch"), std::string("2")})
@@ -221,7 +236,7 @@ TEST_CASE(
   auto standby = train(true);
   INFO("standby:\n" << standby.out << standby.err);
   REQUIRE(standby.exit_code == 0);
-  REQUIRE(from_standby(dir.path() + "/standby.jsonl") == std::vector<int>{0, 2});
+  REQUIRE(from_standby(dir.path() + "/standby.jsonl") == std::vector<int>{2, 2});
   for (const auto* r : {&fresh, &standby}) {
     CHECK(contains(r->err, "restarting workers: restart 1 of 1"));
     CHECK(contains(r->out, "[default0]:rank 0: resuming from the snapshot at epoch 2"));
@@ -230,4 +245,54 @@ TEST_CASE(
   const std::string params = read_file(dir.path() + "/fresh.params");
   CHECK(params.size() == 17 * 4 * 2);  // 16 weights and a bias, float32, in hex
   CHECK(read_file(dir.path() + "/standby.params") == params);
+}
+
+TEST_CASE(
+    "standbys are on by default for a script that imports torch and its first workers "
+    "are forked from the zygote",
+    "[python][integration][standby]") {
+  require_torch();
+  TempDir dir;
+  const std::string events = dir.path() + "/events.jsonl";
+  auto r = run_command_diagnosed({DDPRUN_BIN, "--standalone", "--nproc_per_node", "2",
+                                  "--event_log", events, kScripts + "/standby_first_start.py"},
+                                 {{"PYTHON_EXEC", "/usr/bin/python3"}}, kLimit);
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(from_standby(events) == std::vector<int>{2});
+  CHECK(contains(r.out, "[default0]:rank 0 of 2 joined"));
+  CHECK(contains(r.out, "[default1]:rank 1 of 2 joined"));
+  CHECK_FALSE(contains(r.err, "standby"));  // nothing to say
+  // The zygote said it was ready before the workers started.
+  bool ready = false;
+  for (const std::string& line : lines_of(read_file(events)))
+    if (auto e = nlohmann::json::parse(line, nullptr, false); e.is_object()) {
+      if (e["event"] == "zygote_ready") ready = true;
+      if (e["event"] == "workers_started") CHECK(ready);
+    }
+  CHECK(ready);
+}
+
+TEST_CASE(
+    "with an interpreter that cannot import torch the default standbys say why and the "
+    "job runs without them",
+    "[python][integration][standby]") {
+  require_torch();
+  TempDir dir;
+  // -S: without the site module Debian's dist-packages, and torch with it, are not on the path.
+  const std::string python = dir.path() + "/python-without-torch";
+  std::ofstream(python) << "#!/bin/sh\nexec /usr/bin/python3 -S \"$@\"\n";
+  std::filesystem::permissions(python, std::filesystem::perms::owner_all);
+  const std::string events = dir.path() + "/events.jsonl";
+  auto r = run_command_diagnosed({DDPRUN_BIN, "--standalone", "--nproc_per_node", "2",
+                                  "--event_log", events, kScripts + "/standby_first_start.py"},
+                                 {{"PYTHON_EXEC", python}}, kLimit);
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(from_standby(events) == std::vector<int>{0});
+  CHECK(contains(r.err, "no standbys: the Python zygote (pid "));
+  CHECK(contains(r.err, "exit code 3"));
+  CHECK(contains(r.err, "cannot import torch"));
+  CHECK(contains(r.err, "set PYTHON_EXEC to an interpreter that can"));
+  CHECK(contains(r.out, "[default1]:rank 1 of 2 without torch"));
 }

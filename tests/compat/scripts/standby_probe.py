@@ -12,10 +12,12 @@ import ctypes
 import faulthandler
 import json
 import os
+import random
 import signal
 import sys
 import time
 
+import numpy
 import torch
 from standby_helper import VALUE
 from standby_probe_wait import standbys_waiting
@@ -60,6 +62,9 @@ probe("blocked", sorted(s.name for s in signal.pthread_sigmask(signal.SIG_BLOCK,
 probe("flags", [sys.flags.optimize, sys.flags.dont_write_bytecode, sys.flags.no_user_site,
                 sys.flags.hash_randomization, sys.flags.isolated])
 probe("stdout_write_through", sys.stdout.write_through)
+probe("cuda_initialized", torch.cuda.is_initialized())
+# Each rank draws its own numbers, as separate interpreters do (the test compares the ranks).
+probe("random", [random.random(), float(numpy.random.random())])
 atexit.register(lambda: print(f"atexit ran on rank {os.environ['RANK']}", flush=True))
 if "--raise" in ARGS and os.environ["RANK"] == "1":
     raise RuntimeError("raised by the probe on rank 1")

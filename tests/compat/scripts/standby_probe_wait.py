@@ -2,6 +2,24 @@
 import os
 
 
+def blocks_reading_its_handover(pid):
+    """True when `pid` runs ddprun's Python bootstrap and blocks in read() on a socket: a standby
+    waiting for its hand-over (the zygote, which forks standbys, waits in recvmsg instead). Its
+    environment cannot say which descriptor: a forked standby's /proc/<pid>/environ still shows
+    the zygote's."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"ddprun_standby.py" not in f.read():
+                return False
+        with open(f"/proc/{pid}/syscall") as f:
+            call = f.read().split()
+        # read(fd, ...): syscall 0 on x86-64, its first argument the descriptor.
+        return call[0] == "0" and os.readlink(
+            f"/proc/{pid}/fd/{int(call[1], 16)}").startswith("socket:")
+    except (OSError, ValueError, IndexError):
+        return False
+
+
 def standbys_waiting():
     """True once two standbys under the agent (our parent) block reading their hand-over."""
     agent = os.getppid()
@@ -10,18 +28,6 @@ def standbys_waiting():
         with open(f"/proc/{agent}/task/{task}/children") as f:
             pids = f.read().split()
         for pid in pids:
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if b"ddprun_standby.py" not in f.read():
-                        continue
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-                fd = int(env[b"DDPRUN_STANDBY_FD"])
-                with open(f"/proc/{pid}/syscall") as f:
-                    call = f.read().split()
-                # read(fd, ...): syscall 0 on x86-64, its first argument the descriptor.
-                if call[0] == "0" and int(call[1], 16) == fd:
-                    found += 1
-            except (OSError, KeyError, ValueError, IndexError):
-                pass
+            if blocks_reading_its_handover(pid):
+                found += 1
     return found >= 2

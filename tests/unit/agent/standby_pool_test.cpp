@@ -275,3 +275,19 @@ TEST_CASE("the SDK acknowledges a valid hand-over only, and an empty one release
   CHECK(std::holds_alternative<sdk::StandbyReleased>(exchange("", answer)));
   CHECK(answer.empty());
 }
+
+TEST_CASE("Python standbys are not started on a node short of memory", "[agent][standby][unit]") {
+  const auto meminfo = [](long long mib) {
+    return "MemTotal:       24000000 kB\nMemFree:         1000000 kB\nMemAvailable:   " +
+           std::to_string(mib * 1024) + " kB\nBuffers:          100 kB\n";
+  };
+  // 1024 MiB for the zygote and 256 MiB per local rank.
+  CHECK(agent::standby_memory_shortfall(meminfo(1024 + 8 * 256), 8).empty());
+  CHECK(agent::standby_memory_shortfall(meminfo(1024 + 8 * 256 - 1), 8) ==
+        "3071 MiB of memory available (MemAvailable), and Python standbys for 8 local rank(s) "
+        "need 3072 MiB");
+  CHECK_FALSE(agent::standby_memory_shortfall(meminfo(1000), 1).empty());
+  // A kernel that does not say: no guess.
+  CHECK(agent::standby_memory_shortfall("MemTotal: 1000 kB\n", 8).empty());
+  CHECK(agent::standby_memory_shortfall("", 8).empty());
+}

@@ -78,3 +78,34 @@ TEST_CASE("the bootstrap is found in share/ddprun next to ddprun's bin directory
   // The source tree has no share/ddprun: nothing found.
   CHECK(find_python_bootstrap(source + "/bin/ddprun").empty());
 }
+
+TEST_CASE("automatic standbys find a script's top-level torch imports in its source",
+          "[agent][unit][standby]") {
+  CHECK(source_imports_torch("import torch\n"));
+  CHECK(source_imports_torch("#!/usr/bin/env python3\nimport os\nimport torch.distributed as d"));
+  CHECK(source_imports_torch("from torch import nn\n"));
+  CHECK(source_imports_torch("from torch.nn.parallel import DistributedDataParallel\n"));
+  CHECK(source_imports_torch("import os, torch\n"));
+  CHECK(source_imports_torch("import os,torch\n"));
+  CHECK(source_imports_torch("try:\n    import torch\nexcept ImportError:\n    pass\n"));
+  CHECK_FALSE(source_imports_torch(""));
+  CHECK_FALSE(source_imports_torch("import torchvision\n"));
+  CHECK_FALSE(source_imports_torch("from mylib import torch\n"));
+  CHECK_FALSE(source_imports_torch("import os  # we do not import torch\n"));
+  CHECK_FALSE(source_imports_torch("print('import torch')\n"));
+  CHECK_FALSE(source_imports_torch("# import torch\n"));
+}
+
+TEST_CASE("automatic standbys read the script, or the module's file under the directory",
+          "[agent][unit][standby]") {
+  const std::string dir = std::string(DDPRUN_UNIT_SOURCE_DIR) + "/tests/compat/scripts";
+  CommandRequest script{dir + "/standby_probe.py", {}};
+  CHECK(source_imports_torch(python_source_of(script, "/")));
+  CommandRequest relative{"standby_probe.py", {}};
+  CHECK(source_imports_torch(python_source_of(relative, dir)));
+  CommandRequest module{"standby_probe", {}, /*module=*/true};
+  CHECK(source_imports_torch(python_source_of(module, dir)));
+  CommandRequest scripts_package{"scripts", {}, /*module=*/true};
+  CHECK(python_source_of(scripts_package, dir + "/..").empty());  // no __main__.py there
+  CHECK(python_source_of(CommandRequest{"no_such_script.py", {}}, dir).empty());
+}

@@ -746,7 +746,10 @@ TEST_CASE("an --rdzv_id longer than the rendezvous accepts is refused", "[launch
 TEST_CASE("the option --standby_workers is on bare, and takes off, on or auto only after =",
           "[launcher][unit][standby]") {
   using ddprun::launcher::StandbyMode;
-  CHECK(parse_ok({"train.py"}).standby_workers == StandbyMode::Off);
+  // auto by default, which says nothing about a choice the user did not make.
+  CHECK(parse_ok({"train.py"}).standby_workers == StandbyMode::Auto);
+  CHECK_FALSE(parse_ok({"train.py"}).standby_workers_given);
+  CHECK(parse_ok({"--standby_workers=auto", "train.py"}).standby_workers_given);
   // Bare before the script: on, and the next word is still the script.
   LaunchConfig bare = parse_ok({"--standby_workers", "train.py", "--lr", "1"});
   CHECK(bare.standby_workers == StandbyMode::On);
@@ -765,7 +768,8 @@ TEST_CASE("the option --standby_workers is on bare, and takes off, on or auto on
   CHECK(parse_ok({"train.py"}, {{"PET_STANDBY_WORKERS", "1"}}).standby_workers == StandbyMode::On);
   // The script's own --standby_workers=off is the script's.
   LaunchConfig passed = parse_ok({"train.py", "--standby_workers=off"});
-  CHECK(passed.standby_workers == StandbyMode::Off);
+  CHECK(passed.standby_workers == StandbyMode::Auto);
+  CHECK_FALSE(passed.standby_workers_given);
   CHECK(passed.script_args == Args{"--standby_workers=off"});
   CHECK(parse_error({"--standby_workers=sometimes", "train.py"}) ==
         "--standby_workers=sometimes: expected off, on or auto (bare --standby_workers is on)");

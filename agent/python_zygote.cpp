@@ -1,0 +1,212 @@
+#include "agent/python_zygote.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "agent/failure_report.h"
+#include "agent/standby_pool.h"
+#include "common/standby_protocol.h"
+
+namespace ddprun::agent {
+namespace {
+
+void close_fd(int& fd) {
+  if (fd >= 0) ::close(fd);
+  fd = -1;
+}
+
+/// One message of the zygote, or why none came within `timeout` (`error` set).
+struct Received {
+  std::string text;
+  std::string error;
+};
+
+Received receive(int fd, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    pollfd p{fd, POLLIN, 0};
+    const int ready = ::poll(&p, 1, static_cast<int>(std::max<long long>(0, left.count())));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready < 0) return {"", std::string("poll: ") + std::strerror(errno)};
+    if (ready == 0) return {"", "no answer within " + std::to_string(timeout.count()) + " ms"};
+    std::string buffer(64 * 1024, '\0');
+    const ssize_t n = ::recv(fd, buffer.data(), buffer.size(), MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n < 0) return {"", std::string("recv: ") + std::strerror(errno)};
+    if (n == 0) return {"", "it closed its control socket"};
+    buffer.resize(static_cast<size_t>(n));
+    return {buffer, ""};
+  }
+}
+
+/// Sends `text` with `fds` attached (SCM_RIGHTS) as one message.
+std::string send_with_fds(int sock, const std::string& text, const std::vector<int>& fds) {
+  iovec iov{const_cast<char*>(text.data()), text.size()};
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()), 0);
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control.data();
+  msg.msg_controllen = control.size();
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+  std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  ssize_t n;
+  do {
+    n = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) return std::string("sendmsg: ") + std::strerror(errno);
+  if (static_cast<size_t>(n) != text.size()) return "sendmsg: short write";
+  return "";
+}
+
+}  // namespace
+
+std::string PythonZygote::start(ProcessSpec spec) {
+  if (state_ != State::Idle) return "the zygote was started already";
+  int fds[2] = {-1, -1};
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, fds) != 0)
+    return std::string("socketpair: ") + std::strerror(errno);
+  const int buffer = common::kZygoteRequestMax;  // room for a whole environment per request
+  ::setsockopt(fds[1], SOL_SOCKET, SO_SNDBUF, &buffer, sizeof buffer);
+  ::setsockopt(fds[0], SOL_SOCKET, SO_RCVBUF, &buffer, sizeof buffer);
+  start_env_ = parse_envp(spec.envp);
+  spec.inherit_fd = fds[0];
+  spec.envp.push_back(std::string(common::kZygoteFdVariable) + "=" + std::to_string(fds[0]));
+  auto launched = launcher_.launch(spec);
+  close_fd(fds[0]);
+  if (auto* why = std::get_if<std::string>(&launched)) {
+    close_fd(fds[1]);
+    return *why;
+  }
+  process_ = std::get<LaunchedProcess>(launched);
+  // Its output is read only when it fails (stderr_tail): never block the zygote on a full pipe.
+  for (int fd : {process_.stdout_fd, process_.stderr_fd})
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  control_fd_ = fds[1];
+  state_ = State::Starting;
+  return "";
+}
+
+PythonZygote::State PythonZygote::on_readable() {
+  if (state_ != State::Starting) return state_;
+  const Received got = receive(control_fd_, std::chrono::milliseconds(0));
+  if (!got.error.empty()) {
+    // End of file: the interpreter ended (e.g. exit code 3, no torch); on_exit says how.
+    give_up(got.error);
+    return state_;
+  }
+  auto doc = nlohmann::json::parse(got.text, nullptr, false);
+  if (!doc.is_object() || !doc.contains("ready")) {
+    give_up("it sent " + got.text.substr(0, 200) + " instead of its ready message");
+    return state_;
+  }
+  state_ = State::Ready;
+  return state_;
+}
+
+bool PythonZygote::on_exit(pid_t pid, const ExitStatus& status) {
+  if (pid != process_.pid || process_.pid <= 0 || reaped_) return false;
+  reaped_ = true;
+  if (state_ != State::Gone)
+    give_up("it ended (" + describe_exit(status) + ")");
+  else if (failure_.find("ended (") == std::string::npos)
+    failure_ += "; it ended (" + describe_exit(status) + ")";
+  return true;
+}
+
+std::variant<LaunchedProcess, std::string> PythonZygote::launch(const ProcessSpec& spec) {
+  if (state_ != State::Ready) return std::string("the Python zygote is not running");
+  const EnvMap env = parse_envp(spec.envp);
+  if (std::string names = start_only_differences(start_env_, env); !names.empty())
+    return names + " differ(s) from the zygote's, and only take effect when a process starts";
+  int out[2] = {-1, -1}, err[2] = {-1, -1};
+  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+    std::string why = std::string("pipe: ") + std::strerror(errno);
+    for (int* fds : {out, err}) {
+      close_fd(fds[0]);
+      close_fd(fds[1]);
+    }
+    return why;
+  }
+  std::string why = send_with_fds(control_fd_, nlohmann::json{{"env", env}}.dump(),
+                                  {spec.inherit_fd, out[1], err[1]});
+  close_fd(out[1]);
+  close_fd(err[1]);
+  std::optional<pid_t> pid;
+  if (why.empty()) {
+    const Received got = receive(control_fd_, kZygoteForkTimeout);
+    if (!got.error.empty()) {
+      why = got.error;
+    } else {
+      auto doc = nlohmann::json::parse(got.text, nullptr, false);
+      if (doc.is_object() && doc.contains("pid") && doc["pid"].is_number_integer() &&
+          doc["pid"].get<long long>() > 0)
+        pid = static_cast<pid_t>(doc["pid"].get<long long>());
+      else if (doc.is_object() && doc.contains("error") && doc["error"].is_string())
+        why = "the Python zygote could not fork: " + doc["error"].get<std::string>();
+      else
+        why = "the Python zygote answered " + got.text.substr(0, 200);
+    }
+  }
+  if (!pid) {
+    close_fd(out[0]);
+    close_fd(err[0]);
+    // A refused request leaves the zygote usable; silence or nonsense does not.
+    if (why.rfind("the Python zygote could not fork", 0) != 0) give_up(why);
+    return why;
+  }
+  return LaunchedProcess{*pid, out[0], err[0]};
+}
+
+void PythonZygote::give_up(std::string why) {
+  if (state_ == State::Gone) return;
+  state_ = State::Gone;
+  failure_ = std::move(why);
+  if (std::string tail = stderr_tail(); !tail.empty()) failure_ += "; its last words: " + tail;
+  close_fd(control_fd_);
+  if (process_.pid > 0 && !reaped_) launcher_.signal_group(process_.pid, SIGKILL);
+}
+
+std::string PythonZygote::stderr_tail() {
+  if (process_.stderr_fd < 0) return "";
+  std::string text;
+  char buffer[4096];
+  for (int i = 0; i < 64; ++i) {  // at most 256 KiB: the pipe holds less
+    const ssize_t n = ::read(process_.stderr_fd, buffer, sizeof buffer);
+    if (n <= 0) break;
+    text.append(buffer, static_cast<size_t>(n));
+  }
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+  const auto nl = text.rfind('\n');
+  return nl == std::string::npos ? text : text.substr(nl + 1);
+}
+
+void PythonZygote::stop() {
+  close_fd(control_fd_);
+  if (process_.pid > 0 && !reaped_) {
+    launcher_.signal_group(process_.pid, SIGKILL);
+    // EINTR: the agent's SIGCHLD handler ran; ECHILD: reaped already.
+    while (::waitpid(process_.pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
+    reaped_ = true;
+  }
+  close_fd(process_.stdout_fd);
+  close_fd(process_.stderr_fd);
+  if (state_ != State::Idle) state_ = State::Gone;
+}
+
+}  // namespace ddprun::agent
