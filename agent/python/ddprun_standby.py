@@ -39,6 +39,7 @@ PR_SET_PDEATHSIG = 1
 # Exit codes ddprun's warning explains (agent/standby_pool.cpp).
 EXIT_NO_TORCH = 3
 EXIT_BAD_HANDOVER = 4
+EXIT_THREADS = 5
 # At most this long a rank other than 0 waits for rank 0's store to listen (wait_for_store).
 STORE_WAIT_S = 1.0
 
@@ -117,6 +118,14 @@ def serve_forks(control_fd):
     """The zygote's loop: one standby forked per request, until the agent closes the socket
     (then exit 0). Returns only in a forked standby, with its hand-over descriptor."""
     agent = os.getppid()
+    # A fork copies only the thread that calls it: a thread started by an import (a pool, a
+    # watcher) would be missing in every standby, and a lock it held would stay held there.
+    threads = len(os.listdir("/proc/self/task"))
+    if threads > 1:
+        sys.stderr.write(f"ddprun standby: {threads} threads run after the imports, and a fork "
+                         "would copy only one; run with --standby_workers=off or drop the module "
+                         "that starts them from --standby_preload\n")
+        os._exit(EXIT_THREADS)
     sock = socket.socket(fileno=control_fd)  # the agent's SOCK_SEQPACKET pair: one request each
     sock.send(json.dumps({"ready": os.getpid()}).encode())
     while True:
