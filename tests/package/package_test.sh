@@ -59,10 +59,11 @@ contents)
   echo "all ${#expected[@]} expected files are there"
 
   "$root/usr/bin/ddprun" --version | tee "$work/version"
-  grep -q "^ddprun $(sed -n 's/^project(ddprun VERSION \([0-9.]*\).*/\1/p' "$source/CMakeLists.txt")" \
-    "$work/version" || fail "ddprun --version does not say the project's version"
+  version=$(sed -n 's/^project(ddprun VERSION \([0-9.]*\).*/\1/p' "$source/CMakeLists.txt")
+  grep -q "^ddprun $version " "$work/version" || fail "ddprun --version does not say $version"
   "$root/usr/bin/ddprun-rdzvd" --version
-  # The unit's ExecStart and the unpacked daemon agree.
+  # The unit's ExecStart and the unpacked daemon agree ($DDPRUN_RDZVD_OPTS is literal here).
+  # shellcheck disable=SC2016
   grep -q '^ExecStart=/usr/bin/ddprun-rdzvd \$DDPRUN_RDZVD_OPTS$' \
     "$root/usr/lib/systemd/system/ddprun-rdzvd.service" || fail "unexpected ExecStart"
   grep -q '^EnvironmentFile=-/etc/default/ddprun-rdzvd$' \
@@ -79,7 +80,8 @@ contents)
 
   runtime_deb=$(ls "$work"/out/ddprun_*.deb)
   dpkg-deb -f "$runtime_deb" Package Version Depends | tee "$work/control"
-  grep -q '^Depends:.*libc6' "$work/control" || fail "Depends has no libc6: dpkg-shlibdeps did not run"
+  grep -q '^Depends:.*libc6' "$work/control" ||
+    fail "Depends has no libc6: dpkg-shlibdeps did not run"
   grep -q '^Depends:.*libssl3' "$work/control" || fail "Depends has no libssl3"
   if grep -q '^Depends:.*libtorch' "$work/control"; then
     fail "the runtime package depends on libtorch"
@@ -89,7 +91,8 @@ contents)
   if [ "$sdk" = ON ]; then
     dev_deb=$(ls "$work"/out/ddprun-dev_*.deb)
     dpkg-deb -f "$dev_deb" Depends | tee -a "$work/control"
-    dpkg-deb -f "$dev_deb" Depends | grep -q 'ddprun (= ' || fail "ddprun-dev does not depend on ddprun"
+    dpkg-deb -f "$dev_deb" Depends | grep -q 'ddprun (= ' ||
+      fail "ddprun-dev does not depend on ddprun"
     dpkg-deb -f "$dev_deb" Depends | grep -q 'libtorch-dev' || fail "ddprun-dev lacks libtorch-dev"
   fi
   ;;
@@ -106,10 +109,14 @@ systemd)
   # (program, configuration, credential directory) lead into the unpacked tree instead, with
   # the unpacked man pages on MANPATH. Any message is a failure: some warnings exit 0.
   mkdir -p "$work/verify"
-  sed -e "s|^ExecStart=/usr/|ExecStart=$root/usr/|" -e "s|^EnvironmentFile=-/etc/|EnvironmentFile=-$root/etc/|" \
-    -e "s|^LoadCredential=ddprun:/etc/|LoadCredential=ddprun:$root/etc/|" "$unit" > "$work/verify/ddprun-rdzvd.service"
-  [ "$(grep -c "$root" "$work/verify/ddprun-rdzvd.service")" = 3 ] || fail "the unit's paths changed: update this test"
-  out=$(MANPATH=$root/usr/share/man systemd-analyze verify "$work/verify/ddprun-rdzvd.service" 2>&1) ||
+  sed -e "s|^ExecStart=/usr/|ExecStart=$root/usr/|" \
+    -e "s|^EnvironmentFile=-/etc/|EnvironmentFile=-$root/etc/|" \
+    -e "s|^LoadCredential=ddprun:/etc/|LoadCredential=ddprun:$root/etc/|" \
+    "$unit" > "$work/verify/ddprun-rdzvd.service"
+  [ "$(grep -c "$root" "$work/verify/ddprun-rdzvd.service")" = 3 ] ||
+    fail "the unit's paths changed: update this test"
+  out=$(MANPATH=$root/usr/share/man systemd-analyze verify "$work/verify/ddprun-rdzvd.service" \
+    2>&1) ||
     fail "systemd-analyze verify: $out"
   [ -z "$out" ] || fail "systemd-analyze verify complains: $out"
   echo "systemd-analyze verify: no complaints"
@@ -138,7 +145,8 @@ sdk)
   cmake --build "$trainer"
   "$root/usr/bin/ddprun" --standalone --nproc_per_node 2 --no_python "$trainer/trainer" |
     tee "$trainer/run.log"
-  [ "$(grep -c 'sum of ranks 1 (ok)' "$trainer/run.log")" = 2 ] || fail "the trainer's ranks disagree"
+  [ "$(grep -c 'sum of ranks 1 (ok)' "$trainer/run.log")" = 2 ] ||
+    fail "the trainer's ranks disagree"
 
   # pkg-config: the .pc file finds its prefix from its own place (${pcfiledir}).
   export PKG_CONFIG_PATH=$root/usr/lib/pkgconfig
