@@ -41,6 +41,7 @@ contents)
     usr/share/man/man1/ddprun.1.gz usr/share/man/man1/ddprun-rdzvd.1.gz
     usr/share/ddprun/ddprun_standby.py
     usr/share/bash-completion/completions/ddprun
+    usr/share/lintian/overrides/ddprun
     usr/lib/systemd/system/ddprun-rdzvd.service
     etc/default/ddprun-rdzvd
   )
