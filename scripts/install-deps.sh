@@ -9,6 +9,7 @@ packages=(
   libssl-dev openssl nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev catch2
   libtorch-dev libgloo-dev python3-torch python3-numpy
   procps iproute2 time clang-format groff-base man-db clang-14 libclang-rt-14-dev
+  systemd dpkg-dev
   slurmctld slurmd slurm-client munge
 )
 

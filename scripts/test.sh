@@ -5,7 +5,9 @@
 # libtorch part out (docs/sdk.md) but runs the SDK's libtorch-free unit tests. Then a Release
 # build with clang (no SDK, no tests: it must compile warning-free), and the libFuzzer targets
 # for a bounded time (scripts/fuzz.sh). Warnings are errors in every build here
-# (DDPRUN_WERROR=ON). Each stage's time is printed at the end.
+# (DDPRUN_WERROR=ON). The plain build's tests include the Debian packages (label package: packed,
+# unpacked and checked, about two minutes with the SDK's out-of-tree build; not a stage of
+# their own). Each stage's time is printed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)

@@ -286,12 +286,26 @@ std::string dashed(std::string flag) {
   return flag;
 }
 
+/// The flags of a --help text, the dashed spelling of an underscored one left out.
+std::set<std::string> underscored_flags(const std::string& help) {
+  const std::set<std::string> all = flags_in_help(help);
+  std::set<std::string> out;
+  for (const std::string& flag : all) {
+    std::string underscored = flag;
+    if (flag.size() > 2) std::replace(underscored.begin() + 2, underscored.end(), '-', '_');
+    if (underscored == flag || all.count(underscored) == 0) out.insert(flag);
+  }
+  return out;
+}
+
 /// Flags of other programs that the docs show, by program.
 const std::set<std::string> kForeignFlags = {
     // srun, sbatch and scancel (usage.md#slurm)
     "--nodes", "--ntasks", "--ntasks-per-node", "--cpus-per-task", "--signal", "--batch",
     // cmake and ctest
-    "--build", "--install", "--test-dir",
+    "--build", "--install", "--test-dir", "--target", "--prefix",
+    // pkg-config (sdk.md)
+    "--cflags", "--libs",
     // examples/ddp_train.cpp and examples/ddp_train.py
     "--snapshot_path", "--batch_size", "--fail_rank", "--fail_epoch", "--fail_kill", "--print_env",
     "--overlap", "--keep_snapshots", "--dataset_size", "--dump_params", "--poll_checkpoint_every",
@@ -306,6 +320,9 @@ const std::set<std::string> kForeignFlags = {
     "--now", "--no-install-recommends",
     // usage.md's "--flag value" and the stand-ins' own arguments
     "--flag", "--lr", "--epochs"};
+
+/// The man pages, relative to the source root.
+const std::vector<const char*> kManPages = {"docs/ddprun.1", "docs/ddprun-rdzvd.1"};
 
 /// Every "--flag" token inside inline code spans, code blocks and the man page.
 std::map<std::string, std::string> flags_named_in_docs() {
@@ -330,9 +347,11 @@ std::map<std::string, std::string> flags_named_in_docs() {
         scan((*it)[1], page + ":" + std::to_string(n));
     }
   }
-  std::string man = read_file((kSource / "docs/ddprun.1").string());
-  man = std::regex_replace(man, std::regex(R"(\\-)"), "-");
-  scan(man, "docs/ddprun.1");
+  for (const char* page : kManPages) {
+    std::string man = read_file((kSource / page).string());
+    man = std::regex_replace(man, std::regex(R"(\\-)"), "-");
+    scan(man, page);
+  }
   return found;
 }
 
@@ -685,11 +704,79 @@ TEST_CASE("every link between the docs leads to a file and a heading that exist"
   CHECK(checked > 20);
 }
 
-TEST_CASE("the man page renders without warnings", "[docs]") {
-  auto r = run_command(
-      {which("groff"), "-man", "-Tutf8", "-ww", "-z", (kSource / "docs/ddprun.1").string()}, {},
-      std::chrono::seconds(30));
-  INFO(r.err);
-  CHECK(r.exit_code == 0);
-  CHECK(r.err.empty());
+TEST_CASE("the man pages render without warnings", "[docs]") {
+  for (const char* page : kManPages) {
+    auto r = run_command({which("groff"), "-man", "-Tutf8", "-ww", "-z", (kSource / page).string()},
+                         {}, std::chrono::seconds(30));
+    INFO(page << ": " << r.err);
+    CHECK(r.exit_code == 0);
+    CHECK(r.err.empty());
+  }
+}
+
+TEST_CASE("every ddprun-rdzvd flag is in its man page and operations.md", "[docs]") {
+  const std::set<std::string> flags = underscored_flags(help_of({RDZVD_BIN, "--help"}));
+  REQUIRE(flags.count("--secret_file") == 1);
+  std::string man = read_file((kSource / "docs/ddprun-rdzvd.1").string());
+  man = std::regex_replace(man, std::regex(R"(\\-)"), "-");
+  const std::string operations = read_file((kSource / "docs/operations.md").string());
+  for (const std::string& flag : flags) {
+    INFO(flag);
+    const std::regex word("(^|[^a-zA-Z0-9_-])" + flag + "([^a-zA-Z0-9_-]|$)");
+    CHECK(std::regex_search(man, word));
+    CHECK(std::regex_search(operations, word));
+  }
+}
+
+// ---- bash completion ---------------------------------------------------------------------
+
+const fs::path kCompletion = kSource / "packaging/ddprun.bash-completion";
+
+/// The words of the completion script's list variable `name` ("_ddprun_switches").
+std::set<std::string> completion_list(const std::string& name) {
+  const std::string script = read_file(kCompletion.string());
+  std::smatch m;
+  REQUIRE(std::regex_search(script, m, std::regex("\n" + name + "=\"([^\"]*)\"")));
+  std::istringstream words(m[1].str());
+  std::set<std::string> out;
+  for (std::string w; words >> w;) out.insert(w);
+  return out;
+}
+
+TEST_CASE("the bash completion offers exactly ddprun's flags", "[docs]") {
+  std::set<std::string> offered = completion_list("_ddprun_value_options");
+  for (const std::string& flag : completion_list("_ddprun_switches")) offered.insert(flag);
+  CHECK(offered == underscored_flags(help_of({DDPRUN_BIN, "--help"})));
+  std::set<std::string> status = completion_list("_ddprun_status_value_options");
+  for (const std::string& flag : completion_list("_ddprun_status_switches")) status.insert(flag);
+  CHECK(status == underscored_flags(help_of({DDPRUN_BIN, "status", "--help"})));
+  // A value option is one whose help line names a value.
+  const std::set<std::string> with_values = flags_with_values(help_of({DDPRUN_BIN, "--help"}));
+  for (const std::string& flag : completion_list("_ddprun_value_options")) {
+    INFO(flag << " is listed as taking a value");
+    CHECK(with_values.count(flag) == 1);
+  }
+}
+
+TEST_CASE("the bash completion completes flags, their values and subcommands", "[docs]") {
+  // The completion function called as bash calls it, with COMP_WORDS and COMP_CWORD set.
+  auto complete = [](const std::vector<std::string>& words) {
+    std::string script = "source '" + kCompletion.string() + "'\nCOMP_WORDS=(";
+    for (const std::string& w : words) script += "'" + w + "' ";
+    script += ")\nCOMP_CWORD=" + std::to_string(words.size() - 1) +
+              "\n_ddprun\necho \"${COMPREPLY[*]}\"\n";
+    auto r = run_command({which("bash"), "-c", script}, {}, std::chrono::seconds(30));
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    return trim(r.out.substr(0, r.out.find('\n')));
+  };
+  CHECK(complete({"ddprun", "--nproc"}) == "--nproc_per_node");
+  CHECK(complete({"ddprun", "--nproc-p"}) == "--nproc-per-node");
+  CHECK(complete({"ddprun", "--rdzv_backend", ""}) == "static c10d");
+  CHECK(complete({"ddprun", "--standby_workers=a"}) == "--standby_workers=auto");
+  CHECK(complete({"ddprun", "st"}) == "status");
+  CHECK(complete({"ddprun", "status", "--rdzv_e"}) == "--rdzv_endpoint");
+  CHECK(complete({"ddprun", "events", "s"}) == "summarize");
+  // After the training script, the words are the script's: no ddprun flag is offered.
+  CHECK(complete({"ddprun", "--nnodes", "2", "train.py", "--nproc"}).empty());
 }

@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# The Debian packages as a user gets them (tests/CMakeLists.txt registers each step as a ctest
+# test, label package): built with CPack from this build, unpacked with dpkg-deb -x, then
+#   build     packs and unpacks them into <build>/package-test/ (the other steps' fixture);
+#   contents  the expected files are there, the unpacked ddprun and ddprun-rdzvd run and say
+#             their version, the unpacked ddprun runs a job (it finds its standby bootstrap),
+#             the control fields (Depends from dpkg-shlibdeps, conffiles) are right;
+#   systemd   systemd-analyze verifies the unit against the unpacked tree, and its offline
+#             security review rates it;
+#   sdk       an out-of-tree trainer (examples/out_of_tree) finds the unpacked SDK with
+#             find_package(ddprun), builds, and runs as 2 workers under the unpacked ddprun;
+#             the same object links with `pkg-config --libs ddprun-sdk` and runs.
+# Exit 77 (ctest: skipped) when a step does not apply here, saying why.
+#
+#   package_test.sh STEP BUILD_DIR SOURCE_DIR SDK_ENABLED(ON|OFF)
+set -euo pipefail
+step=$1 build=$2 source=$3 sdk=$4
+work=$build/package-test
+root=$work/root
+skip() { echo "SKIPPED: $*"; exit 77; }
+fail() { echo "FAILED: $*" >&2; exit 1; }
+
+case $step in
+build)
+  command -v dpkg-deb > /dev/null || skip "dpkg-deb is not installed (not a Debian system)"
+  rm -rf "$work"
+  mkdir -p "$work/out" "$root"
+  started=$SECONDS
+  # cpack straight from the build's CPack configuration: what `cmake --build build --target
+  # package` runs after building, here without writing into build/ while other tests run.
+  cpack --config "$build/CPackConfig.cmake" -B "$work/out"
+  for deb in "$work"/out/*.deb; do dpkg-deb -x "$deb" "$root"; done
+  echo "packed and unpacked in $((SECONDS - started)) s:"
+  ls -l "$work"/out/*.deb
+  ;;
+
+contents)
+  [ -d "$root" ] || fail "no unpacked tree at $root: the step 'build' failed"
+  expected=(
+    usr/bin/ddprun usr/bin/ddprun-rdzvd
+    usr/share/man/man1/ddprun.1.gz usr/share/man/man1/ddprun-rdzvd.1.gz
+    usr/share/ddprun/ddprun_standby.py
+    usr/share/bash-completion/completions/ddprun
+    usr/share/lintian/overrides/ddprun
+    usr/lib/systemd/system/ddprun-rdzvd.service
+    etc/default/ddprun-rdzvd
+  )
+  if [ "$sdk" = ON ]; then
+    expected+=(usr/bin/ddprun-snapshot usr/include/ddprun/sdk.h usr/include/ddprun/sdk/context.h
+      usr/lib/libddprun_sdk.a usr/lib/libddprun_sdk_core.a usr/lib/libddprun_common.a
+      usr/lib/cmake/ddprun/ddprunConfig.cmake usr/lib/cmake/ddprun/ddprunConfigVersion.cmake
+      usr/lib/cmake/ddprun/ddprunTargets.cmake usr/lib/pkgconfig/ddprun-sdk.pc)
+  fi
+  for f in "${expected[@]}"; do [ -f "$root/$f" ] || fail "the packages lack /$f"; done
+  [ -d "$root/etc/ddprun" ] || fail "the packages lack /etc/ddprun/"
+  [ "$(stat -c %a "$root/etc/ddprun")" = 700 ] || fail "/etc/ddprun/ is not mode 700"
+  if [ "$sdk" != ON ] && [ -e "$root/usr/include/ddprun" ]; then
+    fail "SDK headers packed although the SDK is not built"
+  fi
+  echo "all ${#expected[@]} expected files are there"
+
+  "$root/usr/bin/ddprun" --version | tee "$work/version"
+  version=$(sed -n 's/^project(ddprun VERSION \([0-9.]*\).*/\1/p' "$source/CMakeLists.txt")
+  grep -q "^ddprun $version " "$work/version" || fail "ddprun --version does not say $version"
+  "$root/usr/bin/ddprun-rdzvd" --version
+  # The unit's ExecStart and the unpacked daemon agree ($DDPRUN_RDZVD_OPTS is literal here).
+  # shellcheck disable=SC2016
+  grep -q '^ExecStart=/usr/bin/ddprun-rdzvd \$DDPRUN_RDZVD_OPTS$' \
+    "$root/usr/lib/systemd/system/ddprun-rdzvd.service" || fail "unexpected ExecStart"
+  grep -q '^EnvironmentFile=-/etc/default/ddprun-rdzvd$' \
+    "$root/usr/lib/systemd/system/ddprun-rdzvd.service" || fail "unexpected EnvironmentFile"
+  # The installed ddprun runs a job, and finds the Python standby bootstrap next to it
+  # (../share/ddprun): --standby_workers looks for it before starting a Python script.
+  echo 'print("hello from the packaged ddprun")' > "$work/hello.py"
+  "$root/usr/bin/ddprun" --standalone --nproc_per_node 1 --standby_workers "$work/hello.py" \
+    > "$work/run.log" 2>&1 || { cat "$work/run.log"; fail "the unpacked ddprun cannot run a job"; }
+  cat "$work/run.log"
+  grep -q "hello from the packaged ddprun" "$work/run.log" || fail "the worker did not run"
+  if grep -q "bootstrap is not at" "$work/run.log"; then fail "the standby bootstrap is missing"; fi
+  bash -n "$root/usr/share/bash-completion/completions/ddprun"
+
+  runtime_deb=$(ls "$work"/out/ddprun_*.deb)
+  dpkg-deb -f "$runtime_deb" Package Version Depends | tee "$work/control"
+  grep -q '^Depends:.*libc6' "$work/control" ||
+    fail "Depends has no libc6: dpkg-shlibdeps did not run"
+  grep -q '^Depends:.*libssl3' "$work/control" || fail "Depends has no libssl3"
+  if grep -q '^Depends:.*libtorch' "$work/control"; then
+    fail "the runtime package depends on libtorch"
+  fi
+  dpkg-deb -I "$runtime_deb" conffiles | grep -qx /etc/default/ddprun-rdzvd ||
+    fail "/etc/default/ddprun-rdzvd is not a conffile"
+  if [ "$sdk" = ON ]; then
+    dev_deb=$(ls "$work"/out/ddprun-dev_*.deb)
+    dpkg-deb -f "$dev_deb" Depends | tee -a "$work/control"
+    dpkg-deb -f "$dev_deb" Depends | grep -q 'ddprun (= ' ||
+      fail "ddprun-dev does not depend on ddprun"
+    dpkg-deb -f "$dev_deb" Depends | grep -q 'libtorch-dev' || fail "ddprun-dev lacks libtorch-dev"
+  fi
+  ;;
+
+systemd)
+  [ -d "$root" ] || fail "no unpacked tree at $root: the step 'build' failed"
+  command -v systemd-analyze > /dev/null ||
+    skip "systemd-analyze is not installed (Debian package systemd; scripts/install-deps.sh)"
+  unit=$root/usr/lib/systemd/system/ddprun-rdzvd.service
+  # verify loads the unit offline (no manager needed) and checks its settings, that ExecStart's
+  # program is executable and that the Documentation= man page exists. It looks for them on
+  # this machine, not in the unpacked tree (--root= would also hide the units this one
+  # depends on, such as sysinit.target): so it verifies a copy whose paths into the package
+  # (program, configuration, credential directory) lead into the unpacked tree instead, with
+  # the unpacked man pages on MANPATH. Any message is a failure: some warnings exit 0.
+  mkdir -p "$work/verify"
+  sed -e "s|^ExecStart=/usr/|ExecStart=$root/usr/|" \
+    -e "s|^EnvironmentFile=-/etc/|EnvironmentFile=-$root/etc/|" \
+    -e "s|^LoadCredential=ddprun:/etc/|LoadCredential=ddprun:$root/etc/|" \
+    "$unit" > "$work/verify/ddprun-rdzvd.service"
+  [ "$(grep -c "$root" "$work/verify/ddprun-rdzvd.service")" = 3 ] ||
+    fail "the unit's paths changed: update this test"
+  out=$(MANPATH=$root/usr/share/man systemd-analyze verify "$work/verify/ddprun-rdzvd.service" \
+    2>&1) ||
+    fail "systemd-analyze verify: $out"
+  [ -z "$out" ] || fail "systemd-analyze verify complains: $out"
+  echo "systemd-analyze verify: no complaints"
+  # The offline security review scores the hardening (0 best, 10 worst) of the unit as packed.
+  # --threshold (in tenths): it exits non-zero above 1.2, the unit's level with systemd 252, so
+  # dropping a hardening line that counts (the system call filter, the address families, the
+  # capability bounding set, the dynamic user, private devices) fails here. Left open, as a
+  # rendezvous server needs them: the network, local sockets (the journal) and @resources (the
+  # daemon raises its open-file limit).
+  review=$(systemd-analyze security --offline=true --root="$root" --threshold=12 "$unit" 2>&1) ||
+    fail "the unit's exposure level is above 1.2: $review"
+  echo "$review" | grep -v '^✓'
+  ;;
+
+sdk)
+  [ -d "$root" ] || fail "no unpacked tree at $root: the step 'build' failed"
+  [ "$sdk" = ON ] || skip "the worker SDK is not built here (no libtorch): no ddprun-dev package"
+  trainer=$work/trainer
+  rm -rf "$trainer"
+  # The unpacked /usr as the prefix: find_package(ddprun) finds usr/lib/cmake/ddprun there,
+  # and it finds Torch itself (the system's libtorch-dev).
+  cmake -S "$source/examples/out_of_tree" -B "$trainer" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$root/usr"
+  grep -qx "ddprun_DIR:PATH=$root/usr/lib/cmake/ddprun" "$trainer/CMakeCache.txt" ||
+    fail "find_package(ddprun) did not use the unpacked package"
+  cmake --build "$trainer"
+  "$root/usr/bin/ddprun" --standalone --nproc_per_node 2 --no_python "$trainer/trainer" |
+    tee "$trainer/run.log"
+  [ "$(grep -c 'sum of ranks 1 (ok)' "$trainer/run.log")" = 2 ] ||
+    fail "the trainer's ranks disagree"
+
+  # pkg-config: the .pc file finds its prefix from its own place (${pcfiledir}).
+  export PKG_CONFIG_PATH=$root/usr/lib/pkgconfig
+  pkg-config --exists --print-errors ddprun-sdk
+  cflags=$(pkg-config --cflags ddprun-sdk)
+  libs=$(pkg-config --libs ddprun-sdk)
+  echo "pkg-config --cflags: $cflags"
+  echo "pkg-config --libs: $libs"
+  for word in $cflags $libs; do
+    case $word in -I* | -L*) [ -d "${word:2}" ] || fail "$word: no such directory" ;; esac
+  done
+  [ -f "$(pkg-config --variable=includedir ddprun-sdk)/ddprun/sdk.h" ] ||
+    fail "pkg-config's includedir has no ddprun/sdk.h"
+  # The trainer's object, linked by pkg-config's flags alone, runs as the CMake one does.
+  object=$(find "$trainer" -name 'main.cpp.o' | head -n 1)
+  # shellcheck disable=SC2086
+  g++ "$object" $libs -o "$trainer/trainer-pc"
+  "$root/usr/bin/ddprun" --standalone --nproc_per_node 1 --no_python "$trainer/trainer-pc" |
+    grep 'sum of ranks 0 (ok)'
+  # The headers compile with pkg-config's flags alone (one syntax-only pass over libtorch's).
+  # shellcheck disable=SC2086
+  g++ $cflags -fsyntax-only "$source/examples/out_of_tree/main.cpp"
+  echo "the pkg-config flags compile and link the trainer"
+  ;;
+
+*)
+  fail "unknown step $step"
+  ;;
+esac
