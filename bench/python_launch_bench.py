@@ -9,7 +9,8 @@ launcher is spawned (time.monotonic()) to the last rank's mark. Three series, in
   ddprun-zygote   ddprun --standby_workers ...: one interpreter (the zygote) imports torch
                   and the script's imports while the rendezvous forms, and the workers are
                   forked from it (docs/design.md, "Standby workers")
-  ddprun-fresh    ddprun ...: a new interpreter per worker, each importing torch
+  ddprun-fresh    ddprun --standby_workers=off ...: a new interpreter per worker, each
+                  importing torch (standbys are on by default for a script that imports torch)
   torchrun        torchrun (bench/torchrun_shim.py) --monitor_interval 0.1 ...
 
     cmake --build build --target ddprun
@@ -52,7 +53,7 @@ def one_run(series, nproc, args, work):
     if series == "ddprun-zygote":
         argv = [ddprun] + common + ["--standby_workers", SCRIPT, mark]
     elif series == "ddprun-fresh":
-        argv = [ddprun] + common + [SCRIPT, mark]
+        argv = [ddprun] + common + ["--standby_workers=off", SCRIPT, mark]
     else:
         argv = [args.python, SHIM] + common + ["--monitor_interval", "0.1", SCRIPT, mark]
     env = dict(os.environ, PYTHON_EXEC=args.python, LOGLEVEL="WARNING")

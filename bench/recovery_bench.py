@@ -10,7 +10,8 @@ rank resuming from the snapshot rank 0 saved after the last epoch:
   ddprun-cpp             ddprun ... build/bin/ddp_train
   ddprun-python-standby  ddprun --standby_workers ... bench/python_ddp_train.py (unmodified;
                          the standbys run ddprun's Python bootstrap, torch imported)
-  ddprun-python          ddprun ... bench/python_ddp_train.py
+  ddprun-python          ddprun --standby_workers=off ... bench/python_ddp_train.py (standbys
+                         are on by default for a script that imports torch)
   torchrun-python        torchrun (bench/torchrun_shim.py) --monitor_interval 0.1 ... the same
                          Python script (torchrun's default interval is 5 s)
 
@@ -186,7 +187,7 @@ def one_run(series, args, work):
     elif series == "ddprun-python-standby":
         argv = [ddprun] + common + ["--standby_workers", "--event_log", events] + py_args
     elif series == "ddprun-python":
-        argv = [ddprun] + common + ["--event_log", events] + py_args
+        argv = [ddprun] + common + ["--standby_workers=off", "--event_log", events] + py_args
     else:
         argv = [args.python, SHIM] + common + ["--monitor_interval", "0.1"] + py_args
     env = dict(os.environ, PYTHON_EXEC=args.python, LOGLEVEL="WARNING")

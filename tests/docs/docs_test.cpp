@@ -316,6 +316,10 @@ const std::set<std::string> kForeignFlags = {
     "--ddprun", "--runs", "--baseline-runs", "--markdown", "--reps", "--torch-reps", "--loss-reps",
     // bench/rdzv_attack_bench.py, bench/rdzv_attacker.py, ddprun-rdzv-bench (benchmarks.md)
     "--mode", "--jobs", "--round-gap-ms", "--duration", "--warmup", "--rate", "--hold", "--repeats",
+    // bench/recovery_bench.py and bench/python_launch_bench.py (benchmarks.md)
+    "--series",
+    // ddprun's Python bootstrap, agent/python/ddprun_standby.py (design.md#standby-workers)
+    "--zygote", "--preload",
     // systemctl, apt-get
     "--now", "--no-install-recommends",
     // usage.md's "--flag value" and the stand-ins' own arguments
