@@ -1,7 +1,7 @@
 #include "rendezvous/framing.h"
 
-#include <cassert>
 #include <cstdio>
+#include "common/check.h"
 
 namespace ddprun::rdzv {
 
@@ -41,7 +41,7 @@ int nesting_over(std::string_view text, int limit) {
 
 std::string encode_frame(const nlohmann::json& body) {
   std::string text = body.dump();
-  assert(text.size() <= kMaxFrameBytes && "rendezvous message over kMaxFrameBytes");
+  DDPRUN_CHECK(text.size() <= kMaxFrameBytes, "rendezvous message over kMaxFrameBytes");
   const auto size = static_cast<std::uint32_t>(text.size());
   std::string frame;
   frame.reserve(kFrameHeaderBytes + text.size());

@@ -1,9 +1,10 @@
 #include "rendezvous/rdzv_state.h"
 
 #include <algorithm>
-#include <cassert>
 #include <set>
 #include <utility>
+
+#include "common/check.h"
 
 namespace ddprun::rdzv {
 namespace {
@@ -177,7 +178,7 @@ void send_waiting(Step& st, const std::string& trigger = "") {
 /// Ends the job: every node hears how, and the job stays as a tombstone for close_timeout.
 void close_job(Step& st, Closed closed) {
   JobState& s = st.s;
-  assert(s.phase != JobPhase::Closed);
+  DDPRUN_CHECK(s.phase != JobPhase::Closed, "close_job: the job is already closed");
   s.phase = JobPhase::Closed;
   s.closed = closed;
   s.closed_at = st.now;
@@ -208,9 +209,10 @@ bool fill_places(JobState& s) {
 /// Starts the round: ranks, master address, RoundReady to each participant.
 void complete_round(Step& st) {
   JobState& s = st.s;
-  assert(s.phase == JobPhase::Joining);
+  DDPRUN_CHECK(s.phase == JobPhase::Joining, "complete_round: no round is forming");
   const std::vector<std::string> joined = ids_in(s, NodeState::Joined);
-  assert(!joined.empty() && static_cast<int>(joined.size()) <= s.settings.max_nodes);
+  DDPRUN_CHECK(!joined.empty() && static_cast<int>(joined.size()) <= s.settings.max_nodes,
+               "complete_round: a round needs 1 to max_nodes joined nodes");
   const std::map<std::string, int> ranks = assign_group_ranks(s.nodes, joined, s.previous_ranks);
   std::vector<std::string> by_rank(joined.size());
   for (const auto& [id, rank] : ranks) by_rank.at(static_cast<std::size_t>(rank)) = id;
@@ -265,7 +267,7 @@ std::string budget_used_up(const JobState& s, const std::string& reason) {
 void restart_round(Step& st, const std::string& reason, bool counted, Closed if_no_budget,
                    const std::string& rejoiner = {}) {
   JobState& s = st.s;
-  assert(s.phase == JobPhase::Running);
+  DDPRUN_CHECK(s.phase == JobPhase::Running, "restart_round: no round is running");
   if (counted && s.restart_count >= s.settings.max_restarts) {
     // Running -> Closed: a restart is needed and the budget is used up
     if_no_budget.outcome = JobOutcomeKind::Failed;

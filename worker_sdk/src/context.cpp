@@ -16,8 +16,6 @@
 #include "ddprun/sdk/agent_report.h"
 #include "ddprun/sdk/preemption.h"
 
-extern char** environ;
-
 namespace ddprun::sdk {
 namespace {
 
@@ -86,16 +84,6 @@ std::variant<WorkerContext, std::string> parse_worker_context(const EnvMap& env)
     }
   }
   return c;
-}
-
-EnvMap current_environment() {
-  EnvMap env;
-  for (char** e = environ; e && *e; ++e) {
-    std::string kv(*e);
-    const auto eq = kv.find('=');
-    if (eq != std::string::npos) env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
-  }
-  return env;
 }
 
 std::variant<EnvMap, std::string> parse_standby_handover(const std::string& message) {

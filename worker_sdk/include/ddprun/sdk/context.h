@@ -5,6 +5,8 @@
 #include <string>
 #include <variant>
 
+#include "common/env.h"
+
 namespace ddprun::sdk {
 
 /// Rank, world and store address of this worker, read from torchrun's environment variables.
@@ -32,14 +34,14 @@ struct WorkerContext {
   static WorkerContext from_env();
 };
 
-/// Environment variables by name, as `environ` holds them.
-using EnvMap = std::map<std::string, std::string>;
+/// Environment variables by name, as `environ` holds them (common/env.h, shared with the agent).
+using EnvMap = common::EnvMap;
 
 /// Builds a context from variables; the error names the variable and what to do.
 std::variant<WorkerContext, std::string> parse_worker_context(const EnvMap& env);
 
-/// The current process environment as a map.
-EnvMap current_environment();
+/// The current process environment as a map (common/env.h).
+using common::current_environment;
 
 /// The environment in a standby hand-over message ({"env": {...}}), or what is wrong with it.
 std::variant<EnvMap, std::string> parse_standby_handover(const std::string& message);
