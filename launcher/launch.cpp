@@ -186,7 +186,7 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
         return common::kExitRendezvous;
       }
       const auto& address = std::get<NodeAddress>(found);
-      config.rdzv_endpoint = format_endpoint(address.host, kSlurmRendezvousPort);
+      config.rdzv_endpoint = format_endpoint(address.host, rdzv::kDefaultPort);
       derived.push_back("--rdzv_endpoint " + config.rdzv_endpoint + " (" +
                         config.slurm.endpoint_node + ", first of the node list, by " + address.how +
                         ")");

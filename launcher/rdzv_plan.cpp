@@ -79,7 +79,7 @@ std::variant<RendezvousPlan, std::string> plan_rendezvous(
     plan.hosting = is_host.value_or(*config.node_rank == 0) ? Hosting::Always : Hosting::Never;
   }
   if (!config.rdzv_endpoint.empty()) {
-    auto endpoint = rdzv::parse_endpoint(config.rdzv_endpoint, kDefaultRendezvousPort);
+    auto endpoint = rdzv::parse_endpoint(config.rdzv_endpoint, rdzv::kDefaultPort);
     if (!endpoint)
       return "--rdzv_endpoint " + config.rdzv_endpoint + ": expected host:port or [ipv6]:port";
     c.endpoint_host = endpoint->first;

@@ -22,8 +22,6 @@ struct RendezvousPlan {
   int listen_port = 0;
 };
 
-/// Default port of --rdzv_endpoint when none is given (torchrun's).
-constexpr int kDefaultRendezvousPort = 29400;
 /// Default --master_port of the static backend (torchrun's).
 constexpr int kDefaultMasterPort = 29500;
 

@@ -14,6 +14,7 @@
 #include <cstdlib>
 
 #include "common/strings.h"
+#include "rendezvous/endpoint.h"
 
 namespace ddprun::launcher {
 namespace {
@@ -248,8 +249,8 @@ std::variant<SlurmFill, std::string> slurm_defaults(const SlurmJob& job, const U
     return job.nodelist_var + "=" + job.nodelist + ": " + *why + "; pass --rdzv_endpoint host:port";
   }
   fill.endpoint_node = std::get<std::vector<std::string>>(nodes).front();
-  fill.values.push_back({"rdzv_endpoint", format_endpoint(fill.endpoint_node, kSlurmRendezvousPort),
-                         job.nodelist_var});
+  fill.values.push_back(
+      {"rdzv_endpoint", format_endpoint(fill.endpoint_node, rdzv::kDefaultPort), job.nodelist_var});
   return fill;
 }
 

@@ -50,9 +50,6 @@ std::variant<SlurmJob, std::string> read_slurm_job(const SlurmEnvLookup& env);
 /// or not a count. It resolves `--nproc_per_node gpu` inside a job.
 std::optional<int> slurm_gpus_on_node(const SlurmEnvLookup& env);
 
-/// Port of the rendezvous endpoint derived from the nodelist (torchrun's default port).
-constexpr int kSlurmRendezvousPort = 29400;
-
 /// What the user gave, as far as the SLURM defaults care: a flag or a PET_ variable counts.
 struct UserChoices {
   std::function<bool(std::string_view option)> given;  ///< by canonical name, "nnodes"

@@ -22,8 +22,6 @@ using nlohmann::json;
 
 namespace {
 
-constexpr int kDefaultPort = 29400;
-
 /// At most this many status pages are read (a page holds about 64 KiB of jobs: 2.5 GB).
 constexpr int kMaxStatusPages = 40'000;
 
@@ -85,7 +83,7 @@ std::variant<StatusRequest, InfoRequest, UsageError> parse_status_args(
     return UsageError{
         "ddprun status needs --rdzv_endpoint host:port (the address every node "
         "of the job was given)"};
-  auto parsed = rdzv::parse_endpoint(endpoint, kDefaultPort);
+  auto parsed = rdzv::parse_endpoint(endpoint, rdzv::kDefaultPort);
   if (!parsed || parsed->second == 0)
     return UsageError{"ddprun status --rdzv_endpoint " + endpoint +
                       ": expected host:port or [ipv6]:port"};

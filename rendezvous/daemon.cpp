@@ -27,7 +27,8 @@ std::variant<DaemonConfig, DaemonExit> parse_daemon_args(const std::vector<std::
       "(by --rdzv_id) and outlives every training node; start agents with "
       "--rdzv_endpoint <this host>:<port>.",
       "ddprun-rdzvd"};
-  app.add_option("--port", config.port, "TCP port to listen on (default 29400)")
+  app.add_option("--port", config.port,
+                 "TCP port to listen on (default " + std::to_string(kDefaultPort) + ")")
       ->check(CLI::Range(1, 65535));
   app.add_option("--host", config.host,
                  "address to listen on (default: every IPv6 and IPv4 address)");

@@ -11,6 +11,7 @@
 #include "common/clock.h"
 #include "rendezvous/auth.h"
 #include "rendezvous/connection.h"
+#include "rendezvous/endpoint.h"
 #include "rendezvous/rendezvous_handler.h"
 #include "rendezvous/tls.h"
 
@@ -21,7 +22,7 @@ struct NetworkRendezvousOptions {
   std::string backend = "c10d";
   std::string run_id;
   std::string endpoint_host;
-  int endpoint_port = 29400;
+  int endpoint_port = kDefaultPort;
   std::string name;        ///< shown to users and used to order ranks (addr or host name)
   std::string local_addr;  ///< --local_addr: the client binds to it, and it is MASTER_ADDR
   std::optional<int> node_rank;
