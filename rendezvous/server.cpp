@@ -10,6 +10,7 @@
 #include "common/strings.h"
 #include "rendezvous/endpoint.h"
 
+#include "rendezvous/job_status.h"
 namespace ddprun::rdzv {
 
 namespace asio = boost::asio;
