@@ -144,8 +144,7 @@ NodeResources detect_node_resources(const agent::EnvMap& env) {
   return node;
 }
 
-std::variant<int, std::string> resolve_nproc(const LaunchConfig& config,
-                                             const NodeResources& node) {
+common::Result<int> resolve_nproc(const LaunchConfig& config, const NodeResources& node) {
   switch (config.nproc_kind) {
     case NprocKind::Count:
       return config.nproc_per_node;
@@ -153,9 +152,9 @@ std::variant<int, std::string> resolve_nproc(const LaunchConfig& config,
       return node.cpus;
     case NprocKind::Gpu:
       if (node.gpus == 0)
-        return std::string(
+        return common::Error{
             "--nproc_per_node gpu: no NVIDIA GPU is visible on this node; give a number or "
-            "use cpu");
+            "use cpu"};
       return node.gpus;
     case NprocKind::Auto:
       return node.gpus > 0 ? node.gpus : node.cpus;
@@ -195,17 +194,16 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
                  common::join(derived, ", "));
   }
   auto nproc = resolve_nproc(config, detect_node_resources(env));
-  if (auto* why = std::get_if<std::string>(&nproc)) {
-    spdlog::error("{}", *why);
+  if (!nproc) {
+    spdlog::error("{}", nproc.error().message);
     return common::kExitUsage;
   }
-  auto planned =
-      plan_rendezvous(config, std::get<int>(nproc), rdzv::local_host_name(), rdzv::is_local_host);
-  if (auto* why = std::get_if<std::string>(&planned)) {
-    spdlog::error("{}", *why);
+  auto planned = plan_rendezvous(config, *nproc, rdzv::local_host_name(), rdzv::is_local_host);
+  if (!planned) {
+    spdlog::error("{}", planned.error().message);
     return common::kExitUsage;
   }
-  RendezvousPlan plan = std::get<RendezvousPlan>(std::move(planned));
+  RendezvousPlan plan = *std::move(planned);
   if (!plan.single_node) {
     // The shared secret of the rendezvous: --rdzv_conf secret_file, else the environment.
     std::string secret_file = env_or(env, rdzv::kSecretFileVariable, "");
@@ -213,11 +211,11 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
       secret_file = it->second;
     if (!secret_file.empty()) {
       auto read = rdzv::read_secret_file(secret_file);
-      if (auto* why = std::get_if<std::string>(&read)) {
-        spdlog::error("{}", *why);
+      if (!read) {
+        spdlog::error("{}", read.error().message);
         return common::kExitUsage;
       }
-      plan.client.secret = std::get<rdzv::Secret>(std::move(read));
+      plan.client.secret = *std::move(read);
     }
   }
   // TLS: --rdzv_conf tls_ca (the client's side), tls_cert and tls_key (shown to the server
@@ -234,11 +232,11 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
     tls.key = conf("tls_key");
     if (tls.any()) {
       auto client = rdzv::make_client_tls(tls, "--rdzv_conf tls_");
-      if (auto* why = std::get_if<std::string>(&client)) {
-        spdlog::error("{}", *why);
+      if (!client) {
+        spdlog::error("{}", client.error().message);
         return common::kExitUsage;
       }
-      plan.client.tls = std::get<rdzv::TlsContext>(std::move(client));
+      plan.client.tls = *std::move(client);
       if (tls.cert.empty() && plan.hosting == Hosting::Always) {
         spdlog::error(
             "this node hosts the rendezvous (is_host=1): over TLS it needs --rdzv_conf "
@@ -247,11 +245,11 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
       }
       if (!tls.cert.empty() && plan.hosting != Hosting::Never) {
         auto server_side = rdzv::make_server_tls(tls, "--rdzv_conf tls_");
-        if (auto* why = std::get_if<std::string>(&server_side)) {
-          spdlog::error("{}", *why);
+        if (!server_side) {
+          spdlog::error("{}", server_side.error().message);
           return common::kExitUsage;
         }
-        hosted_tls = std::get<rdzv::TlsContext>(std::move(server_side));
+        hosted_tls = *std::move(server_side);
       }
     }
   }
@@ -267,8 +265,7 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
                     !config.redirects.per_rank.empty() || config.tee.all != StdStreams::None ||
                     !config.tee.per_rank.empty();
   needs.standbys = config.standby_workers != StandbyMode::Off;
-  if (auto why = agent::check_worker_limits(std::get<int>(nproc), needs,
-                                            agent::current_process_limits())) {
+  if (auto why = agent::check_worker_limits(*nproc, needs, agent::current_process_limits())) {
     spdlog::error("{}", *why);
     return common::kExitUsage;
   }
@@ -283,7 +280,7 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
 
   agent::AgentOptions opt;
   opt.spec.role = config.role;
-  opt.spec.local_world_size = std::get<int>(nproc);
+  opt.spec.local_world_size = *nproc;
   opt.spec.max_restarts = config.max_restarts;
   opt.spec.shutdown_timeout =
       std::chrono::milliseconds(static_cast<long long>(config.shutdown_timeout * 1000.0));
@@ -319,7 +316,7 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
   } else {
     // The embedded server: hosted here when the endpoint names this machine (or is_host=1),
     // and taken over by a surviving node on this machine if the host node dies.
-    auto try_host = [&io, &clock, &server, &plan, hosted_tls]() -> std::optional<std::string> {
+    auto try_host = [&io, &clock, &server, &plan, hosted_tls]() -> std::optional<common::Error> {
       if (server || plan.hosting == Hosting::Never) return std::nullopt;
       // TLS without a certificate of its own: this node cannot serve it, another must host.
       if (plan.client.tls && !hosted_tls) return std::nullopt;
@@ -339,11 +336,11 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
       spdlog::error(
           "cannot host the rendezvous: {}; free the port or pick another "
           "--rdzv_endpoint port",
-          *why);
+          why->message);
       return common::kExitRendezvous;
     }
     plan.client.before_connect = [try_host] {
-      if (auto why = try_host()) spdlog::debug("not hosting the rendezvous: {}", *why);
+      if (auto why = try_host()) spdlog::debug("not hosting the rendezvous: {}", why->message);
     };
     auto client = std::make_unique<rdzv::NetworkRendezvous>(io, clock, plan.client);
     network = client.get();

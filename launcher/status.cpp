@@ -152,20 +152,20 @@ int run_status(const StatusRequest& request) {
   std::optional<rdzv::Secret> secret;
   if (request.secret_file) {
     auto read = rdzv::read_secret_file(*request.secret_file);
-    if (auto* bad = std::get_if<std::string>(&read)) {
-      std::fprintf(stderr, "ddprun status: %s\n", bad->c_str());
+    if (!read) {
+      std::fprintf(stderr, "ddprun status: %s\n", read.error().message.c_str());
       return common::kExitUsage;
     }
-    secret = std::get<rdzv::Secret>(read);
+    secret = *read;
   }
   std::optional<rdzv::TlsRole> tls;
   if (request.tls.any()) {
     auto made = rdzv::make_client_tls(request.tls, "--tls_");
-    if (auto* bad = std::get_if<std::string>(&made)) {
-      std::fprintf(stderr, "ddprun status: %s\n", bad->c_str());
+    if (!made) {
+      std::fprintf(stderr, "ddprun status: %s\n", made.error().message.c_str());
       return common::kExitUsage;
     }
-    tls = rdzv::TlsRole{std::get<rdzv::TlsContext>(made), false, request.host};
+    tls = rdzv::TlsRole{*made, false, request.host};
   }
   rdzv::ClientHandshake handshake(secret, "status", rdzv::make_nonce());
   std::optional<json> jobs;       // every page, once the last one arrived

@@ -108,26 +108,27 @@ int run_daemon(const DaemonConfig& config) {
   std::optional<Secret> secret;
   if (!config.secret_file.empty()) {
     auto read = read_secret_file(config.secret_file);
-    if (auto* why = std::get_if<std::string>(&read)) {
-      spdlog::error("{}", *why);
+    if (!read) {
+      spdlog::error("{}", read.error().message);
       return common::kExitUsage;
     }
-    secret = std::get<Secret>(std::move(read));
+    secret = *std::move(read);
   }
   TlsContext tls;
   if (config.tls.any()) {
     auto made = make_server_tls(config.tls, "--tls_");
-    if (auto* why = std::get_if<std::string>(&made)) {
-      spdlog::error("{}", *why);
+    if (!made) {
+      spdlog::error("{}", made.error().message);
       return common::kExitUsage;
     }
-    tls = std::get<TlsContext>(std::move(made));
+    tls = *std::move(made);
   }
   boost::asio::io_context io;
   common::SteadyClock clock;
   RendezvousServer server(io, clock, config.limits, secret, tls);
   if (auto why = server.listen(config.host, config.port)) {
-    spdlog::error("{}; is another ddprun-rdzvd or agent using the port? pick another --port", *why);
+    spdlog::error("{}; is another ddprun-rdzvd or agent using the port? pick another --port",
+                  why->message);
     return common::kExitRendezvous;
   }
   const char* tls_note = !tls                    ? ""

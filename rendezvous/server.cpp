@@ -88,8 +88,8 @@ RendezvousServer::~RendezvousServer() {
   if (reserve_fd_ >= 0) ::close(reserve_fd_);
 }
 
-std::optional<std::string> RendezvousServer::listen(const std::string& host, int port,
-                                                    bool* in_use) {
+std::optional<common::Error> RendezvousServer::listen(const std::string& host, int port,
+                                                      bool* in_use) {
   if (in_use) *in_use = false;
   std::vector<tcp::endpoint> candidates;
   if (host.empty() || host == "*") {
@@ -99,7 +99,7 @@ std::optional<std::string> RendezvousServer::listen(const std::string& host, int
     tcp::resolver resolver(io_);
     error_code ec;
     auto results = resolver.resolve(host, std::to_string(port), tcp::resolver::passive, ec);
-    if (ec) return "cannot resolve '" + host + "': " + ec.message();
+    if (ec) return common::Error{"cannot resolve '" + host + "': " + ec.message()};
     for (const auto& r : results) candidates.push_back(r.endpoint());
   }
   std::string last = "no address to listen on";
@@ -116,7 +116,7 @@ std::optional<std::string> RendezvousServer::listen(const std::string& host, int
       if (ec == asio::error::address_in_use && in_use) *in_use = true;
       last = "cannot listen on " + format_endpoint(endpoint.address().to_string(), port) + ": " +
              ec.message();
-      if (ec == asio::error::address_in_use) return last;
+      if (ec == asio::error::address_in_use) return common::Error{last};
       continue;
     }
     port_ = acceptor.local_endpoint().port();
@@ -126,7 +126,7 @@ std::optional<std::string> RendezvousServer::listen(const std::string& host, int
     arm_housekeeping();
     return std::nullopt;
   }
-  return last;
+  return common::Error{last};
 }
 
 void RendezvousServer::accept_next() {

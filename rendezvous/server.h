@@ -12,6 +12,7 @@
 #include "common/clock.h"
 #include "rendezvous/auth.h"
 #include "rendezvous/connection.h"
+#include "common/result.h"
 #include "rendezvous/limits.h"
 #include "rendezvous/rdzv_state.h"
 
@@ -39,7 +40,7 @@ class RendezvousServer {
 
   /// Listens on host:port ("" host: every address, IPv6 and IPv4; port 0: a free port).
   /// Returns why not on failure; `in_use` is set when the address is taken.
-  std::optional<std::string> listen(const std::string& host, int port, bool* in_use = nullptr);
+  std::optional<common::Error> listen(const std::string& host, int port, bool* in_use = nullptr);
 
   /// The bound port (after listen).
   int port() const { return port_; }
