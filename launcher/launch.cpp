@@ -346,22 +346,27 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
     network = client.get();
     rdzv = std::move(client);
   }
-  // Let the last messages (a "closed" for the other nodes, this node's "leave") go out before
-  // the event loop ends, for at most kLinger.
+  // Shutdown is cancellation: the last messages (a "closed" for the other nodes, this node's
+  // "leave") go out, the embedded server and the client say when they have drained, and the
+  // event loop stops then, or after kLinger whatever is left.
+  constexpr std::chrono::milliseconds kLinger{2'000};
   boost::asio::steady_timer linger(io);
-  std::function<void(int)> wait_flushed = [&](int polls_left) {
-    const bool flushed =
-        (!server || !server->has_pending_writes()) && (!network || network->flushed());
-    if (flushed || polls_left == 0) return io.stop();
-    linger.expires_after(std::chrono::milliseconds(10));
-    linger.async_wait([&, polls_left](const boost::system::error_code& ec) {
-      if (!ec) wait_flushed(polls_left - 1);
-    });
+  int draining = 0;
+  const auto drained = [&io, &linger, &draining] {
+    if (--draining > 0) return;
+    linger.cancel();
+    io.stop();
   };
   opt.on_finish = [&] {
     if (plan.single_node) return;
-    if (server) server->shutdown();
-    wait_flushed(200);
+    draining = (server ? 1 : 0) + (network ? 1 : 0);
+    if (draining == 0) return io.stop();
+    linger.expires_after(kLinger);
+    linger.async_wait([&io](const boost::system::error_code& ec) {
+      if (!ec) io.stop();
+    });
+    if (server) server->shutdown(kLinger, drained);
+    if (network) network->when_flushed(drained);
   };
   agent::PosixProcessLauncher launcher;
   agent::LocalAgent agent(io, std::move(opt), *rdzv, launcher);

@@ -97,6 +97,10 @@ void raise_open_file_limit() {
 
 }  // namespace
 
+/// The longest a daemon takes to end after SIGTERM: sessions whose peer does not read the last
+/// messages are closed then.
+constexpr std::chrono::milliseconds kShutdownDeadline{2'000};
+
 int run_daemon(const DaemonConfig& config) {
   auto logger = spdlog::stderr_logger_st("ddprun-rdzvd");
   logger->set_pattern("[ddprun-rdzvd] %^%l%$: %v");
@@ -150,8 +154,9 @@ int run_daemon(const DaemonConfig& config) {
     received = sig;
     spdlog::info("received {}: shutting down; agents will reconnect to a restarted daemon",
                  common::signal_name(sig));
-    server.shutdown();
-    io.stop();
+    // Shutdown is cancellation: the server stops accepting, writes what it queued (a "closed"
+    // for the nodes) and ends its sessions, within kShutdownDeadline; run() returns then.
+    server.shutdown(kShutdownDeadline);
   });
   io.run();
   return received == 0 ? common::kExitInternal : common::kExitSuccess;

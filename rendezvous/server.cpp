@@ -6,11 +6,12 @@
 #include <unistd.h>
 
 #include <boost/asio/ip/v6_only.hpp>
+#include <boost/asio/post.hpp>
 
 #include "common/strings.h"
 #include "rendezvous/endpoint.h"
-
 #include "rendezvous/job_status.h"
+
 namespace ddprun::rdzv {
 
 namespace asio = boost::asio;
@@ -68,6 +69,7 @@ RendezvousServer::RendezvousServer(asio::io_context& io, const common::Clock& cl
       timer_(io),
       accept_timer_(io),
       housekeeping_timer_(io),
+      shutdown_timer_(io),
       limits_(limits),
       secret_(std::move(secret)),
       tls_(std::move(tls)) {
@@ -84,6 +86,8 @@ RendezvousServer::~RendezvousServer() {
   timer_.cancel();
   accept_timer_.cancel();
   housekeeping_timer_.cancel();
+  shutdown_timer_.cancel();
+  drained_ = nullptr;
   for (auto& [id, s] : sessions_) s.conn->close();
   if (reserve_fd_ >= 0) ::close(reserve_fd_);
 }
@@ -421,20 +425,44 @@ void RendezvousServer::on_timer() {
   arm_timer();
 }
 
-void RendezvousServer::shutdown() {
+void RendezvousServer::shutdown(std::chrono::milliseconds deadline, std::function<void()> drained) {
   stopped_ = true;
   error_code ignored;
   acceptor_.close(ignored);
   timer_.cancel();
   accept_timer_.cancel();
   housekeeping_timer_.cancel();
-  for (auto& [id, s] : sessions_) s.conn->close_after_writes();
+  drained_ = std::move(drained);
+  draining_ = 0;
+  // Every open session ends once its replies (a "closed" for the other nodes) are written and
+  // says so; the server counts them down. Closed sessions have nothing left to write.
+  std::vector<std::shared_ptr<FramedConnection>> open_conns;
+  for (auto& [id, s] : sessions_)
+    if (s.conn->is_open()) open_conns.push_back(s.conn);
+  draining_ = open_conns.size();
+  if (draining_ == 0) {
+    if (drained_) asio::post(io_, std::move(drained_));
+    drained_ = nullptr;
+    return;
+  }
+  for (const auto& conn : open_conns)
+    conn->close_after_writes([this, alive = std::weak_ptr<bool>(alive_)] {
+      if (alive.lock()) session_drained();
+    });
+  // A peer that does not read its replies cannot hold the shutdown: its session is closed at
+  // the deadline, which drains it.
+  shutdown_timer_.expires_after(deadline);
+  shutdown_timer_.async_wait([this](error_code ec) {
+    if (ec) return;
+    for (auto& [id, s] : sessions_) s.conn->close();
+  });
 }
 
-bool RendezvousServer::has_pending_writes() const {
-  for (const auto& [id, s] : sessions_)
-    if (s.conn->is_open()) return true;
-  return false;
+void RendezvousServer::session_drained() {
+  if (draining_ == 0 || --draining_ > 0) return;
+  shutdown_timer_.cancel();
+  if (drained_) drained_();
+  drained_ = nullptr;
 }
 
 StatusReply RendezvousServer::describe(const std::optional<std::string>& run_id,

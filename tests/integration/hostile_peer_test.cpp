@@ -508,3 +508,21 @@ TEST_CASE("a daemon out of descriptors closes new connections with one warning a
   daemon.send(SIGTERM);
   daemon.wait(10s);
 }
+
+TEST_CASE("a daemon told to stop ends its connections and exits 0 at once, peers or not",
+          "[integration][security]") {
+  Daemon daemon;
+  RawPeer greeted(daemon.port);
+  REQUIRE(greeted.greet());
+  RawPeer silent(daemon.port);  // no hello, never reads
+  const auto sent = std::chrono::steady_clock::now();
+  daemon.process->send(SIGTERM);
+  const auto r = daemon.process->wait(10s);
+  INFO(r.err);
+  CHECK_FALSE(r.timed_out);
+  CHECK(r.exit_code == 0);
+  // Shutdown is cancellation with a deadline (2 s), never a hang on a connected peer.
+  CHECK(std::chrono::steady_clock::now() - sent < 5s);
+  CHECK(greeted.closed_by_server(5s));
+  CHECK(silent.closed_by_server(5s));
+}
