@@ -97,10 +97,6 @@ class Reader {
   void fail_value(const char* key, const std::string& why) {
     if (!error_) error_ = type_ + " field \"" + key + "\" " + why;
   }
-  /// A problem already worded from the field on ("field \"x\" ...").
-  void fail(const std::string& why) {
-    if (!error_) error_ = type_ + " " + why;
-  }
 
  private:
   const json* field(const char* key) {
