@@ -837,16 +837,16 @@ ParseResult parse_command_line(const std::vector<std::string>& args, const EnvLo
 
   // SLURM comes after flags and PET_ variables: under srun it fills what they left out.
   auto slurm = read_slurm_job(env);
-  if (auto* why = std::get_if<std::string>(&slurm)) return UsageError{*why};
-  const SlurmJob& job = std::get<SlurmJob>(slurm);
+  if (!slurm) return UsageError{slurm.error().message};
+  const SlurmJob& job = *slurm;
   UserChoices choices;
   choices.given = [&raw](std::string_view name) { return raw.at(name).given; };
   if (raw.at("nnodes").given) choices.nnodes = raw.at("nnodes").text;
   if (raw.at("rdzv_backend").given) choices.rdzv_backend = raw.at("rdzv_backend").text;
   choices.standalone = switches.at("standalone");
   auto filled = slurm_defaults(job, choices);
-  if (auto* why = std::get_if<std::string>(&filled)) return UsageError{*why};
-  const SlurmFill& fill = std::get<SlurmFill>(filled);
+  if (!filled) return UsageError{filled.error().message};
+  const SlurmFill& fill = *filled;
   for (const SlurmDefault& item : fill.values) {
     RawValue& value = raw.at(item.option);
     value = RawValue{item.value, item.source, true, true};

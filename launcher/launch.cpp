@@ -180,11 +180,11 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
     if (!config.slurm.endpoint_node.empty()) {
       auto found =
           resolve_node_address(config.slurm.endpoint_node, host_resolves, scontrol_node_addr);
-      if (auto* why = std::get_if<std::string>(&found)) {
-        spdlog::error("{}", *why);
+      if (!found) {
+        spdlog::error("{}", found.error().message);
         return common::kExitRendezvous;
       }
-      const auto& address = std::get<NodeAddress>(found);
+      const auto& address = *found;
       config.rdzv_endpoint = format_endpoint(address.host, rdzv::kDefaultPort);
       derived.push_back("--rdzv_endpoint " + config.rdzv_endpoint + " (" +
                         config.slurm.endpoint_node + ", first of the node list, by " + address.how +
