@@ -526,3 +526,27 @@ TEST_CASE("a daemon told to stop ends its connections and exits 0 at once, peers
   CHECK(greeted.closed_by_server(5s));
   CHECK(silent.closed_by_server(5s));
 }
+
+TEST_CASE("a join with settings no job can run with is refused in the user's words",
+          "[integration][security]") {
+  Daemon daemon;
+  RawPeer peer(daemon.port);
+  REQUIRE(peer.greet());
+  json join = join_body("bad", "n1");
+  join["settings"]["min_nodes"] = 5;
+  join["settings"]["max_nodes"] = 3;
+  peer.send_json(join);
+  auto refused = peer.read_frame(10s);
+  REQUIRE(refused);
+  CHECK((*refused)["type"] == "refused");
+  CHECK((*refused)["message"] ==
+        "node n1 was started with --nnodes 5:3: the minimum (5) is larger than the maximum (3)");
+  CHECK(peer.closed_by_server(10s));
+  // The refused first join left no job behind.
+  RawPeer asker(daemon.port);
+  REQUIRE(asker.greet());
+  asker.send_json(ddprun::rdzv::to_json(ddprun::rdzv::AgentMessage{ddprun::rdzv::StatusQuery{}}));
+  auto reply = asker.read_frame(10s);
+  REQUIRE(reply);
+  CHECK((*reply)["jobs"].empty());
+}
