@@ -2,8 +2,6 @@
 
 #include <cstring>
 
-extern char** environ;
-
 namespace ddprun::agent {
 
 std::vector<WorkerPlacement> place_workers(const rdzv::RendezvousInfo& info, int local_world_size) {
@@ -59,16 +57,6 @@ EnvMap build_worker_env(const EnvMap& agent_env, const WorkerEnvInputs& in) {
   env["TORCHELASTIC_ERROR_FILE"] = in.error_file;
   if (!in.agent_socket.empty()) env["DDPRUN_AGENT_SOCKET"] = in.agent_socket;
   if (in.checkpoint_requested) env["DDPRUN_CHECKPOINT_REQUESTED"] = "1";
-  return env;
-}
-
-EnvMap current_environment() {
-  EnvMap env;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-    const char* eq = std::strchr(*e, '=');
-    if (eq == nullptr) continue;
-    env.emplace(std::string(*e, static_cast<size_t>(eq - *e)), std::string(eq + 1));
-  }
   return env;
 }
 

@@ -4,11 +4,13 @@
 #include <vector>
 
 #include "agent/worker.h"
+#include "common/env.h"
 #include "rendezvous/rendezvous_handler.h"
 
 namespace ddprun::agent {
 
-using EnvMap = std::map<std::string, std::string>;
+using EnvMap = common::EnvMap;  // common/env.h
+using common::current_environment;
 
 /// Ranks of every local worker for a round: global rank = group_rank * local_world_size + local.
 std::vector<WorkerPlacement> place_workers(const rdzv::RendezvousInfo& info, int local_world_size);
@@ -40,9 +42,6 @@ EnvMap build_standby_env(const EnvMap& agent_env, const WorkerSpec& spec, int lo
 
 /// True when build_worker_env will add OMP_NUM_THREADS=1 (the agent prints one notice).
 bool will_default_omp_threads(const EnvMap& agent_env, int local_world_size);
-
-/// The process environment as a map.
-EnvMap current_environment();
 
 /// "K=V" strings for execve.
 std::vector<std::string> to_envp(const EnvMap& env);

@@ -29,8 +29,8 @@ using common::split;
 using common::to_lower;
 using common::trim;
 
-/// An error message, or nullopt when the value was fine.
-using Error = std::optional<std::string>;
+/// A check of one flag: nullopt when the value is good, else the usage error (common/result.h).
+using Check = std::optional<common::Error>;
 
 /// One ddprun option: drives the CLI11 parser, the PET_ fallback and the --help text.
 struct OptionSpec {
@@ -258,25 +258,26 @@ std::string describe_switch(const RawValue& value) {
   return value.from_env ? describe(value) : value.label;
 }
 
-Error parse_nnodes(const RawValue& v, LaunchConfig& config) {
+Check parse_nnodes(const RawValue& v, LaunchConfig& config) {
   const std::string fix = ": expected N or MIN:MAX, e.g. 2 or 1:4";
   std::vector<std::string> parts = split(v.text, ':');
-  if (parts.size() > 2) return describe(v) + fix;
+  if (parts.size() > 2) return common::Error{describe(v) + fix};
   auto min_nodes = parse_int(trim(parts.front()));
   auto max_nodes = parts.size() == 2 ? parse_int(trim(parts.back())) : min_nodes;
-  if (!min_nodes || !max_nodes) return describe(v) + fix;
-  if (*min_nodes < 1 || *max_nodes < 1) return describe(v) + ": needs at least 1 node";
+  if (!min_nodes || !max_nodes) return common::Error{describe(v) + fix};
+  if (*min_nodes < 1 || *max_nodes < 1)
+    return common::Error{describe(v) + ": needs at least 1 node"};
   if (*min_nodes > *max_nodes) {
-    return describe(v) + ": the minimum (" + std::to_string(*min_nodes) +
-           ") is larger than the maximum (" + std::to_string(*max_nodes) + ")";
+    return common::Error{describe(v) + ": the minimum (" + std::to_string(*min_nodes) +
+                         ") is larger than the maximum (" + std::to_string(*max_nodes) + ")"};
   }
-  if (*max_nodes > 1'000'000) return describe(v) + ": at most 1000000 nodes";
+  if (*max_nodes > 1'000'000) return common::Error{describe(v) + ": at most 1000000 nodes"};
   config.min_nodes = static_cast<int>(*min_nodes);
   config.max_nodes = static_cast<int>(*max_nodes);
   return std::nullopt;
 }
 
-Error parse_nproc(const RawValue& v, LaunchConfig& config) {
+Check parse_nproc(const RawValue& v, LaunchConfig& config) {
   const std::string lowered = to_lower(trim(v.text));
   if (lowered == "cpu") {
     config.nproc_kind = NprocKind::Cpu;
@@ -287,7 +288,7 @@ Error parse_nproc(const RawValue& v, LaunchConfig& config) {
   } else {
     auto count = parse_int(lowered);
     if (!count || *count < 1 || *count > 1'000'000) {
-      return describe(v) + ": expected a positive integer, cpu, gpu or auto";
+      return common::Error{describe(v) + ": expected a positive integer, cpu, gpu or auto"};
     }
     config.nproc_kind = NprocKind::Count;
     config.nproc_per_node = static_cast<int>(*count);
@@ -295,25 +296,26 @@ Error parse_nproc(const RawValue& v, LaunchConfig& config) {
   return std::nullopt;
 }
 
-Error parse_node_rank(const RawValue& v, LaunchConfig& config) {
+Check parse_node_rank(const RawValue& v, LaunchConfig& config) {
   if (!v.given) return std::nullopt;
   auto rank = parse_int(trim(v.text));
-  if (!rank || *rank < 0) return describe(v) + ": expected a node rank, 0 or more";
+  if (!rank || *rank < 0) return common::Error{describe(v) + ": expected a node rank, 0 or more"};
   if (*rank >= config.max_nodes) {
-    return describe(v) + ": must be less than the number of nodes (" +
-           std::to_string(config.max_nodes) + "); node ranks run 0.." +
-           std::to_string(config.max_nodes - 1);
+    return common::Error{describe(v) + ": must be less than the number of nodes (" +
+                         std::to_string(config.max_nodes) + "); node ranks run 0.." +
+                         std::to_string(config.max_nodes - 1)};
   }
   config.node_rank = static_cast<int>(*rank);
   return std::nullopt;
 }
 
-Error parse_backend(const RawValue& v, LaunchConfig& config) {
+Check parse_backend(const RawValue& v, LaunchConfig& config) {
   const std::string lowered = to_lower(trim(v.text));
   if (lowered == "etcd" || lowered == "etcd-v2") {
-    return describe(v) + ": not supported by ddprun; use c10d";
+    return common::Error{describe(v) + ": not supported by ddprun; use c10d"};
   }
-  if (lowered != "static" && lowered != "c10d") return describe(v) + ": expected static or c10d";
+  if (lowered != "static" && lowered != "c10d")
+    return common::Error{describe(v) + ": expected static or c10d"};
   config.rdzv_backend = lowered;
   return std::nullopt;
 }
@@ -331,7 +333,7 @@ bool valid_host(std::string_view host) {
   });
 }
 
-Error parse_endpoint(const RawValue& v, LaunchConfig& config) {
+Check parse_endpoint(const RawValue& v, LaunchConfig& config) {
   if (!v.given) return std::nullopt;
   const std::string endpoint = trim(v.text);
   const std::string fix = ": expected host:port, [ipv6]:port or host, e.g. head:29400";
@@ -339,22 +341,23 @@ Error parse_endpoint(const RawValue& v, LaunchConfig& config) {
   if (auto* error = std::get_if<rdzv::EndpointError>(&split)) {
     switch (*error) {
       case rdzv::EndpointError::MissingBracket:
-        return describe(v) + ": missing ']'" + fix;
+        return common::Error{describe(v) + ": missing ']'" + fix};
       case rdzv::EndpointError::BareIpv6:
-        return describe(v) + ": put an IPv6 address in brackets, e.g. [fd00::1]:29400";
+        return common::Error{describe(v) +
+                             ": put an IPv6 address in brackets, e.g. [fd00::1]:29400"};
       case rdzv::EndpointError::Malformed:
         break;
     }
-    return describe(v) + fix;
+    return common::Error{describe(v) + fix};
   }
   const auto& [host, port] = std::get<rdzv::EndpointParts>(split);
-  if (!valid_host(host)) return describe(v) + fix;
-  if (port && !valid_port(*port)) return describe(v) + ": the port must be 1..65535";
+  if (!valid_host(host)) return common::Error{describe(v) + fix};
+  if (port && !valid_port(*port)) return common::Error{describe(v) + ": the port must be 1..65535"};
   config.rdzv_endpoint = endpoint;
   return std::nullopt;
 }
 
-Error parse_rdzv_conf(const RawValue& v, LaunchConfig& config) {
+Check parse_rdzv_conf(const RawValue& v, LaunchConfig& config) {
   static const std::array<std::string_view, 5> kSecondsKeys = {
       "join_timeout", "last_call_timeout", "close_timeout", "keep_alive_interval",
       "connect_timeout"};
@@ -365,7 +368,8 @@ Error parse_rdzv_conf(const RawValue& v, LaunchConfig& config) {
     const std::string key = eq == std::string::npos ? "" : trim(pair.substr(0, eq));
     const std::string value = eq == std::string::npos ? "" : trim(pair.substr(eq + 1));
     if (key.empty() || value.empty()) {
-      return describe(v) + ": malformed pair '" + pair + "'; expected key=value,key2=value2";
+      return common::Error{describe(v) + ": malformed pair '" + pair +
+                           "'; expected key=value,key2=value2"};
     }
     // The server's own ranges (rendezvous/limits.h), so a value accepted here is never
     // refused later by the server with a wire-protocol message.
@@ -373,26 +377,28 @@ Error parse_rdzv_conf(const RawValue& v, LaunchConfig& config) {
     if (std::find(kSecondsKeys.begin(), kSecondsKeys.end(), key) != kSecondsKeys.end()) {
       auto seconds = parse_double(value);
       if (!seconds || !(*seconds > 0)) {
-        return describe(v) + ": " + key + "=" + value + " must be a positive number of seconds";
+        return common::Error{describe(v) + ": " + key + "=" + value +
+                             " must be a positive number of seconds"};
       }
       const double ms = *seconds * 1000.0;
       if (limit && (ms < static_cast<double>(limit->min) || ms > static_cast<double>(limit->max)))
-        return describe(v) + ": " + key + "=" + value + " is out of range: allowed " +
-               rdzv::describe_range(*limit);
+        return common::Error{describe(v) + ": " + key + "=" + value + " is out of range: allowed " +
+                             rdzv::describe_range(*limit)};
       if (!limit && ms > static_cast<double>(rdzv::kDayMs))
-        return describe(v) + ": " + key + "=" + value +
-               " is out of range: allowed up to 86400 seconds";
+        return common::Error{describe(v) + ": " + key + "=" + value +
+                             " is out of range: allowed up to 86400 seconds"};
     } else if (key == "keep_alive_max_attempt") {
       auto attempts = parse_int(value);
       if (!attempts || *attempts < 1) {
-        return describe(v) + ": " + key + "=" + value + " must be a positive integer";
+        return common::Error{describe(v) + ": " + key + "=" + value +
+                             " must be a positive integer"};
       }
       if (limit && (*attempts < limit->min || *attempts > limit->max))
-        return describe(v) + ": " + key + "=" + value + " is out of range: allowed " +
-               rdzv::describe_range(*limit);
+        return common::Error{describe(v) + ": " + key + "=" + value + " is out of range: allowed " +
+                             rdzv::describe_range(*limit)};
     } else if (key == "is_host") {
       if (!parse_bool(value)) {
-        return describe(v) + ": is_host=" + value + " must be 1, 0, true or false";
+        return common::Error{describe(v) + ": is_host=" + value + " must be 1, 0, true or false"};
       }
     }
     config.rdzv_conf[key] = value;
@@ -400,67 +406,71 @@ Error parse_rdzv_conf(const RawValue& v, LaunchConfig& config) {
   return std::nullopt;
 }
 
-Error parse_master_addr(const RawValue& v, LaunchConfig& config) {
+Check parse_master_addr(const RawValue& v, LaunchConfig& config) {
   const std::string addr = trim(v.text);
-  if (addr.empty()) return describe(v) + ": needs a host name or address, e.g. 10.0.0.1";
+  if (addr.empty())
+    return common::Error{describe(v) + ": needs a host name or address, e.g. 10.0.0.1"};
   config.master_addr = addr;
   return std::nullopt;
 }
 
-Error parse_master_port(const RawValue& v, LaunchConfig& config) {
+Check parse_master_port(const RawValue& v, LaunchConfig& config) {
   if (!v.given) return std::nullopt;
   const std::string text = trim(v.text);
-  if (!valid_port(text)) return describe(v) + ": expected a port 1..65535";
+  if (!valid_port(text)) return common::Error{describe(v) + ": expected a port 1..65535"};
   config.master_port = static_cast<int>(*parse_int(text));
   return std::nullopt;
 }
 
-Error parse_max_restarts(const RawValue& v, LaunchConfig& config) {
+Check parse_max_restarts(const RawValue& v, LaunchConfig& config) {
   auto restarts = parse_int(trim(v.text));
-  if (!restarts) return describe(v) + ": expected a whole number, 0 or more";
-  if (*restarts < 0) return describe(v) + ": must be 0 or more";
-  if (*restarts > 1'000'000'000) return describe(v) + ": at most 1000000000";
+  if (!restarts) return common::Error{describe(v) + ": expected a whole number, 0 or more"};
+  if (*restarts < 0) return common::Error{describe(v) + ": must be 0 or more"};
+  if (*restarts > 1'000'000'000) return common::Error{describe(v) + ": at most 1000000000"};
   config.max_restarts = static_cast<int>(*restarts);
   return std::nullopt;
 }
 
-Error parse_monitor_interval(const RawValue& v, LaunchConfig& config) {
+Check parse_monitor_interval(const RawValue& v, LaunchConfig& config) {
   auto seconds = parse_double(trim(v.text));
-  if (!seconds || *seconds <= 0) return describe(v) + ": expected a positive number of seconds";
+  if (!seconds || *seconds <= 0)
+    return common::Error{describe(v) + ": expected a positive number of seconds"};
   config.monitor_interval = *seconds;
   return std::nullopt;
 }
 
-Error parse_shutdown_timeout(const RawValue& v, LaunchConfig& config) {
+Check parse_shutdown_timeout(const RawValue& v, LaunchConfig& config) {
   auto seconds = parse_double(trim(v.text));
-  if (!seconds || *seconds < 0) return describe(v) + ": expected a number of seconds, 0 or more";
+  if (!seconds || *seconds < 0)
+    return common::Error{describe(v) + ": expected a number of seconds, 0 or more"};
   config.shutdown_timeout = *seconds;
   return std::nullopt;
 }
 
-Error parse_watchdog_timeout(const RawValue& v, LaunchConfig& config) {
+Check parse_watchdog_timeout(const RawValue& v, LaunchConfig& config) {
   auto seconds = parse_double(trim(v.text));
   if (!seconds || *seconds < 0)
-    return describe(v) + ": expected a number of seconds, 0 (off) or more";
+    return common::Error{describe(v) + ": expected a number of seconds, 0 (off) or more"};
   config.watchdog_timeout = *seconds;
   return std::nullopt;
 }
 
-Error parse_signals(const RawValue& v, LaunchConfig& config) {
+Check parse_signals(const RawValue& v, LaunchConfig& config) {
   std::vector<int> signals;
   for (const std::string& piece : split(v.text, ',')) {
     const std::string item = trim(piece);
     if (item.empty()) {
-      return describe(v) + ": expected a comma-separated list of signals, e.g. SIGTERM,SIGINT";
+      return common::Error{describe(v) +
+                           ": expected a comma-separated list of signals, e.g. SIGTERM,SIGINT"};
     }
     auto signum = common::parse_signal(item);
-    if (!signum) return describe(v) + ": unknown signal " + item;
+    if (!signum) return common::Error{describe(v) + ": unknown signal " + item};
     if (*signum == SIGKILL || *signum == SIGSTOP) {
-      return describe(v) + ": " + common::signal_name(*signum) +
-             " cannot be caught by any process; drop it";
+      return common::Error{describe(v) + ": " + common::signal_name(*signum) +
+                           " cannot be caught by any process; drop it"};
     }
     if (*signum == SIGCHLD) {
-      return describe(v) + ": SIGCHLD is how ddprun watches its workers; drop it";
+      return common::Error{describe(v) + ": SIGCHLD is how ddprun watches its workers; drop it"};
     }
     if (std::find(signals.begin(), signals.end(), *signum) == signals.end()) {
       signals.push_back(*signum);
@@ -470,7 +480,7 @@ Error parse_signals(const RawValue& v, LaunchConfig& config) {
   return std::nullopt;
 }
 
-Error parse_standby_workers(const RawValue& v, LaunchConfig& config) {
+Check parse_standby_workers(const RawValue& v, LaunchConfig& config) {
   if (!v.given) return std::nullopt;
   config.standby_workers_given = true;
   const std::string text = to_lower(trim(v.text));
@@ -484,31 +494,31 @@ Error parse_standby_workers(const RawValue& v, LaunchConfig& config) {
   } else if (auto on = parse_bool(text)) {
     config.standby_workers = *on ? StandbyMode::On : StandbyMode::Off;
   } else {
-    return (v.from_env ? describe(v) : v.label + "=" + v.text) +
-           ": expected off, on or auto (bare " + v.label + " is on)";
+    return common::Error{(v.from_env ? describe(v) : v.label + "=" + v.text) +
+                         ": expected off, on or auto (bare " + v.label + " is on)"};
   }
   return std::nullopt;
 }
 
-Error parse_cleanup(const RawValue& v, LaunchConfig& config) {
+Check parse_cleanup(const RawValue& v, LaunchConfig& config) {
   auto mode = agent::parse_cleanup_mode(to_lower(trim(v.text)));
-  if (!mode) return describe(v) + ": expected auto, cgroup or subreaper";
+  if (!mode) return common::Error{describe(v) + ": expected auto, cgroup or subreaper"};
   config.cleanup = *mode;
   return std::nullopt;
 }
 
-Error parse_start_method(const RawValue& v, LaunchConfig& config) {
+Check parse_start_method(const RawValue& v, LaunchConfig& config) {
   const std::string method = trim(v.text);
   if (method != "spawn" && method != "fork" && method != "forkserver") {
-    return describe(v) + ": expected spawn, fork or forkserver";
+    return common::Error{describe(v) + ": expected spawn, fork or forkserver"};
   }
   config.start_method = method;
   return std::nullopt;
 }
 
-Error parse_role(const RawValue& v, LaunchConfig& config) {
+Check parse_role(const RawValue& v, LaunchConfig& config) {
   const std::string role = trim(v.text);
-  if (role.empty()) return describe(v) + ": the role needs a name, e.g. trainer";
+  if (role.empty()) return common::Error{describe(v) + ": the role needs a name, e.g. trainer"};
   config.role = role;
   return std::nullopt;
 }
@@ -519,39 +529,40 @@ std::optional<StdStreams> parse_std_value(std::string_view text) {
   return static_cast<StdStreams>(*value);
 }
 
-Error parse_std_spec(const RawValue& v, StdSpec& spec) {
+Check parse_std_spec(const RawValue& v, StdSpec& spec) {
   const std::string fix =
       ": expected 0 (none), 1 (stdout), 2 (stderr) or 3 (both), or per local rank like 0:1,1:2";
   const std::string text = trim(v.text);
   if (text.find(':') == std::string::npos) {
     auto value = parse_std_value(text);
-    if (!value) return describe(v) + fix;
+    if (!value) return common::Error{describe(v) + fix};
     spec = StdSpec{*value, {}};
     return std::nullopt;
   }
   StdSpec parsed;
   for (const std::string& pair : split(text, ',')) {
     std::vector<std::string> parts = split(pair, ':');
-    if (parts.size() != 2) return describe(v) + fix;
+    if (parts.size() != 2) return common::Error{describe(v) + fix};
     auto rank = parse_int(trim(parts[0]));
     auto value = parse_std_value(parts[1]);
-    if (!rank || *rank < 0 || *rank > 1'000'000 || !value) return describe(v) + fix;
+    if (!rank || *rank < 0 || *rank > 1'000'000 || !value) return common::Error{describe(v) + fix};
     if (!parsed.per_rank.emplace(static_cast<int>(*rank), *value).second) {
-      return describe(v) + ": local rank " + std::to_string(*rank) + " is given twice";
+      return common::Error{describe(v) + ": local rank " + std::to_string(*rank) +
+                           " is given twice"};
     }
   }
   spec = std::move(parsed);
   return std::nullopt;
 }
 
-Error parse_local_ranks_filter(const RawValue& v, LaunchConfig& config) {
+Check parse_local_ranks_filter(const RawValue& v, LaunchConfig& config) {
   const std::string text = trim(v.text);
   if (text.empty()) return std::nullopt;  // "" means no filter, as in torchrun
   std::set<int> ranks;
   for (const std::string& piece : split(text, ',')) {
     auto rank = parse_int(trim(piece));
     if (!rank || *rank < 0 || *rank > 1'000'000) {
-      return describe(v) + ": expected comma-separated local ranks, e.g. 0,2";
+      return common::Error{describe(v) + ": expected comma-separated local ranks, e.g. 0,2"};
     }
     ranks.insert(static_cast<int>(*rank));
   }
@@ -679,9 +690,9 @@ ParseResult build_config(const std::map<std::string_view, RawValue>& raw,
                       "<script> itself; keep one"};
   }
 
-  if (auto e = parse_nnodes(get("nnodes"), config)) return UsageError{*e};
-  if (auto e = parse_nproc(get("nproc_per_node"), config)) return UsageError{*e};
-  if (auto e = parse_node_rank(get("node_rank"), config)) return UsageError{*e};
+  if (auto e = parse_nnodes(get("nnodes"), config)) return UsageError{e->message};
+  if (auto e = parse_nproc(get("nproc_per_node"), config)) return UsageError{e->message};
+  if (auto e = parse_node_rank(get("node_rank"), config)) return UsageError{e->message};
 
   config.standalone = switches.at("standalone");
   if (config.standalone) {
@@ -694,8 +705,8 @@ ParseResult build_config(const std::map<std::string_view, RawValue>& raw,
     config.rdzv_endpoint = "localhost:0";
     config.rdzv_id = random_run_id();
   } else {
-    if (auto e = parse_backend(get("rdzv_backend"), config)) return UsageError{*e};
-    if (auto e = parse_endpoint(get("rdzv_endpoint"), config)) return UsageError{*e};
+    if (auto e = parse_backend(get("rdzv_backend"), config)) return UsageError{e->message};
+    if (auto e = parse_endpoint(get("rdzv_endpoint"), config)) return UsageError{e->message};
     config.rdzv_id = get("rdzv_id").text;
     if (config.rdzv_id.size() > rdzv::kMaxIdentifierBytes)
       return UsageError{"--rdzv_id of " + std::to_string(config.rdzv_id.size()) +
@@ -705,28 +716,32 @@ ParseResult build_config(const std::map<std::string_view, RawValue>& raw,
                         " needs --rdzv_endpoint host:port"};
     }
   }
-  if (auto e = parse_rdzv_conf(get("rdzv_conf"), config)) return UsageError{*e};
-  if (auto e = parse_master_addr(get("master_addr"), config)) return UsageError{*e};
-  if (auto e = parse_master_port(get("master_port"), config)) return UsageError{*e};
+  if (auto e = parse_rdzv_conf(get("rdzv_conf"), config)) return UsageError{e->message};
+  if (auto e = parse_master_addr(get("master_addr"), config)) return UsageError{e->message};
+  if (auto e = parse_master_port(get("master_port"), config)) return UsageError{e->message};
   config.local_addr = trim(get("local_addr").text);
 
-  if (auto e = parse_max_restarts(get("max_restarts"), config)) return UsageError{*e};
-  if (auto e = parse_monitor_interval(get("monitor_interval"), config)) return UsageError{*e};
-  if (auto e = parse_shutdown_timeout(get("shutdown_timeout"), config)) return UsageError{*e};
-  if (auto e = parse_signals(get("signals_to_handle"), config)) return UsageError{*e};
-  if (auto e = parse_watchdog_timeout(get("watchdog_timeout"), config)) return UsageError{*e};
-  if (auto e = parse_start_method(get("start_method"), config)) return UsageError{*e};
-  if (auto e = parse_cleanup(get("cleanup"), config)) return UsageError{*e};
-  if (auto e = parse_role(get("role"), config)) return UsageError{*e};
+  if (auto e = parse_max_restarts(get("max_restarts"), config)) return UsageError{e->message};
+  if (auto e = parse_monitor_interval(get("monitor_interval"), config))
+    return UsageError{e->message};
+  if (auto e = parse_shutdown_timeout(get("shutdown_timeout"), config))
+    return UsageError{e->message};
+  if (auto e = parse_signals(get("signals_to_handle"), config)) return UsageError{e->message};
+  if (auto e = parse_watchdog_timeout(get("watchdog_timeout"), config))
+    return UsageError{e->message};
+  if (auto e = parse_start_method(get("start_method"), config)) return UsageError{e->message};
+  if (auto e = parse_cleanup(get("cleanup"), config)) return UsageError{e->message};
+  if (auto e = parse_role(get("role"), config)) return UsageError{e->message};
 
   config.log_dir = get("log_dir").text;
   config.event_log = get("event_log").text;
-  if (auto e = parse_std_spec(get("redirects"), config.redirects)) return UsageError{*e};
-  if (auto e = parse_std_spec(get("tee"), config.tee)) return UsageError{*e};
-  if (auto e = parse_local_ranks_filter(get("local_ranks_filter"), config)) return UsageError{*e};
+  if (auto e = parse_std_spec(get("redirects"), config.redirects)) return UsageError{e->message};
+  if (auto e = parse_std_spec(get("tee"), config.tee)) return UsageError{e->message};
+  if (auto e = parse_local_ranks_filter(get("local_ranks_filter"), config))
+    return UsageError{e->message};
 
   config.no_slurm_fanout = switches.at("no_slurm_fanout");
-  if (auto e = parse_standby_workers(get("standby_workers"), config)) return UsageError{*e};
+  if (auto e = parse_standby_workers(get("standby_workers"), config)) return UsageError{e->message};
   for (const std::string& piece : split(get("standby_preload").text, ',')) {
     const std::string name = trim(piece);
     if (name.empty()) continue;
@@ -839,16 +854,16 @@ ParseResult parse_command_line(const std::vector<std::string>& args, const EnvLo
 
   // SLURM comes after flags and PET_ variables: under srun it fills what they left out.
   auto slurm = read_slurm_job(env);
-  if (auto* why = std::get_if<std::string>(&slurm)) return UsageError{*why};
-  const SlurmJob& job = std::get<SlurmJob>(slurm);
+  if (!slurm) return UsageError{slurm.error().message};
+  const SlurmJob& job = *slurm;
   UserChoices choices;
   choices.given = [&raw](std::string_view name) { return raw.at(name).given; };
   if (raw.at("nnodes").given) choices.nnodes = raw.at("nnodes").text;
   if (raw.at("rdzv_backend").given) choices.rdzv_backend = raw.at("rdzv_backend").text;
   choices.standalone = switches.at("standalone");
   auto filled = slurm_defaults(job, choices);
-  if (auto* why = std::get_if<std::string>(&filled)) return UsageError{*why};
-  const SlurmFill& fill = std::get<SlurmFill>(filled);
+  if (!filled) return UsageError{filled.error().message};
+  const SlurmFill& fill = *filled;
   for (const SlurmDefault& item : fill.values) {
     RawValue& value = raw.at(item.option);
     value = RawValue{item.value, item.source, true, true};

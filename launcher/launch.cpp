@@ -164,8 +164,7 @@ NodeResources detect_node_resources(const agent::EnvMap& env) {
   return node;
 }
 
-std::variant<int, std::string> resolve_nproc(const LaunchConfig& config,
-                                             const NodeResources& node) {
+common::Result<int> resolve_nproc(const LaunchConfig& config, const NodeResources& node) {
   switch (config.nproc_kind) {
     case NprocKind::Count:
       return config.nproc_per_node;
@@ -173,9 +172,9 @@ std::variant<int, std::string> resolve_nproc(const LaunchConfig& config,
       return node.cpus;
     case NprocKind::Gpu:
       if (node.gpus == 0)
-        return std::string(
+        return common::Error{
             "--nproc_per_node gpu: no NVIDIA GPU is visible on this node; give a number or "
-            "use cpu");
+            "use cpu"};
       return node.gpus;
     case NprocKind::Auto:
       return node.gpus > 0 ? node.gpus : node.cpus;
@@ -201,12 +200,12 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
     if (!config.slurm.endpoint_node.empty()) {
       auto found =
           resolve_node_address(config.slurm.endpoint_node, host_resolves, scontrol_node_addr);
-      if (auto* why = std::get_if<std::string>(&found)) {
-        spdlog::error("{}", *why);
+      if (!found) {
+        spdlog::error("{}", found.error().message);
         return common::kExitRendezvous;
       }
-      const auto& address = std::get<NodeAddress>(found);
-      config.rdzv_endpoint = format_endpoint(address.host, kSlurmRendezvousPort);
+      const auto& address = *found;
+      config.rdzv_endpoint = format_endpoint(address.host, rdzv::kDefaultPort);
       derived.push_back("--rdzv_endpoint " + config.rdzv_endpoint + " (" +
                         config.slurm.endpoint_node + ", first of the node list, by " + address.how +
                         ")");
@@ -215,17 +214,16 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
                  common::join(derived, ", "));
   }
   auto nproc = resolve_nproc(config, detect_node_resources(env));
-  if (auto* why = std::get_if<std::string>(&nproc)) {
-    spdlog::error("{}", *why);
+  if (!nproc) {
+    spdlog::error("{}", nproc.error().message);
     return common::kExitUsage;
   }
-  auto planned =
-      plan_rendezvous(config, std::get<int>(nproc), rdzv::local_host_name(), rdzv::is_local_host);
-  if (auto* why = std::get_if<std::string>(&planned)) {
-    spdlog::error("{}", *why);
+  auto planned = plan_rendezvous(config, *nproc, rdzv::local_host_name(), rdzv::is_local_host);
+  if (!planned) {
+    spdlog::error("{}", planned.error().message);
     return common::kExitUsage;
   }
-  RendezvousPlan plan = std::get<RendezvousPlan>(std::move(planned));
+  RendezvousPlan plan = *std::move(planned);
   if (!plan.single_node) {
     // The shared secret of the rendezvous: --rdzv_conf secret_file, else the environment.
     std::string secret_file = env_or(env, rdzv::kSecretFileVariable, "");
@@ -233,11 +231,11 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
       secret_file = it->second;
     if (!secret_file.empty()) {
       auto read = rdzv::read_secret_file(secret_file);
-      if (auto* why = std::get_if<std::string>(&read)) {
-        spdlog::error("{}", *why);
+      if (!read) {
+        spdlog::error("{}", read.error().message);
         return common::kExitUsage;
       }
-      plan.client.secret = std::get<rdzv::Secret>(std::move(read));
+      plan.client.secret = *std::move(read);
     }
   }
   // TLS: --rdzv_conf tls_ca (the client's side), tls_cert and tls_key (shown to the server
@@ -254,11 +252,11 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
     tls.key = conf("tls_key");
     if (tls.any()) {
       auto client = rdzv::make_client_tls(tls, "--rdzv_conf tls_");
-      if (auto* why = std::get_if<std::string>(&client)) {
-        spdlog::error("{}", *why);
+      if (!client) {
+        spdlog::error("{}", client.error().message);
         return common::kExitUsage;
       }
-      plan.client.tls = std::get<rdzv::TlsContext>(std::move(client));
+      plan.client.tls = *std::move(client);
       if (tls.cert.empty() && plan.hosting == Hosting::Always) {
         spdlog::error(
             "this node hosts the rendezvous (is_host=1): over TLS it needs --rdzv_conf "
@@ -267,11 +265,11 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
       }
       if (!tls.cert.empty() && plan.hosting != Hosting::Never) {
         auto server_side = rdzv::make_server_tls(tls, "--rdzv_conf tls_");
-        if (auto* why = std::get_if<std::string>(&server_side)) {
-          spdlog::error("{}", *why);
+        if (!server_side) {
+          spdlog::error("{}", server_side.error().message);
           return common::kExitUsage;
         }
-        hosted_tls = std::get<rdzv::TlsContext>(std::move(server_side));
+        hosted_tls = *std::move(server_side);
       }
     }
   }
@@ -287,8 +285,7 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
                     !config.redirects.per_rank.empty() || config.tee.all != StdStreams::None ||
                     !config.tee.per_rank.empty();
   needs.standbys = config.standby_workers != StandbyMode::Off;
-  if (auto why = agent::check_worker_limits(std::get<int>(nproc), needs,
-                                            agent::current_process_limits())) {
+  if (auto why = agent::check_worker_limits(*nproc, needs, agent::current_process_limits())) {
     spdlog::error("{}", *why);
     return common::kExitUsage;
   }
@@ -303,7 +300,7 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
 
   agent::AgentOptions opt;
   opt.spec.role = config.role;
-  opt.spec.local_world_size = std::get<int>(nproc);
+  opt.spec.local_world_size = *nproc;
   opt.spec.max_restarts = config.max_restarts;
   opt.spec.shutdown_timeout =
       std::chrono::milliseconds(static_cast<long long>(config.shutdown_timeout * 1000.0));
@@ -339,7 +336,7 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
   } else {
     // The embedded server: hosted here when the endpoint names this machine (or is_host=1),
     // and taken over by a surviving node on this machine if the host node dies.
-    auto try_host = [&io, &clock, &server, &plan, hosted_tls]() -> std::optional<std::string> {
+    auto try_host = [&io, &clock, &server, &plan, hosted_tls]() -> std::optional<common::Error> {
       if (server || plan.hosting == Hosting::Never) return std::nullopt;
       // TLS without a certificate of its own: this node cannot serve it, another must host.
       if (plan.client.tls && !hosted_tls) return std::nullopt;
@@ -359,32 +356,37 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
       spdlog::error(
           "cannot host the rendezvous: {}; free the port or pick another "
           "--rdzv_endpoint port",
-          *why);
+          why->message);
       return common::kExitRendezvous;
     }
     plan.client.before_connect = [try_host] {
-      if (auto why = try_host()) spdlog::debug("not hosting the rendezvous: {}", *why);
+      if (auto why = try_host()) spdlog::debug("not hosting the rendezvous: {}", why->message);
     };
     auto client = std::make_unique<rdzv::NetworkRendezvous>(io, clock, plan.client);
     network = client.get();
     rdzv = std::move(client);
   }
-  // Let the last messages (a "closed" for the other nodes, this node's "leave") go out before
-  // the event loop ends, for at most kLinger.
+  // Shutdown is cancellation: the last messages (a "closed" for the other nodes, this node's
+  // "leave") go out, the embedded server and the client say when they have drained, and the
+  // event loop stops then, or after kLinger whatever is left.
+  constexpr std::chrono::milliseconds kLinger{2'000};
   boost::asio::steady_timer linger(io);
-  std::function<void(int)> wait_flushed = [&](int polls_left) {
-    const bool flushed =
-        (!server || !server->has_pending_writes()) && (!network || network->flushed());
-    if (flushed || polls_left == 0) return io.stop();
-    linger.expires_after(std::chrono::milliseconds(10));
-    linger.async_wait([&, polls_left](const boost::system::error_code& ec) {
-      if (!ec) wait_flushed(polls_left - 1);
-    });
+  int draining = 0;
+  const auto drained = [&io, &linger, &draining] {
+    if (--draining > 0) return;
+    linger.cancel();
+    io.stop();
   };
   opt.on_finish = [&] {
     if (plan.single_node) return;
-    if (server) server->shutdown();
-    wait_flushed(200);
+    draining = (server ? 1 : 0) + (network ? 1 : 0);
+    if (draining == 0) return io.stop();
+    linger.expires_after(kLinger);
+    linger.async_wait([&io](const boost::system::error_code& ec) {
+      if (!ec) io.stop();
+    });
+    if (server) server->shutdown(kLinger, drained);
+    if (network) network->when_flushed(drained);
   };
   agent::PosixProcessLauncher launcher;
   agent::LocalAgent agent(io, std::move(opt), *rdzv, launcher);

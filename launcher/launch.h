@@ -3,6 +3,7 @@
 #include <variant>
 
 #include "agent/worker_env.h"
+#include "common/result.h"
 #include "launcher/cli.h"
 #include "launcher/launch_config.h"
 
@@ -18,7 +19,7 @@ struct NodeResources {
 NodeResources detect_node_resources(const agent::EnvMap& env);
 
 /// The number of workers for this node, or a usage error naming the value and the fix.
-std::variant<int, std::string> resolve_nproc(const LaunchConfig& config, const NodeResources& node);
+common::Result<int> resolve_nproc(const LaunchConfig& config, const NodeResources& node);
 
 /// Prints the notice and replaces this process with `srun ... <this ddprun> args`; returns only
 /// when srun cannot be started (kExitInternal, after saying why).

@@ -25,7 +25,7 @@ rdzv::Millis seconds_conf(const LaunchConfig& config, const std::string& key,
 
 }  // namespace
 
-std::variant<RendezvousPlan, std::string> plan_rendezvous(
+common::Result<RendezvousPlan> plan_rendezvous(
     const LaunchConfig& config, int nproc_per_node, const std::string& host_name,
     const std::function<bool(const std::string&)>& is_local) {
   RendezvousPlan plan;
@@ -63,12 +63,14 @@ std::variant<RendezvousPlan, std::string> plan_rendezvous(
     // --node_rank. Workers get exactly that MASTER_ADDR:MASTER_PORT; the rendezvous itself
     // listens one port above unless --rdzv_endpoint says otherwise.
     if (config.min_nodes != config.max_nodes)
-      return "--rdzv_backend static needs a fixed --nnodes (got " +
-             std::to_string(config.min_nodes) + ":" + std::to_string(config.max_nodes) +
-             "); use --rdzv_backend c10d for an elastic range";
+      return common::Error{"--rdzv_backend static needs a fixed --nnodes (got " +
+                           std::to_string(config.min_nodes) + ":" +
+                           std::to_string(config.max_nodes) +
+                           "); use --rdzv_backend c10d for an elastic range"};
     if (!config.node_rank)
-      return "--rdzv_backend static with --nnodes " + std::to_string(config.max_nodes) +
-             " needs --node_rank on every node (0.." + std::to_string(config.max_nodes - 1) + ")";
+      return common::Error{
+          "--rdzv_backend static with --nnodes " + std::to_string(config.max_nodes) +
+          " needs --node_rank on every node (0.." + std::to_string(config.max_nodes - 1) + ")"};
     const int master_port = config.master_port.value_or(kDefaultMasterPort);
     c.master_addr = config.master_addr;
     c.master_port = master_port;
@@ -79,22 +81,25 @@ std::variant<RendezvousPlan, std::string> plan_rendezvous(
     plan.hosting = is_host.value_or(*config.node_rank == 0) ? Hosting::Always : Hosting::Never;
   }
   if (!config.rdzv_endpoint.empty()) {
-    auto endpoint = rdzv::parse_endpoint(config.rdzv_endpoint, kDefaultRendezvousPort);
+    auto endpoint = rdzv::parse_endpoint(config.rdzv_endpoint, rdzv::kDefaultPort);
     if (!endpoint)
-      return "--rdzv_endpoint " + config.rdzv_endpoint + ": expected host:port or [ipv6]:port";
+      return common::Error{"--rdzv_endpoint " + config.rdzv_endpoint +
+                           ": expected host:port or [ipv6]:port"};
     c.endpoint_host = endpoint->first;
     c.endpoint_port = endpoint->second;
   }
   if (c.endpoint_host.empty())
-    return "--nnodes " + std::to_string(config.min_nodes) + ":" + std::to_string(config.max_nodes) +
-           " needs --rdzv_endpoint host:port (the node or ddprun-rdzvd hosting the rendezvous)";
+    return common::Error{
+        "--nnodes " + std::to_string(config.min_nodes) + ":" + std::to_string(config.max_nodes) +
+        " needs --rdzv_endpoint host:port (the node or ddprun-rdzvd hosting the rendezvous)"};
   if (c.endpoint_port == 0)
-    return "--rdzv_endpoint " + config.rdzv_endpoint +
-           ": port 0 is only for --standalone; give the port every node connects to";
+    return common::Error{"--rdzv_endpoint " + config.rdzv_endpoint +
+                         ": port 0 is only for --standalone; give the port every node connects to"};
   if (config.node_rank && *config.node_rank >= config.max_nodes)
-    return "--node_rank " + std::to_string(*config.node_rank) + " is out of range for --nnodes " +
-           std::to_string(config.min_nodes) + ":" + std::to_string(config.max_nodes) + " (0.." +
-           std::to_string(config.max_nodes - 1) + ")";
+    return common::Error{"--node_rank " + std::to_string(*config.node_rank) +
+                         " is out of range for --nnodes " + std::to_string(config.min_nodes) + ":" +
+                         std::to_string(config.max_nodes) + " (0.." +
+                         std::to_string(config.max_nodes - 1) + ")"};
   if (!is_static) {
     if (is_host)
       plan.hosting = *is_host ? Hosting::Always : Hosting::Never;

@@ -2,6 +2,7 @@
 #include <string>
 #include <variant>
 
+#include "common/result.h"
 #include "launcher/launch_config.h"
 #include "rendezvous/network_rendezvous.h"
 
@@ -22,15 +23,13 @@ struct RendezvousPlan {
   int listen_port = 0;
 };
 
-/// Default port of --rdzv_endpoint when none is given (torchrun's).
-constexpr int kDefaultRendezvousPort = 29400;
 /// Default --master_port of the static backend (torchrun's).
 constexpr int kDefaultMasterPort = 29500;
 
 /// The plan, or an error naming the values and the fix. `is_local` tells whether a host names
 /// this machine (rdzv::is_local_host in production). `host_name` names the node when it has no
 /// --local_addr.
-std::variant<RendezvousPlan, std::string> plan_rendezvous(
+common::Result<RendezvousPlan> plan_rendezvous(
     const LaunchConfig& config, int nproc_per_node, const std::string& host_name,
     const std::function<bool(const std::string&)>& is_local);
 

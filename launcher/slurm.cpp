@@ -14,6 +14,7 @@
 #include <cstdlib>
 
 #include "common/strings.h"
+#include "rendezvous/endpoint.h"
 
 namespace ddprun::launcher {
 namespace {
@@ -144,34 +145,36 @@ bool is_shell_safe(char c) {
 
 }  // namespace
 
-std::variant<std::vector<std::string>, std::string> parse_hostlist(std::string_view hostlist) {
+common::Result<std::vector<std::string>> parse_hostlist(std::string_view hostlist) {
   std::vector<std::string> names;
-  if (hostlist.empty()) return std::string("the node list is empty");
+  if (hostlist.empty()) return common::Error{std::string("the node list is empty")};
   size_t item_begin = 0;
   int depth = 0;
   size_t open_at = 0;
   for (size_t i = 0; i <= hostlist.size(); ++i) {
     const char c = i < hostlist.size() ? hostlist[i] : ',';
     if (i < hostlist.size() && std::isspace(static_cast<unsigned char>(c))) {
-      return "unexpected space " + at_char(i);
+      return common::Error{"unexpected space " + at_char(i)};
     }
     if (c == '[') {
-      if (depth > 0) return "'[' " + at_char(i) + " inside brackets; brackets do not nest";
+      if (depth > 0)
+        return common::Error{"'[' " + at_char(i) + " inside brackets; brackets do not nest"};
       depth = 1;
       open_at = i;
     } else if (c == ']') {
-      if (depth == 0) return "']' " + at_char(i) + " has no matching '['";
+      if (depth == 0) return common::Error{"']' " + at_char(i) + " has no matching '['"};
       depth = 0;
     } else if (c == ',' && depth == 0) {
-      if (auto why = expand_item(hostlist, item_begin, i, names)) return *why;
+      if (auto why = expand_item(hostlist, item_begin, i, names)) return common::Error{*why};
       item_begin = i + 1;
     }
-    if (i == hostlist.size() && depth > 0) return "'[' " + at_char(open_at) + " is never closed";
+    if (i == hostlist.size() && depth > 0)
+      return common::Error{"'[' " + at_char(open_at) + " is never closed"};
   }
   return names;
 }
 
-std::variant<SlurmJob, std::string> read_slurm_job(const SlurmEnvLookup& env) {
+common::Result<SlurmJob> read_slurm_job(const SlurmEnvLookup& env) {
   SlurmJob job;
   auto [job_id, job_var] = first_set(env, {"SLURM_JOB_ID", "SLURM_JOBID"});
   if (!job_id) return job;
@@ -184,14 +187,15 @@ std::variant<SlurmJob, std::string> read_slurm_job(const SlurmEnvLookup& env) {
   job.context = batch_step ? SlurmContext::BatchScript : SlurmContext::Step;
 
   std::string ignored;
-  if (auto why = read_count(env, {"SLURM_NODEID"}, job.node_id, ignored)) return *why;
+  if (auto why = read_count(env, {"SLURM_NODEID"}, job.node_id, ignored))
+    return common::Error{*why};
   if (job.context == SlurmContext::Step) {
     if (auto why = read_count(env, {"SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"},
                               job.num_nodes, job.num_nodes_var))
-      return *why;
+      return common::Error{*why};
     if (auto why = read_count(env, {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"},
                               job.num_tasks, job.num_tasks_var))
-      return *why;
+      return common::Error{*why};
     auto [list, list_var] =
         first_set(env, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"});
     if (list) {
@@ -202,7 +206,7 @@ std::variant<SlurmJob, std::string> read_slurm_job(const SlurmEnvLookup& env) {
     // The batch script sees SLURM_NNODES too, but only the job's count means anything here.
     if (auto why = read_count(env, {"SLURM_JOB_NUM_NODES", "SLURM_NNODES"}, job.num_nodes,
                               job.num_nodes_var))
-      return *why;
+      return common::Error{*why};
     auto [list, list_var] = first_set(env, {"SLURM_JOB_NODELIST", "SLURM_NODELIST"});
     if (list) {
       job.nodelist = common::trim(*list);
@@ -219,15 +223,15 @@ std::optional<int> slurm_gpus_on_node(const SlurmEnvLookup& env) {
   return parse_count(env("SLURM_GPUS_ON_NODE"));
 }
 
-std::variant<SlurmFill, std::string> slurm_defaults(const SlurmJob& job, const UserChoices& user) {
+common::Result<SlurmFill> slurm_defaults(const SlurmJob& job, const UserChoices& user) {
   SlurmFill fill;
   if (job.context != SlurmContext::Step || user.standalone) return fill;
   if (job.num_tasks && job.num_nodes && *job.num_tasks > *job.num_nodes) {
-    return "srun started " + std::to_string(*job.num_tasks) + " copies of ddprun on " +
-           std::to_string(*job.num_nodes) + " node(s) (" + job.num_tasks_var + "=" +
-           std::to_string(*job.num_tasks) +
-           "); ddprun starts the workers itself, so run one per node: srun "
-           "--ntasks-per-node=1 ddprun ...";
+    return common::Error{"srun started " + std::to_string(*job.num_tasks) +
+                         " copies of ddprun on " + std::to_string(*job.num_nodes) + " node(s) (" +
+                         job.num_tasks_var + "=" + std::to_string(*job.num_tasks) +
+                         "); ddprun starts the workers itself, so run one per node: srun "
+                         "--ntasks-per-node=1 ddprun ..."};
   }
   auto add = [&fill, &user](const std::string& option, const std::string& value,
                             const std::string& source) {
@@ -244,12 +248,13 @@ std::variant<SlurmFill, std::string> slurm_defaults(const SlurmJob& job, const U
   const std::string backend = common::to_lower(common::trim(user.rdzv_backend.value_or("c10d")));
   if (backend != "c10d" || user.given("rdzv_endpoint") || job.nodelist.empty()) return fill;
   auto nodes = parse_hostlist(job.nodelist);
-  if (auto* why = std::get_if<std::string>(&nodes)) {
-    return job.nodelist_var + "=" + job.nodelist + ": " + *why + "; pass --rdzv_endpoint host:port";
+  if (!nodes) {
+    return common::Error{job.nodelist_var + "=" + job.nodelist + ": " + nodes.error().message +
+                         "; pass --rdzv_endpoint host:port"};
   }
-  fill.endpoint_node = std::get<std::vector<std::string>>(nodes).front();
-  fill.values.push_back({"rdzv_endpoint", format_endpoint(fill.endpoint_node, kSlurmRendezvousPort),
-                         job.nodelist_var});
+  fill.endpoint_node = nodes->front();
+  fill.values.push_back(
+      {"rdzv_endpoint", format_endpoint(fill.endpoint_node, rdzv::kDefaultPort), job.nodelist_var});
   return fill;
 }
 
@@ -322,16 +327,17 @@ std::string shell_quote(const std::string& arg) {
   return quoted + "'";
 }
 
-std::variant<NodeAddress, std::string> resolve_node_address(
+common::Result<NodeAddress> resolve_node_address(
     const std::string& node, const std::function<bool(const std::string&)>& resolves,
     const std::function<std::optional<std::string>(const std::string&)>& node_addr) {
   if (resolves(node)) return NodeAddress{node, "DNS"};
   if (auto addr = node_addr(node); addr && !addr->empty() && *addr != node) {
     return NodeAddress{*addr, "NodeAddr from scontrol"};
   }
-  return "the rendezvous node " + node +
-         " (the first of the SLURM node list) has no DNS address and `scontrol show node " + node +
-         "` gave no NodeAddr; pass --rdzv_endpoint host:port";
+  return common::Error{
+      "the rendezvous node " + node +
+      " (the first of the SLURM node list) has no DNS address and `scontrol show node " + node +
+      "` gave no NodeAddr; pass --rdzv_endpoint host:port"};
 }
 
 std::optional<std::string> parse_node_addr(std::string_view scontrol_output) {

@@ -9,6 +9,8 @@
 #include <variant>
 #include <vector>
 
+#include "common/result.h"
+
 namespace ddprun::launcher {
 
 /// Reads one environment variable; nullopt when unset (the same shape as cli.h's EnvLookup).
@@ -17,7 +19,7 @@ using SlurmEnvLookup = std::function<std::optional<std::string>(const std::strin
 /// Expands a SLURM hostlist ("gpu[01-04,07]", "n[1-2],login", "a[1-2]b[3-4]") into node names,
 /// in SLURM's order; zero-padded ranges keep their width. Returns an error message saying what
 /// is wrong and where when the list is malformed.
-std::variant<std::vector<std::string>, std::string> parse_hostlist(std::string_view hostlist);
+common::Result<std::vector<std::string>> parse_hostlist(std::string_view hostlist);
 
 /// Where ddprun runs relative to SLURM.
 enum class SlurmContext {
@@ -44,14 +46,11 @@ struct SlurmJob {
 };
 
 /// Reads the SLURM variables through env; an error names a malformed variable and its value.
-std::variant<SlurmJob, std::string> read_slurm_job(const SlurmEnvLookup& env);
+common::Result<SlurmJob> read_slurm_job(const SlurmEnvLookup& env);
 
 /// SLURM_GPUS_ON_NODE: the GPUs SLURM allocated to this job on this node; nullopt when unset
 /// or not a count. It resolves `--nproc_per_node gpu` inside a job.
 std::optional<int> slurm_gpus_on_node(const SlurmEnvLookup& env);
-
-/// Port of the rendezvous endpoint derived from the nodelist (torchrun's default port).
-constexpr int kSlurmRendezvousPort = 29400;
 
 /// What the user gave, as far as the SLURM defaults care: a flag or a PET_ variable counts.
 struct UserChoices {
@@ -80,7 +79,7 @@ struct SlurmFill {
 /// c10d job, --rdzv_backend and --rdzv_endpoint <first node>:29400 where the user gave none.
 /// Nothing outside a step or under --standalone. An error when srun started more than one
 /// ddprun per node (each would claim the same node rank) or the nodelist is malformed.
-std::variant<SlurmFill, std::string> slurm_defaults(const SlurmJob& job, const UserChoices& user);
+common::Result<SlurmFill> slurm_defaults(const SlurmJob& job, const UserChoices& user);
 
 /// What to do with a ddprun started outside srun.
 struct FanOutDecision {
@@ -114,7 +113,7 @@ struct NodeAddress {
 
 /// The node's own name when it resolves through DNS, else its NodeAddr from scontrol; an error
 /// naming the node and the fix when neither works. The lookups are injected.
-std::variant<NodeAddress, std::string> resolve_node_address(
+common::Result<NodeAddress> resolve_node_address(
     const std::string& node, const std::function<bool(const std::string&)>& resolves,
     const std::function<std::optional<std::string>(const std::string&)>& node_addr);
 

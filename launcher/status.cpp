@@ -22,8 +22,6 @@ using nlohmann::json;
 
 namespace {
 
-constexpr int kDefaultPort = 29400;
-
 /// At most this many status pages are read (a page holds about 64 KiB of jobs: 2.5 GB).
 constexpr int kMaxStatusPages = 40'000;
 
@@ -85,7 +83,7 @@ std::variant<StatusRequest, InfoRequest, UsageError> parse_status_args(
     return UsageError{
         "ddprun status needs --rdzv_endpoint host:port (the address every node "
         "of the job was given)"};
-  auto parsed = rdzv::parse_endpoint(endpoint, kDefaultPort);
+  auto parsed = rdzv::parse_endpoint(endpoint, rdzv::kDefaultPort);
   if (!parsed || parsed->second == 0)
     return UsageError{"ddprun status --rdzv_endpoint " + endpoint +
                       ": expected host:port or [ipv6]:port"};
@@ -154,20 +152,20 @@ int run_status(const StatusRequest& request) {
   std::optional<rdzv::Secret> secret;
   if (request.secret_file) {
     auto read = rdzv::read_secret_file(*request.secret_file);
-    if (auto* bad = std::get_if<std::string>(&read)) {
-      std::fprintf(stderr, "ddprun status: %s\n", bad->c_str());
+    if (!read) {
+      std::fprintf(stderr, "ddprun status: %s\n", read.error().message.c_str());
       return common::kExitUsage;
     }
-    secret = std::get<rdzv::Secret>(read);
+    secret = *read;
   }
   std::optional<rdzv::TlsRole> tls;
   if (request.tls.any()) {
     auto made = rdzv::make_client_tls(request.tls, "--tls_");
-    if (auto* bad = std::get_if<std::string>(&made)) {
-      std::fprintf(stderr, "ddprun status: %s\n", bad->c_str());
+    if (!made) {
+      std::fprintf(stderr, "ddprun status: %s\n", made.error().message.c_str());
       return common::kExitUsage;
     }
-    tls = rdzv::TlsRole{std::get<rdzv::TlsContext>(made), false, request.host};
+    tls = rdzv::TlsRole{*made, false, request.host};
   }
   rdzv::ClientHandshake handshake(secret, "status", rdzv::make_nonce());
   std::optional<json> jobs;       // every page, once the last one arrived

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "launcher/cli.h"
+#include "rendezvous/endpoint.h"
 #include "rendezvous/tls.h"
 
 namespace ddprun::launcher {
@@ -14,7 +15,7 @@ namespace ddprun::launcher {
 /// `ddprun status --rdzv_endpoint host:port [--rdzv_id ID] [--json] [--timeout S]`.
 struct StatusRequest {
   std::string host;
-  int port = 29400;
+  int port = rdzv::kDefaultPort;
   std::optional<std::string> run_id;
   bool json = false;
   std::chrono::milliseconds timeout{5000};

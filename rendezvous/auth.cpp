@@ -62,26 +62,27 @@ std::string type_of(const json& body) {
 
 }  // namespace
 
-std::variant<Secret, std::string> read_secret_file(const std::string& path) {
+common::Result<Secret> read_secret_file(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0)
-    return "secret file " + path + ": " + std::strerror(errno) + "; " + kHowToCreate;
-  if (!S_ISREG(st.st_mode)) return "secret file " + path + " is not a regular file";
+    return common::Error{"secret file " + path + ": " + std::strerror(errno) + "; " + kHowToCreate};
+  if (!S_ISREG(st.st_mode)) return common::Error{"secret file " + path + " is not a regular file"};
   if ((st.st_mode & 077) != 0) {
     char mode[8];
     std::snprintf(mode, sizeof mode, "%03o", static_cast<unsigned>(st.st_mode & 0777));
-    return "secret file " + path + " is readable by group or others (mode " + mode +
-           "): run chmod 600 " + path;
+    return common::Error{"secret file " + path + " is readable by group or others (mode " + mode +
+                         "): run chmod 600 " + path};
   }
   std::ifstream in(path, std::ios::binary);
-  if (!in) return "secret file " + path + ": " + std::strerror(errno);
+  if (!in) return common::Error{"secret file " + path + ": " + std::strerror(errno)};
   std::ostringstream content;
   content << in.rdbuf();
   std::string bytes = content.str();
   while (!bytes.empty() && std::isspace(static_cast<unsigned char>(bytes.back()))) bytes.pop_back();
   if (bytes.size() < kMinSecretBytes)
-    return "secret file " + path + " holds " + std::to_string(bytes.size()) + " bytes; at least " +
-           std::to_string(kMinSecretBytes) + " are needed: " + kHowToCreate;
+    return common::Error{"secret file " + path + " holds " + std::to_string(bytes.size()) +
+                         " bytes; at least " + std::to_string(kMinSecretBytes) +
+                         " are needed: " + kHowToCreate};
   return Secret{std::move(bytes)};
 }
 
@@ -119,7 +120,7 @@ HandshakeStep ServerHandshake::on_message(const json& body) {
   HandshakeStep out;
   if (!challenged_) {
     if (auto bad = check_hello(body)) {
-      out.error = *bad;
+      out.error = bad->message;
       return out;
     }
     role_ = short_string(body, "role", 32).value_or("");
@@ -207,7 +208,7 @@ HandshakeStep ClientHandshake::on_message(const json& body) {
     return out;
   }
   if (auto bad = check_hello(body)) {
-    out.error = "not a ddprun rendezvous server of this version: " + *bad;
+    out.error = "not a ddprun rendezvous server of this version: " + bad->message;
     out.not_ddprun = true;
     return out;
   }

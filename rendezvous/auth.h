@@ -4,6 +4,8 @@
 #include <string>
 #include <variant>
 
+#include "common/result.h"
+
 // Authentication of rendezvous connections with a shared secret (docs/design.md#authentication).
 // Pure apart from reading the secret file and drawing nonces: the handshakes are values fed one
 // message at a time, so both sides are tested without sockets.
@@ -32,7 +34,7 @@ struct Secret {
 
 /// Reads a secret file: it must be a regular file readable by its owner only (mode 600 or
 /// 400) and hold at least 16 bytes. The error names the file and the fix.
-std::variant<Secret, std::string> read_secret_file(const std::string& path);
+common::Result<Secret> read_secret_file(const std::string& path);
 
 /// A fresh random nonce (32 bytes from OpenSSL's generator, as 64 hex digits).
 std::string make_nonce();

@@ -193,7 +193,12 @@ void FramedConnection::write_next() {
     asio::async_write(socket_, asio::buffer(writes_.front()), std::move(handler));
 }
 
-void FramedConnection::close_after_writes() {
+void FramedConnection::close_after_writes(std::function<void()> closed) {
+  if (!open_) {
+    if (closed) asio::post(socket_.get_executor(), std::move(closed));
+    return;
+  }
+  if (closed) on_closed_after_writes_ = std::move(closed);
   close_when_written_ = true;
   write_next();
 }
@@ -217,6 +222,11 @@ void FramedConnection::close() {
   // message handler may be the caller; it is destroyed once the read handler returns.
   on_close_ = nullptr;
   asio::post(socket_.get_executor(), [self = shared_from_this()] { self->on_message_ = nullptr; });
+  // Drained: whoever waits for the queued frames to go out (a shutting-down server) hears it
+  // from the executor, so it may erase its own sessions then.
+  if (on_closed_after_writes_)
+    asio::post(socket_.get_executor(), std::move(on_closed_after_writes_));
+  on_closed_after_writes_ = nullptr;
 }
 
 void FramedConnection::end(const std::string& why) {

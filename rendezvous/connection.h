@@ -47,10 +47,14 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   /// Queues one frame. Ignored once closed.
   void send(const nlohmann::json& body);
 
-  /// Closes once every queued frame has been written (bounded by the peer reading them).
-  void close_after_writes();
+  /// Closes once every queued frame has been written (bounded by the peer reading them: a
+  /// caller that must not wait for ever closes it after a deadline). `closed`, if given, runs
+  /// once the connection has closed, however it closed (posted, never from inside this call);
+  /// at once (posted) if it is closed already.
+  void close_after_writes(std::function<void()> closed = {});
 
-  /// Closes now; pending writes are dropped; the close handler is not called.
+  /// Closes now; pending writes are dropped; the close handler is not called (the `closed`
+  /// callback of close_after_writes is).
   void close();
 
   bool is_open() const { return open_; }
@@ -96,6 +100,7 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   std::deque<std::string> writes_;
   MessageHandler on_message_;
   CloseHandler on_close_;
+  std::function<void()> on_closed_after_writes_;  ///< close_after_writes's `closed`
   std::string peer_;
   bool open_ = true;
   bool writing_ = false;

@@ -27,7 +27,8 @@ std::variant<DaemonConfig, DaemonExit> parse_daemon_args(const std::vector<std::
       "(by --rdzv_id) and outlives every training node; start agents with "
       "--rdzv_endpoint <this host>:<port>.",
       "ddprun-rdzvd"};
-  app.add_option("--port", config.port, "TCP port to listen on (default 29400)")
+  app.add_option("--port", config.port,
+                 "TCP port to listen on (default " + std::to_string(kDefaultPort) + ")")
       ->check(CLI::Range(1, 65535));
   app.add_option("--host", config.host,
                  "address to listen on (default: every IPv6 and IPv4 address)");
@@ -96,6 +97,10 @@ void raise_open_file_limit() {
 
 }  // namespace
 
+/// The longest a daemon takes to end after SIGTERM: sessions whose peer does not read the last
+/// messages are closed then.
+constexpr std::chrono::milliseconds kShutdownDeadline{2'000};
+
 int run_daemon(const DaemonConfig& config) {
   auto logger = spdlog::stderr_logger_st("ddprun-rdzvd");
   logger->set_pattern("[ddprun-rdzvd] %^%l%$: %v");
@@ -107,26 +112,27 @@ int run_daemon(const DaemonConfig& config) {
   std::optional<Secret> secret;
   if (!config.secret_file.empty()) {
     auto read = read_secret_file(config.secret_file);
-    if (auto* why = std::get_if<std::string>(&read)) {
-      spdlog::error("{}", *why);
+    if (!read) {
+      spdlog::error("{}", read.error().message);
       return common::kExitUsage;
     }
-    secret = std::get<Secret>(std::move(read));
+    secret = *std::move(read);
   }
   TlsContext tls;
   if (config.tls.any()) {
     auto made = make_server_tls(config.tls, "--tls_");
-    if (auto* why = std::get_if<std::string>(&made)) {
-      spdlog::error("{}", *why);
+    if (!made) {
+      spdlog::error("{}", made.error().message);
       return common::kExitUsage;
     }
-    tls = std::get<TlsContext>(std::move(made));
+    tls = *std::move(made);
   }
   boost::asio::io_context io;
   common::SteadyClock clock;
   RendezvousServer server(io, clock, config.limits, secret, tls);
   if (auto why = server.listen(config.host, config.port)) {
-    spdlog::error("{}; is another ddprun-rdzvd or agent using the port? pick another --port", *why);
+    spdlog::error("{}; is another ddprun-rdzvd or agent using the port? pick another --port",
+                  why->message);
     return common::kExitRendezvous;
   }
   const char* tls_note = !tls                    ? ""
@@ -148,8 +154,9 @@ int run_daemon(const DaemonConfig& config) {
     received = sig;
     spdlog::info("received {}: shutting down; agents will reconnect to a restarted daemon",
                  common::signal_name(sig));
-    server.shutdown();
-    io.stop();
+    // Shutdown is cancellation: the server stops accepting, writes what it queued (a "closed"
+    // for the nodes) and ends its sessions, within kShutdownDeadline; run() returns then.
+    server.shutdown(kShutdownDeadline);
   });
   io.run();
   return received == 0 ? common::kExitInternal : common::kExitSuccess;

@@ -3,6 +3,7 @@
 #include <variant>
 #include <vector>
 
+#include "rendezvous/endpoint.h"
 #include "rendezvous/limits.h"
 #include "rendezvous/tls.h"
 
@@ -11,7 +12,7 @@ namespace ddprun::rdzv {
 /// ddprun-rdzvd's command line.
 struct DaemonConfig {
   std::string host;  ///< "" listens on every address (IPv6 and IPv4)
-  int port = 29400;
+  int port = kDefaultPort;
   ServerLimits limits;
   std::string secret_file;  ///< --secret_file, else $DDPRUN_RDZV_SECRET_FILE; "" for none
   TlsFiles tls;             ///< --tls_cert, --tls_key, --tls_ca; none: plain TCP

@@ -6,6 +6,10 @@
 
 namespace ddprun::rdzv {
 
+/// The rendezvous port when an endpoint names none (torchrun's), ddprun-rdzvd's and `ddprun
+/// status`'s default, and the port of the endpoint derived under SLURM: one constant for all.
+inline constexpr int kDefaultPort = 29400;
+
 /// "host:port", "[v6]:port", "host" or "[v6]" cut into its host and the port text, if any.
 struct EndpointParts {
   std::string host;

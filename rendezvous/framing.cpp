@@ -1,7 +1,7 @@
 #include "rendezvous/framing.h"
 
-#include <cassert>
 #include <cstdio>
+#include "common/check.h"
 
 namespace ddprun::rdzv {
 
@@ -41,7 +41,7 @@ int nesting_over(std::string_view text, int limit) {
 
 std::string encode_frame(const nlohmann::json& body) {
   std::string text = body.dump();
-  assert(text.size() <= kMaxFrameBytes && "rendezvous message over kMaxFrameBytes");
+  DDPRUN_CHECK(text.size() <= kMaxFrameBytes, "rendezvous message over kMaxFrameBytes");
   const auto size = static_cast<std::uint32_t>(text.size());
   std::string frame;
   frame.reserve(kFrameHeaderBytes + text.size());
@@ -146,28 +146,31 @@ std::string quote_peer_value(const nlohmann::json& value) {
   }
 }
 
-std::optional<std::string> check_hello(const nlohmann::json& hello) {
+std::optional<common::Error> check_hello(const nlohmann::json& hello) {
   const std::string ours = std::to_string(kProtocolVersion);
   if (!hello.is_object()) {
-    return std::string("hello is not a JSON object but a ") + hello.type_name();
+    return common::Error{std::string("hello is not a JSON object but a ") + hello.type_name()};
   }
   auto type = hello.find("type");
-  if (type == hello.end()) return std::string("hello has no \"type\" field");
+  if (type == hello.end()) return common::Error{std::string("hello has no \"type\" field")};
   if (!type->is_string() || type->get_ref<const std::string&>() != "hello") {
-    return "expected a message of type \"hello\", got type " + quote_peer_value(*type);
+    return common::Error{"expected a message of type \"hello\", got type " +
+                         quote_peer_value(*type)};
   }
   auto protocol = hello.find("protocol");
   if (protocol == hello.end()) {
-    return "hello has no \"protocol\" field; this ddprun speaks rendezvous protocol " + ours +
-           ": use the same ddprun version on every node and the daemon";
+    return common::Error{
+        "hello has no \"protocol\" field; this ddprun speaks rendezvous protocol " + ours +
+        ": use the same ddprun version on every node and the daemon"};
   }
   if (!protocol->is_number_integer()) {
-    return "hello field \"protocol\" must be an integer, got " + quote_peer_value(*protocol);
+    return common::Error{"hello field \"protocol\" must be an integer, got " +
+                         quote_peer_value(*protocol)};
   }
   if (protocol->get<std::int64_t>() != kProtocolVersion) {
-    return "peer speaks rendezvous protocol " + quote_peer_value(*protocol) +
-           ", this ddprun speaks " + ours +
-           ": use the same ddprun version on every node and the daemon";
+    return common::Error{"peer speaks rendezvous protocol " + quote_peer_value(*protocol) +
+                         ", this ddprun speaks " + ours +
+                         ": use the same ddprun version on every node and the daemon"};
   }
   return std::nullopt;
 }

@@ -6,6 +6,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/result.h"
 #include "rendezvous/limits.h"
 
 // Wire framing for the TCP rendezvous protocol (see docs/design.md). Pure: no sockets, no clock.
@@ -61,6 +62,6 @@ std::string quote_peer_value(const nlohmann::json& value);
 
 /// Checks a peer's `{"type":"hello","protocol":N,...}`; returns nullopt if compatible, else why
 /// not.
-std::optional<std::string> check_hello(const nlohmann::json& hello);
+std::optional<common::Error> check_hello(const nlohmann::json& hello);
 
 }  // namespace ddprun::rdzv

@@ -18,8 +18,9 @@ std::string seconds_text(long long ms) {
   return out;
 }
 
-/// The value of `limit`'s field in `s`, in the table's unit.
-long long value_of(const RdzvSettings& s, const SettingLimit& limit) {
+}  // namespace
+
+long long setting_value(const RdzvSettings& s, const SettingLimit& limit) {
   if (limit.wire_key == "join_timeout_ms") return s.join_timeout.count();
   if (limit.wire_key == "last_call_timeout_ms") return s.last_call_timeout.count();
   if (limit.wire_key == "close_timeout_ms") return s.close_timeout.count();
@@ -27,7 +28,9 @@ long long value_of(const RdzvSettings& s, const SettingLimit& limit) {
   return s.keep_alive_max_attempt;
 }
 
-}  // namespace
+std::string conf_value_text(const SettingLimit& limit, long long value) {
+  return limit.seconds ? seconds_text(value) : std::to_string(value);
+}
 
 const SettingLimit* find_setting_limit(std::string_view conf_key) {
   for (const SettingLimit& limit : kSettingLimits)
@@ -38,24 +41,6 @@ const SettingLimit* find_setting_limit(std::string_view conf_key) {
 std::string describe_range(const SettingLimit& limit) {
   if (limit.seconds) return seconds_text(limit.min) + " to " + seconds_text(limit.max) + " seconds";
   return std::to_string(limit.min) + " to " + std::to_string(limit.max);
-}
-
-std::optional<std::string> check_settings(const RdzvSettings& s) {
-  if (s.min_nodes < 1 || s.max_nodes < s.min_nodes)
-    return std::string("field \"max_nodes\" must be at least min_nodes, which must be at least 1");
-  if (s.nproc_per_node < 1) return std::string("field \"nproc_per_node\" must be at least 1");
-  if (s.max_restarts < 0) return std::string("field \"max_restarts\" must not be negative");
-  for (const SettingLimit& limit : kSettingLimits) {
-    const long long value = value_of(s, limit);
-    if (value < limit.min || value > limit.max) {
-      const std::string unit = limit.seconds ? " ms" : "";
-      return "field \"" + std::string(limit.wire_key) + "\" is " + std::to_string(value) + unit +
-             ", outside " + std::to_string(limit.min) + unit + " to " + std::to_string(limit.max) +
-             unit + " (--rdzv_conf " + std::string(limit.conf_key) + ": " + describe_range(limit) +
-             ")";
-    }
-  }
-  return std::nullopt;
 }
 
 }  // namespace ddprun::rdzv

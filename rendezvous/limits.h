@@ -36,7 +36,7 @@ inline constexpr std::size_t kMaxTextBytes = 4096;
 /// stay far under kMaxFrameBytes however many jobs a server holds.
 inline constexpr std::size_t kStatusPageBytes = 64 * 1024;
 
-// ---- per-job settings (--rdzv_conf), checked by the command line and by the server ---------
+// ---- per-job settings (--rdzv_conf), checked by the command line and by admission.h -------
 
 /// One numeric --rdzv_conf setting: its name on the command line (seconds, or a count), its
 /// field in a join's settings (milliseconds, or the count), and the range the server accepts.
@@ -65,9 +65,11 @@ const SettingLimit* find_setting_limit(std::string_view conf_key);
 /// The allowed range of `limit` as a user writes it: "0 to 86400 seconds", "1 to 100".
 std::string describe_range(const SettingLimit& limit);
 
-/// Checks every field of `settings` against the table (and min_nodes <= max_nodes and the
-/// like); why not, naming the field as the wire spells it, or nullopt when all is well.
-std::optional<std::string> check_settings(const RdzvSettings& settings);
+/// The value of `limit`'s field in `settings`, in the table's unit (milliseconds or a count).
+long long setting_value(const RdzvSettings& settings, const SettingLimit& limit);
+
+/// A value of `limit` as --rdzv_conf takes it: seconds for a duration ("0.001"), else the count.
+std::string conf_value_text(const SettingLimit& limit, long long value);
 
 // ---- connections and the daemon's resources -----------------------------------------------
 

@@ -424,6 +424,14 @@ void NetworkRendezvous::leave(const std::string& reason) {
   status_timer_.cancel();
 }
 
+void NetworkRendezvous::when_flushed(std::function<void()> done) {
+  if (!conn_ || !conn_->is_open()) {
+    boost::asio::post(io_, std::move(done));
+    return;
+  }
+  conn_->close_after_writes(std::move(done));
+}
+
 void NetworkRendezvous::schedule_heartbeat() {
   heartbeat_timer_.expires_after(opt_.settings.keep_alive_interval);
   heartbeat_timer_.async_wait([this, alive = alive_](error_code ec) {

@@ -11,6 +11,7 @@
 #include "common/clock.h"
 #include "rendezvous/auth.h"
 #include "rendezvous/connection.h"
+#include "rendezvous/endpoint.h"
 #include "rendezvous/rendezvous_handler.h"
 #include "rendezvous/tls.h"
 
@@ -21,7 +22,7 @@ struct NetworkRendezvousOptions {
   std::string backend = "c10d";
   std::string run_id;
   std::string endpoint_host;
-  int endpoint_port = 29400;
+  int endpoint_port = kDefaultPort;
   std::string name;        ///< shown to users and used to order ranks (addr or host name)
   std::string local_addr;  ///< --local_addr: the client binds to it, and it is MASTER_ADDR
   std::optional<int> node_rank;
@@ -64,8 +65,10 @@ class NetworkRendezvous final : public RendezvousHandler {
   std::string backend() const override { return opt_.backend; }
   std::string run_id() const override { return opt_.run_id; }
 
-  /// Nothing is left to send: no connection, or it has closed.
-  bool flushed() const { return !conn_ || !conn_->is_open(); }
+  /// Once the job is over: closes the connection after what is queued (a leave) is written,
+  /// and runs `done` (posted) when it has closed, or at once when there is none. Bounded by the
+  /// server reading; the caller keeps a deadline.
+  void when_flushed(std::function<void()> done);
 
   /// This node's id at the server ("host:pid:random"); a new one after the server dropped it.
   const std::string& node_id() const { return node_id_; }

@@ -97,10 +97,6 @@ class Reader {
   void fail_value(const char* key, const std::string& why) {
     if (!error_) error_ = type_ + " field \"" + key + "\" " + why;
   }
-  /// A problem already worded from the field on ("field \"x\" ...").
-  void fail(const std::string& why) {
-    if (!error_) error_ = type_ + " " + why;
-  }
 
  private:
   const json* field(const char* key) {
@@ -143,9 +139,7 @@ RdzvSettings read_settings(Reader& r) {
   s.close_timeout = r.millis("close_timeout_ms");
   s.keep_alive_interval = r.millis("keep_alive_interval_ms");
   s.keep_alive_max_attempt = r.integer("keep_alive_max_attempt");
-  if (r.error()) return s;
-  // The rules live with the limits table, which the command line checks too.
-  if (auto bad = check_settings(s)) r.fail(*bad);
+  // Only the types: which settings a job may run with is admission's (admission.h).
   return s;
 }
 
@@ -168,37 +162,12 @@ RoundClaim read_claim(Reader& r) {
   c.master_addr = r.id("master_addr");
   c.master_port = r.integer("master_port");
   c.succeeded = r.boolean("succeeded");
-  if (!r.error() && (c.group_world_size < 1 || c.group_rank < 0 ||
-                     c.group_rank >= c.group_world_size || c.round < 0 || c.restart_count < 0))
-    r.fail_value("group_rank", "must lie in 0..group_world_size-1 (with round >= 0)");
+  // Whether the claimed round is possible is admission's (admission.h): only types here.
   return c;
 }
 
-// One name table per enum: the wire names, read and written from the same rows.
-constexpr std::pair<const char*, JobOutcomeKind> kOutcomes[] = {
-    {"succeeded", JobOutcomeKind::Succeeded},
-    {"failed", JobOutcomeKind::Failed},
-    {"timed_out", JobOutcomeKind::TimedOut}};
-constexpr std::pair<const char*, RefusalKind> kRefusals[] = {
-    {"mismatch", RefusalKind::Mismatch},        {"duplicate_rank", RefusalKind::DuplicateRank},
-    {"bad_rank", RefusalKind::BadRank},         {"closed", RefusalKind::Closed},
-    {"protocol", RefusalKind::Protocol},        {"dropped", RefusalKind::Dropped},
-    {"unauthorized", RefusalKind::Unauthorized}};
-
-template <typename Enum, std::size_t N>
-std::optional<Enum> enum_from(const std::string& name,
-                              const std::pair<const char*, Enum> (&table)[N]) {
-  for (const auto& [text, value] : table)
-    if (name == text) return value;
-  return std::nullopt;
-}
-
-template <typename Enum, std::size_t N>
-const char* name_of(Enum value, const std::pair<const char*, Enum> (&table)[N]) {
-  for (const auto& [text, v] : table)
-    if (v == value) return text;
-  return table[0].first;  // unreachable: every value has a row
-}
+using common::enum_from;
+using common::name_of;
 
 // ---- to_json --------------------------------------------------------------------------------
 
@@ -267,13 +236,15 @@ struct ServerToJson {
   }
   json operator()(const Closed& m) const {
     return {{"type", "closed"},
-            {"outcome", name_of(m.outcome, kOutcomes)},
+            {"outcome", std::string(name_of(m.outcome, kJobOutcomeNames))},
             {"message", m.message},
             {"exit_code", m.exit_code},
             {"signal", m.signal}};
   }
   json operator()(const Refused& m) const {
-    return {{"type", "refused"}, {"kind", name_of(m.kind, kRefusals)}, {"message", m.message}};
+    return {{"type", "refused"},
+            {"kind", std::string(name_of(m.kind, kRefusalNames))},
+            {"message", m.message}};
   }
   json operator()(const StatusReply& m) const {
     json j = {{"type", "status_reply"}, {"jobs", m.jobs}};
@@ -314,9 +285,8 @@ std::variant<AgentMessage, std::string> read_agent(const std::string& type, Read
       r.fail_value("run_id", "and node_id must not be empty");
     if (!r.error() && (m.master_port < 0 || m.master_port > 65535))
       r.fail_value("master_port", "must lie in 0..65535");
-    if (!r.error() && m.node_rank && *m.node_rank < 0)
-      r.fail_value("node_rank", "must not be negative");
-    if (!r.error() && m.restart_count < 0) r.fail_value("restart_count", "must not be negative");
+    // node_rank, restart_count, settings and resume are read as types only: whether the job
+    // can take them is admission's (admission.h), which words the refusal for the user.
     if (r.error()) return *r.error();
     return m;
   }
@@ -401,7 +371,7 @@ std::variant<ServerMessage, std::string> read_server(const std::string& type, Re
     m.exit_code = r.integer("exit_code");
     m.signal = r.integer("signal");
     if (r.error()) return *r.error();
-    auto kind = enum_from(outcome, kOutcomes);
+    auto kind = enum_from(outcome, kJobOutcomeNames);
     if (!kind) return "closed field \"outcome\" has an unknown value " + quote_peer_value(outcome);
     m.outcome = *kind;
     return m;
@@ -411,7 +381,7 @@ std::variant<ServerMessage, std::string> read_server(const std::string& type, Re
     const std::string kind = r.str("kind");
     m.message = r.str("message", kMaxFrameBytes);
     if (r.error()) return *r.error();
-    auto k = enum_from(kind, kRefusals);
+    auto k = enum_from(kind, kRefusalNames);
     if (!k) return "refused field \"kind\" has an unknown value " + quote_peer_value(kind);
     m.kind = *k;
     return m;

@@ -1,10 +1,13 @@
 #pragma once
+#include <array>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <variant>
 #include <vector>
+
+#include "common/enum_names.h"
 
 // The messages of ddprun's rendezvous protocol (docs/design.md#rendezvous-protocol), as typed
 // values, and their JSON form. Pure: the server and client put these in frames (framing.h).
@@ -136,6 +139,15 @@ struct Restart {
 /// How a job ended.
 enum class JobOutcomeKind { Succeeded, Failed, TimedOut };
 
+/// Names of JobOutcomeKind in `closed.outcome` and in status's "outcome" (protocol 1 spells
+/// TimedOut "timed_out" on the wire; status said "timed out" before these names were shared).
+inline constexpr std::array<common::EnumName<JobOutcomeKind>, 3> kJobOutcomeNames{{
+    {JobOutcomeKind::Succeeded, "succeeded"},
+    {JobOutcomeKind::Failed, "failed"},
+    {JobOutcomeKind::TimedOut, "timed_out"},
+}};
+static_assert(common::name_table_complete(kJobOutcomeNames));
+
 /// The job is over; every node exits.
 struct Closed {
   JobOutcomeKind outcome = JobOutcomeKind::Succeeded;
@@ -155,13 +167,25 @@ enum class RefusalKind {
   Unauthorized
 };
 
+/// Names of RefusalKind in `refused.kind`.
+inline constexpr std::array<common::EnumName<RefusalKind>, 7> kRefusalNames{{
+    {RefusalKind::Mismatch, "mismatch"},
+    {RefusalKind::DuplicateRank, "duplicate_rank"},
+    {RefusalKind::BadRank, "bad_rank"},
+    {RefusalKind::Closed, "closed"},
+    {RefusalKind::Protocol, "protocol"},
+    {RefusalKind::Dropped, "dropped"},
+    {RefusalKind::Unauthorized, "unauthorized"},
+}};
+static_assert(common::name_table_complete(kRefusalNames));
+
 /// This node cannot take part; it exits with the message.
 struct Refused {
   RefusalKind kind = RefusalKind::Protocol;
   std::string message;
 };
 
-/// Reply to StatusQuery: a JSON description of the jobs (see describe_job in rdzv_state.h).
+/// Reply to StatusQuery: a JSON description of the jobs (see describe_job in job_status.h).
 struct StatusReply {
   nlohmann::json jobs;
   /// Set when more jobs follow: ask again with `after` set to it. Each reply stays under

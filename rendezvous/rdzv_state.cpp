@@ -1,9 +1,12 @@
 #include "rendezvous/rdzv_state.h"
 
 #include <algorithm>
-#include <cassert>
 #include <set>
 #include <utility>
+
+#include "common/check.h"
+#include "rendezvous/admission.h"
+#include "rendezvous/rank_assignment.h"
 
 namespace ddprun::rdzv {
 namespace {
@@ -25,12 +28,6 @@ std::string duration_text(Millis ms) {
 }
 
 Millis since(TimePoint from, TimePoint now) { return duration_cast<Millis>(now - from); }
-
-/// --nnodes as the user typed it: "2" or "2:4".
-std::string nnodes_text(const RdzvSettings& settings) {
-  if (settings.min_nodes == settings.max_nodes) return std::to_string(settings.min_nodes);
-  return std::to_string(settings.min_nodes) + ":" + std::to_string(settings.max_nodes);
-}
 
 std::string join_names(const std::vector<std::string>& names) {
   std::string text;
@@ -177,7 +174,7 @@ void send_waiting(Step& st, const std::string& trigger = "") {
 /// Ends the job: every node hears how, and the job stays as a tombstone for close_timeout.
 void close_job(Step& st, Closed closed) {
   JobState& s = st.s;
-  assert(s.phase != JobPhase::Closed);
+  DDPRUN_CHECK(s.phase != JobPhase::Closed, "close_job: the job is already closed");
   s.phase = JobPhase::Closed;
   s.closed = closed;
   s.closed_at = st.now;
@@ -208,9 +205,10 @@ bool fill_places(JobState& s) {
 /// Starts the round: ranks, master address, RoundReady to each participant.
 void complete_round(Step& st) {
   JobState& s = st.s;
-  assert(s.phase == JobPhase::Joining);
+  DDPRUN_CHECK(s.phase == JobPhase::Joining, "complete_round: no round is forming");
   const std::vector<std::string> joined = ids_in(s, NodeState::Joined);
-  assert(!joined.empty() && static_cast<int>(joined.size()) <= s.settings.max_nodes);
+  DDPRUN_CHECK(!joined.empty() && static_cast<int>(joined.size()) <= s.settings.max_nodes,
+               "complete_round: a round needs 1 to max_nodes joined nodes");
   const std::map<std::string, int> ranks = assign_group_ranks(s.nodes, joined, s.previous_ranks);
   std::vector<std::string> by_rank(joined.size());
   for (const auto& [id, rank] : ranks) by_rank.at(static_cast<std::size_t>(rank)) = id;
@@ -265,7 +263,7 @@ std::string budget_used_up(const JobState& s, const std::string& reason) {
 void restart_round(Step& st, const std::string& reason, bool counted, Closed if_no_budget,
                    const std::string& rejoiner = {}) {
   JobState& s = st.s;
-  assert(s.phase == JobPhase::Running);
+  DDPRUN_CHECK(s.phase == JobPhase::Running, "restart_round: no round is running");
   if (counted && s.restart_count >= s.settings.max_restarts) {
     // Running -> Closed: a restart is needed and the budget is used up
     if_no_budget.outcome = JobOutcomeKind::Failed;
@@ -374,47 +372,6 @@ void refuse(Step& st, const std::string& id, RefusalKind kind, const std::string
   if (st.s.nodes.count(id)) {
     remove_node(st, id, "node " + st.s.nodes.at(id).request.name + " was refused: " + message);
   }
-}
-
-/// Settings no job can run with; the first node sets the job's settings, so check them once.
-std::optional<std::string> invalid_settings(const Join& join) {
-  const RdzvSettings& settings = join.settings;
-  const std::string node = "node " + join.name + " was started with ";
-  if (settings.min_nodes < 1) {
-    return node + "--nnodes " + nnodes_text(settings) + ": the minimum must be at least 1";
-  }
-  if (settings.min_nodes > settings.max_nodes) {
-    return node + "--nnodes " + nnodes_text(settings) + ": the minimum (" +
-           std::to_string(settings.min_nodes) + ") is larger than the maximum (" +
-           std::to_string(settings.max_nodes) + ")";
-  }
-  if (settings.nproc_per_node < 1) {
-    return node + "--nproc_per_node " + std::to_string(settings.nproc_per_node) +
-           ": it must be at least 1";
-  }
-  if (settings.max_restarts < 0) {
-    return node + "--max_restarts " + std::to_string(settings.max_restarts) +
-           ": it must be 0 or more";
-  }
-  return std::nullopt;
-}
-
-/// The first setting on which `join` disagrees with the job, as a message naming both values.
-std::optional<std::string> settings_mismatch(const JobState& s, const Join& join) {
-  const auto mismatch = [&](const std::string& option, const std::string& theirs,
-                            const std::string& ours) -> std::optional<std::string> {
-    if (theirs == ours) return std::nullopt;
-    return "node " + join.name + " was started with " + option + " " + theirs + ", but job '" +
-           s.run_id + "' runs with " + option + " " + ours + " (set by node " + s.settings_from +
-           "): start every node with the same value";
-  };
-  if (auto m = mismatch("--nproc_per_node", std::to_string(join.settings.nproc_per_node),
-                        std::to_string(s.settings.nproc_per_node))) {
-    return m;
-  }
-  if (auto m = mismatch("--nnodes", nnodes_text(join.settings), nnodes_text(s.settings))) return m;
-  return mismatch("--max_restarts", std::to_string(join.settings.max_restarts),
-                  std::to_string(s.settings.max_restarts));
 }
 
 /// The world size of the running round: the claimed one while adopting, else its participants.
@@ -576,75 +533,12 @@ void on_join(Step& st, const std::string& id, Join join) {
          true);
     return;
   }
+  if (auto refusal = check_join(s, join)) {
+    // [new] -> [refused], or a known node -> [removed]: admission.h says why, in the user's words
+    refuse(st, id, refusal->kind, refusal->message);
+    return;
+  }
   const bool first = s.settings_from.empty();
-  if (first) {
-    if (auto invalid = invalid_settings(join)) {
-      refuse(st, id, RefusalKind::Protocol, *invalid);
-      return;
-    }
-  } else if (auto mismatch = settings_mismatch(s, join)) {
-    refuse(st, id, RefusalKind::Mismatch, *mismatch);
-    return;
-  }
-  const RdzvSettings& settings = first ? join.settings : s.settings;
-  if (join.node_rank && (*join.node_rank < 0 || *join.node_rank >= settings.max_nodes)) {
-    refuse(st, id, RefusalKind::BadRank,
-           "node " + join.name + " was started with --node_rank " +
-               std::to_string(*join.node_rank) + ", but job '" + s.run_id + "' has at most " +
-               std::to_string(settings.max_nodes) + " nodes (--nnodes " + nnodes_text(settings) +
-               "): use a --node_rank from 0 to " + std::to_string(settings.max_nodes - 1));
-    return;
-  }
-  if (join.node_rank) {
-    for (const auto& [other_id, node] : s.nodes) {
-      if (other_id != id && node.request.node_rank == join.node_rank) {
-        refuse(st, id, RefusalKind::DuplicateRank,
-               "node " + join.name + " was started with --node_rank " +
-                   std::to_string(*join.node_rank) + ", which node " + node.request.name +
-                   " already holds in job '" + s.run_id + "': give every node its own --node_rank");
-        return;
-      }
-    }
-  }
-  if (join.node_rank && !s.nodes.count(id)) {
-    // A newcomer cannot take a group rank that a live node holds (in the running round, or
-    // the one before the round that forms): that would move every worker's MASTER_ADDR.
-    for (const auto& [other_id, node] : s.nodes) {
-      auto previous = s.previous_ranks.find(other_id);
-      const bool holds =
-          node.group_rank == *join.node_rank ||
-          (previous != s.previous_ranks.end() && previous->second == *join.node_rank);
-      if (other_id != id && holds) {
-        refuse(st, id, RefusalKind::DuplicateRank,
-               "node " + join.name + " was started with --node_rank " +
-                   std::to_string(*join.node_rank) + ", but node " + node.request.name +
-                   " holds group rank " + std::to_string(*join.node_rank) + " of job '" + s.run_id +
-                   "': give every node its own --node_rank, or none");
-        return;
-      }
-    }
-  }
-  if (join.restart_count < 0 || join.restart_count > settings.max_restarts) {
-    refuse(st, id, RefusalKind::Protocol,
-           "node " + join.name + " claims restart count " + std::to_string(join.restart_count) +
-               ", impossible with --max_restarts " + std::to_string(settings.max_restarts));
-    return;
-  }
-  if (join.resume) {
-    const RoundClaim& claim = *join.resume;
-    if (claim.group_world_size < 1 || claim.group_world_size > settings.max_nodes ||
-        claim.group_rank < 0 || claim.group_rank >= claim.group_world_size || claim.round < 0 ||
-        claim.restart_count < 0 || claim.restart_count > settings.max_restarts) {
-      refuse(st, id, RefusalKind::Protocol,
-             "node " + join.name + " re-registered an impossible round: group rank " +
-                 std::to_string(claim.group_rank) + " of " +
-                 std::to_string(claim.group_world_size) + " nodes in round " +
-                 std::to_string(claim.round) + ", restart count " +
-                 std::to_string(claim.restart_count) + " (--nnodes " + nnodes_text(settings) +
-                 ", --max_restarts " + std::to_string(settings.max_restarts) + ")");
-      return;
-    }
-  }
   if (first) {
     s.settings = join.settings;
     s.settings_from = join.name;
@@ -854,46 +748,6 @@ std::optional<TimePoint> next_wake(const JobState& s) {
   return wake;
 }
 
-std::string phase_name(JobPhase phase) {
-  switch (phase) {
-    case JobPhase::Joining:
-      return "joining";
-    case JobPhase::Running:
-      return "running";
-    case JobPhase::Closed:
-      return "closed";
-  }
-  return "unknown";
-}
-
-std::string node_state_name(NodeState state) {
-  switch (state) {
-    case NodeState::Joined:
-      return "joined";
-    case NodeState::Running:
-      return "running";
-    case NodeState::Succeeded:
-      return "succeeded";
-    case NodeState::Stopping:
-      return "stopping";
-    case NodeState::WaitListed:
-      return "wait-listed";
-  }
-  return "unknown";
-}
-
-std::string outcome_name(JobOutcomeKind outcome) {
-  switch (outcome) {
-    case JobOutcomeKind::Succeeded:
-      return "succeeded";
-    case JobOutcomeKind::Failed:
-      return "failed";
-    case JobOutcomeKind::TimedOut:
-      return "timed out";
-  }
-  return "unknown";
-}
-
 }  // namespace
 
 JobState new_job(std::string run_id, TimePoint now) {
@@ -922,162 +776,15 @@ StepResult step(JobState state, const Event& event, TimePoint now) {
   }
   // Every event (not only Tick) runs the due deadlines, so a late Tick cannot reorder outcomes.
   run_deadlines(st);
+  // [none] -> [forgotten]: the job's first join was refused, so nobody ever took part in it
+  if (st.s.settings_from.empty() && st.s.nodes.empty() && st.s.phase == JobPhase::Joining)
+    st.erase = true;
   StepResult result;
   result.wake_at = st.erase ? std::nullopt : next_wake(st.s);
   result.state = std::move(st.s);
   result.messages = std::move(st.out);
   result.erase = st.erase;
   return result;
-}
-
-std::map<std::string, int> assign_group_ranks(const std::map<std::string, NodeRecord>& nodes,
-                                              const std::vector<std::string>& participants,
-                                              const std::map<std::string, int>& previous_ranks) {
-  const auto name_less = [&](const std::string& a, const std::string& b) {
-    const std::string& name_a = nodes.at(a).request.name;
-    const std::string& name_b = nodes.at(b).request.name;
-    if (natural_less(name_a, name_b)) return true;
-    if (natural_less(name_b, name_a)) return false;
-    return a < b;
-  };
-  const int n = static_cast<int>(participants.size());
-  std::map<std::string, int> ranks;
-  std::vector<bool> taken(participants.size(), false);
-
-  // --node_rank first, in its order: equal to the given values when 0..k-1 are all there.
-  std::vector<std::string> ranked;
-  std::vector<std::string> others;
-  for (const std::string& id : participants) {
-    (nodes.at(id).request.node_rank ? ranked : others).push_back(id);
-  }
-  std::sort(ranked.begin(), ranked.end(), [&](const std::string& a, const std::string& b) {
-    const int rank_a = *nodes.at(a).request.node_rank;
-    const int rank_b = *nodes.at(b).request.node_rank;
-    return rank_a != rank_b ? rank_a < rank_b : name_less(a, b);
-  });
-  int next_rank = 0;
-  for (const std::string& id : ranked) {
-    taken[static_cast<std::size_t>(next_rank)] = true;
-    ranks[id] = next_rank++;
-  }
-
-  // Survivors keep their previous rank while it still fits and nobody took it.
-  std::vector<std::string> holders;
-  std::vector<std::string> newcomers;
-  for (const std::string& id : others) {
-    (previous_ranks.count(id) ? holders : newcomers).push_back(id);
-  }
-  std::sort(holders.begin(), holders.end(), [&](const std::string& a, const std::string& b) {
-    return previous_ranks.at(a) != previous_ranks.at(b)
-               ? previous_ranks.at(a) < previous_ranks.at(b)
-               : name_less(a, b);
-  });
-  std::sort(newcomers.begin(), newcomers.end(), name_less);
-  std::vector<std::string> unplaced;
-  for (const std::string& id : holders) {
-    const int previous = previous_ranks.at(id);
-    if (previous >= 0 && previous < n && !taken[static_cast<std::size_t>(previous)]) {
-      taken[static_cast<std::size_t>(previous)] = true;
-      ranks[id] = previous;
-    } else {
-      unplaced.push_back(id);
-    }
-  }
-  // Everyone else fills the lowest free ranks: displaced holders first, then newcomers.
-  unplaced.insert(unplaced.end(), newcomers.begin(), newcomers.end());
-  std::size_t free_rank = 0;
-  for (const std::string& id : unplaced) {
-    while (taken[free_rank]) ++free_rank;
-    taken[free_rank] = true;
-    ranks[id] = static_cast<int>(free_rank);
-  }
-  return ranks;
-}
-
-bool natural_less(const std::string& a, const std::string& b) {
-  const auto is_digit = [](char c) { return c >= '0' && c <= '9'; };
-  std::size_t i = 0;
-  std::size_t j = 0;
-  while (i < a.size() && j < b.size()) {
-    if (is_digit(a[i]) && is_digit(b[j])) {
-      // Compare the digit runs as numbers of any length: skip leading zeros, then the longer
-      // run is larger, else the first differing digit decides.
-      std::size_t end_a = i;
-      std::size_t end_b = j;
-      while (end_a < a.size() && is_digit(a[end_a])) ++end_a;
-      while (end_b < b.size() && is_digit(b[end_b])) ++end_b;
-      std::size_t start_a = i;
-      std::size_t start_b = j;
-      while (start_a + 1 < end_a && a[start_a] == '0') ++start_a;
-      while (start_b + 1 < end_b && b[start_b] == '0') ++start_b;
-      const std::size_t length_a = end_a - start_a;
-      const std::size_t length_b = end_b - start_b;
-      if (length_a != length_b) return length_a < length_b;
-      const int order = a.compare(start_a, length_a, b, start_b, length_b);
-      if (order != 0) return order < 0;
-      i = end_a;
-      j = end_b;
-      continue;
-    }
-    if (a[i] != b[j]) {
-      return static_cast<unsigned char>(a[i]) < static_cast<unsigned char>(b[j]);
-    }
-    ++i;
-    ++j;
-  }
-  if ((i < a.size()) != (j < b.size())) return j < b.size();  // a proper prefix comes first
-  // Equal as numbers ("n01" and "n1"): plain order keeps this a strict weak ordering.
-  return a < b;
-}
-
-nlohmann::json describe_job(const JobState& state, TimePoint now) {
-  nlohmann::json nodes = nlohmann::json::array();
-  std::vector<std::string> ids = ids_where(state, [](const NodeRecord&) { return true; });
-  std::stable_sort(ids.begin(), ids.end(), [&](const std::string& a, const std::string& b) {
-    // Participants in group-rank order first, then everyone else by name.
-    const int rank_a = state.nodes.at(a).group_rank;
-    const int rank_b = state.nodes.at(b).group_rank;
-    if ((rank_a < 0) != (rank_b < 0)) return rank_b < 0;
-    return rank_a >= 0 && rank_a < rank_b;
-  });
-  if (ids.size() > kMaxNodesInStatus) ids.resize(kMaxNodesInStatus);
-  for (const std::string& id : ids) {
-    const NodeRecord& node = state.nodes.at(id);
-    // No node_id: it is what a connection speaks for a node with, so status never shows it.
-    nlohmann::json entry = {
-        {"name", node.request.name},
-        {"state", node_state_name(node.state)},
-        {"group_rank", node.group_rank},
-        {"last_seen_s", duration_cast<std::chrono::duration<double>>(now - node.last_seen).count()},
-    };
-    if (node.request.node_rank) entry["node_rank"] = *node.request.node_rank;
-    nodes.push_back(std::move(entry));
-  }
-  const RdzvSettings& settings = state.settings;
-  nlohmann::json job = {
-      {"run_id", state.run_id},
-      {"phase", phase_name(state.phase)},
-      {"round", state.round},
-      {"restart_count", state.restart_count},
-      {"settings",
-       {{"min_nodes", settings.min_nodes},
-        {"max_nodes", settings.max_nodes},
-        {"nproc_per_node", settings.nproc_per_node},
-        {"max_restarts", settings.max_restarts},
-        {"join_timeout_s", settings.join_timeout.count() / 1000.0},
-        {"last_call_timeout_s", settings.last_call_timeout.count() / 1000.0},
-        {"close_timeout_s", settings.close_timeout.count() / 1000.0},
-        {"keep_alive_interval_s", settings.keep_alive_interval.count() / 1000.0},
-        {"keep_alive_max_attempt", settings.keep_alive_max_attempt}}},
-      {"settings_from", state.settings_from},
-      {"nodes", std::move(nodes)},
-      {"node_count", state.nodes.size()},
-  };
-  if (state.closed) {
-    job["outcome"] = outcome_name(state.closed->outcome);
-    job["message"] = state.closed->message;
-  }
-  return job;
 }
 
 }  // namespace ddprun::rdzv

@@ -1,4 +1,5 @@
 #pragma once
+#include <array>
 #include <deque>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -8,11 +9,14 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/enum_names.h"
 #include "rendezvous/protocol.h"
 
 // The rendezvous server's logic for one job (one rdzv_id), as a pure state machine:
 // step(state, event, now) -> {next state, messages to nodes, when to wake up}. No sockets, no
 // clock reads; the Asio server (rendezvous/server.h) feeds it events and delivers its messages.
+// Split by concept: who may join is admission.h, who gets which group rank rank_assignment.h,
+// and what `ddprun status` shows job_status.h; this file holds the job's state and its phases.
 // States and transitions are drawn in docs/design.md#rendezvous-state-machine.
 //
 //        join (first)            max joined, or min joined and last call over,
@@ -37,6 +41,16 @@ enum class NodeState {
   WaitListed  ///< arrived while the round ran at max nodes (or while Running, before scale-up)
 };
 
+/// Names of NodeState in status (job_status.h); snake_case like every name on the wire.
+inline constexpr std::array<common::EnumName<NodeState>, 5> kNodeStateNames{{
+    {NodeState::Joined, "joined"},
+    {NodeState::Running, "running"},
+    {NodeState::Succeeded, "succeeded"},
+    {NodeState::Stopping, "stopping"},
+    {NodeState::WaitListed, "wait_listed"},
+}};
+static_assert(common::name_table_complete(kNodeStateNames));
+
 struct NodeRecord {
   Join request;  ///< the node's latest Join
   NodeState state = NodeState::Joined;
@@ -45,6 +59,14 @@ struct NodeRecord {
 };
 
 enum class JobPhase { Joining, Running, Closed };
+
+/// Names of JobPhase in status (job_status.h).
+inline constexpr std::array<common::EnumName<JobPhase>, 3> kJobPhaseNames{{
+    {JobPhase::Joining, "joining"},
+    {JobPhase::Running, "running"},
+    {JobPhase::Closed, "closed"},
+}};
+static_assert(common::name_table_complete(kJobPhaseNames));
 
 /// Everything the server holds for one job.
 struct JobState {
@@ -130,10 +152,12 @@ struct StepResult {
 JobState new_job(std::string run_id, TimePoint now);
 
 /// The state machine. Transitions (one comment each in the implementation):
-/// - Join, job Joining: settings mismatch (nproc_per_node, min/max nodes, max_restarts) ->
-///   Refused(Mismatch) naming both values and both nodes; node_rank >= max_nodes ->
-///   Refused(BadRank); node_rank held by another live node -> Refused(DuplicateRank);
-///   else Joined. At max joined -> complete. At min joined -> last call deadline. Waiting to
+/// - Join, job Joining or Running: refused when admission.h's check_join() says so (settings
+///   mismatch -> Refused(Mismatch) naming both values and both nodes; bad or duplicate
+///   node_rank -> Refused(BadRank/DuplicateRank); impossible settings, restart count or claim
+///   -> Refused(Protocol)); a refused first join leaves no job behind (erase).
+/// - Join, job Joining: Joined. At max joined -> complete. At min joined -> last call deadline.
+/// Waiting to
 ///   every Joined node on each change.
 /// - Join, job Running: WaitListed; if participants < max -> scale-up round (Restart not
 ///   counted to every participant). Join with `resume` matching the running round -> adopted
@@ -162,23 +186,5 @@ JobState new_job(std::string run_id, TimePoint now);
 ///   window from now; other deadlines (join timeout, last call) keep their time.
 /// - Closed: erase once close_timeout has passed since closing.
 StepResult step(JobState state, const Event& event, TimePoint now);
-
-/// Group ranks for the participants of a round (node_ids), 0..n-1:
-/// - nodes that gave --node_rank are ordered by it (ranks equal node_rank when 0..n-1 are all
-///   present; gaps are closed in order);
-/// - otherwise a node keeps its previous rank while it is < n and not taken; the remaining
-///   nodes fill the lowest free ranks, previous holders first, then newcomers in
-///   numeric-aware order of their names ("node2" before "node10"), node_id breaking ties.
-std::map<std::string, int> assign_group_ranks(const std::map<std::string, NodeRecord>& nodes,
-                                              const std::vector<std::string>& participants,
-                                              const std::map<std::string, int>& previous_ranks);
-
-/// Numeric-aware "less than": digit runs compare as numbers ("n2" < "n10" < "n10a").
-bool natural_less(const std::string& a, const std::string& b);
-
-/// The job as `ddprun status` shows it: run id, phase, round, restart count, settings, and
-/// per node: name, state, group rank, seconds since last seen (never the node_id, which a
-/// connection speaks for its node with).
-nlohmann::json describe_job(const JobState& state, TimePoint now);
 
 }  // namespace ddprun::rdzv

@@ -6,9 +6,11 @@
 #include <unistd.h>
 
 #include <boost/asio/ip/v6_only.hpp>
+#include <boost/asio/post.hpp>
 
 #include "common/strings.h"
 #include "rendezvous/endpoint.h"
+#include "rendezvous/job_status.h"
 
 namespace ddprun::rdzv {
 
@@ -67,6 +69,7 @@ RendezvousServer::RendezvousServer(asio::io_context& io, const common::Clock& cl
       timer_(io),
       accept_timer_(io),
       housekeeping_timer_(io),
+      shutdown_timer_(io),
       limits_(limits),
       secret_(std::move(secret)),
       tls_(std::move(tls)) {
@@ -83,12 +86,14 @@ RendezvousServer::~RendezvousServer() {
   timer_.cancel();
   accept_timer_.cancel();
   housekeeping_timer_.cancel();
+  shutdown_timer_.cancel();
+  drained_ = nullptr;
   for (auto& [id, s] : sessions_) s.conn->close();
   if (reserve_fd_ >= 0) ::close(reserve_fd_);
 }
 
-std::optional<std::string> RendezvousServer::listen(const std::string& host, int port,
-                                                    bool* in_use) {
+std::optional<common::Error> RendezvousServer::listen(const std::string& host, int port,
+                                                      bool* in_use) {
   if (in_use) *in_use = false;
   std::vector<tcp::endpoint> candidates;
   if (host.empty() || host == "*") {
@@ -98,7 +103,7 @@ std::optional<std::string> RendezvousServer::listen(const std::string& host, int
     tcp::resolver resolver(io_);
     error_code ec;
     auto results = resolver.resolve(host, std::to_string(port), tcp::resolver::passive, ec);
-    if (ec) return "cannot resolve '" + host + "': " + ec.message();
+    if (ec) return common::Error{"cannot resolve '" + host + "': " + ec.message()};
     for (const auto& r : results) candidates.push_back(r.endpoint());
   }
   std::string last = "no address to listen on";
@@ -115,7 +120,7 @@ std::optional<std::string> RendezvousServer::listen(const std::string& host, int
       if (ec == asio::error::address_in_use && in_use) *in_use = true;
       last = "cannot listen on " + format_endpoint(endpoint.address().to_string(), port) + ": " +
              ec.message();
-      if (ec == asio::error::address_in_use) return last;
+      if (ec == asio::error::address_in_use) return common::Error{last};
       continue;
     }
     port_ = acceptor.local_endpoint().port();
@@ -125,7 +130,7 @@ std::optional<std::string> RendezvousServer::listen(const std::string& host, int
     arm_housekeeping();
     return std::nullopt;
   }
-  return last;
+  return common::Error{last};
 }
 
 void RendezvousServer::accept_next() {
@@ -420,20 +425,44 @@ void RendezvousServer::on_timer() {
   arm_timer();
 }
 
-void RendezvousServer::shutdown() {
+void RendezvousServer::shutdown(std::chrono::milliseconds deadline, std::function<void()> drained) {
   stopped_ = true;
   error_code ignored;
   acceptor_.close(ignored);
   timer_.cancel();
   accept_timer_.cancel();
   housekeeping_timer_.cancel();
-  for (auto& [id, s] : sessions_) s.conn->close_after_writes();
+  drained_ = std::move(drained);
+  draining_ = 0;
+  // Every open session ends once its replies (a "closed" for the other nodes) are written and
+  // says so; the server counts them down. Closed sessions have nothing left to write.
+  std::vector<std::shared_ptr<FramedConnection>> open_conns;
+  for (auto& [id, s] : sessions_)
+    if (s.conn->is_open()) open_conns.push_back(s.conn);
+  draining_ = open_conns.size();
+  if (draining_ == 0) {
+    if (drained_) asio::post(io_, std::move(drained_));
+    drained_ = nullptr;
+    return;
+  }
+  for (const auto& conn : open_conns)
+    conn->close_after_writes([this, alive = std::weak_ptr<bool>(alive_)] {
+      if (alive.lock()) session_drained();
+    });
+  // A peer that does not read its replies cannot hold the shutdown: its session is closed at
+  // the deadline, which drains it.
+  shutdown_timer_.expires_after(deadline);
+  shutdown_timer_.async_wait([this](error_code ec) {
+    if (ec) return;
+    for (auto& [id, s] : sessions_) s.conn->close();
+  });
 }
 
-bool RendezvousServer::has_pending_writes() const {
-  for (const auto& [id, s] : sessions_)
-    if (s.conn->is_open()) return true;
-  return false;
+void RendezvousServer::session_drained() {
+  if (draining_ == 0 || --draining_ > 0) return;
+  shutdown_timer_.cancel();
+  if (drained_) drained_();
+  drained_ = nullptr;
 }
 
 StatusReply RendezvousServer::describe(const std::optional<std::string>& run_id,

@@ -2,7 +2,9 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -10,6 +12,7 @@
 #include <string>
 
 #include "common/clock.h"
+#include "common/result.h"
 #include "rendezvous/auth.h"
 #include "rendezvous/connection.h"
 #include "rendezvous/limits.h"
@@ -39,16 +42,16 @@ class RendezvousServer {
 
   /// Listens on host:port ("" host: every address, IPv6 and IPv4; port 0: a free port).
   /// Returns why not on failure; `in_use` is set when the address is taken.
-  std::optional<std::string> listen(const std::string& host, int port, bool* in_use = nullptr);
+  std::optional<common::Error> listen(const std::string& host, int port, bool* in_use = nullptr);
 
   /// The bound port (after listen).
   int port() const { return port_; }
 
-  /// Stops accepting and ends every session once its queued messages are written.
-  void shutdown();
-
-  /// Sessions whose queued messages are not all written yet.
-  bool has_pending_writes() const;
+  /// Shutdown is cancellation: stops accepting, cancels the timers and ends every session once
+  /// its queued messages are written; `drained` runs (posted) when every session has ended, at
+  /// the latest after `deadline` (sessions whose peer does not read are closed then). Nothing
+  /// of the server is left pending on the io_context afterwards, so run() may return.
+  void shutdown(std::chrono::milliseconds deadline, std::function<void()> drained = {});
 
   /// The jobs as `ddprun status` shows them (one when run_id is set), from the first run id
   /// after `after`, about kStatusPageBytes of them; `next` is set when more follow.
@@ -96,6 +99,12 @@ class RendezvousServer {
   boost::asio::steady_timer timer_;
   boost::asio::steady_timer accept_timer_;
   boost::asio::steady_timer housekeeping_timer_;
+  boost::asio::steady_timer shutdown_timer_;  ///< shutdown()'s deadline
+  std::function<void()> drained_;             ///< shutdown()'s callback, until it ran
+  std::size_t draining_ = 0;                  ///< sessions shutdown() still waits for
+  /// Expires with the server: a session's drained callback may run after it is gone.
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  void session_drained();
   ServerLimits limits_;
   std::optional<Secret> secret_;
   TlsContext tls_;

@@ -97,15 +97,15 @@ std::optional<std::string> load_identity(ssl::context& context, const std::strin
 
 }  // namespace
 
-std::variant<TlsContext, std::string> make_server_tls(const TlsFiles& files,
-                                                      const std::string& flag) {
+common::Result<TlsContext> make_server_tls(const TlsFiles& files, const std::string& flag) {
   if (files.cert.empty() || files.key.empty())
-    return "TLS needs both " + flag + "cert and " + flag +
-           "key on the side that serves the rendezvous (the daemon, or the agent that hosts it)";
+    return common::Error{
+        "TLS needs both " + flag + "cert and " + flag +
+        "key on the side that serves the rendezvous (the daemon, or the agent that hosts it)"};
   TlsContext context = new_context(ssl::context::tls_server);
-  if (auto why = load_identity(*context, flag, files)) return *why;
+  if (auto why = load_identity(*context, flag, files)) return common::Error{*why};
   if (!files.ca.empty()) {
-    if (auto why = load_ca(*context, flag, files.ca)) return *why;
+    if (auto why = load_ca(*context, flag, files.ca)) return common::Error{*why};
     // Clients must show a certificate of this CA; the list tells them which one.
     if (STACK_OF(X509_NAME)* names = ::SSL_load_client_CA_file(files.ca.c_str()))
       ::SSL_CTX_set_client_CA_list(context->native_handle(), names);
@@ -114,20 +114,21 @@ std::variant<TlsContext, std::string> make_server_tls(const TlsFiles& files,
   return context;
 }
 
-std::variant<TlsContext, std::string> make_client_tls(const TlsFiles& files,
-                                                      const std::string& flag) {
+common::Result<TlsContext> make_client_tls(const TlsFiles& files, const std::string& flag) {
   if (files.ca.empty())
-    return "TLS needs " + flag + "ca (the CA that signed the rendezvous server's certificate)" +
-           (files.cert.empty() && files.key.empty()
-                ? ""
-                : " besides " + flag + "cert and " + flag + "key");
+    return common::Error{"TLS needs " + flag +
+                         "ca (the CA that signed the rendezvous server's certificate)" +
+                         (files.cert.empty() && files.key.empty()
+                              ? ""
+                              : " besides " + flag + "cert and " + flag + "key")};
   if (files.cert.empty() != files.key.empty())
-    return "give " + flag + "cert and " + flag + "key together (a certificate and its key)";
+    return common::Error{"give " + flag + "cert and " + flag +
+                         "key together (a certificate and its key)"};
   TlsContext context = new_context(ssl::context::tls_client);
-  if (auto why = load_ca(*context, flag, files.ca)) return *why;
+  if (auto why = load_ca(*context, flag, files.ca)) return common::Error{*why};
   context->set_verify_mode(ssl::verify_peer);
   if (!files.cert.empty()) {
-    if (auto why = load_identity(*context, flag, files)) return *why;
+    if (auto why = load_identity(*context, flag, files)) return common::Error{*why};
   }
   return context;
 }

@@ -4,6 +4,8 @@
 #include <string>
 #include <variant>
 
+#include "common/result.h"
+
 // TLS for rendezvous connections (docs/design.md#tls): the certificate files of one side,
 // loaded once at start-up into an OpenSSL context that every connection of that side shares.
 // The frames, the hello and the shared-secret handshake run unchanged inside the TLS stream.
@@ -28,13 +30,11 @@ using TlsContext = std::shared_ptr<boost::asio::ssl::context>;
 /// The server's side: tls_cert and tls_key are required; with tls_ca every client must present
 /// a certificate that CA signed. `flag` spells the option for messages ("--tls_" on the daemon,
 /// "--rdzv_conf tls_" on an agent). The error names the file and the fix.
-std::variant<TlsContext, std::string> make_server_tls(const TlsFiles& files,
-                                                      const std::string& flag);
+common::Result<TlsContext> make_server_tls(const TlsFiles& files, const std::string& flag);
 
 /// The client's side: tls_ca is required (the server's certificate must chain to it and name
 /// the endpoint's host); tls_cert and tls_key, both or neither, are shown when the server asks.
-std::variant<TlsContext, std::string> make_client_tls(const TlsFiles& files,
-                                                      const std::string& flag);
+common::Result<TlsContext> make_client_tls(const TlsFiles& files, const std::string& flag);
 
 /// How one connection speaks TLS: the context, and for a client the host name (or address) the
 /// server's certificate must carry.

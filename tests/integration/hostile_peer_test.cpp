@@ -508,3 +508,45 @@ TEST_CASE("a daemon out of descriptors closes new connections with one warning a
   daemon.send(SIGTERM);
   daemon.wait(10s);
 }
+
+TEST_CASE("a daemon told to stop ends its connections and exits 0 at once, peers or not",
+          "[integration][security]") {
+  Daemon daemon;
+  RawPeer greeted(daemon.port);
+  REQUIRE(greeted.greet());
+  RawPeer silent(daemon.port);  // no hello, never reads
+  const auto sent = std::chrono::steady_clock::now();
+  daemon.process->send(SIGTERM);
+  const auto r = daemon.process->wait(10s);
+  INFO(r.err);
+  CHECK_FALSE(r.timed_out);
+  CHECK(r.exit_code == 0);
+  // Shutdown is cancellation with a deadline (2 s), never a hang on a connected peer.
+  CHECK(std::chrono::steady_clock::now() - sent < 5s);
+  CHECK(greeted.closed_by_server(5s));
+  CHECK(silent.closed_by_server(5s));
+}
+
+TEST_CASE("a join with settings no job can run with is refused in the user's words",
+          "[integration][security]") {
+  Daemon daemon;
+  RawPeer peer(daemon.port);
+  REQUIRE(peer.greet());
+  json join = join_body("bad", "n1");
+  join["settings"]["min_nodes"] = 5;
+  join["settings"]["max_nodes"] = 3;
+  peer.send_json(join);
+  auto refused = peer.read_frame(10s);
+  REQUIRE(refused);
+  CHECK((*refused)["type"] == "refused");
+  CHECK((*refused)["message"] ==
+        "node n1 was started with --nnodes 5:3: the minimum (5) is larger than the maximum (3)");
+  CHECK(peer.closed_by_server(10s));
+  // The refused first join left no job behind.
+  RawPeer asker(daemon.port);
+  REQUIRE(asker.greet());
+  asker.send_json(ddprun::rdzv::to_json(ddprun::rdzv::AgentMessage{ddprun::rdzv::StatusQuery{}}));
+  auto reply = asker.read_frame(10s);
+  REQUIRE(reply);
+  CHECK((*reply)["jobs"].empty());
+}

@@ -11,12 +11,11 @@
 #include <optional>
 #include <stdexcept>
 
+#include "common/env.h"
 #include "common/standby_protocol.h"
 #include "common/strings.h"
 #include "ddprun/sdk/agent_report.h"
 #include "ddprun/sdk/preemption.h"
-
-extern char** environ;
 
 namespace ddprun::sdk {
 namespace {
@@ -86,16 +85,6 @@ std::variant<WorkerContext, std::string> parse_worker_context(const EnvMap& env)
     }
   }
   return c;
-}
-
-EnvMap current_environment() {
-  EnvMap env;
-  for (char** e = environ; e && *e; ++e) {
-    std::string kv(*e);
-    const auto eq = kv.find('=');
-    if (eq != std::string::npos) env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
-  }
-  return env;
 }
 
 std::variant<EnvMap, std::string> parse_standby_handover(const std::string& message) {
@@ -185,5 +174,7 @@ WorkerContext WorkerContext::from_env() {
 std::string agent_store_prefix(int restart_count) {
   return "/worker/attempt_" + std::to_string(restart_count);
 }
+
+EnvMap current_environment() { return common::current_environment(); }
 
 }  // namespace ddprun::sdk

@@ -1,8 +1,8 @@
 #include "ddprun/sdk/sampler_plan.h"
 
-#include <cassert>
 #include <cstddef>
 #include <numeric>
+#include "common/check.h"
 
 namespace ddprun::sdk {
 namespace {
@@ -24,8 +24,10 @@ int64_t sampler_num_samples(const SamplerOptions& o) {
 }
 
 std::vector<int64_t> shard_indices(const std::vector<int64_t>& order, const SamplerOptions& o) {
-  assert(o.num_replicas >= 1 && o.rank >= 0 && o.rank < o.num_replicas);
-  assert(static_cast<int64_t>(order.size()) == o.dataset_size);
+  DDPRUN_CHECK(o.num_replicas >= 1 && o.rank >= 0 && o.rank < o.num_replicas,
+               "shard_indices: rank outside 0..num_replicas-1");
+  DDPRUN_CHECK(static_cast<int64_t>(order.size()) == o.dataset_size,
+               "shard_indices: the order does not hold dataset_size indices");
   const int64_t num_samples = sampler_num_samples(o);
   const int64_t total = num_samples * o.num_replicas;
   const int64_t n = static_cast<int64_t>(order.size());

@@ -133,20 +133,20 @@ TEST_CASE("a secret file readable by others, missing or short is refused with th
   ddprun::testing::TempDir dir;
   const std::string good = write_secret(dir.path() + "/good", kSecret.bytes + "\n", 0600);
   auto read = read_secret_file(good);
-  REQUIRE(std::holds_alternative<Secret>(read));
-  CHECK(std::get<Secret>(read).bytes == kSecret.bytes);
+  REQUIRE(read.ok());
+  CHECK(read->bytes == kSecret.bytes);
 
   const std::string open = write_secret(dir.path() + "/open", kSecret.bytes, 0644);
   auto bad = read_secret_file(open);
-  REQUIRE(std::holds_alternative<std::string>(bad));
-  CHECK(std::get<std::string>(bad) == "secret file " + open +
-                                          " is readable by group or others (mode 644): run "
-                                          "chmod 600 " +
-                                          open);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().message == "secret file " + open +
+                                   " is readable by group or others (mode 644): run "
+                                   "chmod 600 " +
+                                   open);
 
   const std::string shorty = write_secret(dir.path() + "/short", "abc", 0600);
-  CHECK_THAT(std::get<std::string>(read_secret_file(shorty)),
+  CHECK_THAT(read_secret_file(shorty).error().message,
              Catch::Contains("holds 3 bytes; at least 16") && Catch::Contains("openssl rand"));
-  CHECK_THAT(std::get<std::string>(read_secret_file(dir.path() + "/none")),
+  CHECK_THAT(read_secret_file(dir.path() + "/none").error().message,
              Catch::Contains("No such file"));
 }

@@ -1,5 +1,9 @@
 #include "rendezvous/rdzv_state.h"
 
+#include "rendezvous/admission.h"
+#include "rendezvous/job_status.h"
+#include "rendezvous/rank_assignment.h"
+
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <string>
@@ -647,6 +651,26 @@ TEST_CASE("a --node_rank beyond the job's maximum node count is refused", "[rdzv
         "(--nnodes 2:3): use a --node_rank from 0 to 2");
   CHECK(job.state.nodes.empty());
   CHECK(job.state.settings_from.empty());  // a refused node does not set the job's settings
+  CHECK(job.last.erase);                   // and leaves no job behind
+}
+
+TEST_CASE("a refused second node leaves the job to the first", "[rdzv][unit]") {
+  Job job;
+  job.join(join_of("a", nnodes(2, 2)));
+  job.join(join_of("b", nnodes(2, 2), 7));
+  CHECK_FALSE(job.last.erase);
+  CHECK(job.state.nodes.size() == 1);
+}
+
+TEST_CASE("a timed-out job's status names its outcome as the wire does", "[rdzv][unit]") {
+  Job job;
+  job.join(join_of("a", nnodes(2, 2)));
+  job.pass(601s);
+  REQUIRE(job.state.phase == JobPhase::Closed);
+  const nlohmann::json status = describe_job(job.state, job.now);
+  CHECK(status["phase"] == "closed");
+  CHECK(status["outcome"] == "timed_out");
+  CHECK(to_json(ServerMessage{*job.state.closed})["outcome"] == status["outcome"]);
 }
 
 TEST_CASE("a first node with an impossible --nnodes is refused naming the values", "[rdzv][unit]") {
@@ -925,7 +949,7 @@ TEST_CASE("status describes the job's nodes with their ranks and last heartbeat"
   CHECK(status["nodes"][0]["group_rank"] == 0);
   CHECK(status["nodes"][0]["last_seen_s"] == 3.0);
   CHECK(status["nodes"][2]["name"] == "c");
-  CHECK(status["nodes"][2]["state"] == "wait-listed");
+  CHECK(status["nodes"][2]["state"] == "wait_listed");
 }
 
 TEST_CASE("waiting broadcasts go out at most once per quiet period, and none is lost",

@@ -7,9 +7,8 @@ using namespace ddprun::rdzv;
 
 namespace {
 
-std::string error_of(const std::variant<TlsContext, std::string>& made) {
-  const auto* why = std::get_if<std::string>(&made);
-  return why ? *why : std::string("(no error)");
+std::string error_of(const ddprun::common::Result<TlsContext>& made) {
+  return made ? std::string("(no error)") : made.error().message;
 }
 
 }  // namespace

@@ -32,13 +32,14 @@ struct WorkerContext {
   static WorkerContext from_env();
 };
 
-/// Environment variables by name, as `environ` holds them.
+/// Environment variables by name, as `environ` holds them: the same type as the agent's
+/// common::EnvMap (common/env.h), spelled here so that the installed SDK headers stand alone.
 using EnvMap = std::map<std::string, std::string>;
 
 /// Builds a context from variables; the error names the variable and what to do.
 std::variant<WorkerContext, std::string> parse_worker_context(const EnvMap& env);
 
-/// The current process environment as a map.
+/// The current process environment as a map (common::current_environment, common/env.h).
 EnvMap current_environment();
 
 /// The environment in a standby hand-over message ({"env": {...}}), or what is wrong with it.

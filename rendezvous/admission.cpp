@@ -1,0 +1,136 @@
+#include "rendezvous/admission.h"
+
+#include "rendezvous/limits.h"
+
+namespace ddprun::rdzv {
+
+namespace {
+
+/// The first setting on which `join` disagrees with the job, as a message naming both values.
+std::optional<std::string> settings_mismatch(const JobState& s, const Join& join) {
+  const auto mismatch = [&](const std::string& option, const std::string& theirs,
+                            const std::string& ours) -> std::optional<std::string> {
+    if (theirs == ours) return std::nullopt;
+    return "node " + join.name + " was started with " + option + " " + theirs + ", but job '" +
+           s.run_id + "' runs with " + option + " " + ours + " (set by node " + s.settings_from +
+           "): start every node with the same value";
+  };
+  if (auto m = mismatch("--nproc_per_node", std::to_string(join.settings.nproc_per_node),
+                        std::to_string(s.settings.nproc_per_node))) {
+    return m;
+  }
+  if (auto m = mismatch("--nnodes", nnodes_text(join.settings), nnodes_text(s.settings))) return m;
+  return mismatch("--max_restarts", std::to_string(join.settings.max_restarts),
+                  std::to_string(s.settings.max_restarts));
+}
+
+}  // namespace
+
+std::string nnodes_text(const RdzvSettings& settings) {
+  if (settings.min_nodes == settings.max_nodes) return std::to_string(settings.min_nodes);
+  return std::to_string(settings.min_nodes) + ":" + std::to_string(settings.max_nodes);
+}
+
+std::optional<common::Error> check_settings(const RdzvSettings& settings,
+                                            const std::string& node_name) {
+  const std::string node = "node " + node_name + " was started with ";
+  if (settings.min_nodes < 1) {
+    return common::Error{node + "--nnodes " + nnodes_text(settings) +
+                         ": the minimum must be at least 1"};
+  }
+  if (settings.min_nodes > settings.max_nodes) {
+    return common::Error{node + "--nnodes " + nnodes_text(settings) + ": the minimum (" +
+                         std::to_string(settings.min_nodes) + ") is larger than the maximum (" +
+                         std::to_string(settings.max_nodes) + ")"};
+  }
+  if (settings.nproc_per_node < 1) {
+    return common::Error{node + "--nproc_per_node " + std::to_string(settings.nproc_per_node) +
+                         ": it must be at least 1"};
+  }
+  if (settings.max_restarts < 0) {
+    return common::Error{node + "--max_restarts " + std::to_string(settings.max_restarts) +
+                         ": it must be 0 or more"};
+  }
+  // The command line checks the same table (launcher/cli.cpp), so only a peer that is not a
+  // ddprun of this version gets here.
+  for (const SettingLimit& limit : kSettingLimits) {
+    const long long value = setting_value(settings, limit);
+    if (value < limit.min || value > limit.max) {
+      return common::Error{node + "--rdzv_conf " + std::string(limit.conf_key) + "=" +
+                           conf_value_text(limit, value) + ": it is out of range: allowed " +
+                           describe_range(limit)};
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<Refused> check_join(const JobState& s, const Join& join) {
+  const std::string& id = join.node_id;
+  if (auto invalid = check_settings(join.settings, join.name))
+    return Refused{RefusalKind::Protocol, invalid->message};
+  const bool first = s.settings_from.empty();
+  if (!first) {
+    if (auto mismatch = settings_mismatch(s, join))
+      return Refused{RefusalKind::Mismatch, *mismatch};
+  }
+  const RdzvSettings& settings = first ? join.settings : s.settings;
+  if (join.node_rank && (*join.node_rank < 0 || *join.node_rank >= settings.max_nodes)) {
+    return Refused{RefusalKind::BadRank,
+                   "node " + join.name + " was started with --node_rank " +
+                       std::to_string(*join.node_rank) + ", but job '" + s.run_id +
+                       "' has at most " + std::to_string(settings.max_nodes) + " nodes (--nnodes " +
+                       nnodes_text(settings) + "): use a --node_rank from 0 to " +
+                       std::to_string(settings.max_nodes - 1)};
+  }
+  if (join.node_rank) {
+    for (const auto& [other_id, node] : s.nodes) {
+      if (other_id != id && node.request.node_rank == join.node_rank) {
+        return Refused{RefusalKind::DuplicateRank,
+                       "node " + join.name + " was started with --node_rank " +
+                           std::to_string(*join.node_rank) + ", which node " + node.request.name +
+                           " already holds in job '" + s.run_id +
+                           "': give every node its own --node_rank"};
+      }
+    }
+  }
+  if (join.node_rank && !s.nodes.count(id)) {
+    // A newcomer cannot take a group rank that a live node holds (in the running round, or
+    // the one before the round that forms): that would move every worker's MASTER_ADDR.
+    for (const auto& [other_id, node] : s.nodes) {
+      auto previous = s.previous_ranks.find(other_id);
+      const bool holds =
+          node.group_rank == *join.node_rank ||
+          (previous != s.previous_ranks.end() && previous->second == *join.node_rank);
+      if (other_id != id && holds) {
+        return Refused{RefusalKind::DuplicateRank,
+                       "node " + join.name + " was started with --node_rank " +
+                           std::to_string(*join.node_rank) + ", but node " + node.request.name +
+                           " holds group rank " + std::to_string(*join.node_rank) + " of job '" +
+                           s.run_id + "': give every node its own --node_rank, or none"};
+      }
+    }
+  }
+  if (join.restart_count < 0 || join.restart_count > settings.max_restarts) {
+    return Refused{RefusalKind::Protocol, "node " + join.name + " claims restart count " +
+                                              std::to_string(join.restart_count) +
+                                              ", impossible with --max_restarts " +
+                                              std::to_string(settings.max_restarts)};
+  }
+  if (join.resume) {
+    const RoundClaim& claim = *join.resume;
+    if (claim.group_world_size < 1 || claim.group_world_size > settings.max_nodes ||
+        claim.group_rank < 0 || claim.group_rank >= claim.group_world_size || claim.round < 0 ||
+        claim.restart_count < 0 || claim.restart_count > settings.max_restarts) {
+      return Refused{
+          RefusalKind::Protocol,
+          "node " + join.name + " re-registered an impossible round: group rank " +
+              std::to_string(claim.group_rank) + " of " + std::to_string(claim.group_world_size) +
+              " nodes in round " + std::to_string(claim.round) + ", restart count " +
+              std::to_string(claim.restart_count) + " (--nnodes " + nnodes_text(settings) +
+              ", --max_restarts " + std::to_string(settings.max_restarts) + ")"};
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace ddprun::rdzv

@@ -1,0 +1,74 @@
+#include "rendezvous/job_status.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "rendezvous/rank_assignment.h"
+
+namespace ddprun::rdzv {
+
+using common::name_of;
+
+nlohmann::json describe_job(const JobState& state, TimePoint now) {
+  nlohmann::json nodes = nlohmann::json::array();
+  // Every node by name (numeric-aware, node_id breaking ties), then ...
+  std::vector<std::string> ids;
+  ids.reserve(state.nodes.size());
+  for (const auto& [id, node] : state.nodes) ids.push_back(id);
+  std::sort(ids.begin(), ids.end(), [&](const std::string& a, const std::string& b) {
+    const std::string& name_a = state.nodes.at(a).request.name;
+    const std::string& name_b = state.nodes.at(b).request.name;
+    if (natural_less(name_a, name_b)) return true;
+    if (natural_less(name_b, name_a)) return false;
+    return a < b;
+  });
+  std::stable_sort(ids.begin(), ids.end(), [&](const std::string& a, const std::string& b) {
+    // Participants in group-rank order first, then everyone else by name.
+    const int rank_a = state.nodes.at(a).group_rank;
+    const int rank_b = state.nodes.at(b).group_rank;
+    if ((rank_a < 0) != (rank_b < 0)) return rank_b < 0;
+    return rank_a >= 0 && rank_a < rank_b;
+  });
+  if (ids.size() > kMaxNodesInStatus) ids.resize(kMaxNodesInStatus);
+  for (const std::string& id : ids) {
+    const NodeRecord& node = state.nodes.at(id);
+    // No node_id: it is what a connection speaks for a node with, so status never shows it.
+    nlohmann::json entry = {
+        {"name", node.request.name},
+        {"state", std::string(name_of(node.state, kNodeStateNames))},
+        {"group_rank", node.group_rank},
+        {"last_seen_s",
+         std::chrono::duration_cast<std::chrono::duration<double>>(now - node.last_seen).count()},
+    };
+    if (node.request.node_rank) entry["node_rank"] = *node.request.node_rank;
+    nodes.push_back(std::move(entry));
+  }
+  const RdzvSettings& settings = state.settings;
+  nlohmann::json job = {
+      {"run_id", state.run_id},
+      {"phase", std::string(name_of(state.phase, kJobPhaseNames))},
+      {"round", state.round},
+      {"restart_count", state.restart_count},
+      {"settings",
+       {{"min_nodes", settings.min_nodes},
+        {"max_nodes", settings.max_nodes},
+        {"nproc_per_node", settings.nproc_per_node},
+        {"max_restarts", settings.max_restarts},
+        {"join_timeout_s", settings.join_timeout.count() / 1000.0},
+        {"last_call_timeout_s", settings.last_call_timeout.count() / 1000.0},
+        {"close_timeout_s", settings.close_timeout.count() / 1000.0},
+        {"keep_alive_interval_s", settings.keep_alive_interval.count() / 1000.0},
+        {"keep_alive_max_attempt", settings.keep_alive_max_attempt}}},
+      {"settings_from", state.settings_from},
+      {"nodes", std::move(nodes)},
+      {"node_count", state.nodes.size()},
+  };
+  if (state.closed) {
+    job["outcome"] = std::string(name_of(state.closed->outcome, kJobOutcomeNames));
+    job["message"] = state.closed->message;
+  }
+  return job;
+}
+
+}  // namespace ddprun::rdzv
