@@ -265,6 +265,10 @@ def become_worker(env, is_module, target, args):
         import torch
 
         torch.set_num_threads(int(threads))
+    # torch.distributed read TORCH_DISTRIBUTED_DEBUG when it was imported: read it again.
+    import torch.distributed
+
+    torch.distributed.set_debug_level_from_env()
     if is_module:
         # As `python -m`: the current directory first on the path, argv[0] set by runpy.
         sys.path.insert(0, os.getcwd())

@@ -41,7 +41,9 @@ std::vector<std::string> ddprun_probe(bool standbys, const std::string& events,
 /// must apply it; WAIT_STANDBYS=1 makes the scripts fail only once the standbys wait.
 std::map<std::string, std::string> env_for(bool standbys) {
   std::map<std::string, std::string> env{{"PYTHON_EXEC", "/usr/bin/python3"},
-                                         {"OMP_NUM_THREADS", "3"}};
+                                         {"OMP_NUM_THREADS", "3"},
+                                         {"TORCH_DISTRIBUTED_DEBUG", "INFO"},
+                                         {"NCCL_DEBUG", "WARN"}};
   if (standbys) env["WAIT_STANDBYS"] = "1";
   return env;
 }
@@ -152,6 +154,8 @@ TEST_CASE("a rank handed to a Python standby sees what a freshly started rank se
     CHECK(p["signals"]["SIGTERM"] == "SIG_DFL");
     CHECK(p["faulthandler"] == false);
     CHECK(p["cuda_initialized"] == false);
+    CHECK(p["debug_level"] == "DebugLevel.INFO");
+    CHECK(p["env"]["NCCL_DEBUG"] == "WARN");
     CHECK(contains(standby.out, "[default" + r + "]:atexit ran on rank " + r));
   }
 }

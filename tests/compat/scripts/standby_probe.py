@@ -19,6 +19,7 @@ import time
 
 import numpy
 import torch
+import torch.distributed
 from standby_helper import VALUE
 from standby_probe_wait import standbys_waiting
 
@@ -63,6 +64,7 @@ probe("flags", [sys.flags.optimize, sys.flags.dont_write_bytecode, sys.flags.no_
                 sys.flags.hash_randomization, sys.flags.isolated])
 probe("stdout_write_through", sys.stdout.write_through)
 probe("cuda_initialized", torch.cuda.is_initialized())
+probe("debug_level", str(torch.distributed.get_debug_level()))
 # Each rank draws its own numbers, as separate interpreters do (the test compares the ranks).
 probe("random", [random.random(), float(numpy.random.random())])
 atexit.register(lambda: print(f"atexit ran on rank {os.environ['RANK']}", flush=True))
