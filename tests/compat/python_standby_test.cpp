@@ -2,6 +2,7 @@
 // be indistinguishable, to an unmodified script, from a rank started afresh. Each test restarts
 // a job once, with and without standbys, and compares what the restarted ranks observe.
 #include <catch2/catch.hpp>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -299,4 +300,37 @@ TEST_CASE(
   CHECK(contains(r.err, "cannot import torch"));
   CHECK(contains(r.err, "set PYTHON_EXEC to an interpreter that can"));
   CHECK(contains(r.out, "[default1]:rank 1 of 2 without torch"));
+}
+
+TEST_CASE("SIGTERM while the zygote imports torch ends ddprun with 143 and leaves no process",
+          "[python][integration][standby]") {
+  require_torch();
+  TempDir dir;
+  const std::string events = dir.path() + "/events.jsonl";
+  Subprocess ddprun({DDPRUN_BIN, "--standalone", "--nproc_per_node", "2", "--event_log", events,
+                     kScripts + "/standby_first_start.py"},
+                    {{"PYTHON_EXEC", "/usr/bin/python3"}});
+  // The pids of the zygote and of any standby it forked, from the event log.
+  auto pids_in = [&](const char* event) {
+    std::vector<pid_t> pids;
+    for (const std::string& line : lines_of(read_file(events)))
+      if (auto e = nlohmann::json::parse(line, nullptr, false);
+          e.is_object() && e["event"] == event)
+        for (const auto& p : e.contains("pids") ? e["pids"] : nlohmann::json::array({e["pid"]}))
+          pids.push_back(p.get<pid_t>());
+    return pids;
+  };
+  REQUIRE(wait_until([&] { return !pids_in("zygote_started").empty(); }, std::chrono::seconds(60)));
+  // Sent while the zygote imports torch (about a second): the agent waits for it, idle.
+  ddprun.send(SIGTERM);
+  auto r = ddprun.wait(kLimit);
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 143);
+  std::vector<pid_t> ours = pids_in("zygote_started");
+  for (pid_t pid : pids_in("standbys_started")) ours.push_back(pid);
+  for (pid_t pid : pids_in("workers_started")) ours.push_back(pid);
+  for (pid_t pid : ours) {
+    INFO("pid " << pid);
+    CHECK_FALSE(process_alive(pid));
+  }
 }
