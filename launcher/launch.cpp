@@ -22,9 +22,11 @@
 #include "agent/local_agent.h"
 #include "agent/standby_pool.h"
 #include "agent/worker_command.h"
+#include "agent/worker_env.h"
 #include "agent/worker_limits.h"
 #include "common/clock.h"
 #include "common/exit_codes.h"
+#include "common/signals.h"
 #include "common/strings.h"
 #include "launcher/rdzv_plan.h"
 #include "launcher/slurm.h"
@@ -307,6 +309,27 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
   agent::CommandRequest req{config.script, config.script_args, config.module, config.no_python,
                             env_or(env, "PYTHON_EXEC", "python3")};
   opt.spec.argv = agent::build_worker_command(req, agent::is_executable_file);
+  if (!config.no_python) {
+    const std::string found =
+        agent::resolve_executable(opt.spec.argv.front(), agent::search_path(env));
+    opt.interpreter = found.empty() ? opt.spec.argv.front() : found;
+    opt.interpreter_origin =
+        env.count("PYTHON_EXEC") > 0 ? "PYTHON_EXEC" : "the first python3 on PATH";
+    spdlog::debug("workers run the Python interpreter {} ({})", opt.interpreter,
+                  opt.interpreter_origin);
+  }
+  opt.spec.virtual_local_rank = config.virtual_local_rank;
+  for (int sig : config.signals_to_handle)
+    opt.spec.signals_to_handle +=
+        (opt.spec.signals_to_handle.empty() ? "" : ",") + common::signal_name(sig);
+  if (config.virtual_local_rank) {
+    if (auto why = agent::virtual_local_rank_problem(env, *nproc)) {
+      spdlog::error("{}", *why);
+      return common::kExitUsage;
+    }
+  }
+  opt.duplicate_stdout_filters = config.duplicate_stdout_filters;
+  opt.duplicate_stderr_filters = config.duplicate_stderr_filters;
   opt.script = config.script;
   opt.log_dir = config.log_dir;
   opt.redirects = config.redirects;
