@@ -710,6 +710,8 @@ class LocalAgent::Impl {
     auto standby = plan.handed.find(p.local_rank);
     ProcessSpec spec{plan.executable, opt_.spec.argv, to_envp(plan.envs.at(p.local_rank))};
     spec.cgroup_procs_fd = plan.cgroup_procs_fd;
+    if (static_cast<size_t>(p.local_rank) < opt_.cpus_by_local_rank.size())
+      spec.cpus = opt_.cpus_by_local_rank[static_cast<size_t>(p.local_rank)];
     auto launched = standby != plan.handed.end()
                         ? std::variant<LaunchedProcess, std::string>(standby->second)
                         : launcher_.launch(spec);

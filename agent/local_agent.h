@@ -33,6 +33,8 @@ struct AgentOptions {
   /// filtered_stderr.log in the attempt directory.
   std::vector<std::string> duplicate_stdout_filters;
   std::vector<std::string> duplicate_stderr_filters;
+  /// --numa_binding: the CPUs of each local rank (empty: no binding).
+  std::vector<std::vector<int>> cpus_by_local_rank;
   std::vector<int> signals_to_handle;
   EnvMap agent_env;
   std::string event_log;  ///< --event_log: the recovery timeline ("" for none)

@@ -71,9 +71,10 @@ constexpr OptionSpec kOptions[] = {
     {"virtual_local_rank", "", true, "", "", kNodes,
      "Every worker gets LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES set to its own GPU (the local "
      "rank's entry of ddprun's CUDA_VISIBLE_DEVICES, else the local rank), as torchrun does."},
-    {"numa_binding", "", false, "node|socket|exclusive|core-complex", "", kNodes,
-     "Not supported: ddprun does not bind workers to NUMA nodes; given, ddprun stops with an "
-     "error (wrap the program in numactl instead)."},
+    {"numa_binding", "", false, "node", "", kNodes,
+     "Bind each worker to the CPUs of its GPU's NUMA node (local rank = GPU index, as in "
+     "torchrun; without GPUs, local ranks go round the NUMA nodes). socket, exclusive and "
+     "core-complex are refused."},
     {"node_rank", "", false, "RANK", "", kNodes,
      "This node's rank, 0..nnodes-1; required on every node by the static rendezvous, honoured "
      "by c10d (default: c10d assigns one; a single node is 0)."},
@@ -858,10 +859,10 @@ ParseResult build_config(const std::map<std::string_view, RawValue>& raw,
     if (mode != "node" && mode != "socket" && mode != "exclusive" && mode != "core-complex")
       return UsageError{describe(get("numa_binding")) +
                         ": expected node, socket, exclusive or core-complex"};
-    return UsageError{describe(get("numa_binding")) +
-                      ": NUMA binding is not implemented by ddprun; drop it, or bind each "
-                      "worker yourself, e.g. --no_python numactl --cpunodebind=0 "
-                      "--membind=0 python3 train.py"};
+    if (mode != "node")
+      return UsageError{describe(get("numa_binding")) +
+                        ": only node is implemented by ddprun; use --numa_binding node"};
+    config.numa_binding = mode;
   }
 
   config.no_slurm_fanout = switches.at("no_slurm_fanout");

@@ -20,6 +20,7 @@
 
 #include "agent/group_cleanup.h"
 #include "agent/local_agent.h"
+#include "agent/numa_binding.h"
 #include "agent/standby_pool.h"
 #include "agent/worker_command.h"
 #include "agent/worker_env.h"
@@ -114,6 +115,10 @@ void configure_standbys(const LaunchConfig& config, const agent::CommandRequest&
     else
       spdlog::debug("--standby_workers=auto (the default): no standbys: {}", why);
   };
+  if (!config.numa_binding.empty())
+    return off_because(
+        "--numa_binding binds each worker to its CPUs as it starts; a standby started before "
+        "would not be bound");
   if (!agent::runs_under_python(req, agent::is_executable_file)) {
     if (automatic)
       return off_because(
@@ -182,6 +187,23 @@ common::Result<int> resolve_nproc(const LaunchConfig& config, const NodeResource
       return node.gpus > 0 ? node.gpus : node.cpus;
   }
   return config.nproc_per_node;
+}
+
+/// --numa_binding node: each local rank's CPUs, from the topology under DDPRUN_SYSFS_ROOT (a
+/// test's fake tree) or /sys.
+common::Result<std::vector<std::vector<int>>> numa_cpus(const agent::EnvMap& env, int nproc) {
+  const std::string root = env_or(env, "DDPRUN_SYSFS_ROOT", "/sys");
+  auto topology = agent::read_numa_topology(root);
+  if (!topology)
+    return common::Error{"--numa_binding node: " + topology.error().message +
+                         "; drop --numa_binding"};
+  std::optional<std::string> visible;
+  if (auto it = env.find("CUDA_VISIBLE_DEVICES"); it != env.end()) visible = it->second;
+  auto cpus = agent::cpus_per_local_rank(*topology, nproc, visible);
+  if (cpus)
+    for (size_t local = 0; local < cpus->size(); ++local)
+      spdlog::debug("--numa_binding node: local rank {} on {} CPUs", local, (*cpus)[local].size());
+  return cpus;
 }
 
 int launch(const LaunchConfig& given, const agent::EnvMap& env) {
@@ -327,6 +349,14 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
       spdlog::error("{}", *why);
       return common::kExitUsage;
     }
+  }
+  if (!config.numa_binding.empty()) {
+    auto cpus = numa_cpus(env, *nproc);
+    if (!cpus) {
+      spdlog::error("{}", cpus.error().message);
+      return common::kExitUsage;
+    }
+    opt.cpus_by_local_rank = std::move(*cpus);
   }
   opt.duplicate_stdout_filters = config.duplicate_stdout_filters;
   opt.duplicate_stderr_filters = config.duplicate_stderr_filters;

@@ -50,6 +50,8 @@ struct LaunchConfig {
   int nproc_per_node = 1;  ///< meaningful when nproc_kind == Count (or after resolution)
   /// --virtual_local_rank: LOCAL_RANK=0 and one GPU in CUDA_VISIBLE_DEVICES per worker.
   bool virtual_local_rank = false;
+  /// --numa_binding: "" (off) or "node" (each worker on the CPUs of its GPU's NUMA node).
+  std::string numa_binding;
 
   // Rendezvous.
   bool standalone = false;

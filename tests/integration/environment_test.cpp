@@ -2,6 +2,8 @@
 #include <signal.h>
 
 #include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
 
 #include "tests/integration/ddprun_runs.h"
 #include "tests/support/subprocess.h"
@@ -204,8 +206,38 @@ TEST_CASE("abbreviated and torchrun 2.x flags reach a real run; an ambiguous one
   auto ambiguous = run_command(ddprun_fake({"--no", "x"}, {"print=started"}), {}, kJobLimit);
   CHECK(ambiguous.exit_code == 64);
   CHECK(contains(ambiguous.err, "ambiguous option --no: could be"));
-  auto numa = run_command(ddprun_fake({"--numa-binding=node"}, {"print=started"}), {}, kJobLimit);
+  auto numa = run_command(ddprun_fake({"--numa-binding=socket"}, {"print=started"}), {}, kJobLimit);
   CHECK(numa.exit_code == 64);
-  CHECK(contains(numa.err, "NUMA binding is not implemented by ddprun"));
+  CHECK(contains(numa.err, "only node is implemented by ddprun"));
   CHECK_FALSE(contains(numa.out, "started"));
+}
+
+TEST_CASE("with --numa_binding node each worker runs on the CPUs of its NUMA node",
+          "[agent][integration]") {
+  // Two NUMA nodes of one CPU each, laid out like sysfs; no GPU, so local ranks go round them.
+  TempDir sysfs;
+  for (int node = 0; node < 2; ++node) {
+    const std::string dir = sysfs.path() + "/devices/system/node/node" + std::to_string(node);
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir + "/cpulist") << node << "\n";
+  }
+  std::vector<std::string> argv{DDPRUN_BIN,
+                                "--nproc_per_node",
+                                "2",
+                                "--numa_binding",
+                                "node",
+                                "--no_python",
+                                "/bin/grep",
+                                "Cpus_allowed_list:",
+                                "/proc/self/status"};
+  auto r = run_command(argv, {{"DDPRUN_SYSFS_ROOT", sysfs.path()}}, kJobLimit);
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(contains(r.out, "[default0]:Cpus_allowed_list:\t0\n"));
+  CHECK(contains(r.out, "[default1]:Cpus_allowed_list:\t1\n"));
+  // A topology that cannot be read stops ddprun before any worker starts.
+  TempDir empty;
+  auto bad = run_command(argv, {{"DDPRUN_SYSFS_ROOT", empty.path()}}, kJobLimit);
+  CHECK(bad.exit_code == 64);
+  CHECK(contains(bad.err, "--numa_binding node: no NUMA node with CPUs in"));
 }

@@ -848,8 +848,9 @@ TEST_CASE("torchrun 2.x flags ddprun does not implement are refused saying so",
              StartsWith("--logs-specs mine: ddprun loads no torchrun.logs_specs plugins"));
   CHECK_THAT(parse_error({"--event_log_handler", "console", "train.py"}),
              Contains("--event_log PATH"));
-  CHECK_THAT(parse_error({"--numa-binding", "node", "train.py"}),
-             StartsWith("--numa-binding node: NUMA binding is not implemented by ddprun"));
+  CHECK_THAT(parse_error({"--numa-binding", "socket", "train.py"}),
+             StartsWith("--numa-binding socket: only node is implemented by ddprun"));
+  CHECK(parse_ok({"--numa_binding", "node", "train.py"}).numa_binding == "node");
   CHECK_THAT(parse_error({"--numa_binding", "rack", "train.py"}),
              Contains("expected node, socket, exclusive or core-complex"));
 }
