@@ -41,4 +41,12 @@ std::variant<ErrorFileContent, std::string> parse_error_file(const std::string& 
   return out;
 }
 
+std::optional<std::string> error_file_for_parent(const std::string& child_json, int exit_code) {
+  nlohmann::json doc = nlohmann::json::parse(child_json, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object()) return std::nullopt;
+  if (exit_code != 0 && doc.contains("message") && doc["message"].is_object())
+    doc["message"]["errorCode"] = exit_code;
+  return doc.dump();
+}
+
 }  // namespace ddprun::agent

@@ -97,4 +97,12 @@ std::string format_failure_report(const std::string& script, const std::string& 
   return os.str();
 }
 
+std::string interpreter_hint(const std::string& interpreter, const std::string& origin,
+                             bool missing_torch) {
+  return std::string("The workers ran ") + interpreter + " (" + origin + "), which " +
+         (missing_torch ? "cannot import torch" : "could not run") +
+         ". Choose the interpreter that has torch: set PYTHON_EXEC=/path/to/python, or activate "
+         "its virtual environment (source venv/bin/activate) before ddprun.\n";
+}
+
 }  // namespace ddprun::agent

@@ -22,4 +22,9 @@ std::string format_failure_report(const std::string& script, const std::string& 
                                   const std::vector<ProcessFailure>& failures, int restarts_used,
                                   int max_restarts, LogLoss log_loss = {});
 
+/// Said after the failure report of a Python job whose workers could not import torch or whose
+/// interpreter could not run: which interpreter ran, where it came from, how to pick another.
+std::string interpreter_hint(const std::string& interpreter, const std::string& origin,
+                             bool missing_torch);
+
 }  // namespace ddprun::agent

@@ -22,4 +22,11 @@ class LineBuffer {
   std::string pending_;
 };
 
+/// The text before each console line of one worker: "[<role><local_rank>]:" by default, or
+/// TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE expanded as torchrun 2.x does (Python's
+/// string.Template.safe_substitute): ${role_name} or $role_name, ${rank} (the global rank) and
+/// ${local_rank} are replaced, $$ is a "$", anything else is kept as written.
+std::string console_prefix(std::string_view tmpl, const std::string& role, int rank,
+                           int local_rank);
+
 }  // namespace ddprun::agent

@@ -73,6 +73,22 @@ bool has_stream(launcher::StdStreams set, launcher::StdStreams which) {
   return (static_cast<int>(set) & static_cast<int>(which)) != 0;
 }
 
+/// filtered_stdout.log or filtered_stderr.log of one attempt, shared by every worker's stream:
+/// the lines containing any of the needles (--duplicate_stdout_filters).
+struct FilteredLog {
+  FilteredLog(int fd_, std::vector<std::string> needles_) : fd(fd_), needles(std::move(needles_)) {}
+  FilteredLog(const FilteredLog&) = delete;
+  FilteredLog& operator=(const FilteredLog&) = delete;
+  ~FilteredLog() { ::close(fd); }
+  bool wants(const std::string& line) const {
+    return std::any_of(needles.begin(), needles.end(), [&line](const std::string& needle) {
+      return line.find(needle) != std::string::npos;
+    });
+  }
+  int fd;
+  std::vector<std::string> needles;
+};
+
 /// One stdout or stderr pipe of one worker: lines go to the console (prefixed) and/or a file.
 struct OutputStream {
   OutputStream(asio::io_context& io, int fd) : pipe(io, fd) {}
@@ -83,6 +99,8 @@ struct OutputStream {
   std::string prefix;
   int file_fd = -1;  ///< -1: not written to a file
   std::string file_path;
+  std::shared_ptr<FilteredLog> filtered;  ///< null: no --duplicate_*_filters
+  bool saw_missing_torch = false;         ///< a line said "No module named 'torch'"
   int file_error = 0;       ///< errno of the first failed write to the file (0: none yet)
   long long file_lost = 0;  ///< bytes that did not reach the file
   bool open = true;
@@ -92,6 +110,9 @@ struct OutputStream {
     bool first_failure = false;
     for (const auto& line : done) {
       if (console_fd >= 0) write_all(console_fd, prefix + line + "\n");
+      if (line.find("No module named 'torch'") != std::string::npos) saw_missing_torch = true;
+      if (filtered != nullptr && filtered->wants(line))
+        write_all(filtered->fd, prefix + line + "\n");
       if (file_fd < 0) continue;
       // Later writes are still tried: output resumes once the disk has room again.
       size_t lost = 0;
@@ -199,7 +220,19 @@ class LocalAgent::Impl {
 
   bool prepare_log_root() {
     if (!opt_.log_dir.empty()) {
-      log_root_ = fs::path(opt_.log_dir) / rdzv_.run_id();
+      // <log_dir>/<run_id>_<random>, as torchrun names it: a second run with the same
+      // --rdzv_id (the default is "none") keeps the first run's logs.
+      std::error_code made;
+      fs::create_directories(opt_.log_dir, made);
+      std::string tmpl = (fs::path(opt_.log_dir) / (rdzv_.run_id() + "_XXXXXX")).string();
+      if (::mkdtemp(tmpl.data()) == nullptr) {
+        spdlog::error(
+            "cannot create a run directory in --log_dir {}: {}; pass a writable "
+            "--log_dir",
+            opt_.log_dir, std::strerror(errno));
+        return false;
+      }
+      log_root_ = tmpl;
       spdlog::info("worker logs and error files go to {}/attempt_<n>/<local_rank>/",
                    log_root_.string());
     } else {
@@ -212,7 +245,8 @@ class LocalAgent::Impl {
       log_root_ = tmpl;
       const bool wants_files =
           opt_.redirects.all != launcher::StdStreams::None || !opt_.redirects.per_rank.empty() ||
-          opt_.tee.all != launcher::StdStreams::None || !opt_.tee.per_rank.empty();
+          opt_.tee.all != launcher::StdStreams::None || !opt_.tee.per_rank.empty() ||
+          !opt_.duplicate_stdout_filters.empty() || !opt_.duplicate_stderr_filters.empty();
       if (wants_files)
         spdlog::info("no --log_dir given: worker logs go to {}", log_root_.string());
       else
@@ -442,6 +476,73 @@ class LocalAgent::Impl {
     // Otherwise the rendezvous has not answered this node's report yet.
   }
 
+  /// For a Python job whose workers said "No module named 'torch'" or whose interpreter could
+  /// not start: which interpreter ran and how to choose another.
+  std::optional<std::string> interpreter_trouble() const {
+    if (opt_.interpreter_origin.empty()) return std::nullopt;
+    bool missing_torch = false;
+    bool cannot_run = false;
+    for (const auto& w : workers_) {
+      if (w->err != nullptr && w->err->saw_missing_torch) missing_torch = true;
+      if (!w->launch_error.empty()) cannot_run = true;
+    }
+    if (!missing_torch && !cannot_run) return std::nullopt;
+    return interpreter_hint(opt_.interpreter, opt_.interpreter_origin, missing_torch);
+  }
+
+  /// The failure report names the workers' error files: the private temporary directory they
+  /// are in (no --log_dir) is kept for the user to read instead of removed at exit.
+  void keep_named_error_files() {
+    if (temp_dir_.empty()) return;
+    const bool named = std::any_of(failures_.begin(), failures_.end(), [](const auto& f) {
+      return f.error.has_value() && !f.error_file.empty();
+    });
+    if (!named) return;
+    spdlog::info("the error files named below are kept in {} (remove it when done)",
+                 temp_dir_.string());
+    temp_dir_.clear();
+  }
+
+  /// torchrun's @record: a launcher started with TORCHELASTIC_ERROR_FILE (by a scheduler such
+  /// as TorchX) leaves the root cause's error file there, its exit code filled in.
+  void copy_root_cause_for_parent(const ProcessFailure& root) {
+    auto it = opt_.agent_env.find("TORCHELASTIC_ERROR_FILE");
+    if (it == opt_.agent_env.end() || it->second.empty()) return;
+    const std::string& parent_file = it->second;
+    std::ifstream in(root.error_file);
+    if (root.error_file.empty() || !in) {
+      spdlog::info(
+          "local rank {} failed with no error file: nothing to copy to {} (decorate the "
+          "entry point with @record for a traceback)",
+          root.local_rank, parent_file);
+      return;
+    }
+    std::stringstream text;
+    text << in.rdbuf();
+    const int code = root.status.signal != 0 ? -root.status.signal : root.status.code;
+    auto json = error_file_for_parent(text.str(), code);
+    if (!json) {
+      spdlog::warn("the error file {} is not JSON: not copied to {}", root.error_file, parent_file);
+      return;
+    }
+    const std::string partial = parent_file + ".partial";
+    {
+      std::ofstream out(partial, std::ios::trunc);
+      out << *json;
+      if (!out.flush()) {
+        spdlog::warn("cannot write {}: the root cause is not copied to TORCHELASTIC_ERROR_FILE",
+                     partial);
+        return;
+      }
+    }
+    std::error_code ec;
+    fs::rename(partial, parent_file, ec);
+    if (ec)
+      spdlog::warn("cannot write {}: {}", parent_file, ec.message());
+    else
+      spdlog::info("copied the root cause's error file to TORCHELASTIC_ERROR_FILE {}", parent_file);
+  }
+
   /// The job is over: report and exit as the rendezvous says, the same on every node.
   void conclude(const rdzv::Closed& closed) {
     switch (closed.outcome) {
@@ -453,10 +554,13 @@ class LocalAgent::Impl {
       case rdzv::JobOutcomeKind::Failed:
         break;
     }
-    if (!failures_.empty())
+    if (!failures_.empty()) {
+      keep_named_error_files();
       write_all(STDERR_FILENO, format_failure_report(opt_.script, host_, failures_, restart_count_,
                                                      opt_.spec.max_restarts, log_loss()));
-    else
+      copy_root_cause_for_parent(failures_.front());
+      if (auto hint = interpreter_trouble()) write_all(STDERR_FILENO, *hint);
+    } else
       spdlog::error("the job failed on another node: {}", closed.message);
     // A job that failed without a worker failing (a node was lost) still must not exit 0.
     ExitStatus root{closed.exit_code, closed.signal};
@@ -479,6 +583,10 @@ class LocalAgent::Impl {
     fs::remove_all(attempt_dir, ec);  // a stale error.json must not be blamed on this attempt
     workers_.clear();
     failures_.clear();
+    filtered_out_ =
+        open_filtered_log(attempt_dir, "filtered_stdout.log", opt_.duplicate_stdout_filters);
+    filtered_err_ =
+        open_filtered_log(attempt_dir, "filtered_stderr.log", opt_.duplicate_stderr_filters);
     stop_reason_ = StopReason::None;
     group_ended_ = false;
     const std::string path_env = search_path(opt_.agent_env);
@@ -602,6 +710,8 @@ class LocalAgent::Impl {
     auto standby = plan.handed.find(p.local_rank);
     ProcessSpec spec{plan.executable, opt_.spec.argv, to_envp(plan.envs.at(p.local_rank))};
     spec.cgroup_procs_fd = plan.cgroup_procs_fd;
+    if (static_cast<size_t>(p.local_rank) < opt_.cpus_by_local_rank.size())
+      spec.cpus = opt_.cpus_by_local_rank[static_cast<size_t>(p.local_rank)];
     auto launched = standby != plan.handed.end()
                         ? std::variant<LaunchedProcess, std::string>(standby->second)
                         : launcher_.launch(spec);
@@ -611,8 +721,8 @@ class LocalAgent::Impl {
       const LaunchedProcess& lp = std::get<LaunchedProcess>(launched);
       w.pid = lp.pid;
       w.running = true;
-      w.out = open_stream(lp.stdout_fd, p.local_rank, launcher::StdStreams::Out, dir);
-      w.err = open_stream(lp.stderr_fd, p.local_rank, launcher::StdStreams::Err, dir);
+      w.out = open_stream(lp.stdout_fd, p, launcher::StdStreams::Out, dir);
+      w.err = open_stream(lp.stderr_fd, p, launcher::StdStreams::Err, dir);
       read_more(w.out);
       read_more(w.err);
     }
@@ -746,15 +856,38 @@ class LocalAgent::Impl {
            " cannot import torch: set PYTHON_EXEC to an interpreter that can";
   }
 
-  std::shared_ptr<OutputStream> open_stream(int fd, int local_rank, launcher::StdStreams which,
-                                            const fs::path& dir) {
+  /// The attempt's filtered_*.log for --duplicate_*_filters; null when none are given or the
+  /// file cannot be created (said once: the job goes on without it).
+  static std::shared_ptr<FilteredLog> open_filtered_log(const fs::path& attempt_dir,
+                                                        const std::string& name,
+                                                        const std::vector<std::string>& needles) {
+    if (needles.empty()) return nullptr;
+    std::error_code ec;
+    fs::create_directories(attempt_dir, ec);
+    const fs::path file = attempt_dir / name;
+    const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      spdlog::warn("cannot open {}: {}; filtered lines are not copied", file.string(),
+                   std::strerror(errno));
+      return nullptr;
+    }
+    return std::make_shared<FilteredLog>(fd, needles);
+  }
+
+  std::shared_ptr<OutputStream> open_stream(int fd, const WorkerPlacement& placement,
+                                            launcher::StdStreams which, const fs::path& dir) {
+    const int local_rank = placement.local_rank;
     auto s = std::make_shared<OutputStream>(io_, fd);
     const bool redirected = has_stream(opt_.redirects.for_rank(local_rank), which);
     const bool teed = has_stream(opt_.tee.for_rank(local_rank), which);
     const bool shown = !opt_.console_ranks || opt_.console_ranks->count(local_rank) > 0;
-    if (!redirected && shown)
+    // --tee wins over --redirects, as in torchrun (its tee adds the console to a redirect).
+    if ((!redirected || teed) && shown)
       s->console_fd = which == launcher::StdStreams::Out ? STDOUT_FILENO : STDERR_FILENO;
-    s->prefix = "[" + opt_.spec.role + std::to_string(local_rank) + "]:";
+    auto tmpl = opt_.agent_env.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
+    s->prefix = console_prefix(tmpl == opt_.agent_env.end() ? "" : tmpl->second, opt_.spec.role,
+                               placement.global_rank, local_rank);
+    s->filtered = which == launcher::StdStreams::Out ? filtered_out_ : filtered_err_;
     if (redirected || teed) {
       const fs::path file =
           dir / (which == launcher::StdStreams::Out ? "stdout.log" : "stderr.log");
@@ -834,8 +967,18 @@ class LocalAgent::Impl {
     w.status = status;
     spdlog::debug("local rank {} (pid {}) ended: {}", w.placement.local_rank, w.pid,
                   describe_exit(status));
+    if (status.ok()) return;
     // Healthy -> Failed for this worker, unless the agent itself was stopping the group.
-    if (!status.ok() && stop_reason_ == StopReason::None) record_failure(w);
+    if (stop_reason_ == StopReason::None) return record_failure(w);
+    // Failed too while its group was being stopped for another worker's failure: a worker
+    // that wrote an error file failed on its own (the stop signal writes none), and is
+    // reported with its traceback, as torchrun reports every rank failing together.
+    if (stop_reason_ == StopReason::WorkerFailed && wrote_error_file(w)) record_failure(w);
+  }
+
+  static bool wrote_error_file(const WorkerRuntime& w) {
+    std::error_code ec;
+    return !w.error_file.empty() && fs::file_size(w.error_file, ec) > 0 && !ec;
   }
 
   void record_failure(WorkerRuntime& w) {
@@ -1100,6 +1243,8 @@ class LocalAgent::Impl {
   std::chrono::steady_clock::time_point stop_started_;
   std::string host_;
   fs::path log_root_;
+  std::shared_ptr<FilteredLog> filtered_out_;  ///< this attempt's filtered_stdout.log
+  std::shared_ptr<FilteredLog> filtered_err_;  ///< this attempt's filtered_stderr.log
   fs::path temp_dir_;
   rdzv::RendezvousInfo round_;
   std::vector<std::unique_ptr<WorkerRuntime>> workers_;

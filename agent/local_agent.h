@@ -28,6 +28,13 @@ struct AgentOptions {
   launcher::StdSpec redirects;
   launcher::StdSpec tee;
   std::optional<std::set<int>> console_ranks;  ///< --local_ranks_filter
+  /// --duplicate_stdout_filters / --duplicate_stderr_filters: worker lines containing any of
+  /// these are also written, with their console prefix, to filtered_stdout.log /
+  /// filtered_stderr.log in the attempt directory.
+  std::vector<std::string> duplicate_stdout_filters;
+  std::vector<std::string> duplicate_stderr_filters;
+  /// --numa_binding: the CPUs of each local rank (empty: no binding).
+  std::vector<std::vector<int>> cpus_by_local_rank;
   std::vector<int> signals_to_handle;
   EnvMap agent_env;
   std::string event_log;  ///< --event_log: the recovery timeline ("" for none)
@@ -42,6 +49,11 @@ struct AgentOptions {
   /// the standbys run, which imports torch and waits; "" when the program itself waits (the C++
   /// worker SDK).
   std::string python_bootstrap;
+  /// A Python job's interpreter as found (its path, or the name when not found) and where
+  /// it came from ("PYTHON_EXEC", "the first python3 on PATH"); "" for --no_python. Named in
+  /// the failure report when workers cannot import torch or the interpreter cannot run.
+  std::string interpreter;
+  std::string interpreter_origin;
   /// --standby_preload: modules a Python standby imports besides the script's own imports.
   std::vector<std::string> standby_preload;
   /// Kills what each group leaves behind (--cleanup); nullptr: only the workers' process

@@ -1,6 +1,7 @@
 #include "agent/process_launcher.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -27,8 +28,16 @@ std::vector<char*> to_c_array(const std::vector<std::string>& items) {
 /// Runs in the forked child: only async-signal-safe calls until execve.
 [[noreturn]] void exec_child(const char* exe, char* const* argv, char* const* envp, pid_t parent,
                              int out_w, int err_w, int report_w, int inherit_fd,
-                             int cgroup_procs_fd) {
+                             int cgroup_procs_fd, const cpu_set_t* cpus) {
   ::setpgid(0, 0);
+  // Bound before exec, so every thread the program starts inherits the CPUs. A failure is
+  // reported as -errno: the binding failed, not the exec.
+  if (cpus != nullptr && ::sched_setaffinity(0, sizeof(cpu_set_t), cpus) != 0) {
+    int err = -errno;
+    ssize_t ignored = ::write(report_w, &err, sizeof(err));
+    (void)ignored;
+    ::_exit(127);
+  }
   // "0" is the writer: in the group's cgroup before exec, so before it can fork. A failure
   // leaves it in the agent's cgroup, where the /proc walk still finds what it leaves behind.
   if (cgroup_procs_fd >= 0) {
@@ -74,11 +83,15 @@ std::variant<LaunchedProcess, std::string> PosixProcessLauncher::launch(const Pr
   }
   std::vector<char*> argv = to_c_array(spec.argv);
   std::vector<char*> envp = to_c_array(spec.envp);
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  for (int cpu : spec.cpus)
+    if (cpu >= 0 && cpu < CPU_SETSIZE) CPU_SET(cpu, &cpus);
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid == 0)
     exec_child(spec.executable.c_str(), argv.data(), envp.data(), parent, out[1], err[1], report[1],
-               spec.inherit_fd, spec.cgroup_procs_fd);
+               spec.inherit_fd, spec.cgroup_procs_fd, spec.cpus.empty() ? nullptr : &cpus);
   close_fd(out[1]);
   close_fd(err[1]);
   close_fd(report[1]);
@@ -101,6 +114,8 @@ std::variant<LaunchedProcess, std::string> PosixProcessLauncher::launch(const Pr
     // The child is reaped by the caller's SIGCHLD handling like any other exit.
     close_fd(out[0]);
     close_fd(err[0]);
+    if (child_errno < 0)
+      return "binding to CPUs (--numa_binding): " + std::string(std::strerror(-child_errno));
     return "exec " + spec.executable + ": " + std::strerror(child_errno);
   }
   return LaunchedProcess{pid, out[0], err[0]};

@@ -18,6 +18,8 @@ struct ProcessSpec {
   /// An open cgroup.procs file (GroupCleanup) the process moves itself into before exec, so
   /// that everything it forks is in that cgroup from the start (-1: stay in the agent's).
   int cgroup_procs_fd = -1;
+  /// The CPUs the process is bound to before exec (--numa_binding); empty: the agent's.
+  std::vector<int> cpus = {};
 };
 
 /// A started process: its pid (also its process-group id) and the read ends of its

@@ -49,6 +49,11 @@ struct WorkerSpec {
   std::vector<std::string> argv;  ///< the worker command, resolved by build_worker_command
   int max_restarts = 0;
   std::chrono::milliseconds shutdown_timeout{30000};
+  /// --virtual_local_rank: LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES of one GPU per worker.
+  bool virtual_local_rank = false;
+  /// TORCHELASTIC_SIGNALS_TO_HANDLE as torchrun 2.x exports it: "SIGTERM,SIGINT,..." (the
+  /// signals the agent handles; "" exports nothing).
+  std::string signals_to_handle;
 };
 
 /// Where one worker sits in the job for the current round.

@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "common/strings.h"
+
 namespace ddprun::agent {
 
 std::vector<WorkerPlacement> place_workers(const rdzv::RendezvousInfo& info, int local_world_size) {
@@ -20,6 +22,17 @@ std::vector<WorkerPlacement> place_workers(const rdzv::RendezvousInfo& info, int
   return placements;
 }
 
+std::optional<std::string> virtual_local_rank_problem(const EnvMap& agent_env,
+                                                      int local_world_size) {
+  auto it = agent_env.find("CUDA_VISIBLE_DEVICES");
+  if (it == agent_env.end()) return std::nullopt;
+  const size_t gpus = common::split(it->second, ',').size();
+  if (static_cast<int>(gpus) >= local_world_size) return std::nullopt;
+  return "--virtual_local_rank with " + std::to_string(local_world_size) +
+         " workers per node: CUDA_VISIBLE_DEVICES=" + it->second + " names only " +
+         std::to_string(gpus) + " GPU(s); run as many workers as GPUs or widen it";
+}
+
 bool will_default_omp_threads(const EnvMap& agent_env, int local_world_size) {
   return local_world_size > 1 && agent_env.find("OMP_NUM_THREADS") == agent_env.end();
 }
@@ -28,10 +41,26 @@ EnvMap build_standby_env(const EnvMap& agent_env, const WorkerSpec& spec, int lo
                          const std::string& run_id) {
   EnvMap env = agent_env;
   env["LOCAL_RANK"] = std::to_string(local_rank);
+  if (spec.virtual_local_rank) {
+    // Each worker sees its own GPU as cuda:0: the local rank's entry of the agent's
+    // CUDA_VISIBLE_DEVICES (checked long enough by virtual_local_rank_problem), else the
+    // local rank itself, as torchrun 2.x does.
+    env["LOCAL_RANK"] = "0";
+    std::string visible = std::to_string(local_rank);
+    if (auto it = agent_env.find("CUDA_VISIBLE_DEVICES"); it != agent_env.end()) {
+      const std::vector<std::string> gpus = common::split(it->second, ',');
+      if (local_rank < static_cast<int>(gpus.size()))
+        visible = common::trim(gpus[static_cast<size_t>(local_rank)]);
+    }
+    env["CUDA_VISIBLE_DEVICES"] = visible;
+  }
   env["ROLE_NAME"] = spec.role;
   env["LOCAL_WORLD_SIZE"] = std::to_string(spec.local_world_size);
   env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(spec.max_restarts);
   env["TORCHELASTIC_RUN_ID"] = run_id;
+  // torchrun 2.x puts its --signals_to_handle in its own environment; workers inherit it.
+  if (!spec.signals_to_handle.empty())
+    env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = spec.signals_to_handle;
   // NCCL's async error handling on by default; torch 1.x reads the unprefixed name.
   env.try_emplace("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
   env.try_emplace("NCCL_ASYNC_ERROR_HANDLING", "1");

@@ -1,5 +1,6 @@
 #pragma once
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,11 @@ EnvMap build_worker_env(const EnvMap& agent_env, const WorkerEnvInputs& in);
 /// what a standby process (--standby_workers) starts with.
 EnvMap build_standby_env(const EnvMap& agent_env, const WorkerSpec& spec, int local_rank,
                          const std::string& run_id);
+
+/// Why --virtual_local_rank cannot give each of local_world_size workers its own GPU: the
+/// agent's CUDA_VISIBLE_DEVICES names fewer; nullopt when it can (or the variable is unset).
+std::optional<std::string> virtual_local_rank_problem(const EnvMap& agent_env,
+                                                      int local_world_size);
 
 /// True when build_worker_env will add OMP_NUM_THREADS=1 (the agent prints one notice).
 bool will_default_omp_threads(const EnvMap& agent_env, int local_world_size);

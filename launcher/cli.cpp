@@ -68,6 +68,13 @@ constexpr OptionSpec kOptions[] = {
     {"nproc_per_node", "", false, "N|cpu|gpu|auto", "1", kNodes,
      "Workers per node: a count, cpu (one per core), gpu (one per GPU) or auto (gpu when there "
      "are GPUs, else cpu) (default 1)."},
+    {"virtual_local_rank", "", true, "", "", kNodes,
+     "Every worker gets LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES set to its own GPU (the local "
+     "rank's entry of ddprun's CUDA_VISIBLE_DEVICES, else the local rank), as torchrun does."},
+    {"numa_binding", "", false, "node", "", kNodes,
+     "Bind each worker to the CPUs of its GPU's NUMA node (local rank = GPU index, as in "
+     "torchrun; without GPUs, local ranks go round the NUMA nodes). socket, exclusive and "
+     "core-complex are refused."},
     {"node_rank", "", false, "RANK", "", kNodes,
      "This node's rank, 0..nnodes-1; required on every node by the static rendezvous, honoured "
      "by c10d (default: c10d assigns one; a single node is 0)."},
@@ -140,6 +147,17 @@ constexpr OptionSpec kOptions[] = {
      "Like --redirects, but the streams also stay on the console."},
     {"local_ranks_filter", "", false, "RANKS", "", kLogs,
      "Show only these local ranks on the console, e.g. 0,2 (default: all)."},
+    {"duplicate_stdout_filters", "", false, "TEXT,...", "", kLogs,
+     "Also copy the workers' stdout lines containing any of these texts (\",,\" is a comma) to "
+     "filtered_stdout.log in the attempt's log directory, with their console prefix."},
+    {"duplicate_stderr_filters", "", false, "TEXT,...", "", kLogs,
+     "Like --duplicate_stdout_filters, for stderr lines, to filtered_stderr.log."},
+    {"logs_specs", "", false, "NAME", "", kLogs,
+     "Not supported: ddprun loads no torchrun.logs_specs plugins; given, ddprun stops with an "
+     "error. Logs are laid out as torchrun's default does."},
+    {"event_log_handler", "", false, "null", "null", kLogs,
+     "torchrun's event handler name: only null (the default) is accepted; for ddprun's event "
+     "timeline use --event_log."},
     {"no_slurm_fanout", "", true, "", "", kSlurm,
      "Outside srun on a multi-node SLURM allocation, stop with the srun line to use instead of "
      "rerunning ddprun under srun (one per node)."},
@@ -225,6 +243,63 @@ std::string value_after_equals_of(const OptionSpec& spec,
   return value;
 }
 
+/// The option whose "--name" or "--dashed-name" is exactly `flag` (no value); null when none.
+const OptionSpec* option_named(std::string_view flag) {
+  for (const OptionSpec& spec : kOptions)
+    if (flag == "--" + std::string(spec.name) || flag == "--" + dashed(spec.name)) return &spec;
+  return nullptr;
+}
+
+/// args with each unambiguous abbreviation of a long option expanded, as argparse (and so
+/// torchrun) accepts them: "--nproc=2" is "--nproc_per_node=2". A prefix matching one option,
+/// in either spelling, is that option; one matching several is an error naming them. Only
+/// ddprun's own options are read: the scan stops at "--" or the script.
+std::variant<std::vector<std::string>, UsageError> expand_abbreviations(
+    std::vector<std::string> args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string& arg = args[i];
+    if (arg == "--" || arg.size() < 2 || arg[0] != '-') break;  // the script starts here
+    if (arg[1] != '-') {
+      if (arg.size() == 2 && takes_value(arg)) ++i;  // "-r 3": the next argument is the value
+      continue;
+    }
+    const size_t eq = arg.find('=');
+    const std::string name = arg.substr(0, eq);
+    const OptionSpec* spec = option_named(name);
+    if (spec == nullptr && name.size() > 2) {
+      struct Match {
+        const OptionSpec* spec;  ///< null for --help and --version
+        std::string spelling;    ///< the full spelling the prefix abbreviates
+      };
+      std::vector<Match> matches;
+      for (const OptionSpec& candidate : kOptions) {
+        const std::string with_dashes = "--" + dashed(candidate.name);
+        const std::string underscored = "--" + std::string(candidate.name);
+        if (with_dashes.rfind(name, 0) == 0)
+          matches.push_back({&candidate, with_dashes});
+        else if (underscored.rfind(name, 0) == 0)
+          matches.push_back({&candidate, underscored});
+      }
+      for (const char* info : {"--help", "--version"})
+        if (std::string_view(info).rfind(name, 0) == 0) matches.push_back({nullptr, info});
+      if (matches.size() > 1) {
+        std::string names;
+        for (const Match& match : matches)
+          names += (names.empty() ? "" : ", ") +
+                   (match.spec == nullptr ? match.spelling : "--" + std::string(match.spec->name));
+        return UsageError{"ambiguous option " + name + ": could be " + names +
+                          "; spell it out (see ddprun --help)"};
+      }
+      if (matches.empty()) continue;  // unknown: CLI11 reports it
+      arg = matches.front().spelling + (eq == std::string::npos ? "" : arg.substr(eq));
+      spec = matches.front().spec;
+    }
+    if (spec == nullptr) continue;
+    if (!spec->is_switch && eq == std::string::npos) ++i;  // "--name VALUE"
+  }
+  return args;
+}
+
 /// args reversed for CLI11 (it pops from the back), with two argparse spellings it reads
 /// differently rewritten in place: "--rdzv_id=" (CLI11 would take the next argument as the
 /// value; argparse reads "") and "-r=3" (CLI11 reads "=3"; argparse reads "3"). Rewriting never
@@ -285,6 +360,10 @@ Check parse_nproc(const RawValue& v, LaunchConfig& config) {
     config.nproc_kind = NprocKind::Gpu;
   } else if (lowered == "auto") {
     config.nproc_kind = NprocKind::Auto;
+  } else if (lowered == "xpu") {
+    return common::Error{describe(v) +
+                         ": ddprun cannot count Intel XPUs on this node; give the number of "
+                         "workers, e.g. --nproc_per_node 4"};
   } else {
     auto count = parse_int(lowered);
     if (!count || *count < 1 || *count > 1'000'000) {
@@ -571,6 +650,26 @@ Check parse_local_ranks_filter(const RawValue& v, LaunchConfig& config) {
 }
 
 /// A uuid4-style id, so two standalone jobs on one host never share a rendezvous.
+/// torchrun's comma_separated_list: "a,b" is two texts, ",," a literal comma.
+Check parse_duplicate_filters(const RawValue& v, std::vector<std::string>& filters) {
+  filters.clear();
+  std::string current;
+  const std::string& text = v.text;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != ',') {
+      current += text[i];
+    } else if (i + 1 < text.size() && text[i + 1] == ',') {
+      current += ',';
+      ++i;
+    } else {
+      if (!current.empty()) filters.push_back(current);
+      current.clear();
+    }
+  }
+  if (!current.empty()) filters.push_back(current);
+  return std::nullopt;
+}
+
 std::string random_run_id() {
   std::random_device device;
   std::array<unsigned, 16> bytes{};
@@ -740,6 +839,32 @@ ParseResult build_config(const std::map<std::string_view, RawValue>& raw,
   if (auto e = parse_local_ranks_filter(get("local_ranks_filter"), config))
     return UsageError{e->message};
 
+  if (auto e =
+          parse_duplicate_filters(get("duplicate_stdout_filters"), config.duplicate_stdout_filters))
+    return UsageError{e->message};
+  if (auto e =
+          parse_duplicate_filters(get("duplicate_stderr_filters"), config.duplicate_stderr_filters))
+    return UsageError{e->message};
+  if (get("logs_specs").given)
+    return UsageError{describe(get("logs_specs")) +
+                      ": ddprun loads no torchrun.logs_specs plugins; drop it (logs are laid out "
+                      "as torchrun's DefaultLogsSpecs does: --log_dir, --redirects, --tee)"};
+  if (trim(get("event_log_handler").text) != "null")
+    return UsageError{describe(get("event_log_handler")) +
+                      ": ddprun has no torchrun event handlers; drop it or use null, and pass "
+                      "--event_log PATH for ddprun's recovery timeline"};
+  config.virtual_local_rank = switches.at("virtual_local_rank");
+  if (get("numa_binding").given) {
+    const std::string mode = trim(get("numa_binding").text);
+    if (mode != "node" && mode != "socket" && mode != "exclusive" && mode != "core-complex")
+      return UsageError{describe(get("numa_binding")) +
+                        ": expected node, socket, exclusive or core-complex"};
+    if (mode != "node")
+      return UsageError{describe(get("numa_binding")) +
+                        ": only node is implemented by ddprun; use --numa_binding node"};
+    config.numa_binding = mode;
+  }
+
   config.no_slurm_fanout = switches.at("no_slurm_fanout");
   if (auto e = parse_standby_workers(get("standby_workers"), config)) return UsageError{e->message};
   for (const std::string& piece : split(get("standby_preload").text, ',')) {
@@ -773,7 +898,8 @@ UsageError usage_error_from(const CLI::ParseError& error) {
 
 }  // namespace
 
-ParseResult parse_command_line(const std::vector<std::string>& args, const EnvLookup& env) {
+ParseResult parse_command_line(const std::vector<std::string>& args_as_typed,
+                               const EnvLookup& env) {
   CLI::App app{"ddprun", "ddprun"};
   app.prefix_command();  // the first positional is the script; it and the rest are untouched
   app.set_help_flag("-h,--help");
@@ -792,6 +918,9 @@ ParseResult parse_command_line(const std::vector<std::string>& args, const EnvLo
     }
   }
 
+  auto expanded = expand_abbreviations(args_as_typed);
+  if (auto* error = std::get_if<UsageError>(&expanded)) return *error;
+  const std::vector<std::string>& args = std::get<std::vector<std::string>>(expanded);
   std::vector<std::string> reversed = prepare_for_cli11(args);
   try {
     app.parse(reversed);

@@ -20,11 +20,14 @@
 
 #include "agent/group_cleanup.h"
 #include "agent/local_agent.h"
+#include "agent/numa_binding.h"
 #include "agent/standby_pool.h"
 #include "agent/worker_command.h"
+#include "agent/worker_env.h"
 #include "agent/worker_limits.h"
 #include "common/clock.h"
 #include "common/exit_codes.h"
+#include "common/signals.h"
 #include "common/strings.h"
 #include "launcher/rdzv_plan.h"
 #include "launcher/slurm.h"
@@ -112,6 +115,10 @@ void configure_standbys(const LaunchConfig& config, const agent::CommandRequest&
     else
       spdlog::debug("--standby_workers=auto (the default): no standbys: {}", why);
   };
+  if (!config.numa_binding.empty())
+    return off_because(
+        "--numa_binding binds each worker to its CPUs as it starts; a standby started before "
+        "would not be bound");
   if (!agent::runs_under_python(req, agent::is_executable_file)) {
     if (automatic)
       return off_because(
@@ -180,6 +187,23 @@ common::Result<int> resolve_nproc(const LaunchConfig& config, const NodeResource
       return node.gpus > 0 ? node.gpus : node.cpus;
   }
   return config.nproc_per_node;
+}
+
+/// --numa_binding node: each local rank's CPUs, from the topology under DDPRUN_SYSFS_ROOT (a
+/// test's fake tree) or /sys.
+common::Result<std::vector<std::vector<int>>> numa_cpus(const agent::EnvMap& env, int nproc) {
+  const std::string root = env_or(env, "DDPRUN_SYSFS_ROOT", "/sys");
+  auto topology = agent::read_numa_topology(root);
+  if (!topology)
+    return common::Error{"--numa_binding node: " + topology.error().message +
+                         "; drop --numa_binding"};
+  std::optional<std::string> visible;
+  if (auto it = env.find("CUDA_VISIBLE_DEVICES"); it != env.end()) visible = it->second;
+  auto cpus = agent::cpus_per_local_rank(*topology, nproc, visible);
+  if (cpus)
+    for (size_t local = 0; local < cpus->size(); ++local)
+      spdlog::debug("--numa_binding node: local rank {} on {} CPUs", local, (*cpus)[local].size());
+  return cpus;
 }
 
 int launch(const LaunchConfig& given, const agent::EnvMap& env) {
@@ -307,6 +331,35 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
   agent::CommandRequest req{config.script, config.script_args, config.module, config.no_python,
                             env_or(env, "PYTHON_EXEC", "python3")};
   opt.spec.argv = agent::build_worker_command(req, agent::is_executable_file);
+  if (!config.no_python) {
+    const std::string found =
+        agent::resolve_executable(opt.spec.argv.front(), agent::search_path(env));
+    opt.interpreter = found.empty() ? opt.spec.argv.front() : found;
+    opt.interpreter_origin =
+        env.count("PYTHON_EXEC") > 0 ? "PYTHON_EXEC" : "the first python3 on PATH";
+    spdlog::debug("workers run the Python interpreter {} ({})", opt.interpreter,
+                  opt.interpreter_origin);
+  }
+  opt.spec.virtual_local_rank = config.virtual_local_rank;
+  for (int sig : config.signals_to_handle)
+    opt.spec.signals_to_handle +=
+        (opt.spec.signals_to_handle.empty() ? "" : ",") + common::signal_name(sig);
+  if (config.virtual_local_rank) {
+    if (auto why = agent::virtual_local_rank_problem(env, *nproc)) {
+      spdlog::error("{}", *why);
+      return common::kExitUsage;
+    }
+  }
+  if (!config.numa_binding.empty()) {
+    auto cpus = numa_cpus(env, *nproc);
+    if (!cpus) {
+      spdlog::error("{}", cpus.error().message);
+      return common::kExitUsage;
+    }
+    opt.cpus_by_local_rank = std::move(*cpus);
+  }
+  opt.duplicate_stdout_filters = config.duplicate_stdout_filters;
+  opt.duplicate_stderr_filters = config.duplicate_stderr_filters;
   opt.script = config.script;
   opt.log_dir = config.log_dir;
   opt.redirects = config.redirects;

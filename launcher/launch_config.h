@@ -48,6 +48,10 @@ struct LaunchConfig {
   int max_nodes = 1;
   NprocKind nproc_kind = NprocKind::Count;
   int nproc_per_node = 1;  ///< meaningful when nproc_kind == Count (or after resolution)
+  /// --virtual_local_rank: LOCAL_RANK=0 and one GPU in CUDA_VISIBLE_DEVICES per worker.
+  bool virtual_local_rank = false;
+  /// --numa_binding: "" (off) or "node" (each worker on the CPUs of its GPU's NUMA node).
+  std::string numa_binding;
 
   // Rendezvous.
   bool standalone = false;
@@ -85,6 +89,10 @@ struct LaunchConfig {
   StdSpec redirects;
   StdSpec tee;
   std::optional<std::set<int>> local_ranks_filter;  ///< nullopt: every local rank on the console
+  /// --duplicate_stdout_filters / --duplicate_stderr_filters: lines containing any of these
+  /// are also copied to filtered_stdout.log / filtered_stderr.log of the attempt.
+  std::vector<std::string> duplicate_stdout_filters;
+  std::vector<std::string> duplicate_stderr_filters;
 
   // SLURM.
   bool no_slurm_fanout = false;  ///< refuse instead of rerunning under srun (launcher/slurm.h)

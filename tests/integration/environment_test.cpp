@@ -2,6 +2,8 @@
 #include <signal.h>
 
 #include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
 
 #include "tests/integration/ddprun_runs.h"
 #include "tests/support/subprocess.h"
@@ -151,4 +153,91 @@ TEST_CASE("LOGLEVEL sets how much the agent says", "[agent][integration]") {
   CHECK(chatty.exit_code == 0);
   CHECK(contains(chatty.err, "[ddprun] debug: starting 2 workers"));
   CHECK(contains(chatty.err, "OMP_NUM_THREADS"));
+}
+
+TEST_CASE("with --virtual_local_rank each worker is local rank 0 with its own GPU visible",
+          "[agent][integration]") {
+  auto r =
+      run_command(without_inherited(ddprun_fake({"--nproc_per_node", "2", "--virtual_local_rank"},
+                                                {"env=LOCAL_RANK,CUDA_VISIBLE_DEVICES,RANK"})),
+                  {{"CUDA_VISIBLE_DEVICES", "3,5"}}, kJobLimit);
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  for (int rank = 0; rank < 2; ++rank) {
+    auto env = env_printed_by(r.out, "[default" + std::to_string(rank) + "]:");
+    CHECK(env["RANK"] == std::to_string(rank));
+    CHECK(env["LOCAL_RANK"] == "0");
+    CHECK(env["CUDA_VISIBLE_DEVICES"] == (rank == 0 ? "3" : "5"));
+  }
+}
+
+TEST_CASE("a job with --virtual_local_rank and fewer visible GPUs than workers stops at once",
+          "[agent][integration]") {
+  auto r =
+      run_command(ddprun_fake({"--nproc_per_node", "3", "--virtual_local_rank"}, {"print=started"}),
+                  {{"CUDA_VISIBLE_DEVICES", "0,1"}}, kJobLimit);
+  CHECK(r.exit_code == 64);
+  CHECK(contains(r.err, "CUDA_VISIBLE_DEVICES=0,1 names only 2 GPU(s)"));
+  CHECK_FALSE(contains(r.out, "started"));
+}
+
+TEST_CASE("workers get TORCHELASTIC_SIGNALS_TO_HANDLE naming the signals ddprun handles",
+          "[agent][integration]") {
+  auto plain = run_command(ddprun_fake({}, {"env=TORCHELASTIC_SIGNALS_TO_HANDLE"}), {}, kJobLimit);
+  INFO(plain.err);
+  CHECK(env_printed_by(plain.out, "[default0]:")["TORCHELASTIC_SIGNALS_TO_HANDLE"] ==
+        "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
+  auto chosen = run_command(
+      ddprun_fake({"--signals_to_handle", "term,10"}, {"env=TORCHELASTIC_SIGNALS_TO_HANDLE"}), {},
+      kJobLimit);
+  INFO(chosen.err);
+  CHECK(env_printed_by(chosen.out, "[default0]:")["TORCHELASTIC_SIGNALS_TO_HANDLE"] ==
+        "SIGTERM,SIGUSR1");
+}
+
+TEST_CASE("abbreviated and torchrun 2.x flags reach a real run; an ambiguous one exits 64",
+          "[agent][integration]") {
+  auto r = run_command(
+      ddprun_fake({"--nproc=2", "--max_restart=0", "--redirect=0"}, {"env=LOCAL_WORLD_SIZE"}), {},
+      kJobLimit);
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+  CHECK(env_printed_by(r.out, "[default1]:")["LOCAL_WORLD_SIZE"] == "2");
+  auto ambiguous = run_command(ddprun_fake({"--no", "x"}, {"print=started"}), {}, kJobLimit);
+  CHECK(ambiguous.exit_code == 64);
+  CHECK(contains(ambiguous.err, "ambiguous option --no: could be"));
+  auto numa = run_command(ddprun_fake({"--numa-binding=socket"}, {"print=started"}), {}, kJobLimit);
+  CHECK(numa.exit_code == 64);
+  CHECK(contains(numa.err, "only node is implemented by ddprun"));
+  CHECK_FALSE(contains(numa.out, "started"));
+}
+
+TEST_CASE("with --numa_binding node each worker runs on the CPUs of its NUMA node",
+          "[agent][integration]") {
+  // Two NUMA nodes of one CPU each, laid out like sysfs; no GPU, so local ranks go round them.
+  TempDir sysfs;
+  for (int node = 0; node < 2; ++node) {
+    const std::string dir = sysfs.path() + "/devices/system/node/node" + std::to_string(node);
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir + "/cpulist") << node << "\n";
+  }
+  std::vector<std::string> argv{DDPRUN_BIN,
+                                "--nproc_per_node",
+                                "2",
+                                "--numa_binding",
+                                "node",
+                                "--no_python",
+                                "/bin/grep",
+                                "Cpus_allowed_list:",
+                                "/proc/self/status"};
+  auto r = run_command(argv, {{"DDPRUN_SYSFS_ROOT", sysfs.path()}}, kJobLimit);
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(contains(r.out, "[default0]:Cpus_allowed_list:\t0\n"));
+  CHECK(contains(r.out, "[default1]:Cpus_allowed_list:\t1\n"));
+  // A topology that cannot be read stops ddprun before any worker starts.
+  TempDir empty;
+  auto bad = run_command(argv, {{"DDPRUN_SYSFS_ROOT", empty.path()}}, kJobLimit);
+  CHECK(bad.exit_code == 64);
+  CHECK(contains(bad.err, "--numa_binding node: no NUMA node with CPUs in"));
 }

@@ -1,5 +1,6 @@
 // Worker output: whole prefixed lines on the console, log files under --log_dir, --tee and
 // --local_ranks_filter.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <regex>
@@ -9,6 +10,23 @@
 
 using namespace ddprun::testing;
 namespace fs = std::filesystem;
+
+namespace {
+
+/// The one run directory for `rdzv_id` under `log_dir` (torchrun names it <rdzv_id>_<random>).
+std::string run_dir(const std::string& log_dir, const std::string& rdzv_id) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(log_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name == rdzv_id || name.rfind(rdzv_id + "_", 0) == 0) found.push_back(entry.path());
+  }
+  INFO(log_dir << " holds " << found.size() << " run directories for " << rdzv_id);
+  REQUIRE(found.size() == 1);
+  return found.front();
+}
+
+}  // namespace
 
 TEST_CASE("a last line without a newline still reaches the console with its prefix",
           "[agent][integration]") {
@@ -63,7 +81,7 @@ TEST_CASE("with --redirects 3 each worker's output goes to files under --log_dir
   INFO(r.err);
   CHECK(r.exit_code == 0);
   for (int rank = 0; rank < 2; ++rank) {
-    const std::string dir = logs.path() + "/myrun/attempt_0/" + std::to_string(rank);
+    const std::string dir = run_dir(logs.path(), "myrun") + "/attempt_0/" + std::to_string(rank);
     INFO(dir);
     CHECK(read_file(dir + "/stdout.log") == "to-stdout\n");
     CHECK(read_file(dir + "/stderr.log") == "to-stderr\n");
@@ -81,7 +99,7 @@ TEST_CASE("with --tee 1 stdout goes both to its log file and to the console",
                        {}, kJobLimit);
   INFO(r.err);
   CHECK(r.exit_code == 0);
-  const std::string dir0 = logs.path() + "/myrun/attempt_0/0";
+  const std::string dir0 = run_dir(logs.path(), "myrun") + "/attempt_0/0";
   CHECK(read_file(dir0 + "/stdout.log") == "to-stdout\n");
   CHECK(contains(r.out, "[default0]:to-stdout"));
   CHECK(contains(r.out, "[default1]:to-stdout"));
@@ -112,8 +130,81 @@ TEST_CASE("a restarted group writes its logs to the next attempt directory",
                        {}, kJobLimit);
   INFO(r.err);
   CHECK(r.exit_code == 0);
-  const std::string run = logs.path() + "/myrun";
+  const std::string run = run_dir(logs.path(), "myrun");
   CHECK(read_file(run + "/attempt_0/0/stdout.log") == "TORCHELASTIC_RESTART_COUNT=0\n");
   CHECK(read_file(run + "/attempt_1/0/stdout.log") == "TORCHELASTIC_RESTART_COUNT=1\n");
   CHECK_FALSE(fs::exists(run + "/attempt_2"));
+}
+
+TEST_CASE("lines matching --duplicate_stdout_filters are also copied to filtered_stdout.log",
+          "[agent][integration]") {
+  TempDir logs;
+  auto r = run_command(
+      ddprun_fake(
+          {"--nproc_per_node", "2", "--log_dir", logs.path(), "--rdzv_id", "myrun",
+           "--duplicate_stdout_filters", "keep,,this", "--duplicate-stderr-filters", "warn"},
+          {"print=keep,this one", "print=drop this", "eprint=warn here", "eprint=quiet"}),
+      {}, kJobLimit);
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+  const std::string attempt = run_dir(logs.path(), "myrun") + "/attempt_0";
+  auto out_lines = lines_of(read_file(attempt + "/filtered_stdout.log"));
+  std::sort(out_lines.begin(), out_lines.end());
+  CHECK(out_lines ==
+        std::vector<std::string>{"[default0]:keep,this one", "[default1]:keep,this one"});
+  auto err_lines = lines_of(read_file(attempt + "/filtered_stderr.log"));
+  std::sort(err_lines.begin(), err_lines.end());
+  CHECK(err_lines == std::vector<std::string>{"[default0]:warn here", "[default1]:warn here"});
+  // The console still gets every line.
+  CHECK(contains(r.out, "[default0]:drop this"));
+}
+
+TEST_CASE("with --redirects 3 --tee 3 worker lines reach both the console and the files",
+          "[agent][integration]") {
+  TempDir logs;
+  auto r = run_command(ddprun_fake({"--log_dir", logs.path(), "--redirects", "3", "--tee", "3",
+                                    "--rdzv_id", "myrun"},
+                                   {"print=to-stdout", "eprint=to-stderr"}),
+                       {}, kJobLimit);
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+  const std::string dir = run_dir(logs.path(), "myrun") + "/attempt_0/0";
+  CHECK(read_file(dir + "/stdout.log") == "to-stdout\n");
+  CHECK(read_file(dir + "/stderr.log") == "to-stderr\n");
+  CHECK(contains(r.out, "[default0]:to-stdout"));
+  CHECK(contains(r.err, "[default0]:to-stderr"));
+}
+
+TEST_CASE("two runs with the same --log_dir and --rdzv_id keep both runs' logs",
+          "[agent][integration]") {
+  TempDir logs;
+  for (const std::string text : {"first", "second"}) {
+    auto r =
+        run_command(ddprun_fake({"--log_dir", logs.path(), "--redirects", "3"}, {"print=" + text}),
+                    {}, kJobLimit);
+    INFO(r.err);
+    CHECK(r.exit_code == 0);
+  }
+  // The default --rdzv_id is "none": <log_dir>/none_<random> per run, as torchrun names them.
+  std::vector<std::string> seen;
+  for (const auto& entry : fs::directory_iterator(logs.path())) {
+    const std::string name = entry.path().filename().string();
+    CHECK(name.rfind("none_", 0) == 0);
+    seen.push_back(read_file(entry.path().string() + "/attempt_0/0/stdout.log"));
+  }
+  std::sort(seen.begin(), seen.end());
+  CHECK(seen == std::vector<std::string>{"first\n", "second\n"});
+}
+
+TEST_CASE("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE sets the console prefix of every worker line",
+          "[agent][integration]") {
+  auto r = run_command(ddprun_fake({"--nproc_per_node", "2"}, {"print=hello", "eprint=oops"}),
+                       {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[${role_name}-rank${rank}]: "}},
+                       kJobLimit);
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+  CHECK(contains(r.out, "[default-rank0]: hello"));
+  CHECK(contains(r.out, "[default-rank1]: hello"));
+  CHECK(contains(r.err, "[default-rank1]: oops"));
+  CHECK_FALSE(contains(r.out, "[default0]:"));
 }

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 
 #include "tests/integration/ddprun_runs.h"
 #include "tests/support/subprocess.h"
@@ -182,8 +183,12 @@ TEST_CASE("the failure report shows the message and traceback of the worker's er
                        {}, kJobLimit);
   INFO(r.err);
   CHECK(r.exit_code == 1);
-  const std::string error_file = logs.path() + "/myrun/attempt_0/0/error.json";
-  CHECK(contains(r.err, "error_file: " + error_file));
+  // <log_dir>/myrun_<random>/attempt_0/0/error.json, named in the report.
+  std::smatch named;
+  const std::regex error_file_re("error_file: (" + logs.path() +
+                                 "/myrun_[A-Za-z0-9]{6}/attempt_0/0/error\\.json)");
+  REQUIRE(std::regex_search(r.err, named, error_file_re));
+  const std::string error_file = named[1];
   CHECK(contains(r.err, "ValueError: bad batch 17"));
   CHECK(contains(r.err, "Traceback (most recent call last):"));
   CHECK(contains(r.err, "fake_worker.cpp"));
@@ -301,4 +306,105 @@ TEST_CASE("a standby that never acknowledges its hand-over is killed and its ran
   const auto pids = lines_of(read_file(pidfile));
   CHECK(pids.size() >= 2);  // the restarted group may have started its own before it ended
   for (const std::string& pid : pids) CHECK(wait_gone(static_cast<pid_t>(std::stol(pid))));
+}
+
+TEST_CASE("without --log_dir the error file the failure report names is still there to read",
+          "[agent][integration]") {
+  auto r = run_command(ddprun_fake({}, {"error_file=ValueError: kept", "exit=1"}), {}, kJobLimit);
+  INFO(r.err);
+  CHECK(r.exit_code == 1);
+  std::smatch named;
+  REQUIRE(std::regex_search(r.err, named, std::regex("error_file: (/\\S+/error\\.json)")));
+  const std::string error_file = named[1];
+  CHECK(contains(read_file(error_file), "ValueError: kept"));
+  // The kept directory is said, so the user can remove it.
+  const std::string root = error_file.substr(0, error_file.find("/attempt_0/"));
+  CHECK(contains(r.err, "kept in " + root));
+  std::filesystem::remove_all(root);
+}
+
+TEST_CASE("two ranks failing together are both reported with their tracebacks",
+          "[agent][integration]") {
+  // Rank 0 fails after half a second; rank 1, which ignores the stop signal, fails on its own
+  // with an error file a second later, while its group is being stopped.
+  auto both = run_command(ddprun_fake({"--nproc_per_node", "2", "--shutdown_timeout", "20"},
+                                      {"ignore=15", "error_file=ValueError: both", "sleep=500",
+                                       "exit_if_rank=0:1", "sleep=1000", "exit=2"}),
+                          {}, kJobLimit);
+  INFO(both.err);
+  CHECK(both.exit_code == 1);
+  CHECK(contains(both.err, "rank      : 0 (local_rank: 0)"));
+  CHECK(contains(both.err, "rank      : 1 (local_rank: 1)"));
+  CHECK(contains(both.err, "exitcode  : 2"));
+  size_t tracebacks = 0;
+  for (size_t at = both.err.find("Traceback"); at != std::string::npos;
+       at = both.err.find("Traceback", at + 1))
+    ++tracebacks;
+  CHECK(tracebacks == 2);
+}
+
+TEST_CASE("a launcher started with TORCHELASTIC_ERROR_FILE leaves the root cause's error there",
+          "[agent][integration]") {
+  TempDir dir;
+  const std::string parent_file = dir.path() + "/launcher_error.json";
+  auto r = run_command(ddprun_fake({}, {"error_file=ValueError: for the scheduler", "exit=3"}),
+                       {{"TORCHELASTIC_ERROR_FILE", parent_file}}, kJobLimit);
+  INFO(r.err);
+  CHECK(r.exit_code == 3);
+  auto parent = nlohmann::json::parse(read_file(parent_file));
+  CHECK(parent["message"]["message"] == "ValueError: for the scheduler");
+  CHECK(parent["message"]["errorCode"] == 3);
+  CHECK(contains(parent["message"]["extraInfo"]["py_callstack"].get<std::string>(),
+                 "fake_worker.cpp"));
+}
+
+namespace {
+
+/// Writes an executable shell script.
+void write_script(const std::string& path, const std::string& body) {
+  {
+    std::ofstream out(path);
+    out << "#!/bin/sh\n" << body;
+  }
+  std::filesystem::permissions(path, std::filesystem::perms::owner_all);
+}
+
+}  // namespace
+
+TEST_CASE("a python3 on PATH without torch is named in the failure report with the way out",
+          "[agent][integration]") {
+  TempDir dir;
+  // What a pyenv shim or an inactive venv's python3 does with a torch script.
+  write_script(dir.path() + "/python3",
+               "echo \"ModuleNotFoundError: No module named 'torch'\" >&2\nexit 1\n");
+  write_script(dir.path() + "/train.py", "");
+  auto r =
+      run_command({"/usr/bin/env", "-u", "PYTHON_EXEC", "PATH=" + dir.path() + ":/usr/bin:/bin",
+                   "LOGLEVEL=DEBUG", DDPRUN_BIN, "--standby_workers=off", dir.path() + "/train.py"},
+                  {}, kJobLimit);
+  INFO(r.err);
+  CHECK(r.exit_code == 1);
+  CHECK(contains(r.err, "workers run the Python interpreter " + dir.path() +
+                            "/python3 (the first python3 on PATH)"));
+  CHECK(contains(r.err, "The workers ran " + dir.path() +
+                            "/python3 (the first python3 on PATH), which cannot import torch"));
+  CHECK(contains(r.err, "set PYTHON_EXEC=/path/to/python, or activate its virtual environment"));
+}
+
+TEST_CASE("a PYTHON_EXEC that cannot run is named in the failure report", "[agent][integration]") {
+  TempDir dir;
+  write_script(dir.path() + "/train.py", "");
+  auto r = run_command({DDPRUN_BIN, "--standby_workers=off", dir.path() + "/train.py"},
+                       {{"PYTHON_EXEC", dir.path() + "/no-such-python"}}, kJobLimit);
+  INFO(r.err);
+  CHECK(r.exit_code != 0);
+  CHECK(contains(r.err, "The workers ran " + dir.path() +
+                            "/no-such-python (PYTHON_EXEC), which could not run"));
+}
+
+TEST_CASE("a job that fails for another reason gets no interpreter hint", "[agent][integration]") {
+  auto r =
+      run_command(ddprun_fake({}, {"eprint=No module named 'torch'", "exit=1"}), {}, kJobLimit);
+  CHECK(r.exit_code == 1);
+  CHECK_FALSE(contains(r.err, "The workers ran"));  // --no_python: ddprun chose no interpreter
 }

@@ -1,6 +1,7 @@
 #include "agent/error_file.h"
 
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 using namespace ddprun::agent;
 
@@ -31,4 +32,23 @@ TEST_CASE("a broken error file is reported, not trusted", "[agent][unit]") {
   auto missing = parse_error_file(R"({"error": "x"})");
   REQUIRE(std::holds_alternative<std::string>(missing));
   CHECK(std::get<std::string>(missing).find("message") != std::string::npos);
+}
+
+TEST_CASE("the error file for a launcher's parent carries the root cause's exit code",
+          "[agent][unit]") {
+  const std::string child =
+      R"({"message": {"message": "ValueError: x", "extraInfo": {"py_callstack": "tb",)"
+      R"( "timestamp": "1700000000"}}})";
+  auto parent = error_file_for_parent(child, -9);
+  REQUIRE(parent.has_value());
+  auto parsed = nlohmann::json::parse(*parent);
+  CHECK(parsed["message"]["errorCode"] == -9);
+  CHECK(parsed["message"]["message"] == "ValueError: x");
+  CHECK(parsed["message"]["extraInfo"]["py_callstack"] == "tb");
+  // A plain-string message (the newer format) is copied as it is.
+  auto plain = error_file_for_parent(R"({"message": "boom", "timestamp": 1})", 1);
+  REQUIRE(plain.has_value());
+  CHECK(nlohmann::json::parse(*plain) ==
+        nlohmann::json::parse(R"({"message": "boom", "timestamp": 1})"));
+  CHECK_FALSE(error_file_for_parent("not json", 1).has_value());
 }

@@ -73,3 +73,15 @@ TEST_CASE("the report counts the output lost to failed log writes", "[agent][uni
   CHECK(report.find("Log writes: failed for 2 file(s), 4096 bytes of output lost") !=
         std::string::npos);
 }
+
+TEST_CASE("the interpreter hint names the interpreter and its origin and how to change it",
+          "[agent][unit]") {
+  const std::string hint =
+      interpreter_hint("/home/u/.pyenv/shims/python3", "the first python3 on PATH", true);
+  CHECK(hint ==
+        "The workers ran /home/u/.pyenv/shims/python3 (the first python3 on PATH), which cannot "
+        "import torch. Choose the interpreter that has torch: set PYTHON_EXEC=/path/to/python, "
+        "or activate its virtual environment (source venv/bin/activate) before ddprun.\n");
+  CHECK_THAT(interpreter_hint("/opt/py", "PYTHON_EXEC", false),
+             Catch::Matchers::Contains("/opt/py (PYTHON_EXEC), which could not run"));
+}

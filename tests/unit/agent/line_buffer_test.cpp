@@ -24,3 +24,13 @@ TEST_CASE("an endless line is cut into bounded pieces", "[agent][unit]") {
   CHECK(b.feed("abcdefghij") == Lines{"abcd", "efgh"});
   CHECK(b.finish() == Lines{"ij"});
 }
+
+TEST_CASE("console prefixes follow TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE as torchrun expands it",
+          "[agent][unit]") {
+  CHECK(console_prefix("", "default", 5, 1) == "[default1]:");
+  CHECK(console_prefix("[rank${rank}]: ", "default", 5, 1) == "[rank5]: ");
+  CHECK(console_prefix("$role_name/$local_rank|${rank}:", "trainer", 7, 3) == "trainer/3|7:");
+  // Python's safe_substitute: "$$" is "$"; unknown or malformed placeholders stay as written.
+  CHECK(console_prefix("$$${host}$ ${rank", "r", 0, 0) == "$${host}$ ${rank");
+  CHECK(console_prefix("${rank}$", "r", 2, 0) == "2$");
+}

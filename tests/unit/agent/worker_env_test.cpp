@@ -84,3 +84,39 @@ TEST_CASE("global ranks are contiguous per node", "[agent][unit]") {
 TEST_CASE("the environment becomes K=V strings for execve", "[agent][unit]") {
   CHECK(to_envp({{"A", "1"}, {"B", "x=y"}}) == std::vector<std::string>{"A=1", "B=x=y"});
 }
+
+TEST_CASE("with --virtual_local_rank every worker is local rank 0 and sees only its own GPU",
+          "[agent][unit]") {
+  WorkerSpec spec;
+  spec.local_world_size = 2;
+  spec.virtual_local_rank = true;
+  EnvMap unset = build_standby_env({}, spec, 1, "job");
+  CHECK(unset.at("LOCAL_RANK") == "0");
+  CHECK(unset.at("CUDA_VISIBLE_DEVICES") == "1");
+  EnvMap mapped = build_standby_env({{"CUDA_VISIBLE_DEVICES", "4, 6"}}, spec, 1, "job");
+  CHECK(mapped.at("LOCAL_RANK") == "0");
+  CHECK(mapped.at("CUDA_VISIBLE_DEVICES") == "6");
+  spec.virtual_local_rank = false;
+  EnvMap plain = build_standby_env({{"CUDA_VISIBLE_DEVICES", "4,6"}}, spec, 1, "job");
+  CHECK(plain.at("LOCAL_RANK") == "1");
+  CHECK(plain.at("CUDA_VISIBLE_DEVICES") == "4,6");
+}
+
+TEST_CASE("the option --virtual_local_rank needs a GPU per worker in CUDA_VISIBLE_DEVICES",
+          "[agent][unit]") {
+  CHECK_FALSE(virtual_local_rank_problem({}, 8).has_value());
+  CHECK_FALSE(virtual_local_rank_problem({{"CUDA_VISIBLE_DEVICES", "0,1"}}, 2).has_value());
+  auto why = virtual_local_rank_problem({{"CUDA_VISIBLE_DEVICES", "0,1"}}, 3);
+  REQUIRE(why.has_value());
+  CHECK(*why ==
+        "--virtual_local_rank with 3 workers per node: CUDA_VISIBLE_DEVICES=0,1 names only 2 "
+        "GPU(s); run as many workers as GPUs or widen it");
+}
+
+TEST_CASE("workers get TORCHELASTIC_SIGNALS_TO_HANDLE as torchrun 2.x exports it",
+          "[agent][unit]") {
+  WorkerSpec spec;
+  spec.signals_to_handle = "SIGTERM,SIGUSR1";
+  CHECK(build_standby_env({{"TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGINT"}}, spec, 0, "job")
+            .at("TORCHELASTIC_SIGNALS_TO_HANDLE") == "SIGTERM,SIGUSR1");
+}

@@ -786,3 +786,77 @@ TEST_CASE("the option --standby_preload takes Python module names", "[launcher][
         "--standby_preload numpy,os.path;rm: \"os.path;rm\" is not a Python module name; expected "
         "e.g. numpy,torchvision.models");
 }
+
+TEST_CASE("an unambiguous abbreviation of a long option is that option as argparse reads it",
+          "[launcher][unit]") {
+  const LaunchConfig config =
+      parse_ok({"--nproc=2", "--redirect=3", "--max_restart", "1", "--rdzv-end", "head:29400",
+                "--no-py", "train.sh", "--nproc=7", "--max_restart"});
+  CHECK(config.nproc_per_node == 2);
+  CHECK(config.redirects.all == StdStreams::All);
+  CHECK(config.max_restarts == 1);
+  CHECK(config.rdzv_endpoint == "head:29400");
+  CHECK(config.no_python);
+  CHECK(config.script == "train.sh");
+  // The script's arguments are never expanded.
+  CHECK(config.script_args == Args{"--nproc=7", "--max_restart"});
+}
+
+TEST_CASE("an abbreviation taken as a value is left alone", "[launcher][unit]") {
+  const LaunchConfig config =
+      parse_ok({"--role", "--nproc", "--rdzv_id", "--tee", "-r", "1", "train.py"});
+  CHECK(config.role == "--nproc");
+  CHECK(config.rdzv_id == "--tee");
+  CHECK(config.redirects.all == StdStreams::Out);
+  CHECK(config.tee.all == StdStreams::None);
+  CHECK(config.nproc_per_node == 1);
+}
+
+TEST_CASE("an ambiguous abbreviation is refused naming every option it could be",
+          "[launcher][unit]") {
+  const std::string message = parse_error({"--no", "train.py"});
+  CHECK_THAT(message, StartsWith("ambiguous option --no: could be "));
+  CHECK_THAT(message, Contains("--no_python"));
+  CHECK_THAT(message, Contains("--no_slurm_fanout"));
+  // The dashed and underscored spellings of one option are one option.
+  CHECK_THAT(parse_error({"--rdzv", "train.py"}),
+             Contains("--rdzv_backend, --rdzv_endpoint, --rdzv_id, --rdzv_conf"));
+  CHECK_THAT(parse_error({"--m", "x", "train.py"}), Contains("--master_addr"));
+}
+
+TEST_CASE("abbreviations of --help and --version work when unambiguous", "[launcher][unit]") {
+  CHECK_THAT(parse_info({"--hel"}), StartsWith("Usage: ddprun"));
+  CHECK_THAT(parse_info({"--vers"}), StartsWith("ddprun"));
+}
+
+TEST_CASE("torchrun 2.x flags are accepted where ddprun does what they ask", "[launcher][unit]") {
+  const LaunchConfig config =
+      parse_ok({"--virtual-local-rank", "--duplicate-stdout-filters", "loss,,acc,nan",
+                "--duplicate_stderr_filters=NCCL", "--event-log-handler", "null", "train.py"});
+  CHECK(config.virtual_local_rank);
+  CHECK(config.duplicate_stdout_filters == Args{"loss,acc", "nan"});
+  CHECK(config.duplicate_stderr_filters == Args{"NCCL"});
+  const LaunchConfig defaults = parse_ok({"train.py"});
+  CHECK_FALSE(defaults.virtual_local_rank);
+  CHECK(defaults.duplicate_stdout_filters.empty());
+  CHECK(parse_ok({"train.py"}, {{"PET_VIRTUAL_LOCAL_RANK", "1"}}).virtual_local_rank);
+}
+
+TEST_CASE("torchrun 2.x flags ddprun does not implement are refused saying so",
+          "[launcher][unit]") {
+  CHECK_THAT(parse_error({"--logs-specs", "mine", "train.py"}),
+             StartsWith("--logs-specs mine: ddprun loads no torchrun.logs_specs plugins"));
+  CHECK_THAT(parse_error({"--event_log_handler", "console", "train.py"}),
+             Contains("--event_log PATH"));
+  CHECK_THAT(parse_error({"--numa-binding", "socket", "train.py"}),
+             StartsWith("--numa-binding socket: only node is implemented by ddprun"));
+  CHECK(parse_ok({"--numa_binding", "node", "train.py"}).numa_binding == "node");
+  CHECK_THAT(parse_error({"--numa_binding", "rack", "train.py"}),
+             Contains("expected node, socket, exclusive or core-complex"));
+}
+
+TEST_CASE("the option --nproc_per_node xpu is refused with what to give instead",
+          "[launcher][unit]") {
+  CHECK_THAT(parse_error({"--nproc-per-node", "xpu", "train.py"}),
+             StartsWith("--nproc-per-node xpu: ddprun cannot count Intel XPUs"));
+}
