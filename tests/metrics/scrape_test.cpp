@@ -133,4 +133,22 @@ TEST_CASE("the metrics port binds to loopback unless --metrics_host says otherwi
   CHECK(contains(r.err, "pick another --metrics_port"));
 }
 
+TEST_CASE("ddprun refuses a bad --metrics_port or an empty --metrics_host before it starts",
+          "[metrics][integration]") {
+  auto r = run_command(ddprun_fake({"--metrics_port", "70000"}, {"exit=0"}), {}, 10s);
+  CHECK(r.exit_code == 64);
+  CHECK(contains(r.err, "--metrics_port 70000: expected a port 1..65535"));
+  r = run_command(ddprun_fake({"--metrics_port", "9400", "--metrics_host", ""}, {"exit=0"}), {},
+                  10s);
+  CHECK(r.exit_code == 64);
+  CHECK(contains(r.err, "needs a host name or address"));
+  // Taken by another program: the job does not start.
+  const int port = free_port();
+  Daemon daemon({"--metrics_port", std::to_string(port)});
+  r = run_command(ddprun_fake({"--metrics_port", std::to_string(port)}, {"print=ran"}), {}, 10s);
+  CHECK(r.exit_code == 64);
+  CHECK(contains(r.err, "pick another --metrics_port"));
+  CHECK_FALSE(contains(r.out, "ran"));
+}
+
 }  // namespace ddprun::testing
