@@ -202,7 +202,10 @@ class LocalAgent::Impl {
         return job_exit_code(JobOutcome::of(JobEnd::Internal));
       }
     }
-    if (events_.enabled() || opt_.watchdog_timeout.count() > 0) open_report_socket();
+    // The workers' milestones feed the event log, the watchdog and the recovery phases of the
+    // metrics.
+    if (events_.enabled() || opt_.watchdog_timeout.count() > 0 || opt_.metrics != nullptr)
+      open_report_socket();
     install_signals();
     rdzv_.set_notice_handler([this](rdzv::Notice notice) { on_notice(std::move(notice)); });
     if (will_default_omp_threads(opt_.agent_env, opt_.spec.local_world_size))
@@ -302,7 +305,9 @@ class LocalAgent::Impl {
   // ---- event log and worker reports -------------------------------------------------------
 
   void emit(const std::string& event, const nlohmann::json& fields = nlohmann::json::object()) {
-    events_.write(event, fields, std::chrono::steady_clock::now());
+    const auto at = std::chrono::steady_clock::now();
+    events_.write(event, fields, at);
+    if (opt_.metrics != nullptr) opt_.metrics->observe(event, fields, at);
   }
 
   /// Workers (through the SDK) send JSON datagrams here: progress heartbeats for the watchdog

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/agent_metrics.h"
 #include "agent/group_cleanup.h"
 #include "agent/process_launcher.h"
 #include "agent/worker.h"
@@ -59,6 +60,9 @@ struct AgentOptions {
   /// Kills what each group leaves behind (--cleanup); nullptr: only the workers' process
   /// groups are killed.
   GroupCleanup* cleanup = nullptr;
+  /// --metrics_port: every event the agent records also goes to these metrics (nullptr: none).
+  /// Must outlive the agent.
+  AgentMetrics* metrics = nullptr;
   /// Runs once when the job has ended, before run() returns (e.g. to stop an embedded server).
   std::function<void()> on_finish;
 };

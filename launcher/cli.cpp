@@ -140,6 +140,11 @@ constexpr OptionSpec kOptions[] = {
     {"event_log", "", false, "PATH", "", kLogs,
      "Append the recovery timeline (rendezvous, starts, failures, teardowns, restarts, and "
      "what workers report) to PATH as JSON lines; see ddprun events summarize."},
+    {"metrics_port", "", false, "PORT", "", kLogs,
+     "Serve this agent's Prometheus metrics at http://<metrics_host>:PORT/metrics (workers, "
+     "restarts, failures, round, standbys, the last recovery's phases) (default: off)."},
+    {"metrics_host", "", false, "HOST", "127.0.0.1", kLogs,
+     "Address the --metrics_port endpoint listens on (default 127.0.0.1: this host only)."},
     {"redirects", "r", false, "STD", "0", kLogs,
      "Send worker streams to files in --log_dir instead of the console: 0 none, 1 stdout, "
      "2 stderr, 3 both; per local rank as 0:1,1:2 (default 0)."},
@@ -501,6 +506,17 @@ Check parse_master_port(const RawValue& v, LaunchConfig& config) {
   return std::nullopt;
 }
 
+Check parse_metrics(const RawValue& port, const RawValue& host, LaunchConfig& config) {
+  config.metrics_host = trim(host.text);
+  if (config.metrics_host.empty())
+    return common::Error{describe(host) + ": needs a host name or address, e.g. 127.0.0.1"};
+  if (!port.given) return std::nullopt;
+  const std::string text = trim(port.text);
+  if (!valid_port(text)) return common::Error{describe(port) + ": expected a port 1..65535"};
+  config.metrics_port = static_cast<int>(*parse_int(text));
+  return std::nullopt;
+}
+
 Check parse_max_restarts(const RawValue& v, LaunchConfig& config) {
   auto restarts = parse_int(trim(v.text));
   if (!restarts) return common::Error{describe(v) + ": expected a whole number, 0 or more"};
@@ -834,6 +850,8 @@ ParseResult build_config(const std::map<std::string_view, RawValue>& raw,
 
   config.log_dir = get("log_dir").text;
   config.event_log = get("event_log").text;
+  if (auto e = parse_metrics(get("metrics_port"), get("metrics_host"), config))
+    return UsageError{e->message};
   if (auto e = parse_std_spec(get("redirects"), config.redirects)) return UsageError{e->message};
   if (auto e = parse_std_spec(get("tee"), config.tee)) return UsageError{e->message};
   if (auto e = parse_local_ranks_filter(get("local_ranks_filter"), config))

@@ -18,6 +18,7 @@
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "agent/agent_metrics.h"
 #include "agent/group_cleanup.h"
 #include "agent/local_agent.h"
 #include "agent/numa_binding.h"
@@ -31,6 +32,9 @@
 #include "common/strings.h"
 #include "launcher/rdzv_plan.h"
 #include "launcher/slurm.h"
+#include "metrics/exposition.h"
+#include "metrics/http_server.h"
+#include "rendezvous/endpoint.h"
 #include "rendezvous/local_host.h"
 #include "rendezvous/local_rendezvous.h"
 #include "rendezvous/network_rendezvous.h"
@@ -430,7 +434,21 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
     linger.cancel();
     io.stop();
   };
+  // --metrics_port: the agent's metrics, served on the agent's own io_context (one thread: a
+  // scrape runs between the agent's handlers) until the job ends.
+  agent::AgentMetrics agent_metrics;
+  metrics::HttpServer metrics_http(io, metrics::metrics_handler(agent_metrics.registry()));
+  if (config.metrics_port != 0) {
+    if (auto why = metrics_http.listen(config.metrics_host, config.metrics_port)) {
+      spdlog::error("{}; pick another --metrics_port", why->message);
+      return common::kExitUsage;
+    }
+    spdlog::info("serving metrics on http://{}/metrics",
+                 rdzv::format_endpoint(config.metrics_host, metrics_http.port()));
+    opt.metrics = &agent_metrics;
+  }
   opt.on_finish = [&] {
+    metrics_http.shutdown();
     if (plan.single_node) return;
     draining = (server ? 1 : 0) + (network ? 1 : 0);
     if (draining == 0) return io.stop();

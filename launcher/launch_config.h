@@ -86,6 +86,8 @@ struct LaunchConfig {
   // Logs.
   std::string log_dir;    ///< "" when not given
   std::string event_log;  ///< --event_log: JSON lines of the recovery timeline ("" none)
+  int metrics_port = 0;   ///< --metrics_port: serve GET /metrics there (0: off)
+  std::string metrics_host = "127.0.0.1";  ///< --metrics_host
   StdSpec redirects;
   StdSpec tee;
   std::optional<std::set<int>> local_ranks_filter;  ///< nullopt: every local rank on the console

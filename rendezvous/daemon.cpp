@@ -15,8 +15,11 @@
 #include "common/signals.h"
 #include "common/strings.h"
 #include "common/version.h"
+#include "metrics/exposition.h"
+#include "metrics/http_server.h"
 #include "rendezvous/auth.h"
 #include "rendezvous/server.h"
+#include "rendezvous/server_metrics.h"
 
 namespace ddprun::rdzv {
 
@@ -59,6 +62,11 @@ std::variant<DaemonConfig, DaemonExit> parse_daemon_args(const std::vector<std::
                  "PEM private key of --tls_cert (not readable by others)");
   app.add_option("--tls_ca,--tls-ca", config.tls.ca,
                  "PEM CA certificate(s): every client must present a certificate it signed");
+  app.add_option("--metrics_port,--metrics-port", config.metrics_port,
+                 "serve Prometheus metrics at http://<metrics_host>:<port>/metrics (default: off)")
+      ->check(CLI::Range(1, 65535));
+  app.add_option("--metrics_host,--metrics-host", config.metrics_host,
+                 "address the metrics endpoint listens on (default 127.0.0.1, this host only)");
   app.set_version_flag("--version", common::version_line("ddprun-rdzvd"));
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   try {
@@ -129,11 +137,26 @@ int run_daemon(const DaemonConfig& config) {
   }
   boost::asio::io_context io;
   common::SteadyClock clock;
+  ServerMetrics server_metrics;  // outlives the server, which counts into it
   RendezvousServer server(io, clock, config.limits, secret, tls);
   if (auto why = server.listen(config.host, config.port)) {
     spdlog::error("{}; is another ddprun-rdzvd or agent using the port? pick another --port",
                   why->message);
     return common::kExitRendezvous;
+  }
+  // The metrics endpoint shares the io_context: a scrape reads the server's state between two
+  // of its handlers, never concurrently.
+  server.set_metrics(&server_metrics);
+  metrics::HttpServer metrics_http(
+      io,
+      metrics::metrics_handler(server_metrics.registry(), [&server] { server.refresh_metrics(); }));
+  if (config.metrics_port != 0) {
+    if (auto why = metrics_http.listen(config.metrics_host, config.metrics_port)) {
+      spdlog::error("{}; pick another --metrics_port", why->message);
+      return common::kExitUsage;
+    }
+    spdlog::info("serving metrics on http://{}/metrics",
+                 format_endpoint(config.metrics_host, metrics_http.port()));
   }
   const char* tls_note = !tls                    ? ""
                          : config.tls.ca.empty() ? ", TLS"
@@ -157,6 +180,7 @@ int run_daemon(const DaemonConfig& config) {
     // Shutdown is cancellation: the server stops accepting, writes what it queued (a "closed"
     // for the nodes) and ends its sessions, within kShutdownDeadline; run() returns then.
     server.shutdown(kShutdownDeadline);
+    metrics_http.shutdown();
   });
   io.run();
   return received == 0 ? common::kExitInternal : common::kExitSuccess;

@@ -16,6 +16,8 @@ struct DaemonConfig {
   ServerLimits limits;
   std::string secret_file;  ///< --secret_file, else $DDPRUN_RDZV_SECRET_FILE; "" for none
   TlsFiles tls;             ///< --tls_cert, --tls_key, --tls_ca; none: plain TCP
+  int metrics_port = 0;     ///< --metrics_port: serve GET /metrics there (0: off)
+  std::string metrics_host = "127.0.0.1";  ///< --metrics_host
 };
 
 /// Parses ddprun-rdzvd's arguments; a message (help text or error) when it should not run.

@@ -138,6 +138,7 @@ void RendezvousServer::accept_next() {
     if (ec == asio::error::operation_aborted || stopped_) return;
     note_awake();
     if (!ec) {
+      if (metrics_) metrics_->connection_accepted();
       tune_socket(socket, kServerSocketTimeout);
       const std::uint64_t id = next_session_++;
       std::optional<TlsRole> role;
@@ -290,6 +291,7 @@ void RendezvousServer::warn_peer(const std::string& peer, const std::string& mes
 }
 
 void RendezvousServer::refuse(Session& session, const std::string& message, RefusalKind kind) {
+  if (metrics_) metrics_->refused(kind);
   warn_peer(session.conn->peer(), message);
   session.conn->send(to_json(ServerMessage{Refused{kind, message}}));
   session.conn->close_after_writes();
@@ -354,11 +356,13 @@ void RendezvousServer::on_closed(std::uint64_t id, const std::string& why) {
   const std::string run_id = it->second.run_id;
   const std::string node_id = it->second.node_id;
   // A bad frame, the write limit or a TLS failure: say so (a peer that just closed is no news).
-  if (why.rfind("bad frame from ", 0) == 0)
+  if (why.rfind("bad frame from ", 0) == 0) {
+    if (metrics_) metrics_->bad_frame();
     warn_peer(it->second.conn->peer(), "bad frame: " + why.substr(why.find(": ") + 2));
-  else if (it->second.conn->tls_failed() ||
-           why.find(" wait unread, over the limit of ") != std::string::npos)
+  } else if (it->second.conn->tls_failed() ||
+             why.find(" wait unread, over the limit of ") != std::string::npos) {
     warn_peer(it->second.conn->peer(), "closed: " + why);
+  }
   sessions_.erase(it);
   if (node_id.empty()) return;
   auto route = routes_.find({run_id, node_id});
@@ -371,7 +375,15 @@ void RendezvousServer::on_closed(std::uint64_t id, const std::string& why) {
 void RendezvousServer::apply(const std::string& run_id, const Event& event) {
   auto job = jobs_.find(run_id);
   if (job == jobs_.end()) return;
-  StepResult r = step(std::move(job->second.state), event, clock_.now());
+  const TimePoint now = clock_.now();
+  ServerMetrics::Before before;
+  if (metrics_) {
+    const JobState& s = job->second.state;
+    before = {s.phase, s.round_started, s.restart_count, s.nodes.size()};
+  }
+  StepResult r = step(std::move(job->second.state), event, now);
+  // Metrics come from what step() returned, never from inside it (it stays pure).
+  if (metrics_) metrics_->stepped(before, event, r, now);
   job->second.state = std::move(r.state);
   // The deadline index holds each job's wake_at once, so the timer finds the earliest in
   // O(log jobs) however many jobs the server holds.
@@ -463,6 +475,17 @@ void RendezvousServer::session_drained() {
   shutdown_timer_.cancel();
   if (drained_) drained_();
   drained_ = nullptr;
+}
+
+void RendezvousServer::refresh_metrics() const {
+  if (!metrics_) return;
+  std::map<std::string, std::size_t> nodes_by_job;
+  std::map<JobPhase, std::size_t> jobs_by_phase;
+  for (const auto& [id, job] : jobs_) {
+    nodes_by_job.emplace_hint(nodes_by_job.end(), id, job.state.nodes.size());
+    ++jobs_by_phase[job.state.phase];
+  }
+  metrics_->set_gauges(nodes_by_job, jobs_by_phase, sessions_.size());
 }
 
 StatusReply RendezvousServer::describe(const std::optional<std::string>& run_id,

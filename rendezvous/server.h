@@ -17,6 +17,7 @@
 #include "rendezvous/connection.h"
 #include "rendezvous/limits.h"
 #include "rendezvous/rdzv_state.h"
+#include "rendezvous/server_metrics.h"
 
 namespace ddprun::rdzv {
 
@@ -52,6 +53,14 @@ class RendezvousServer {
   /// the latest after `deadline` (sessions whose peer does not read are closed then). Nothing
   /// of the server is left pending on the io_context afterwards, so run() may return.
   void shutdown(std::chrono::milliseconds deadline, std::function<void()> drained = {});
+
+  /// Counts into `metrics` from now on (ddprun-rdzvd --metrics_port); nullptr: none. It must
+  /// outlive the server.
+  void set_metrics(ServerMetrics* metrics) { metrics_ = metrics; }
+
+  /// Sets the gauges of the metrics (jobs, nodes, connections) from the state now: called at
+  /// scrape time, O(jobs).
+  void refresh_metrics() const;
 
   /// The jobs as `ddprun status` shows them (one when run_id is set), from the first run id
   /// after `after`, about kStatusPageBytes of them; `next` is set when more follow.
@@ -129,6 +138,7 @@ class RendezvousServer {
   std::set<std::pair<TimePoint, std::string>> deadlines_;
   std::optional<TimePoint> armed_at_;  ///< what the timer is set for now
   bool stopped_ = false;
+  ServerMetrics* metrics_ = nullptr;
 };
 
 }  // namespace ddprun::rdzv

@@ -1,0 +1,157 @@
+#include "agent/agent_metrics.h"
+
+#include <algorithm>
+
+namespace ddprun::agent {
+
+using nlohmann::json;
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+
+namespace {
+
+/// The failure kinds failure_detected names (local_agent.cpp's how_detected); anything else is
+/// "other", so the label's values stay a fixed set.
+constexpr const char* kFailureKinds[] = {"exit", "watchdog", "launch", "other"};
+
+/// Events that end a recovery phase (launcher/events.cpp measures the same), and the phase.
+const std::map<std::string, std::string> kPhaseOfEvent{
+    {"teardown_done", "teardown"}, {"rendezvous_complete", "rendezvous"},
+    {"workers_started", "spawn"},  {"worker_main", "process_start"},
+    {"pg_ready", "pg_init"},       {"snapshot_loaded", "snapshot_load"},
+    {"first_step", "first_step"},
+};
+
+double seconds(common::Duration d) { return std::chrono::duration<double>(d).count(); }
+
+}  // namespace
+
+AgentMetrics::AgentMetrics()
+    : workers_(BuildGauge()
+                   .Name("ddprun_agent_workers")
+                   .Help("Workers of this node's running group (0 between groups)")
+                   .Register(registry_)
+                   .Add({})),
+      restarts_(BuildCounter()
+                    .Name("ddprun_agent_restarts_total")
+                    .Help("Restarts of this node's worker group the rendezvous asked for")
+                    .Register(registry_)
+                    .Add({})),
+      job_restarts_(BuildGauge()
+                        .Name("ddprun_agent_job_restarts")
+                        .Help("The job's counted restarts so far, as the rendezvous reports them "
+                              "(compare with --max_restarts)")
+                        .Register(registry_)
+                        .Add({})),
+      failures_(BuildCounter()
+                    .Name("ddprun_agent_worker_failures_total")
+                    .Help("Worker failures this node detected, by kind: exit (non-zero exit or "
+                          "signal), watchdog (hung), launch (did not start)")
+                    .Register(registry_)),
+      round_(BuildGauge()
+                 .Name("ddprun_agent_rendezvous_round")
+                 .Help("The rendezvous round of this node's current worker group")
+                 .Register(registry_)
+                 .Add({})),
+      standbys_(BuildGauge()
+                    .Name("ddprun_agent_standby_workers")
+                    .Help("Standby worker processes ready for the next restart")
+                    .Register(registry_)
+                    .Add({})),
+      zygote_ready_(BuildGauge()
+                        .Name("ddprun_agent_zygote_ready")
+                        .Help("1 while the Python zygote that forks standbys is ready, else 0")
+                        .Register(registry_)
+                        .Add({})),
+      log_lost_bytes_(BuildGauge()
+                          .Name("ddprun_agent_log_lost_bytes")
+                          .Help("Bytes of worker output that could not be written to log files "
+                                "(as of each file's first failure, and at the job's end)")
+                          .Register(registry_)
+                          .Add({})),
+      recoveries_(BuildCounter()
+                      .Name("ddprun_agent_recoveries_total")
+                      .Help("Recoveries this node began (a worker failure or a restart)")
+                      .Register(registry_)
+                      .Add({})),
+      phases_(BuildGauge()
+                  .Name("ddprun_agent_last_recovery_phase_seconds")
+                  .Help("Phases of the last recovery, as ddprun events summarize measures them: "
+                        "teardown, rendezvous, spawn, process_start, pg_init, snapshot_load, "
+                        "first_step, and total (from the failure to the last phase so far)")
+                  .Register(registry_)) {
+  for (const char* kind : kFailureKinds) failures_.Add({{"kind", kind}});
+}
+
+void AgentMetrics::phase_reached(const std::string& phase, common::TimePoint at) {
+  if (!recovering_ || !phase_began_ || !recovery_began_) return;
+  phases_.Add({{"phase", phase}}).Set(seconds(at - *phase_began_));
+  phases_.Add({{"phase", "total"}}).Set(seconds(at - *recovery_began_));
+  phase_began_ = at;
+}
+
+void AgentMetrics::observe(const std::string& event, const json& fields, common::TimePoint at) {
+  // Read defensively: a field of another type is absent, never an exception in the agent.
+  auto number = [&](const char* key) -> std::optional<double> {
+    if (!fields.is_object() || !fields.contains(key) || !fields[key].is_number()) return {};
+    return fields[key].get<double>();
+  };
+  auto text = [&](const char* key) -> std::string {
+    if (!fields.is_object() || !fields.contains(key) || !fields[key].is_string()) return "";
+    return fields[key].get<std::string>();
+  };
+
+  if (event == "failure_detected" || event == "restart") {
+    if (event == "failure_detected") {
+      const std::string how = text("how");
+      bool known = false;
+      for (const char* kind : kFailureKinds) known = known || how == kind;
+      failures_.Add({{"kind", known ? how : "other"}}).Increment();
+    } else {
+      restarts_.Increment();
+      if (auto count = number("restart_count")) job_restarts_.Set(*count);
+    }
+    // Healthy -> recovering: a failure or a restart begins a recovery, unless this node is in
+    // one whose workers have not started yet (the rendezvous's restart that follows this
+    // node's own failure belongs to it). `ddprun events summarize` draws the same line.
+    if (!recovering_ || resumed_) {
+      recovering_ = true;
+      resumed_ = false;
+      recovery_began_ = phase_began_ = at;
+      recoveries_.Increment();
+      // The phases of the previous recovery are not this one's.
+      for (const auto& [e, phase] : kPhaseOfEvent) phases_.Add({{"phase", phase}}).Set(0);
+      phases_.Add({{"phase", "total"}}).Set(0);
+    }
+    return;
+  }
+  if (auto phase = kPhaseOfEvent.find(event); phase != kPhaseOfEvent.end())
+    phase_reached(phase->second, at);
+  if (event == "rendezvous_complete") {
+    if (auto r = number("round")) round_.Set(*r);
+    if (auto count = number("restart_count")) job_restarts_.Set(*count);
+  } else if (event == "workers_started") {
+    if (auto count = number("count")) workers_.Set(*count);
+    if (recovering_) resumed_ = true;  // a failure from now on begins the next recovery
+    // `from_standby` of the standbys became workers of this group; new ones start next.
+    if (auto used = number("from_standby")) standbys_.Set(std::max(0.0, standbys_.Value() - *used));
+  } else if (event == "teardown_done" || event == "job_end") {
+    workers_.Set(0);
+    if (event == "job_end") {
+      standbys_.Set(0);
+      zygote_ready_.Set(0);
+      if (auto lost = number("log_bytes_lost")) log_lost_bytes_.Set(*lost);
+    }
+  } else if (event == "standbys_started") {
+    if (auto count = number("count")) standbys_.Increment(*count);
+  } else if (event == "zygote_ready") {
+    zygote_ready_.Set(1);
+  } else if (event == "log_write_failed") {
+    lost_by_file_[text("path")] = static_cast<long long>(number("bytes_lost").value_or(0));
+    double total = 0;
+    for (const auto& [file, bytes] : lost_by_file_) total += static_cast<double>(bytes);
+    log_lost_bytes_.Set(total);
+  }
+}
+
+}  // namespace ddprun::agent

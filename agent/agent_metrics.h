@@ -1,0 +1,53 @@
+#pragma once
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/registry.h>
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "common/clock.h"
+
+namespace ddprun::agent {
+
+/// The agent's metrics (ddprun --metrics_port), derived from the events it records
+/// (event_log.h): the agent hands every event to observe(), with or without --event_log, so
+/// the metrics and `ddprun events summarize` read the same facts. No clock, no I/O.
+class AgentMetrics {
+ public:
+  AgentMetrics();
+  AgentMetrics(const AgentMetrics&) = delete;
+  AgentMetrics& operator=(const AgentMetrics&) = delete;
+
+  prometheus::Registry& registry() { return registry_; }
+
+  /// One event, as the event log writes it: its name, its fields and when it happened.
+  void observe(const std::string& event, const nlohmann::json& fields, common::TimePoint at);
+
+ private:
+  /// The recovery phases, in the order `ddprun events summarize` measures them.
+  void phase_reached(const std::string& phase, common::TimePoint at);
+
+  prometheus::Registry registry_;
+  prometheus::Gauge& workers_;
+  prometheus::Counter& restarts_;
+  prometheus::Gauge& job_restarts_;
+  prometheus::Family<prometheus::Counter>& failures_;
+  prometheus::Gauge& round_;
+  prometheus::Gauge& standbys_;
+  prometheus::Gauge& zygote_ready_;
+  prometheus::Gauge& log_lost_bytes_;
+  prometheus::Counter& recoveries_;
+  prometheus::Family<prometheus::Gauge>& phases_;
+  /// The recovery being measured: when it began and when its last phase ended.
+  std::optional<common::TimePoint> recovery_began_;
+  std::optional<common::TimePoint> phase_began_;
+  bool recovering_ = false;  ///< a recovery has begun (its phases are measured)
+  bool resumed_ = false;     ///< the workers of the recovery have started
+  std::map<std::string, long long> lost_by_file_;
+};
+
+}  // namespace ddprun::agent

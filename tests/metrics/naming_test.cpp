@@ -1,0 +1,177 @@
+// ddprun's own naming rules over every family the daemon and the agent export
+// (docs/operations.md#metrics); promtool checks the format but not these conventions.
+#include <catch2/catch.hpp>
+#include <chrono>
+
+#include "agent/agent_metrics.h"
+#include "metrics/exposition.h"
+#include "rendezvous/server_metrics.h"
+#include "tests/metrics/http_client.h"
+#include "tests/support/polling.h"
+
+namespace ddprun::metrics {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::sample;
+
+/// Every family of the daemon, with a series in each labelled family.
+void exercise(rdzv::ServerMetrics& m) {
+  m.connection_accepted();
+  m.bad_frame();
+  m.refused(rdzv::RefusalKind::Protocol);
+  m.refused(rdzv::RefusalKind::Unauthorized);
+  m.set_gauges({{"job", 2}}, {{rdzv::JobPhase::Running, 1}}, 3);
+  rdzv::StepResult r;
+  r.messages.push_back({"n1", rdzv::ServerMessage{rdzv::RoundReady{}}});
+  r.messages.push_back(
+      {"n2", rdzv::ServerMessage{rdzv::Refused{rdzv::RefusalKind::Mismatch, "x"}}});
+  m.stepped({}, rdzv::Tick{}, r, common::TimePoint{} + std::chrono::seconds(2));
+}
+
+/// Every family of the agent, with a recovery's phases.
+void exercise(agent::AgentMetrics& m) {
+  const common::TimePoint t0{};
+  m.observe("failure_detected", {{"how", "exit"}}, t0);
+  m.observe("restart", {{"restart_count", 1}}, t0 + 10ms);
+  m.observe("teardown_done", {}, t0 + 1s);
+  m.observe("rendezvous_complete", {{"round", 1}, {"restart_count", 1}}, t0 + 3s);
+  m.observe("standbys_started", {{"count", 2}}, t0 + 2s);
+  m.observe("workers_started", {{"count", 2}, {"from_standby", 2}}, t0 + 3500ms);
+  m.observe("standbys_started", {{"count", 2}}, t0 + 4s);
+  m.observe("zygote_ready", {}, t0 + 4s);
+  m.observe("log_write_failed", {{"path", "/x"}, {"bytes_lost", 10}}, t0 + 5s);
+}
+
+}  // namespace
+
+TEST_CASE("every family the daemon exports follows ddprun's naming rules", "[metrics][unit]") {
+  rdzv::ServerMetrics m;
+  exercise(m);
+  const auto families = m.registry().Collect();
+  CHECK(families.size() == 12);
+  CHECK(naming_problems(families) == std::vector<std::string>{});
+}
+
+TEST_CASE("every family the agent exports follows ddprun's naming rules", "[metrics][unit]") {
+  agent::AgentMetrics m;
+  exercise(m);
+  const auto families = m.registry().Collect();
+  CHECK(families.size() == 10);
+  CHECK(naming_problems(families) == std::vector<std::string>{});
+}
+
+TEST_CASE("the naming check finds each kind of bad name", "[metrics][unit]") {
+  prometheus::Registry r;
+  prometheus::BuildCounter().Name("ddprun_restarts").Help("h").Register(r).Add({});
+  prometheus::BuildGauge().Name("ddprun_workers_total").Help("h").Register(r).Add({});
+  prometheus::BuildGauge().Name("ddprun_round_latency_ms").Help("h").Register(r).Add({});
+  prometheus::BuildGauge().Name("ddprun_round_latency").Help("h").Register(r).Add({});
+  prometheus::BuildGauge().Name("ddprun_seconds_spent").Help("h").Register(r).Add({});
+  prometheus::BuildGauge().Name("rdzv_jobs").Help("h").Register(r).Add({});
+  prometheus::BuildGauge().Name("ddprun_JobCount").Help("h").Register(r).Add({});
+  prometheus::BuildGauge().Name("ddprun_nodes").Help("").Register(r).Add({});
+  prometheus::BuildHistogram()
+      .Name("ddprun_round")
+      .Help("h")
+      .Register(r)
+      .Add({}, prometheus::Histogram::BucketBoundaries{1});
+  prometheus::BuildGauge().Name("ddprun_jobs").Help("h").Register(r).Add({{"Job", "a"}});
+  prometheus::BuildGauge().Name("ddprun_ok_seconds").Help("h").Register(r).Add({});
+  const auto problems = naming_problems(r.Collect());
+  auto about = [&](const std::string& name, const std::string& what) {
+    for (const auto& p : problems)
+      if (p.rfind(name + ": ", 0) == 0 && p.find(what) != std::string::npos) return true;
+    return false;
+  };
+  CHECK(about("ddprun_restarts", "a counter must end in _total"));
+  CHECK(about("ddprun_workers_total", "only counters end in _total"));
+  CHECK(about("ddprun_round_latency_ms", "'ms' is not a base unit"));
+  CHECK(about("ddprun_round_latency", "a name about time must end in _seconds"));
+  CHECK(about("ddprun_seconds_spent", "must be the last word"));
+  CHECK(about("rdzv_jobs", "ddprun_ prefix"));
+  CHECK(about("ddprun_JobCount", "snake_case"));
+  CHECK(about("ddprun_nodes", "no help text"));
+  CHECK(about("ddprun_round", "a histogram must name its unit"));
+  CHECK(about("ddprun_jobs", "bad label name 'Job'"));
+  CHECK_FALSE(about("ddprun_ok_seconds", ""));
+}
+
+TEST_CASE("the daemon exports one node series per job for the first 100 jobs only",
+          "[metrics][unit]") {
+  rdzv::ServerMetrics m;
+  std::map<std::string, std::size_t> nodes;
+  for (int i = 0; i < 150; ++i)
+    nodes[std::string(i < 10 ? "job00" : i < 100 ? "job0" : "job") + std::to_string(i)] = 2;
+  m.set_gauges(nodes, {{rdzv::JobPhase::Running, 150}}, 300);
+  std::string text = serialize(m.registry());
+  CHECK(testing::count_of(text, "ddprun_rdzv_job_nodes{") == 100);
+  CHECK(sample(text, "ddprun_rdzv_job_nodes{job=\"job099\"}") == 2);
+  CHECK(std::isnan(sample(text, "ddprun_rdzv_job_nodes{job=\"job100\"}")));
+  CHECK(sample(text, "ddprun_rdzv_nodes") == 300);
+  CHECK(sample(text, "ddprun_rdzv_jobs{phase=\"running\"}") == 150);
+  CHECK(sample(text, "ddprun_rdzv_connections") == 300);
+
+  // Jobs that ended lose their series; the next in line get one.
+  nodes.erase("job000");
+  m.set_gauges(nodes, {{rdzv::JobPhase::Running, 149}}, 298);
+  text = serialize(m.registry());
+  CHECK(std::isnan(sample(text, "ddprun_rdzv_job_nodes{job=\"job000\"}")));
+  CHECK(sample(text, "ddprun_rdzv_job_nodes{job=\"job100\"}") == 2);
+  CHECK(testing::count_of(text, "ddprun_rdzv_job_nodes{") == 100);
+}
+
+TEST_CASE("the agent's metrics follow a recovery from its events", "[metrics][unit]") {
+  agent::AgentMetrics m;
+  exercise(m);
+  const std::string text = serialize(m.registry());
+  CHECK(sample(text, "ddprun_agent_worker_failures_total{kind=\"exit\"}") == 1);
+  CHECK(sample(text, "ddprun_agent_worker_failures_total{kind=\"watchdog\"}") == 0);
+  CHECK(sample(text, "ddprun_agent_restarts_total") == 1);
+  CHECK(sample(text, "ddprun_agent_recoveries_total") == 1);  // the restart joins the failure
+  CHECK(sample(text, "ddprun_agent_job_restarts") == 1);
+  CHECK(sample(text, "ddprun_agent_rendezvous_round") == 1);
+  CHECK(sample(text, "ddprun_agent_workers") == 2);
+  CHECK(sample(text, "ddprun_agent_standby_workers") == 2);
+  CHECK(sample(text, "ddprun_agent_zygote_ready") == 1);
+  CHECK(sample(text, "ddprun_agent_log_lost_bytes") == 10);
+  CHECK(sample(text, "ddprun_agent_last_recovery_phase_seconds{phase=\"teardown\"}") == 1);
+  CHECK(sample(text, "ddprun_agent_last_recovery_phase_seconds{phase=\"rendezvous\"}") == 2);
+  CHECK(sample(text, "ddprun_agent_last_recovery_phase_seconds{phase=\"spawn\"}") == 0.5);
+  CHECK(sample(text, "ddprun_agent_last_recovery_phase_seconds{phase=\"total\"}") == 3.5);
+}
+
+TEST_CASE("the agent's metrics ignore events with fields of an unexpected type",
+          "[metrics][unit]") {
+  agent::AgentMetrics m;
+  const common::TimePoint t0{};
+  for (const char* event : {"failure_detected", "restart", "rendezvous_complete", "workers_started",
+                            "standbys_started", "log_write_failed", "job_end"}) {
+    CHECK_NOTHROW(m.observe(event,
+                            {{"how", 3},
+                             {"count", "x"},
+                             {"from_standby", true},
+                             {"path", 1},
+                             {"round", nullptr},
+                             {"log_bytes_lost", "x"}},
+                            t0));
+    CHECK_NOTHROW(m.observe(event, nlohmann::json::array(), t0));
+  }
+  CHECK(sample(serialize(m.registry()), "ddprun_agent_worker_failures_total{kind=\"other\"}") == 2);
+}
+
+TEST_CASE("a failure after the workers restarted begins the next recovery", "[metrics][unit]") {
+  agent::AgentMetrics m;
+  exercise(m);
+  const common::TimePoint t1 = common::TimePoint{} + std::chrono::seconds(100);
+  m.observe("failure_detected", {{"how", "watchdog"}}, t1);
+  m.observe("teardown_done", {}, t1 + 250ms);
+  const std::string text = serialize(m.registry());
+  CHECK(sample(text, "ddprun_agent_recoveries_total") == 2);
+  CHECK(sample(text, "ddprun_agent_worker_failures_total{kind=\"watchdog\"}") == 1);
+  CHECK(sample(text, "ddprun_agent_last_recovery_phase_seconds{phase=\"teardown\"}") == 0.25);
+  CHECK(sample(text, "ddprun_agent_last_recovery_phase_seconds{phase=\"rendezvous\"}") == 0);
+  CHECK(sample(text, "ddprun_agent_last_recovery_phase_seconds{phase=\"total\"}") == 0.25);
+}
+
+}  // namespace ddprun::metrics
