@@ -831,8 +831,11 @@ class LocalAgent::Impl {
                                               .count()}});
     } else {
       // What the zygote could not import, a standby cannot either.
-      spdlog::warn("no standbys: the Python zygote (pid {}) failed: {}; {}; workers start afresh",
-                   zygote_->pid(), why.empty() ? zygote_->failure() : why, zygote_hint());
+      const std::string failure = why.empty() ? zygote_->failure() : why;
+      spdlog::warn(
+          "no standbys: the Python zygote (pid {}) failed: {}{}; workers start afresh",
+          zygote_->pid(), failure,
+          failure.find("cannot import torch") != std::string::npos ? "; " + zygote_hint() : "");
       standbys_.disable();
     }
     if (waiting_round_ && !finished_) {

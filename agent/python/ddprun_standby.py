@@ -123,8 +123,10 @@ def serve_forks(control_fd):
     threads = len(os.listdir("/proc/self/task"))
     if threads > 1:
         sys.stderr.write(f"ddprun standby: {threads} threads run after the imports, and a fork "
-                         "would copy only one; run with --standby_workers=off or drop the module "
-                         "that starts them from --standby_preload\n")
+                         "would copy only one; a BLAS or OpenMP pool started at import (numpy's "
+                         "OpenBLAS with torch 2.x) starts none with OMP_NUM_THREADS set (ddprun "
+                         "sets it to 1 for 2 or more workers per node): set it, or run with "
+                         "--standby_workers=off\n")
         os._exit(EXIT_THREADS)
     sock = socket.socket(fileno=control_fd)  # the agent's SOCK_SEQPACKET pair: one request each
     sock.send(json.dumps({"ready": os.getpid()}).encode())

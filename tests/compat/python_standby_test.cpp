@@ -334,3 +334,29 @@ TEST_CASE("SIGTERM while the zygote imports torch ends ddprun with 143 and leave
     CHECK_FALSE(process_alive(pid));
   }
 }
+
+TEST_CASE(
+    "a zygote whose imports start a thread refuses to fork and the job runs without "
+    "standbys",
+    "[python][integration][standby]") {
+  require_torch();
+  TempDir dir;
+  // An installed module (on PYTHONPATH, outside the script's directory) that starts a thread
+  // when it is imported, preloaded by the zygote.
+  std::filesystem::create_directories(dir.path() + "/site");
+  std::ofstream(dir.path() + "/site/starts_a_thread.py")
+      << "import threading, time\n"
+         "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n";
+  const std::string events = dir.path() + "/events.jsonl";
+  auto r = run_command_diagnosed(
+      {DDPRUN_BIN, "--standalone", "--nproc_per_node", "2", "--standby_preload", "starts_a_thread",
+       "--event_log", events, kScripts + "/standby_first_start.py"},
+      {{"PYTHON_EXEC", "/usr/bin/python3"}, {"PYTHONPATH", dir.path() + "/site"}}, kLimit);
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(from_standby(events) == std::vector<int>{0});
+  CHECK(contains(r.err, "no standbys: the Python zygote (pid "));
+  CHECK(contains(r.err, "2 threads run after the imports, and a fork would copy only one"));
+  CHECK_FALSE(contains(r.err, "cannot import torch"));
+  CHECK(contains(r.out, "[default1]:rank 1 of 2 joined"));
+}
