@@ -17,6 +17,8 @@ set -euo pipefail
 step=$1 build=$2 source=$3 sdk=$4
 work=$build/package-test
 root=$work/root
+# Debian's multiarch library directory (usr/lib/x86_64-linux-gnu), as the packages use it.
+lib=usr/lib/$(gcc -print-multiarch)
 skip() { echo "SKIPPED: $*"; exit 77; }
 fail() { echo "FAILED: $*" >&2; exit 1; }
 
@@ -42,14 +44,14 @@ contents)
     usr/share/ddprun/ddprun_standby.py
     usr/share/bash-completion/completions/ddprun
     usr/share/lintian/overrides/ddprun
-    usr/lib/systemd/system/ddprun-rdzvd.service
+    lib/systemd/system/ddprun-rdzvd.service
     etc/default/ddprun-rdzvd
   )
   if [ "$sdk" = ON ]; then
     expected+=(usr/bin/ddprun-snapshot usr/include/ddprun/sdk.h usr/include/ddprun/sdk/context.h
-      usr/lib/libddprun_sdk.a usr/lib/libddprun_sdk_core.a usr/lib/libddprun_common.a
-      usr/lib/cmake/ddprun/ddprunConfig.cmake usr/lib/cmake/ddprun/ddprunConfigVersion.cmake
-      usr/lib/cmake/ddprun/ddprunTargets.cmake usr/lib/pkgconfig/ddprun-sdk.pc)
+      "$lib/libddprun_sdk.a" "$lib/libddprun_sdk_core.a" "$lib/libddprun_common.a"
+      "$lib/cmake/ddprun/ddprunConfig.cmake" "$lib/cmake/ddprun/ddprunConfigVersion.cmake"
+      "$lib/cmake/ddprun/ddprunTargets.cmake" "$lib/pkgconfig/ddprun-sdk.pc")
   fi
   for f in "${expected[@]}"; do [ -f "$root/$f" ] || fail "the packages lack /$f"; done
   [ -d "$root/etc/ddprun" ] || fail "the packages lack /etc/ddprun/"
@@ -66,9 +68,9 @@ contents)
   # The unit's ExecStart and the unpacked daemon agree ($DDPRUN_RDZVD_OPTS is literal here).
   # shellcheck disable=SC2016
   grep -q '^ExecStart=/usr/bin/ddprun-rdzvd \$DDPRUN_RDZVD_OPTS$' \
-    "$root/usr/lib/systemd/system/ddprun-rdzvd.service" || fail "unexpected ExecStart"
+    "$root/lib/systemd/system/ddprun-rdzvd.service" || fail "unexpected ExecStart"
   grep -q '^EnvironmentFile=-/etc/default/ddprun-rdzvd$' \
-    "$root/usr/lib/systemd/system/ddprun-rdzvd.service" || fail "unexpected EnvironmentFile"
+    "$root/lib/systemd/system/ddprun-rdzvd.service" || fail "unexpected EnvironmentFile"
   # The installed ddprun runs a job, and finds the Python standby bootstrap next to it
   # (../share/ddprun): --standby_workers looks for it before starting a Python script.
   echo 'print("hello from the packaged ddprun")' > "$work/hello.py"
@@ -102,7 +104,7 @@ systemd)
   [ -d "$root" ] || fail "no unpacked tree at $root: the step 'build' failed"
   command -v systemd-analyze > /dev/null ||
     skip "systemd-analyze is not installed (Debian package systemd; scripts/install-deps.sh)"
-  unit=$root/usr/lib/systemd/system/ddprun-rdzvd.service
+  unit=$root/lib/systemd/system/ddprun-rdzvd.service
   # verify loads the unit offline (no manager needed) and checks its settings, that ExecStart's
   # program is executable and that the Documentation= man page exists. It looks for them on
   # this machine, not in the unpacked tree (--root= would also hide the units this one
@@ -137,11 +139,11 @@ sdk)
   [ "$sdk" = ON ] || skip "the worker SDK is not built here (no libtorch): no ddprun-dev package"
   trainer=$work/trainer
   rm -rf "$trainer"
-  # The unpacked /usr as the prefix: find_package(ddprun) finds usr/lib/cmake/ddprun there,
+  # The unpacked /usr as the prefix: find_package(ddprun) finds lib/<multiarch>/cmake/ddprun there,
   # and it finds Torch itself (the system's libtorch-dev).
   cmake -S "$source/examples/out_of_tree" -B "$trainer" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_PREFIX_PATH="$root/usr"
-  grep -qx "ddprun_DIR:PATH=$root/usr/lib/cmake/ddprun" "$trainer/CMakeCache.txt" ||
+  grep -qx "ddprun_DIR:PATH=$root/$lib/cmake/ddprun" "$trainer/CMakeCache.txt" ||
     fail "find_package(ddprun) did not use the unpacked package"
   cmake --build "$trainer"
   "$root/usr/bin/ddprun" --standalone --nproc_per_node 2 --no_python "$trainer/trainer" |
@@ -150,7 +152,7 @@ sdk)
     fail "the trainer's ranks disagree"
 
   # pkg-config: the .pc file finds its prefix from its own place (${pcfiledir}).
-  export PKG_CONFIG_PATH=$root/usr/lib/pkgconfig
+  export PKG_CONFIG_PATH=$root/$lib/pkgconfig
   pkg-config --exists --print-errors ddprun-sdk
   cflags=$(pkg-config --cflags ddprun-sdk)
   libs=$(pkg-config --libs ddprun-sdk)
