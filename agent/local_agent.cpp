@@ -782,9 +782,8 @@ class LocalAgent::Impl {
     const std::string executable =
         resolve_executable(opt_.spec.argv.front(), search_path(opt_.agent_env));
     if (executable.empty()) return;  // start_workers reports the missing command
-    std::vector<std::string> argv =
-        build_python_standby_command(opt_.spec.argv, opt_.python_bootstrap, opt_.standby_preload);
-    argv.insert(argv.begin() + 3, "--zygote");  // after python -u <bootstrap>
+    std::vector<std::string> argv = build_python_standby_command(
+        opt_.spec.argv, opt_.python_bootstrap, opt_.standby_preload, /*zygote=*/true);
     ProcessSpec ps{executable, argv,
                    to_envp(build_standby_env(opt_.agent_env, opt_.spec, 0, rdzv_.run_id()))};
     ps.cgroup_procs_fd = opt_.cleanup->standby_procs_fd();

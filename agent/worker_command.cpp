@@ -33,9 +33,11 @@ std::vector<std::string> build_worker_command(
 
 std::vector<std::string> build_python_standby_command(const std::vector<std::string>& worker_argv,
                                                       const std::string& bootstrap,
-                                                      const std::vector<std::string>& preload) {
+                                                      const std::vector<std::string>& preload,
+                                                      bool zygote) {
   // worker_argv is {python, "-u", [-m,] script, args...}.
   std::vector<std::string> argv{worker_argv.at(0), "-u", bootstrap};
+  if (zygote) argv.push_back("--zygote");
   if (!preload.empty()) argv.push_back("--preload=" + common::join(preload, ","));
   argv.push_back("--");
   argv.insert(argv.end(), worker_argv.begin() + 2, worker_argv.end());

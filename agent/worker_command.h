@@ -26,11 +26,13 @@ std::vector<std::string> build_worker_command(
 bool runs_under_python(const CommandRequest& req,
                        const std::function<bool(const std::string&)>& is_executable_file);
 
-/// The command of a Python standby (--standby_workers): `python -u <bootstrap>
-/// [--preload=a,b] -- <script or -m module> args`, from the worker's `python -u ...` command.
+/// The command of a Python standby (--standby_workers): `python -u <bootstrap> [--zygote]
+/// [--preload=a,b] -- <script or -m module> args`, from the worker's `python -u ...` command;
+/// with `zygote`, the node's zygote that forks the standbys (agent/python_zygote.h).
 std::vector<std::string> build_python_standby_command(const std::vector<std::string>& worker_argv,
                                                       const std::string& bootstrap,
-                                                      const std::vector<std::string>& preload);
+                                                      const std::vector<std::string>& preload,
+                                                      bool zygote = false);
 
 /// True when Python source imports torch at the start of a line (`import torch`, `import
 /// torch.distributed as dist`, `from torch import nn`, `import os, torch`): what

@@ -64,6 +64,11 @@ TEST_CASE("a Python standby runs the bootstrap with the worker's script or modul
   CHECK(build_python_standby_command(build_worker_command(module, always), "/b.py",
                                      {"numpy", "scipy"}) ==
         Argv{"python3", "-u", "/b.py", "--preload=numpy,scipy", "--", "-m", "pkg.train", "x"});
+  // The node's zygote: the same command, marked.
+  CHECK(build_python_standby_command(build_worker_command(module, always), "/b.py", {"numpy"},
+                                     /*zygote=*/true) == Argv{"python3", "-u", "/b.py", "--zygote",
+                                                              "--preload=numpy", "--", "-m",
+                                                              "pkg.train", "x"});
   // Programs that are not run by Python have no Python standby.
   CHECK_FALSE(runs_under_python(CommandRequest{"./trainer", {}}, always));
   CHECK_FALSE(runs_under_python(CommandRequest{"train.py", {}, false, /*no_python=*/true}, always));
