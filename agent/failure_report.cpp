@@ -2,8 +2,13 @@
 
 #include <algorithm>
 #include <ctime>
+#include <filesystem>
+#include <fstream>
 #include <sstream>
 
+#include <spdlog/spdlog.h>
+
+#include "agent/error_file.h"
 #include "common/signals.h"
 
 namespace ddprun::agent {
@@ -103,6 +108,67 @@ std::string interpreter_hint(const std::string& interpreter, const std::string& 
          (missing_torch ? "cannot import torch" : "could not run") +
          ". Choose the interpreter that has torch: set PYTHON_EXEC=/path/to/python, or activate "
          "its virtual environment (source venv/bin/activate) before ddprun.\n";
+}
+
+ProcessFailure collect_failure(const WorkerPlacement& placement, pid_t pid, ExitStatus status,
+                               const std::string& error_file, const std::string& launch_error,
+                               const std::string& hung_reason) {
+  ProcessFailure f;
+  f.local_rank = placement.local_rank;
+  f.global_rank = placement.global_rank;
+  f.pid = pid;
+  f.status = status;
+  f.time = std::chrono::system_clock::now();
+  f.error_file = error_file;
+  if (!launch_error.empty()) {
+    f.error = ErrorFileContent{launch_error, "", std::nullopt};
+    f.error_file.clear();  // the worker never ran, so no file of its own exists
+  } else if (std::ifstream in(error_file); in) {
+    std::stringstream text;
+    text << in.rdbuf();
+    auto parsed = parse_error_file(text.str());
+    if (auto* content = std::get_if<ErrorFileContent>(&parsed))
+      f.error = *content;
+    else
+      f.error_file_problem = std::get<std::string>(parsed);
+  }
+  if (!hung_reason.empty() && !f.error) f.error = ErrorFileContent{hung_reason, "", std::nullopt};
+  return f;
+}
+
+void copy_root_cause_for_parent(const ProcessFailure& root, const std::string& parent_file) {
+  std::ifstream in(root.error_file);
+  if (root.error_file.empty() || !in) {
+    spdlog::info(
+        "local rank {} failed with no error file: nothing to copy to {} (decorate the "
+        "entry point with @record for a traceback)",
+        root.local_rank, parent_file);
+    return;
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  const int code = root.status.signal != 0 ? -root.status.signal : root.status.code;
+  auto json = error_file_for_parent(text.str(), code);
+  if (!json) {
+    spdlog::warn("the error file {} is not JSON: not copied to {}", root.error_file, parent_file);
+    return;
+  }
+  const std::string partial = parent_file + ".partial";
+  {
+    std::ofstream out(partial, std::ios::trunc);
+    out << *json;
+    if (!out.flush()) {
+      spdlog::warn("cannot write {}: the root cause is not copied to TORCHELASTIC_ERROR_FILE",
+                   partial);
+      return;
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(partial, parent_file, ec);
+  if (ec)
+    spdlog::warn("cannot write {}: {}", parent_file, ec.message());
+  else
+    spdlog::info("copied the root cause's error file to TORCHELASTIC_ERROR_FILE {}", parent_file);
 }
 
 }  // namespace ddprun::agent

@@ -22,6 +22,18 @@ std::string format_failure_report(const std::string& script, const std::string& 
                                   const std::vector<ProcessFailure>& failures, int restarts_used,
                                   int max_restarts, LogLoss log_loss = {});
 
+/// What the failure report says of one worker: its exit, its error file read now (or why it
+/// could not be), or `launch_error` for a worker that never ran; `hung_reason` stands in for
+/// an error file a hung worker did not write.
+ProcessFailure collect_failure(const WorkerPlacement& placement, pid_t pid, ExitStatus status,
+                               const std::string& error_file, const std::string& launch_error,
+                               const std::string& hung_reason);
+
+/// torchrun's @record for the launcher's parent: a launcher started with
+/// TORCHELASTIC_ERROR_FILE (by a scheduler such as TorchX) leaves the root cause's error file
+/// at `parent_file`, its exit code filled in (written to a temporary file, then renamed).
+void copy_root_cause_for_parent(const ProcessFailure& root, const std::string& parent_file);
+
 /// Said after the failure report of a Python job whose workers could not import torch or whose
 /// interpreter could not run: which interpreter ran, where it came from, how to pick another.
 std::string interpreter_hint(const std::string& interpreter, const std::string& origin,

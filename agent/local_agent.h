@@ -12,7 +12,8 @@
 #include "agent/process_launcher.h"
 #include "agent/worker.h"
 #include "agent/worker_env.h"
-#include "launcher/launch_config.h"
+#include "agent/worker_output.h"
+#include "common/clock.h"
 #include "rendezvous/rendezvous_handler.h"
 
 namespace boost::asio {
@@ -26,14 +27,8 @@ struct AgentOptions {
   WorkerSpec spec;
   std::string script;   ///< shown as "<script> FAILED"
   std::string log_dir;  ///< "" for none: error files go to a private temporary directory
-  launcher::StdSpec redirects;
-  launcher::StdSpec tee;
-  std::optional<std::set<int>> console_ranks;  ///< --local_ranks_filter
-  /// --duplicate_stdout_filters / --duplicate_stderr_filters: worker lines containing any of
-  /// these are also written, with their console prefix, to filtered_stdout.log /
-  /// filtered_stderr.log in the attempt directory.
-  std::vector<std::string> duplicate_stdout_filters;
-  std::vector<std::string> duplicate_stderr_filters;
+  /// Where worker output goes (--redirects, --tee, --local_ranks_filter, filters, prefix).
+  OutputSettings output;
   /// --numa_binding: the CPUs of each local rank (empty: no binding).
   std::vector<std::vector<int>> cpus_by_local_rank;
   std::vector<int> signals_to_handle;
@@ -65,14 +60,19 @@ struct AgentOptions {
   AgentMetrics* metrics = nullptr;
   /// Runs once when the job has ended, before run() returns (e.g. to stop an embedded server).
   std::function<void()> on_finish;
+  /// The time source (nullptr: the steady clock). Must outlive the agent.
+  const common::Clock* clock = nullptr;
 };
 
-/// The single-node elastic agent: rendezvous, start the worker group, watch it, stop it on the
-/// first failure or a signal, and restart it while the budget lasts.
+/// The node's elastic agent: rendezvous, start the worker group, watch it, stop it on the first
+/// failure or a signal, and start it again while the rendezvous allows. The lifecycle is the
+/// pure agent_step (agent/agent_state.h); LocalAgent is its executor:
 ///
-///   signals (SIGCHLD, SIGTERM...) --+
-///   worker stdout/stderr pipes -----+--> io_context (one thread) --> decide() --> launcher
-///   shutdown timer -----------------+                                       \--> rendezvous
+///   signals (SIGCHLD -> launcher.reap(), SIGTERM...) --+
+///   rendezvous callbacks and notices ------------------+--> AgentEvent --> agent_step
+///   worker reports, timers, output drained ------------+                       |
+///                                                                   AgentEffects: launch,
+///                                                                   signal, report, timers...
 ///
 /// Everything runs on one thread: PR_SET_PDEATHSIG is tied to the thread that forked.
 class LocalAgent {
@@ -85,6 +85,12 @@ class LocalAgent {
 
   /// Runs the job to its end and returns ddprun's exit status.
   int run();
+
+  /// Starts the job without running the event loop: the caller runs (or polls) it until
+  /// finished(). Returns false when the job could not start (exit_code() says how it ended).
+  bool start();
+  bool finished() const;
+  int exit_code() const;
 
  private:
   class Impl;

@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -124,6 +125,25 @@ std::variant<LaunchedProcess, std::string> PosixProcessLauncher::launch(const Pr
 bool PosixProcessLauncher::signal_group(pid_t pgid, int sig) {
   if (pgid <= 0) return false;
   return ::kill(-pgid, sig) == 0;
+}
+
+std::vector<ProcessExit> PosixProcessLauncher::reap() {
+  std::vector<ProcessExit> ended;
+  while (true) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid < 0 && errno == EINTR) continue;
+    if (pid <= 0) break;  // none ended (0) or no children left (ECHILD)
+    ended.push_back(ProcessExit{pid, ExitStatus::from_wait_status(status)});
+  }
+  return ended;
+}
+
+void PosixProcessLauncher::wait(pid_t pid) {
+  // EINTR: the agent's SIGCHLD handler ran (one child's death interrupts the wait for another);
+  // giving up then would leave the process dying after ddprun has exited. ECHILD: reaped.
+  while (pid > 0 && ::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+  }
 }
 
 }  // namespace ddprun::agent

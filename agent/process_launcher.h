@@ -5,6 +5,8 @@
 #include <variant>
 #include <vector>
 
+#include "agent/worker.h"
+
 namespace ddprun::agent {
 
 /// What to start: a resolved executable, its argv and its complete environment.
@@ -30,8 +32,15 @@ struct LaunchedProcess {
   int stderr_fd = -1;
 };
 
-/// Starts workers. Every process leads its own process group and is bound to die with the
-/// agent (PR_SET_PDEATHSIG). Exits are reaped by the caller (waitpid on SIGCHLD).
+/// A child that ended and was reaped.
+struct ProcessExit {
+  pid_t pid = -1;
+  ExitStatus status;
+};
+
+/// Starts workers and reaps what ends. Every process leads its own process group and is bound
+/// to die with the agent (PR_SET_PDEATHSIG). The agent calls reap() on SIGCHLD; it is the only
+/// place children are collected, so a test's fake sees every exit the agent acts on.
 class ProcessLauncher {
  public:
   virtual ~ProcessLauncher() = default;
@@ -39,6 +48,11 @@ class ProcessLauncher {
   virtual std::variant<LaunchedProcess, std::string> launch(const ProcessSpec& spec) = 0;
   /// Sends `sig` to every process in group `pgid`; true if any process received it.
   virtual bool signal_group(pid_t pgid, int sig) = 0;
+  /// Reaps every child that has ended, without blocking (as a child subreaper the agent's
+  /// children include its workers' orphans).
+  virtual std::vector<ProcessExit> reap() = 0;
+  /// Waits for `pid`, already sent SIGKILL, to end and reaps it (nothing when it was reaped).
+  virtual void wait(pid_t pid) = 0;
 };
 
 /// fork + execve with a close-on-exec error pipe, so a failed exec is reported with its errno.
@@ -46,6 +60,8 @@ class PosixProcessLauncher final : public ProcessLauncher {
  public:
   std::variant<LaunchedProcess, std::string> launch(const ProcessSpec& spec) override;
   bool signal_group(pid_t pgid, int sig) override;
+  std::vector<ProcessExit> reap() override;
+  void wait(pid_t pid) override;
 };
 
 }  // namespace ddprun::agent

@@ -199,9 +199,7 @@ void PythonZygote::stop() {
   close_fd(control_fd_);
   if (process_.pid > 0 && !reaped_) {
     launcher_.signal_group(process_.pid, SIGKILL);
-    // EINTR: the agent's SIGCHLD handler ran; ECHILD: reaped already.
-    while (::waitpid(process_.pid, nullptr, 0) < 0 && errno == EINTR) {
-    }
+    launcher_.wait(process_.pid);
     reaped_ = true;
   }
   close_fd(process_.stdout_fd);

@@ -62,6 +62,9 @@ class PythonZygote final : public ProcessLauncher {
   /// or answers nonsense is killed (-> Gone).
   std::variant<LaunchedProcess, std::string> launch(const ProcessSpec& spec) override;
   bool signal_group(pid_t pgid, int sig) override { return launcher_.signal_group(pgid, sig); }
+  /// The forks are the agent's children (a subreaper adopts them): its launcher reaps them.
+  std::vector<ProcessExit> reap() override { return launcher_.reap(); }
+  void wait(pid_t pid) override { launcher_.wait(pid); }
 
   /// Ends the zygote: closes the control socket (it exits on end of file), SIGKILL, reap.
   void stop();

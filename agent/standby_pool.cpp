@@ -210,12 +210,8 @@ void StandbyPool::clear() {
     discard(standbys_.begin()->second);
     standbys_.erase(standbys_.begin());
   }
-  // Reap what SIGKILL ended, so nothing is left as a zombie of ours (ECHILD: already reaped).
-  // EINTR: the agent's SIGCHLD handler ran (one standby's death interrupts the wait for
-  // another); giving up then would leave a standby dying after ddprun has exited.
-  for (pid_t pid : discarded_)
-    while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
-    }
+  // Reap what SIGKILL ended, so nothing is left as a zombie of ours.
+  for (pid_t pid : discarded_) launcher_->wait(pid);
   discarded_.clear();
 }
 

@@ -309,9 +309,7 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
   // A count the kernel's limits cannot hold is refused here, before any worker starts, rather
   // than failing rank by rank (docs/design.md, "Process hygiene").
   agent::WorkerNeeds needs;
-  needs.log_files = config.redirects.all != StdStreams::None ||
-                    !config.redirects.per_rank.empty() || config.tee.all != StdStreams::None ||
-                    !config.tee.per_rank.empty();
+  needs.log_files = config.redirects.any() || config.tee.any();
   needs.standbys = config.standby_workers != StandbyMode::Off;
   if (auto why = agent::check_worker_limits(*nproc, needs, agent::current_process_limits())) {
     spdlog::error("{}", *why);
@@ -362,13 +360,16 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
     }
     opt.cpus_by_local_rank = std::move(*cpus);
   }
-  opt.duplicate_stdout_filters = config.duplicate_stdout_filters;
-  opt.duplicate_stderr_filters = config.duplicate_stderr_filters;
+  opt.output.duplicate_stdout_filters = config.duplicate_stdout_filters;
+  opt.output.duplicate_stderr_filters = config.duplicate_stderr_filters;
   opt.script = config.script;
   opt.log_dir = config.log_dir;
-  opt.redirects = config.redirects;
-  opt.tee = config.tee;
-  opt.console_ranks = config.local_ranks_filter;
+  opt.output.redirects = config.redirects;
+  opt.output.tee = config.tee;
+  opt.output.console_ranks = config.local_ranks_filter;
+  opt.output.role = config.role;
+  if (auto tmpl = env.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); tmpl != env.end())
+    opt.output.prefix_template = tmpl->second;
   opt.signals_to_handle = config.signals_to_handle;
   opt.agent_env = env;
   opt.event_log = config.event_log;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "agent/group_cleanup.h"
+#include "agent/worker_output.h"
 
 namespace ddprun::launcher {
 
@@ -16,20 +17,9 @@ enum class NprocKind { Count, Cpu, Gpu, Auto };
 /// import torch, on a node with the memory for them).
 enum class StandbyMode { Off, On, Auto };
 
-/// Which standard streams of a worker go to log files (torchrun's Std: 0 none, 1 out, 2 err, 3
-/// both).
-enum class StdStreams : int { None = 0, Out = 1, Err = 2, All = 3 };
-
-/// --redirects / --tee: one default plus per-local-rank overrides ("3" or "0:1,1:2").
-struct StdSpec {
-  StdStreams all = StdStreams::None;
-  std::map<int, StdStreams> per_rank;
-  /// The setting for one local rank.
-  StdStreams for_rank(int local_rank) const {
-    auto it = per_rank.find(local_rank);
-    return it == per_rank.end() ? all : it->second;
-  }
-};
+/// --redirects / --tee (agent/worker_output.h).
+using agent::StdSpec;
+using agent::StdStreams;
 
 /// What a SLURM job step supplied (launcher/slurm.h); empty outside srun.
 struct SlurmDerived {

@@ -1,0 +1,562 @@
+#include "agent/agent_state.h"
+
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <csignal>
+
+#include <fmt/format.h>
+
+#include "agent/failure_report.h"
+#include "agent/worker_env.h"
+#include "common/exit_codes.h"
+#include "common/signals.h"
+
+namespace ddprun::agent {
+
+// ---- outcome mapping ------------------------------------------------------------------------
+
+ExitStatus ExitStatus::from_wait_status(int status) {
+  ExitStatus s;
+  if (WIFSIGNALED(status)) {
+    s.signal = WTERMSIG(status);
+  } else if (WIFEXITED(status)) {
+    s.code = WEXITSTATUS(status);
+  }
+  return s;
+}
+
+WorkerState group_state(const GroupObservation& obs) {
+  if (obs.failed > 0) return WorkerState::Failed;
+  if (obs.running > 0) return WorkerState::Healthy;
+  if (obs.succeeded > 0) return WorkerState::Succeeded;
+  return WorkerState::Init;
+}
+
+Action decide(const GroupObservation& obs) {
+  switch (group_state(obs)) {
+    case WorkerState::Failed:
+      // Healthy -> Failed: one worker failing makes the whole group stop.
+      return Action::StopGroup;
+    case WorkerState::Succeeded:
+      // Healthy -> Succeeded: the last worker exited 0 and none failed.
+      return Action::Succeed;
+    default:
+      return Action::Monitor;
+  }
+}
+
+int job_exit_code(const JobOutcome& outcome) {
+  switch (outcome.end) {
+    case JobEnd::Succeeded:
+      return common::kExitSuccess;
+    case JobEnd::WorkersFailed:
+      if (outcome.max_restarts > 0) return common::kExitRestartsExhausted;
+      // A worker that exits non-zero has a non-zero shell code; keep it distinct from success.
+      return outcome.root_cause.shell_code() != 0 ? outcome.root_cause.shell_code() : 1;
+    case JobEnd::Signalled:
+      return 128 + outcome.signal;
+    case JobEnd::RendezvousFailed:
+      return common::kExitRendezvous;
+    case JobEnd::Internal:
+      return common::kExitInternal;
+  }
+  return common::kExitInternal;
+}
+
+// ---- queries --------------------------------------------------------------------------------
+
+std::vector<pid_t> running_pids(const AgentState& state) {
+  std::vector<pid_t> pids;
+  for (const auto& w : state.workers)
+    if (w.running) pids.push_back(w.pid);
+  return pids;
+}
+
+GroupObservation observe(const AgentState& state) {
+  GroupObservation obs;
+  for (const auto& w : state.workers) {
+    if (w.running)
+      ++obs.running;
+    else if (w.status.ok() && !w.launch_failed)
+      ++obs.succeeded;
+    else
+      ++obs.failed;
+  }
+  return obs;
+}
+
+std::optional<size_t> slot_of_report(const AgentState& state, std::optional<pid_t> pid,
+                                     int local_rank) {
+  for (size_t i = 0; i < state.workers.size(); ++i) {
+    const WorkerSlot& w = state.workers[i];
+    if (pid ? w.pid == *pid : w.placement.local_rank == local_rank && w.running) return i;
+  }
+  return std::nullopt;
+}
+
+const char* phase_name(AgentPhase phase) {
+  switch (phase) {
+    case AgentPhase::Rendezvous:
+      return "rendezvous";
+    case AgentPhase::AwaitingZygote:
+      return "awaiting_zygote";
+    case AgentPhase::Launching:
+      return "launching";
+    case AgentPhase::Running:
+      return "running";
+    case AgentPhase::Stopping:
+      return "stopping";
+    case AgentPhase::Draining:
+      return "draining";
+    case AgentPhase::BetweenRounds:
+      return "between_rounds";
+    case AgentPhase::Finished:
+      return "finished";
+  }
+  return "unknown";
+}
+
+// ---- transitions ----------------------------------------------------------------------------
+
+namespace {
+
+using Effects = std::vector<AgentEffect>;
+
+double ms_between(TimePoint from, TimePoint to) {
+  return std::chrono::duration<double, std::milli>(to - from).count();
+}
+
+/// Nothing runs or drains: the phases in which what the rendezvous said is acted on.
+bool idle(AgentPhase phase) {
+  return phase == AgentPhase::Rendezvous || phase == AgentPhase::AwaitingZygote ||
+         phase == AgentPhase::BetweenRounds;
+}
+
+/// One step's context: the state, the time, the settings and the effects so far.
+class Stepper {
+ public:
+  Stepper(AgentState& s, TimePoint now, const AgentSpec& spec) : s_(s), now_(now), spec_(spec) {}
+
+  Effects take() { return std::move(out_); }
+
+  void on(const AgentStarted& e) {
+    if (e.zygote_starting) s_.zygote = ZygotePhase::Starting;
+    join_round();
+  }
+
+  void on(const RoundReady& e) {
+    if (s_.phase != AgentPhase::Rendezvous) return;
+    if (s_.pending_signal != 0) return advance();
+    out_.push_back(EmitEvent{"rendezvous_complete",
+                             {{"round", e.info.round},
+                              {"group_rank", e.info.group_rank},
+                              {"group_world_size", e.info.group_world_size},
+                              {"restart_count", e.info.restart_count},
+                              {"master_addr", e.info.master_addr},
+                              {"master_port", e.info.master_port}}});
+    if (s_.zygote == ZygotePhase::Starting) {
+      // Rendezvous -> AwaitingZygote: the zygote still imports torch; the group forks from it
+      // once it is ready or gone. Signals and notices are acted on meanwhile.
+      s_.waiting_round = e.info;
+      s_.phase = AgentPhase::AwaitingZygote;
+      return;
+    }
+    begin_group(e.info);
+  }
+
+  void on(const RoundFailed& e) {
+    if (s_.phase != AgentPhase::Rendezvous) return;
+    // Rendezvous -> Finished: no round, no job.
+    out_.push_back(EmitEvent{"rendezvous_failed", {{"message", e.error.message}}});
+    log(LogLevel::Error, "rendezvous failed: " + e.error.message);
+    finish(job_exit_code(JobOutcome::of(JobEnd::RendezvousFailed)));
+  }
+
+  void on(const ZygoteSettled& e) {
+    s_.zygote = e.ready ? ZygotePhase::Ready : ZygotePhase::Gone;
+    if (s_.phase != AgentPhase::AwaitingZygote || !s_.waiting_round) return;
+    // AwaitingZygote -> Launching: the group forks from the zygote, or starts afresh.
+    const rdzv::RendezvousInfo round = *s_.waiting_round;
+    s_.waiting_round.reset();
+    begin_group(round);
+  }
+
+  void on(const NoticeReceived& e) {
+    s_.waiting_round.reset();  // that round is over for this node
+    if (s_.phase == AgentPhase::AwaitingZygote) s_.phase = AgentPhase::BetweenRounds;
+    if (const auto* restart = std::get_if<rdzv::Restart>(&e.notice)) {
+      out_.push_back(EmitEvent{"restart",
+                               {{"reason", restart->reason},
+                                {"counted", restart->counted},
+                                {"restart_count", restart->restart_count}}});
+      s_.restart_count = restart->restart_count;
+      log(LogLevel::Warn,
+          restart->counted
+              ? fmt::format("restarting workers: restart {} of {} ({})", restart->restart_count,
+                            spec_.max_restarts, restart->reason)
+              : "restarting workers for a new round: " + restart->reason);
+      s_.restart = *restart;
+    } else if (const auto* closed = std::get_if<rdzv::Closed>(&e.notice)) {
+      out_.push_back(EmitEvent{"job_closed", {{"message", closed->message}}});
+      s_.closed = *closed;
+    } else {
+      s_.lost = std::get<rdzv::RendezvousError>(e.notice);
+    }
+    // Launching/Running -> Stopping: the rendezvous asks this node to stop its workers.
+    if ((s_.phase == AgentPhase::Launching || s_.phase == AgentPhase::Running) &&
+        s_.stop_reason == StopReason::None)
+      stop_group(StopReason::Requested, SIGTERM);
+    advance();
+  }
+
+  void on(const GroupPrepared& e) {
+    if (s_.phase != AgentPhase::Launching) return;
+    if (!e.ok) return finish(job_exit_code(JobOutcome::of(JobEnd::Internal)));
+    // The standbys handed over run already: they are workers before any launch.
+    for (const auto& [local_rank, pid] : e.handed) {
+      for (auto& w : s_.workers) {
+        if (w.placement.local_rank != local_rank) continue;
+        w.pid = pid;
+        w.running = true;
+      }
+    }
+    s_.from_standby = static_cast<int>(e.handed.size());
+    continue_launch();
+  }
+
+  void on(const WorkerLaunched& e) {
+    if (s_.phase != AgentPhase::Launching || e.index >= s_.workers.size()) return;
+    WorkerSlot& w = s_.workers[e.index];
+    if (e.pid > 0) {
+      w.pid = e.pid;
+      w.running = true;
+    } else {
+      w.launch_failed = true;
+    }
+    s_.next_launch = e.index + 1;
+    continue_launch();
+  }
+
+  void on(const WorkerExited& e) {
+    if (s_.phase == AgentPhase::Finished) return;
+    auto it = std::find_if(s_.workers.begin(), s_.workers.end(),
+                           [&](const WorkerSlot& w) { return w.running && w.pid == e.pid; });
+    // As a child subreaper the agent also reaps orphaned descendants of its workers: a pid that
+    // is no running worker's was only reaped.
+    if (it == s_.workers.end()) return;
+    it->running = false;
+    it->status = e.status;
+    log(LogLevel::Debug, fmt::format("local rank {} (pid {}) ended: {}", it->placement.local_rank,
+                                     it->pid, describe_exit(e.status)));
+    const auto index = static_cast<size_t>(it - s_.workers.begin());
+    if (!e.status.ok()) {
+      // Healthy -> Failed for this worker, unless the agent itself was stopping the group. One
+      // that failed too while the group was stopped for another's failure and wrote an error
+      // file failed on its own (the stop signal writes none): it is reported with its
+      // traceback, as torchrun reports every rank failing together.
+      if (s_.stop_reason == StopReason::None ||
+          (s_.stop_reason == StopReason::WorkerFailed && e.wrote_error_file))
+        record_failure(index);
+    }
+    evaluate();
+  }
+
+  void on(const ProgressReported& e) {
+    if (e.index < s_.workers.size()) s_.workers[e.index].last_progress = now_;
+  }
+
+  void on(const SignalReceived& e) {
+    if (s_.phase == AgentPhase::Finished) return;
+    const int sig = e.sig;
+    if (sig == SIGUSR1 || sig == SIGUSR2) {
+      // A preemption notice: the workers decide what to do; the group keeps running. SIGUSR1
+      // is remembered: workers started later learn of it from DDPRUN_CHECKPOINT_REQUESTED=1.
+      out_.push_back(ForwardNotice{running_pids(s_), sig});
+      if (sig == SIGUSR1) s_.checkpoint_requested = true;
+      return;
+    }
+    if (s_.pending_signal != 0) {
+      log(LogLevel::Warn,
+          "received " + common::signal_name(sig) + " again: killing the workers now");
+      kill_remaining();
+      return;
+    }
+    s_.pending_signal = sig;
+    out_.push_back(EmitEvent{"signal", {{"signal", common::signal_name(sig)}}});
+    log(LogLevel::Warn, "received " + common::signal_name(sig) + ": stopping the workers");
+    // Between rounds (or in a rendezvous): leave now. Draining: the end of the drain leaves.
+    if (idle(s_.phase)) return advance();
+    if (s_.phase == AgentPhase::Draining) return;
+    stop_group(StopReason::Signalled, sig);
+  }
+
+  void on(const TimerFired& e) {
+    if (s_.phase == AgentPhase::Finished) return;
+    switch (e.timer) {
+      case AgentTimer::StopDeadline:
+        if (observe(s_).running > 0)
+          log(LogLevel::Warn,
+              fmt::format(
+                  "workers still running {} ms after the stop signal: sending SIGKILL",
+                  std::chrono::duration_cast<std::chrono::milliseconds>(spec_.shutdown_timeout)
+                      .count()));
+        kill_remaining();
+        return;
+      case AgentTimer::Watchdog:
+        if (s_.phase != AgentPhase::Running) return;
+        check_watchdog();
+        arm_watchdog();
+        return;
+    }
+  }
+
+  void on(const OutputDrained&) {
+    if (s_.phase != AgentPhase::Draining) return;
+    s_.phase = AgentPhase::BetweenRounds;
+    if (s_.drain_after_success) {
+      // Succeeded -> BetweenRounds: the job is done once the rendezvous says every node is.
+      out_.push_back(ReportSuccess{});
+    } else {
+      out_.push_back(
+          EmitEvent{"teardown_done", {{"teardown_ms", ms_between(s_.stop_started, now_)}}});
+    }
+    advance();
+  }
+
+ private:
+  void log(LogLevel level, std::string text) { out_.push_back(Log{level, std::move(text)}); }
+
+  void join_round() {
+    // -> Rendezvous: join the next round.
+    s_.phase = AgentPhase::Rendezvous;
+    out_.push_back(EmitEvent{"rendezvous_start", {{"restart_count", s_.restart_count}}});
+    out_.push_back(JoinRound{});
+  }
+
+  void begin_group(const rdzv::RendezvousInfo& round) {
+    // Rendezvous -> Launching: a fresh group for this round.
+    s_.phase = AgentPhase::Launching;
+    s_.round = round;
+    s_.restart_count = round.restart_count;
+    s_.workers.clear();
+    for (const WorkerPlacement& p : place_workers(round, spec_.local_world_size)) {
+      WorkerSlot slot;
+      slot.placement = p;
+      s_.workers.push_back(slot);
+    }
+    s_.failures.clear();
+    s_.stop_reason = StopReason::None;
+    s_.next_launch = 0;
+    s_.from_standby = 0;
+    out_.push_back(PrepareGroup{});
+  }
+
+  /// The next worker to start, one per event-loop turn: a stop that comes while a large group
+  /// starts is acted on between two launches, not after the last.
+  void continue_launch() {
+    while (s_.next_launch < s_.workers.size() && s_.workers[s_.next_launch].pid > 0)
+      ++s_.next_launch;  // a handed-over standby's
+    if (s_.next_launch < s_.workers.size() && s_.stop_reason == StopReason::None) {
+      out_.push_back(LaunchWorker{s_.next_launch});
+      return;
+    }
+    end_launch();
+  }
+
+  void end_launch() {
+    // Init -> Stopped for the workers not started: a stop came while the group started.
+    const size_t planned = s_.workers.size();
+    std::vector<WorkerSlot> kept;
+    std::vector<size_t> new_index(planned, planned);
+    for (size_t i = 0; i < planned; ++i) {
+      const WorkerSlot& w = s_.workers[i];
+      if (w.pid <= 0 && !w.launch_failed) continue;
+      new_index[i] = kept.size();
+      kept.push_back(w);
+    }
+    for (size_t& f : s_.failures) f = new_index[f];
+    s_.workers = std::move(kept);
+    if (s_.workers.size() < planned)
+      log(LogLevel::Info,
+          fmt::format("stopped starting workers: {} of {} started", s_.workers.size(), planned));
+    s_.phase = s_.stop_reason == StopReason::None ? AgentPhase::Running : AgentPhase::Stopping;
+    if (s_.workers.empty()) return group_stopped();  // Init -> Stopped: none had started
+    for (size_t i = 0; i < s_.workers.size(); ++i) {
+      WorkerSlot& w = s_.workers[i];
+      if (!w.launch_failed) continue;
+      // Init -> Failed: a worker that cannot start fails its group like a crash would.
+      w.status.code = 127;
+      record_failure(i);
+    }
+    nlohmann::json pids = nlohmann::json::array();
+    for (const auto& w : s_.workers) pids.push_back(w.pid);
+    out_.push_back(EmitEvent{"workers_started",
+                             {{"count", s_.workers.size()},
+                              {"pids", pids},
+                              {"restart_count", s_.restart_count},
+                              {"from_standby", s_.from_standby}}});
+    arm_watchdog();
+    out_.push_back(ScheduleStandbys{});
+    evaluate();
+  }
+
+  void record_failure(size_t index) {
+    s_.failures.push_back(index);
+    out_.push_back(RecordFailure{index});
+  }
+
+  /// After every observed exit, once the whole group was launched.
+  void evaluate() {
+    if (s_.phase == AgentPhase::Stopping) {
+      if (observe(s_).running == 0) group_stopped();
+      return;
+    }
+    if (s_.phase != AgentPhase::Running) return;
+    switch (decide(observe(s_))) {
+      case Action::Monitor:
+        return;
+      case Action::Succeed:
+        // Running -> Draining: every worker exited 0; report once the output is read.
+        s_.phase = AgentPhase::Draining;
+        s_.drain_after_success = true;
+        out_.push_back(Drain{});
+        return;
+      case Action::StopGroup: {
+        // Running -> Stopping: report at once so that other nodes stop too, then stop ours.
+        const WorkerSlot& root = s_.workers[s_.failures.front()];
+        const std::string what =
+            fmt::format("worker rank {} (local rank {}, pid {}) on {} failed with {}",
+                        root.placement.global_rank, root.placement.local_rank, root.pid, spec_.host,
+                        describe_exit(root.status));
+        log(LogLevel::Warn, what + "; stopping the group");
+        out_.push_back(EmitEvent{"failure_detected",
+                                 {{"rank", root.placement.global_rank},
+                                  {"local_rank", root.placement.local_rank},
+                                  {"pid", root.pid},
+                                  {"exit_code", root.status.code},
+                                  {"signal", root.status.signal},
+                                  {"how", root.launch_failed ? "launch"
+                                          : root.hung        ? "watchdog"
+                                                             : "exit"}}});
+        out_.push_back(ReportFailure{
+            rdzv::WorkersFailed{s_.round.round, what, root.status.code, root.status.signal}});
+        stop_group(StopReason::WorkerFailed, SIGTERM);
+        return;
+      }
+    }
+  }
+
+  void stop_group(StopReason reason, int sig) {
+    if (s_.stop_reason == StopReason::None) s_.stop_started = now_;
+    if (s_.stop_reason == StopReason::None || reason == StopReason::Signalled)
+      s_.stop_reason = reason;
+    // A stopped (SIGSTOP) worker acts on the stop signal only once continued.
+    out_.push_back(SignalWorkers{running_pids(s_), sig, sig != SIGKILL});
+    out_.push_back(ArmTimer{AgentTimer::StopDeadline, now_ + spec_.shutdown_timeout});
+    // Launching -> Stopping: the workers not started yet never start.
+    if (s_.phase == AgentPhase::Launching) return end_launch();
+    if (s_.phase == AgentPhase::Running) s_.phase = AgentPhase::Stopping;
+    evaluate();
+  }
+
+  void kill_remaining() {
+    if (auto pids = running_pids(s_); !pids.empty())
+      out_.push_back(SignalWorkers{std::move(pids), SIGKILL, false});
+  }
+
+  void group_stopped() {
+    // Stopping -> Draining: every worker of the group has been reaped. A late SIGCHLD of the
+    // old group finds no running slot and changes nothing.
+    s_.phase = AgentPhase::Draining;
+    s_.drain_after_success = false;
+    out_.push_back(CancelTimer{AgentTimer::StopDeadline});
+    out_.push_back(Drain{});
+  }
+
+  void arm_watchdog() {
+    if (spec_.watchdog_timeout.count() <= 0) return;
+    out_.push_back(ArmTimer{AgentTimer::Watchdog,
+                            now_ + std::min(spec_.watchdog_timeout / 4, spec_.watchdog_tick)});
+  }
+
+  /// A worker that reported progress once and then nothing for --watchdog_timeout is hung: it
+  /// gets SIGKILL at once (a stopped or deadlocked process would ignore SIGTERM) and its group
+  /// fails as if it had crashed.
+  void check_watchdog() {
+    for (auto& w : s_.workers) {
+      if (!w.running || w.hung || !w.last_progress) continue;
+      if (now_ - *w.last_progress < spec_.watchdog_timeout) continue;
+      w.hung = true;
+      log(LogLevel::Warn,
+          fmt::format("worker rank {} (local rank {}, pid {}) made no progress for {} ms "
+                      "(--watchdog_timeout): killing it",
+                      w.placement.global_rank, w.placement.local_rank, w.pid,
+                      std::chrono::duration_cast<std::chrono::milliseconds>(now_ - *w.last_progress)
+                          .count()));
+      out_.push_back(SignalWorkers{{w.pid}, SIGKILL, false});
+    }
+  }
+
+  /// Once nothing runs or drains: act on what is pending.
+  void advance() {
+    if (!idle(s_.phase)) return;
+    if (s_.pending_signal != 0) {
+      // -> Finished: a stop signal; leave the rendezvous.
+      out_.push_back(Leave{"received " + common::signal_name(s_.pending_signal)});
+      return finish(job_exit_code(JobOutcome::signalled(s_.pending_signal)));
+    }
+    if (s_.lost) {
+      log(LogLevel::Error, s_.lost->message);
+      return finish(job_exit_code(JobOutcome::of(JobEnd::RendezvousFailed)));
+    }
+    if (s_.closed) return conclude(*s_.closed);
+    if (s_.restart) {
+      // BetweenRounds -> Rendezvous: the rendezvous asked for a new round.
+      s_.restart.reset();
+      return join_round();
+    }
+    // Otherwise the rendezvous has not answered this node's report yet.
+  }
+
+  /// The job is over: exit as the rendezvous says, the same on every node.
+  void conclude(const rdzv::Closed& closed) {
+    switch (closed.outcome) {
+      case rdzv::JobOutcomeKind::Succeeded:
+        return finish(job_exit_code(JobOutcome::of(JobEnd::Succeeded)));
+      case rdzv::JobOutcomeKind::TimedOut:
+        log(LogLevel::Error, "rendezvous failed: " + closed.message);
+        return finish(job_exit_code(JobOutcome::of(JobEnd::RendezvousFailed)));
+      case rdzv::JobOutcomeKind::Failed:
+        break;
+    }
+    out_.push_back(ReportJobFailure{closed});
+    // A job that failed without a worker failing (a node was lost) still must not exit 0.
+    ExitStatus root{closed.exit_code, closed.signal};
+    if (root.ok()) root.code = 1;
+    finish(job_exit_code(JobOutcome::workers_failed(root, spec_.max_restarts)));
+  }
+
+  void finish(int code) {
+    s_.phase = AgentPhase::Finished;
+    s_.exit_code = code;
+    out_.push_back(Finish{code});
+  }
+
+  AgentState& s_;
+  TimePoint now_;
+  const AgentSpec& spec_;
+  Effects out_;
+};
+
+}  // namespace
+
+std::vector<AgentEffect> agent_step(AgentState& state, const AgentEvent& event, TimePoint now,
+                                    const AgentSpec& spec) {
+  if (state.phase == AgentPhase::Finished) return {};
+  Stepper stepper(state, now, spec);
+  std::visit([&stepper](const auto& e) { stepper.on(e); }, event);
+  return stepper.take();
+}
+
+}  // namespace ddprun::agent

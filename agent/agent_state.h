@@ -1,0 +1,304 @@
+#pragma once
+// The agent's lifecycle as a pure state machine, the twin of rendezvous/rdzv_state.h:
+//
+//   agent_step(state, event, now, spec) -> effects
+//
+// No processes, sockets, files or clock reads: LocalAgent (local_agent.cpp) turns what happens
+// (a round completes, a worker exits, a signal, a timer) into an AgentEvent, calls agent_step,
+// and applies the AgentEffects it returns (launch, signal, report, arm a timer...). Tests build a
+// state, feed events with a made-up time and read the effects (tests/unit/agent/
+// agent_state_test.cpp). docs/design.md ("The agent's lifecycle") draws the phases.
+#include <sys/types.h>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "agent/worker.h"
+#include "common/clock.h"
+#include "rendezvous/rendezvous_handler.h"
+
+namespace ddprun::agent {
+
+using common::Duration;
+using common::TimePoint;
+
+// ---- outcome mapping -----------------------------------------------------------------------
+
+/// Counts of the current worker group's members by what the agent has observed.
+struct GroupObservation {
+  int running = 0;
+  int succeeded = 0;
+  int failed = 0;
+};
+
+/// The group's state as torchelastic names it.
+WorkerState group_state(const GroupObservation& obs);
+
+/// What the agent does after each observed worker exit while a group runs.
+enum class Action {
+  Monitor,    ///< keep watching
+  Succeed,    ///< every worker exited 0
+  StopGroup,  ///< a worker failed: stop every other worker
+};
+Action decide(const GroupObservation& obs);
+
+/// How a whole ddprun run ended.
+enum class JobEnd { Succeeded, WorkersFailed, Signalled, RendezvousFailed, Internal };
+
+/// Inputs of the exit-status mapping.
+struct JobOutcome {
+  JobEnd end = JobEnd::Succeeded;
+  ExitStatus root_cause;  ///< the first failed worker, for WorkersFailed
+  int signal = 0;         ///< the signal received, for Signalled
+  int max_restarts = 0;
+
+  static JobOutcome of(JobEnd end) {
+    JobOutcome o;
+    o.end = end;
+    return o;
+  }
+  static JobOutcome signalled(int sig) {
+    JobOutcome o = of(JobEnd::Signalled);
+    o.signal = sig;
+    return o;
+  }
+  static JobOutcome workers_failed(ExitStatus root_cause, int max_restarts) {
+    JobOutcome o = of(JobEnd::WorkersFailed);
+    o.root_cause = root_cause;
+    o.max_restarts = max_restarts;
+    return o;
+  }
+};
+
+/// ddprun's exit status (common/exit_codes.h; docs/design.md#exit-codes).
+int job_exit_code(const JobOutcome& outcome);
+
+// ---- state ----------------------------------------------------------------------------------
+
+/// Where the agent is in its lifecycle (docs/design.md, "The agent's lifecycle").
+enum class AgentPhase {
+  Rendezvous,      ///< waiting for a round to complete
+  AwaitingZygote,  ///< a round completed; its workers fork from the zygote once it is ready
+  Launching,       ///< starting the group's workers one by one
+  Running,         ///< the group runs; exits are judged as they come
+  Stopping,        ///< the group was told to stop; waiting for every worker to exit
+  Draining,        ///< no worker runs; leftovers are killed and the output read to its end
+  BetweenRounds,   ///< nothing runs; waiting for the rendezvous to say what comes next
+  Finished,        ///< the job is over for this node (Finish was the last effect)
+};
+
+/// Why the current group is being stopped.
+enum class StopReason { None, WorkerFailed, Signalled, Requested };
+
+/// The Python zygote as the lifecycle needs it (agent/python_zygote.h has the rest).
+enum class ZygotePhase { None, Starting, Ready, Gone };
+
+/// One worker of the current group.
+struct WorkerSlot {
+  WorkerPlacement placement;
+  pid_t pid = -1;  ///< -1 until started
+  bool running = false;
+  bool launch_failed = false;              ///< the process could not be started
+  ExitStatus status;                       ///< once it has exited
+  bool hung = false;                       ///< killed by the watchdog
+  std::optional<TimePoint> last_progress;  ///< the last report it sent
+};
+
+/// Timers the lifecycle arms (the executor keeps one per kind).
+enum class AgentTimer {
+  StopDeadline,  ///< --shutdown_timeout after the stop signal: SIGKILL what still runs
+  Watchdog,      ///< the next look for workers that stopped reporting progress
+};
+
+struct AgentState {
+  AgentPhase phase = AgentPhase::Rendezvous;
+  /// The round the group runs in (valid from Launching on).
+  rdzv::RendezvousInfo round;
+  int restart_count = 0;
+  /// A completed round whose group waits for the zygote (AwaitingZygote).
+  std::optional<rdzv::RendezvousInfo> waiting_round;
+  ZygotePhase zygote = ZygotePhase::None;
+  std::vector<WorkerSlot> workers;
+  /// Slots (indices into workers) that failed on their own, in the order observed: the first
+  /// is the root cause.
+  std::vector<size_t> failures;
+  StopReason stop_reason = StopReason::None;
+  TimePoint stop_started;
+  /// Draining: whether the group succeeded (report success after) or was stopped.
+  bool drain_after_success = false;
+  /// The next slot to start (Launching).
+  size_t next_launch = 0;
+  /// How many of the group's workers are handed-over standbys.
+  int from_standby = 0;
+  /// A stop signal received (SIGTERM...); the job ends once the group is down.
+  int pending_signal = 0;
+  /// SIGUSR1 arrived: workers started from now on get DDPRUN_CHECKPOINT_REQUESTED=1.
+  bool checkpoint_requested = false;
+  /// What the rendezvous said between rounds, acted on once nothing runs.
+  std::optional<rdzv::Restart> restart;
+  std::optional<rdzv::Closed> closed;
+  std::optional<rdzv::RendezvousError> lost;
+  int exit_code = 0;  ///< valid once Finished
+};
+
+/// What agent_step needs besides the state: the job's fixed settings.
+struct AgentSpec {
+  int local_world_size = 1;
+  int max_restarts = 0;
+  Duration shutdown_timeout = std::chrono::seconds(30);
+  Duration watchdog_timeout{0};  ///< 0: off
+  Duration watchdog_tick = std::chrono::seconds(1);
+  std::string host;  ///< this node, as failure descriptions name it
+};
+
+// ---- events ---------------------------------------------------------------------------------
+
+/// run() begins: join the first round. `zygote_starting`: a zygote imports torch meanwhile.
+struct AgentStarted {
+  bool zygote_starting = false;
+};
+struct RoundReady {
+  rdzv::RendezvousInfo info;
+};
+struct RoundFailed {
+  rdzv::RendezvousError error;
+};
+struct NoticeReceived {
+  rdzv::Notice notice;
+};
+/// The executor prepared the group's directories and environments (PrepareGroup); `handed`
+/// are the local ranks already running as handed-over standbys, with their pids.
+struct GroupPrepared {
+  bool ok = true;  ///< false: the attempt's directories could not be made
+  std::map<int, pid_t> handed;
+};
+/// LaunchWorker{index} was carried out: the pid, or the process could not start.
+struct WorkerLaunched {
+  size_t index = 0;
+  pid_t pid = -1;  ///< -1: it did not start
+};
+/// A child of the agent was reaped. `wrote_error_file`: its TORCHELASTIC_ERROR_FILE is not
+/// empty (a worker that failed on its own, as opposed to one the stop signal ended).
+struct WorkerExited {
+  pid_t pid = -1;
+  ExitStatus status;
+  bool wrote_error_file = false;
+};
+/// A worker's report (progress heartbeat or milestone) arrived; slot found by the executor.
+struct ProgressReported {
+  size_t index = 0;
+};
+/// A signal the agent handles (SIGTERM, SIGINT, SIGHUP, SIGUSR1...).
+struct SignalReceived {
+  int sig = 0;
+};
+struct TimerFired {
+  AgentTimer timer = AgentTimer::StopDeadline;
+};
+/// Drain: every output pipe of the ended group closed, or the drain deadline passed.
+struct OutputDrained {};
+/// The zygote is ready (standbys fork from it) or gone (workers start afresh).
+struct ZygoteSettled {
+  bool ready = false;
+};
+
+using AgentEvent = std::variant<AgentStarted, RoundReady, RoundFailed, NoticeReceived,
+                                GroupPrepared, WorkerLaunched, WorkerExited, ProgressReported,
+                                SignalReceived, TimerFired, OutputDrained, ZygoteSettled>;
+
+// ---- effects --------------------------------------------------------------------------------
+
+/// Join the next rendezvous round (RoundReady or RoundFailed follows).
+struct JoinRound {};
+/// Make the attempt's directories and the workers' environments, hand standbys over
+/// (GroupPrepared follows).
+struct PrepareGroup {};
+/// Start workers[index] (WorkerLaunched follows, after the event loop had a turn).
+struct LaunchWorker {
+  size_t index = 0;
+};
+/// Send `sig` to each pid's process group (and SIGCONT after it, for a stopped worker).
+struct SignalWorkers {
+  std::vector<pid_t> pids;
+  int sig = 0;
+  bool then_continue = false;
+};
+/// Forward a preemption notice (SIGUSR1/SIGUSR2) to the running workers; the executor says
+/// whether any was reached.
+struct ForwardNotice {
+  std::vector<pid_t> pids;
+  int sig = 0;
+};
+/// Add workers[index] to the failure report (the executor reads its error file now).
+struct RecordFailure {
+  size_t index = 0;
+};
+struct ReportFailure {
+  rdzv::WorkersFailed failure;
+};
+struct ReportSuccess {};
+struct Leave {
+  std::string reason;
+};
+/// Kill what the ended group left behind and read its output to the end (OutputDrained
+/// follows).
+struct Drain {};
+struct ArmTimer {
+  AgentTimer timer = AgentTimer::StopDeadline;
+  TimePoint at;
+};
+struct CancelTimer {
+  AgentTimer timer = AgentTimer::StopDeadline;
+};
+/// A line of the event log (and the metrics).
+struct EmitEvent {
+  std::string name;
+  nlohmann::json fields = nlohmann::json::object();
+};
+enum class LogLevel { Debug, Info, Warn, Error };
+struct Log {
+  LogLevel level = LogLevel::Info;
+  std::string text;
+};
+/// The group started: start standbys for the next restart a while from now.
+struct ScheduleStandbys {};
+/// The job failed: print the failure report of this node's recorded failures.
+struct ReportJobFailure {
+  rdzv::Closed closed;
+};
+/// The job is over for this node: clean up and return `code` from run().
+struct Finish {
+  int code = 0;
+};
+
+using AgentEffect =
+    std::variant<JoinRound, PrepareGroup, LaunchWorker, SignalWorkers, ForwardNotice, RecordFailure,
+                 ReportFailure, ReportSuccess, Leave, Drain, ArmTimer, CancelTimer, EmitEvent, Log,
+                 ScheduleStandbys, ReportJobFailure, Finish>;
+
+/// Applies `event` at time `now` to `state` (in place: a group may have thousands of slots)
+/// and returns what the executor must do, in order.
+std::vector<AgentEffect> agent_step(AgentState& state, const AgentEvent& event, TimePoint now,
+                                    const AgentSpec& spec);
+
+/// The running workers' pids.
+std::vector<pid_t> running_pids(const AgentState& state);
+
+/// Counts the group's workers by what has been observed of them.
+GroupObservation observe(const AgentState& state);
+
+/// The slot a worker report belongs to: by pid when the report carries one (a report sent
+/// just before the worker exited may be read after its exit was reaped), else the running
+/// worker of that local rank.
+std::optional<size_t> slot_of_report(const AgentState& state, std::optional<pid_t> pid,
+                                     int local_rank);
+
+/// Phase names as the event log and the design doc write them.
+const char* phase_name(AgentPhase phase);
+
+}  // namespace ddprun::agent

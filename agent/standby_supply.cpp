@@ -1,0 +1,229 @@
+#include "agent/standby_supply.h"
+
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <spdlog/spdlog.h>
+
+#include "agent/python_zygote.h"
+#include "agent/standby_pool.h"
+#include "agent/worker_command.h"
+
+namespace ddprun::agent {
+namespace asio = boost::asio;
+
+namespace {
+
+/// Standby processes start this long after a group: they load the program (and libtorch) while
+/// the workers train, not while they start.
+constexpr std::chrono::milliseconds kStandbyDelay{1000};
+/// How long a group waits for the Python zygote to import torch before it starts without it
+/// (a fresh interpreter per worker would spend as long importing the same modules).
+constexpr std::chrono::seconds kZygoteReadyTimeout{60};
+
+}  // namespace
+
+struct StandbySupply::Impl {
+  Impl(asio::io_context& io, ProcessLauncher& launcher_, const common::Clock& clock_,
+       StandbySettings settings_,
+       std::function<void(const std::string&, const nlohmann::json&)> emit_)
+      : launcher(launcher_),
+        clock(clock_),
+        settings(std::move(settings_)),
+        emit(std::move(emit_)),
+        standby_timer(io),
+        zygote_timer(io),
+        zygote_wait(io),
+        pool(launcher_) {
+    if (!settings.python_bootstrap.empty())
+      pool.set_exit_hint("a Python standby imports torch and waits in ddprun's bootstrap (" +
+                         settings.python_bootstrap + "); " + zygote_hint());
+  }
+
+  std::string zygote_hint() const {
+    return "exit code 3 means " + settings.spec.argv.front() +
+           " cannot import torch: set PYTHON_EXEC to an interpreter that can";
+  }
+
+  bool zygote_ready() const {
+    return zygote != nullptr && zygote->state() == PythonZygote::State::Ready;
+  }
+
+  /// A standby for every local rank that has none (from the zygote when it runs).
+  void start_standbys(const std::string& executable) {
+    if (!pool.enabled() || executable.empty()) return;
+    nlohmann::json started = nlohmann::json::array();
+    for (int local = 0; local < settings.spec.local_world_size; ++local) {
+      if (pool.has(local)) continue;
+      ProcessSpec ps{
+          executable,
+          settings.python_bootstrap.empty()
+              ? settings.spec.argv
+              : build_python_standby_command(settings.spec.argv, settings.python_bootstrap,
+                                             settings.preload),
+          to_envp(build_standby_env(settings.agent_env, settings.spec, local, settings.run_id))};
+      if (settings.cleanup != nullptr) ps.cgroup_procs_fd = settings.cleanup->standby_procs_fd();
+      if (std::string why = pool.start(local, std::move(ps)); !why.empty())
+        spdlog::warn("cannot start a standby for local rank {}: {}", local, why);
+      else
+        started.push_back(pool.pid_of(local));
+    }
+    if (!started.empty())
+      emit("standbys_started",
+           {{"count", started.size()}, {"pids", started}, {"forked", zygote_ready()}});
+  }
+
+  /// Starting -> Ready or Gone: standbys come from the zygote, or there are none.
+  void settle(PythonZygote::State state, const std::string& why = "") {
+    if (zygote_settled) return;
+    zygote_settled = true;
+    zygote_timer.cancel();
+    boost::system::error_code ignored;
+    zygote_wait.close(ignored);
+    const bool ready = state == PythonZygote::State::Ready;
+    if (ready) {
+      pool.use_launcher(*zygote);
+      emit("zygote_ready",
+           {{"pid", zygote->pid()},
+            {"import_ms",
+             std::chrono::duration<double, std::milli>(clock.now() - zygote_started).count()}});
+    } else {
+      // What the zygote could not import, a standby cannot either.
+      const std::string failure = why.empty() ? zygote->failure() : why;
+      spdlog::warn(
+          "no standbys: the Python zygote (pid {}) failed: {}{}; workers start afresh",
+          zygote->pid(), failure,
+          failure.find("cannot import torch") != std::string::npos ? "; " + zygote_hint() : "");
+      pool.disable();
+    }
+    if (on_settled) on_settled(ready);
+  }
+
+  ProcessLauncher& launcher;
+  const common::Clock& clock;
+  StandbySettings settings;
+  std::function<void(const std::string&, const nlohmann::json&)> emit;
+  asio::steady_timer standby_timer;
+  asio::steady_timer zygote_timer;
+  asio::posix::stream_descriptor zygote_wait;  ///< a copy of the zygote's control socket
+  /// Before pool, which may use it as its launcher until it is destroyed.
+  std::unique_ptr<PythonZygote> zygote;
+  StandbyPool pool;
+  bool zygote_settled = false;  ///< ready, or failed before it was
+  common::TimePoint zygote_started;
+  std::function<void(bool)> on_settled;
+  bool stopped = false;
+};
+
+StandbySupply::StandbySupply(asio::io_context& io, ProcessLauncher& launcher,
+                             const common::Clock& clock, StandbySettings settings,
+                             std::function<void(const std::string&, const nlohmann::json&)> emit)
+    : impl_(std::make_unique<Impl>(io, launcher, clock, std::move(settings), std::move(emit))) {}
+
+StandbySupply::~StandbySupply() { stop(); }
+
+bool StandbySupply::start_zygote(std::function<void(bool ready)> settled) {
+  Impl& s = *impl_;
+  const StandbySettings& opt = s.settings;
+  // The zygote's forks are adopted by the agent as a child subreaper (GroupCleanup); without
+  // one, standbys start one interpreter each.
+  if (!opt.enabled || opt.python_bootstrap.empty() || opt.cleanup == nullptr) return false;
+  const std::string executable =
+      resolve_executable(opt.spec.argv.front(), search_path(opt.agent_env));
+  if (executable.empty()) return false;  // the first launch reports the missing command
+  ProcessSpec ps{executable,
+                 build_python_standby_command(opt.spec.argv, opt.python_bootstrap, opt.preload,
+                                              /*zygote=*/true),
+                 to_envp(build_standby_env(opt.agent_env, opt.spec, 0, opt.run_id))};
+  ps.cgroup_procs_fd = opt.cleanup->standby_procs_fd();
+  s.zygote = std::make_unique<PythonZygote>(s.launcher);
+  if (std::string why = s.zygote->start(std::move(ps)); !why.empty()) {
+    spdlog::warn("cannot start the Python zygote: {}; standbys start one interpreter each", why);
+    s.zygote.reset();
+    return false;
+  }
+  s.on_settled = std::move(settled);
+  s.zygote_started = s.clock.now();
+  s.emit("zygote_started", {{"pid", s.zygote->pid()}});
+  s.zygote_wait.assign(::dup(s.zygote->control_fd()));
+  s.zygote_wait.async_wait(asio::posix::stream_descriptor::wait_read,
+                           [&s](const boost::system::error_code& ec) {
+                             if (ec || s.stopped || s.zygote_settled) return;
+                             s.settle(s.zygote->on_readable());
+                           });
+  s.zygote_timer.expires_after(kZygoteReadyTimeout);
+  s.zygote_timer.async_wait([&s](const boost::system::error_code& ec) {
+    if (ec || s.stopped || s.zygote->state() != PythonZygote::State::Starting) return;
+    s.zygote->stop();
+    s.settle(PythonZygote::State::Gone,
+             "it was not ready within " + std::to_string(kZygoteReadyTimeout.count()) + " s");
+  });
+  return true;
+}
+
+std::map<int, LaunchedProcess> StandbySupply::hand_over(const std::string& executable,
+                                                        const std::map<int, EnvMap>& envs) {
+  Impl& s = *impl_;
+  if (!s.settings.enabled || executable.empty()) return {};
+  // With a zygote, the ranks without a standby get one now (a fork each): the first group
+  // imports torch once, not once per worker.
+  if (s.zygote_ready()) s.start_standbys(executable);
+  std::vector<std::string> warnings;
+  auto handed = s.pool.hand_over(envs, warnings);
+  for (const auto& line : warnings) spdlog::warn("{}", line);
+  return handed;
+}
+
+void StandbySupply::schedule(const std::string& executable) {
+  Impl& s = *impl_;
+  if (!s.settings.enabled || executable.empty()) return;
+  s.standby_timer.expires_after(kStandbyDelay);
+  s.standby_timer.async_wait([&s, executable](const boost::system::error_code& ec) {
+    if (!ec && !s.stopped) s.start_standbys(executable);
+  });
+}
+
+bool StandbySupply::on_exit(pid_t pid, const ExitStatus& status) {
+  Impl& s = *impl_;
+  if (s.pool.on_exit(pid, status)) return true;
+  if (s.zygote == nullptr || !s.zygote->on_exit(pid, status)) return false;
+  // The zygote was reaped: while it starts, as a failure; once it ran, standbys start one
+  // interpreter each from now on.
+  if (s.stopped) return true;
+  if (!s.zygote_settled) {
+    s.settle(PythonZygote::State::Gone);
+  } else if (s.pool.enabled()) {
+    spdlog::warn(
+        "the Python zygote (pid {}) ended: {}; standbys start one interpreter each from now on",
+        s.zygote->pid(), s.zygote->failure());
+    s.pool.use_launcher(s.launcher);
+  }
+  return true;
+}
+
+std::set<pid_t> StandbySupply::pids() const {
+  const Impl& s = *impl_;
+  std::set<pid_t> pids;
+  for (int local = 0; local < s.settings.spec.local_world_size; ++local)
+    if (s.pool.has(local)) pids.insert(s.pool.pid_of(local));
+  if (s.zygote != nullptr && s.zygote->state() != PythonZygote::State::Gone)
+    pids.insert(s.zygote->pid());
+  return pids;
+}
+
+void StandbySupply::stop() {
+  Impl& s = *impl_;
+  if (s.stopped) return;
+  s.stopped = true;
+  s.standby_timer.cancel();
+  s.zygote_timer.cancel();
+  boost::system::error_code ignored;
+  s.zygote_wait.close(ignored);
+  s.pool.clear();
+  if (s.zygote != nullptr) s.zygote->stop();
+}
+
+}  // namespace ddprun::agent

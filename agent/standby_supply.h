@@ -1,0 +1,76 @@
+#pragma once
+// Where the next group's standbys come from (--standby_workers): a StandbyPool of one standby
+// per local rank, started a while after each group (kStandbyDelay), and for a Python script the
+// node's zygote (agent/python_zygote.h), which imports torch while the first rendezvous forms
+// and forks every standby. LocalAgent asks it for handed-over workers when a group starts and
+// hands it every reaped pid first.
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "agent/group_cleanup.h"
+#include "agent/process_launcher.h"
+#include "agent/worker.h"
+#include "agent/worker_env.h"
+#include "common/clock.h"
+
+namespace boost::asio {
+class io_context;
+}
+
+namespace ddprun::agent {
+
+struct StandbySettings {
+  bool enabled = false;  ///< --standby_workers resolved to on
+  /// For a Python script: the bootstrap the standbys (and the zygote) run; "" when the program
+  /// itself waits (the C++ worker SDK).
+  std::string python_bootstrap;
+  std::vector<std::string> preload;  ///< --standby_preload
+  WorkerSpec spec;
+  EnvMap agent_env;
+  std::string run_id;
+  GroupCleanup* cleanup = nullptr;  ///< needed for a zygote (a subreaper adopts its forks)
+};
+
+class StandbySupply {
+ public:
+  /// `emit` writes an event-log line (zygote_started, zygote_ready, standbys_started).
+  StandbySupply(boost::asio::io_context& io, ProcessLauncher& launcher, const common::Clock& clock,
+                StandbySettings settings,
+                std::function<void(const std::string&, const nlohmann::json&)> emit);
+  ~StandbySupply();
+  StandbySupply(const StandbySupply&) = delete;
+  StandbySupply& operator=(const StandbySupply&) = delete;
+
+  /// For a Python script: starts the zygote importing torch; `settled(ready)` is called once,
+  /// when it is ready or has failed (or was not ready within a minute). Returns whether it
+  /// started (and so whether `settled` will be called).
+  bool start_zygote(std::function<void(bool ready)> settled);
+
+  /// A group starts with `executable`: hands each local rank's standby the environment in
+  /// `envs` (by local rank; forking standbys from a ready zygote first). Returns the processes
+  /// that took over, by local rank: they are workers now.
+  std::map<int, LaunchedProcess> hand_over(const std::string& executable,
+                                           const std::map<int, EnvMap>& envs);
+  /// The group started: standbys for its next restart start a while from now.
+  void schedule(const std::string& executable);
+
+  /// Called for every reaped pid first: true when it was a standby or the zygote.
+  bool on_exit(pid_t pid, const ExitStatus& status);
+  /// The standbys and the zygote, which ending a group must spare.
+  std::set<pid_t> pids() const;
+  /// Ends every standby and the zygote (the job is over).
+  void stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ddprun::agent

@@ -1,0 +1,302 @@
+#include "agent/worker_output.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <cerrno>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include "agent/line_buffer.h"
+
+namespace ddprun::agent {
+namespace asio = boost::asio;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// Writes all of `data`; returns the errno of a failed write (0: all written) and sets `lost`
+/// to the bytes not written.
+int write_all(int fd, const std::string& data, size_t* lost = nullptr) {
+  const char* p = data.data();
+  size_t left = data.size();
+  while (left > 0) {
+    ssize_t n = ::write(fd, p, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (lost != nullptr) *lost = left;
+      return errno;  // console gone (EPIPE), disk full (ENOSPC), file too large (EFBIG)
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  return 0;
+}
+
+/// filtered_stdout.log or filtered_stderr.log of one attempt, shared by every worker's stream:
+/// the lines containing any of the needles (--duplicate_stdout_filters).
+struct FilteredLog {
+  FilteredLog(int fd_, std::vector<std::string> needles_) : fd(fd_), needles(std::move(needles_)) {}
+  FilteredLog(const FilteredLog&) = delete;
+  FilteredLog& operator=(const FilteredLog&) = delete;
+  ~FilteredLog() { ::close(fd); }
+  bool wants(const std::string& line) const {
+    return std::any_of(needles.begin(), needles.end(), [&line](const std::string& needle) {
+      return line.find(needle) != std::string::npos;
+    });
+  }
+  int fd;
+  std::vector<std::string> needles;
+};
+
+/// The attempt's filtered_*.log; null when no needles are given or the file cannot be created
+/// (said once: the job goes on without it).
+std::shared_ptr<FilteredLog> open_filtered_log(const fs::path& attempt_dir, const std::string& name,
+                                               const std::vector<std::string>& needles) {
+  if (needles.empty()) return nullptr;
+  std::error_code ec;
+  fs::create_directories(attempt_dir, ec);
+  const fs::path file = attempt_dir / name;
+  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    spdlog::warn("cannot open {}: {}; filtered lines are not copied", file.string(),
+                 std::strerror(errno));
+    return nullptr;
+  }
+  return std::make_shared<FilteredLog>(fd, needles);
+}
+
+/// One stdout or stderr pipe of one worker: lines go to the console (prefixed) and/or a file.
+struct OutputStream {
+  OutputStream(asio::io_context& io, int fd) : pipe(io, fd) {}
+  OutputStream(const OutputStream&) = delete;
+  OutputStream& operator=(const OutputStream&) = delete;
+  asio::posix::stream_descriptor pipe;
+  std::array<char, 64 * 1024> chunk{};
+  LineBuffer lines;
+  int console_fd = -1;  ///< -1: not shown on the console
+  std::string prefix;
+  int file_fd = -1;  ///< -1: not written to a file
+  std::string file_path;
+  std::shared_ptr<FilteredLog> filtered;  ///< null: no --duplicate_*_filters
+  bool saw_missing_torch = false;         ///< a line said "No module named 'torch'"
+  int file_error = 0;       ///< errno of the first failed write to the file (0: none yet)
+  long long file_lost = 0;  ///< bytes that did not reach the file
+  bool open = true;
+
+  /// True when this call saw the first failed write to the file (to be reported once).
+  bool emit(const std::vector<std::string>& done) {
+    bool first_failure = false;
+    for (const auto& line : done) {
+      if (console_fd >= 0) write_all(console_fd, prefix + line + "\n");
+      if (line.find("No module named 'torch'") != std::string::npos) saw_missing_torch = true;
+      if (filtered != nullptr && filtered->wants(line))
+        write_all(filtered->fd, prefix + line + "\n");
+      if (file_fd < 0) continue;
+      // Later writes are still tried: output resumes once the disk has room again.
+      size_t lost = 0;
+      if (int err = write_all(file_fd, line + "\n", &lost); err != 0) {
+        if (file_error == 0) {
+          first_failure = true;
+          file_error = err;
+        }
+        file_lost += static_cast<long long>(lost);
+      }
+    }
+    return first_failure;
+  }
+  /// Like emit(): true when the last line's write was the file's first failure.
+  bool close() {
+    const bool first_failure = emit(lines.finish());
+    boost::system::error_code ignored;
+    pipe.close(ignored);
+    if (file_fd >= 0) ::close(file_fd);
+    file_fd = -1;
+    open = false;
+    return first_failure;
+  }
+  ~OutputStream() {
+    if (file_fd >= 0) ::close(file_fd);
+  }
+};
+
+}  // namespace
+
+bool has_stream(StdStreams set, StdStreams which) {
+  return (static_cast<int>(set) & static_cast<int>(which)) != 0;
+}
+
+StreamRoute route_stream(const OutputSettings& settings, int local_rank, StdStreams which) {
+  const bool redirected = has_stream(settings.redirects.for_rank(local_rank), which);
+  const bool teed = has_stream(settings.tee.for_rank(local_rank), which);
+  const bool shown = !settings.console_ranks || settings.console_ranks->count(local_rank) > 0;
+  return StreamRoute{(!redirected || teed) && shown, redirected || teed};
+}
+
+common::Result<LogRoot> make_log_root(const std::string& log_dir, const std::string& run_id,
+                                      bool wants_files) {
+  std::string tmpl;
+  if (!log_dir.empty()) {
+    std::error_code made;  // mkdtemp below names the problem
+    fs::create_directories(log_dir, made);
+    tmpl = (fs::path(log_dir) / (run_id + "_XXXXXX")).string();
+  } else {
+    tmpl = (fs::temp_directory_path() / "ddprun-XXXXXX").string();
+  }
+  if (::mkdtemp(tmpl.data()) == nullptr)
+    return common::Error{"cannot create a directory for worker logs and error files from " + tmpl +
+                         ": " + std::strerror(errno) + "; pass a writable --log_dir"};
+  LogRoot root{tmpl, false};
+  if (!log_dir.empty())
+    spdlog::info("worker logs and error files go to {}/attempt_<n>/<local_rank>/", tmpl);
+  else if (wants_files)
+    spdlog::info("no --log_dir given: worker logs go to {}", tmpl);
+  else
+    root.remove_at_exit = true;  // only error files live there
+  return root;
+}
+
+struct WorkerOutput::Impl {
+  Impl(asio::io_context& io_, OutputSettings settings_,
+       std::function<void(const LogWriteFailure&)> on_log_failure_)
+      : io(io_),
+        settings(std::move(settings_)),
+        on_log_failure(std::move(on_log_failure_)),
+        drain_timer(io_) {}
+
+  std::shared_ptr<OutputStream> open_stream(int fd, const WorkerPlacement& placement,
+                                            StdStreams which, const fs::path& dir) {
+    auto s = std::make_shared<OutputStream>(io, fd);
+    const StreamRoute route = route_stream(settings, placement.local_rank, which);
+    const int console = which == StdStreams::Out ? STDOUT_FILENO : STDERR_FILENO;
+    if (route.console) s->console_fd = console;
+    s->prefix = console_prefix(settings.prefix_template, settings.role, placement.global_rank,
+                               placement.local_rank);
+    s->filtered = which == StdStreams::Out ? filtered_out : filtered_err;
+    if (route.file) {
+      const fs::path file = dir / (which == StdStreams::Out ? "stdout.log" : "stderr.log");
+      s->file_fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      s->file_path = file.string();
+      if (s->file_fd < 0) {
+        spdlog::warn("cannot open {}: {}; its output goes to the console", file.string(),
+                     std::strerror(errno));
+        s->console_fd = console;
+      }
+    }
+    return s;
+  }
+
+  /// The handler owns the stream: a read aborted by close() may run after the group is gone.
+  void read_more(std::shared_ptr<OutputStream> s) {
+    OutputStream& stream = *s;
+    stream.pipe.async_read_some(
+        asio::buffer(stream.chunk), [this, s](const boost::system::error_code& ec, size_t n) {
+          if (!s->open) return;
+          if (n > 0 && s->emit(s->lines.feed(std::string_view(s->chunk.data(), n))))
+            report_log_failure(s);
+          if (ec) {
+            if (s->close()) report_log_failure(s);
+            maybe_drained();
+            return;
+          }
+          read_more(s);
+        });
+  }
+
+  /// Once per log file: the job goes on without that file's output (a full disk must not stop
+  /// training); the loss is counted in the failure report and at the job's end.
+  void report_log_failure(const std::shared_ptr<OutputStream>& s) {
+    failed.push_back(s);
+    if (on_log_failure) on_log_failure(LogWriteFailure{s->file_path, s->file_error, s->file_lost});
+  }
+
+  void close_open() {
+    for (auto& s : streams)
+      if (s->open && s->close()) report_log_failure(s);
+  }
+
+  void maybe_drained() {
+    if (!after_drain) return;
+    for (auto& s : streams)
+      if (s->open) return;
+    drain_timer.cancel();
+    auto next = std::move(after_drain);
+    after_drain = nullptr;
+    asio::post(io, std::move(next));
+  }
+
+  asio::io_context& io;
+  OutputSettings settings;
+  std::function<void(const LogWriteFailure&)> on_log_failure;
+  asio::steady_timer drain_timer;
+  std::function<void()> after_drain;
+  std::shared_ptr<FilteredLog> filtered_out;           ///< this attempt's filtered_stdout.log
+  std::shared_ptr<FilteredLog> filtered_err;           ///< this attempt's filtered_stderr.log
+  std::vector<std::shared_ptr<OutputStream>> streams;  ///< the current group's
+  std::vector<std::shared_ptr<OutputStream>> failed;   ///< each reported once
+};
+
+WorkerOutput::WorkerOutput(asio::io_context& io, OutputSettings settings,
+                           std::function<void(const LogWriteFailure&)> on_log_failure)
+    : impl_(std::make_unique<Impl>(io, std::move(settings), std::move(on_log_failure))) {}
+
+WorkerOutput::~WorkerOutput() = default;
+
+void WorkerOutput::begin_group(const fs::path& attempt_dir) {
+  impl_->close_open();
+  impl_->streams.clear();
+  impl_->filtered_out = open_filtered_log(attempt_dir, "filtered_stdout.log",
+                                          impl_->settings.duplicate_stdout_filters);
+  impl_->filtered_err = open_filtered_log(attempt_dir, "filtered_stderr.log",
+                                          impl_->settings.duplicate_stderr_filters);
+}
+
+void WorkerOutput::add(const WorkerPlacement& placement, int stdout_fd, int stderr_fd,
+                       const fs::path& dir) {
+  for (auto [fd, which] : {std::pair{stdout_fd, StdStreams::Out}, {stderr_fd, StdStreams::Err}}) {
+    if (fd < 0) continue;
+    auto s = impl_->open_stream(fd, placement, which, dir);
+    impl_->streams.push_back(s);
+    impl_->read_more(std::move(s));
+  }
+}
+
+void WorkerOutput::drain(std::chrono::milliseconds timeout, std::function<void()> done) {
+  impl_->after_drain = std::move(done);
+  impl_->drain_timer.expires_after(timeout);
+  impl_->drain_timer.async_wait([impl = impl_.get()](const boost::system::error_code& ec) {
+    if (ec) return;
+    impl->close_open();
+    impl->maybe_drained();
+  });
+  impl_->maybe_drained();
+}
+
+void WorkerOutput::close_all() {
+  impl_->after_drain = nullptr;
+  impl_->drain_timer.cancel();
+  impl_->close_open();
+}
+
+bool WorkerOutput::saw_missing_torch() const {
+  return std::any_of(impl_->streams.begin(), impl_->streams.end(),
+                     [](const auto& s) { return s->saw_missing_torch; });
+}
+
+LogLoss WorkerOutput::log_loss() const {
+  LogLoss loss;
+  for (const auto& s : impl_->failed) {
+    ++loss.files;
+    loss.bytes += s->file_lost;
+  }
+  return loss;
+}
+
+}  // namespace ddprun::agent

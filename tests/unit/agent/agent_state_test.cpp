@@ -1,0 +1,550 @@
+// The agent's lifecycle, one transition per case, driven like the rendezvous state tests: a
+// made-up clock, events in, effects out. No processes, no sockets, no sleeps.
+#include "agent/agent_state.h"
+
+#include <catch2/catch.hpp>
+#include <csignal>
+
+#include "common/exit_codes.h"
+
+using namespace ddprun::agent;
+using namespace std::chrono_literals;
+namespace rdzv = ddprun::rdzv;
+
+namespace {
+
+/// One agent's lifecycle under test: feeds events, keeps the last step's effects.
+struct Agent {
+  AgentState state;
+  AgentSpec spec;
+  TimePoint now{std::chrono::seconds(1000)};
+  std::vector<AgentEffect> last;
+  pid_t next_pid = 100;
+
+  Agent(int workers = 2, int max_restarts = 0) {
+    spec.local_world_size = workers;
+    spec.max_restarts = max_restarts;
+    spec.shutdown_timeout = 5s;
+    spec.host = "node-a";
+  }
+
+  const std::vector<AgentEffect>& on(const AgentEvent& event) {
+    last = agent_step(state, event, now, spec);
+    return last;
+  }
+
+  template <typename T>
+  std::vector<T> effects() const {
+    std::vector<T> found;
+    for (const auto& e : last)
+      if (const auto* t = std::get_if<T>(&e)) found.push_back(*t);
+    return found;
+  }
+  template <typename T>
+  bool has() const {
+    return !effects<T>().empty();
+  }
+  bool emitted(const std::string& name) const {
+    for (const auto& e : effects<EmitEvent>())
+      if (e.name == name) return true;
+    return false;
+  }
+  nlohmann::json event(const std::string& name) const {
+    for (const auto& e : effects<EmitEvent>())
+      if (e.name == name) return e.fields;
+    return nullptr;
+  }
+  bool logged(const std::string& text) const {
+    for (const auto& e : effects<Log>())
+      if (e.text.find(text) != std::string::npos) return true;
+    return false;
+  }
+
+  /// Started, joined, and the round of `restart_count` completed: Launching.
+  void round(int restart_count = 0) {
+    if (state.phase == AgentPhase::Rendezvous && last.empty()) on(AgentStarted{});
+    rdzv::RendezvousInfo info;
+    info.group_world_size = 1;
+    info.restart_count = restart_count;
+    info.round = restart_count;
+    on(RoundReady{info});
+  }
+
+  /// Carries out every LaunchWorker as a successful start, until launching ends.
+  std::vector<pid_t> launch_all(std::map<int, pid_t> handed = {}) {
+    std::vector<pid_t> pids;
+    on(GroupPrepared{true, handed});
+    for (int i = 0; i < 1000 && has<LaunchWorker>(); ++i) {
+      const pid_t pid = next_pid++;
+      pids.push_back(pid);
+      on(WorkerLaunched{effects<LaunchWorker>().front().index, pid});
+    }
+    return pids;
+  }
+
+  /// A running group of spec.local_world_size workers.
+  std::vector<pid_t> running_group(int restart_count = 0) {
+    round(restart_count);
+    return launch_all();
+  }
+};
+
+}  // namespace
+
+// ---- outcome mapping ------------------------------------------------------------------------
+
+TEST_CASE("a group keeps running while no worker has failed", "[agent][unit]") {
+  CHECK(decide({2, 0, 0}) == Action::Monitor);
+  CHECK(decide({1, 1, 0}) == Action::Monitor);
+  CHECK(group_state({1, 1, 0}) == WorkerState::Healthy);
+}
+
+TEST_CASE("one failed worker stops the whole group", "[agent][unit]") {
+  CHECK(decide({3, 0, 1}) == Action::StopGroup);
+  CHECK(decide({0, 3, 1}) == Action::StopGroup);
+  CHECK(group_state({3, 0, 1}) == WorkerState::Failed);
+}
+
+TEST_CASE("the group succeeds when every worker exited 0", "[agent][unit]") {
+  CHECK(decide({0, 4, 0}) == Action::Succeed);
+  CHECK(group_state({0, 4, 0}) == WorkerState::Succeeded);
+}
+
+TEST_CASE("the exit status maps each ending to its documented code", "[agent][unit]") {
+  using namespace ddprun::common;
+  CHECK(job_exit_code(JobOutcome::of(JobEnd::Succeeded)) == 0);
+  CHECK(job_exit_code(JobOutcome::workers_failed({3, 0}, 0)) == 3);
+  CHECK(job_exit_code(JobOutcome::workers_failed({0, 9}, 0)) == 137);
+  CHECK(job_exit_code(JobOutcome::workers_failed({3, 0}, 2)) == kExitRestartsExhausted);
+  CHECK(job_exit_code(JobOutcome::signalled(15)) == 143);
+  CHECK(job_exit_code(JobOutcome::of(JobEnd::RendezvousFailed)) == kExitRendezvous);
+  CHECK(job_exit_code(JobOutcome::of(JobEnd::Internal)) == kExitInternal);
+}
+
+TEST_CASE("wait statuses decode to codes and signals", "[agent][unit]") {
+  CHECK(ExitStatus::from_wait_status(3 << 8).code == 3);
+  CHECK(ExitStatus::from_wait_status(9).signal == 9);
+  CHECK(ExitStatus{0, 11}.shell_code() == 139);
+  CHECK(ExitStatus{0, 0}.ok());
+}
+
+// ---- Rendezvous -----------------------------------------------------------------------------
+
+TEST_CASE("agent: start joins the first round", "[agent][unit]") {
+  Agent a;
+  a.on(AgentStarted{});
+  CHECK(a.state.phase == AgentPhase::Rendezvous);
+  CHECK(a.has<JoinRound>());
+  CHECK(a.event("rendezvous_start")["restart_count"] == 0);
+}
+
+TEST_CASE("agent: Rendezvous -> Launching places one worker per local rank", "[agent][unit]") {
+  Agent a(3);
+  a.round();
+  CHECK(a.state.phase == AgentPhase::Launching);
+  CHECK(a.has<PrepareGroup>());
+  CHECK(a.emitted("rendezvous_complete"));
+  REQUIRE(a.state.workers.size() == 3);
+  CHECK(a.state.workers[2].placement.local_rank == 2);
+  CHECK(a.state.workers[2].placement.global_rank == 2);
+}
+
+TEST_CASE("agent: Rendezvous -> Finished when the round fails", "[agent][unit]") {
+  Agent a;
+  a.on(AgentStarted{});
+  a.on(RoundFailed{rdzv::RendezvousError{rdzv::RendezvousErrorKind::Timeout, "no quorum"}});
+  CHECK(a.state.phase == AgentPhase::Finished);
+  REQUIRE(a.has<Finish>());
+  CHECK(a.effects<Finish>()[0].code == ddprun::common::kExitRendezvous);
+  CHECK(a.logged("rendezvous failed: no quorum"));
+}
+
+TEST_CASE("agent: Rendezvous -> AwaitingZygote -> Launching once the zygote settles",
+          "[agent][unit]") {
+  Agent a;
+  a.on(AgentStarted{true});
+  a.round();
+  CHECK(a.state.phase == AgentPhase::AwaitingZygote);
+  CHECK_FALSE(a.has<PrepareGroup>());
+  a.on(ZygoteSettled{true});
+  CHECK(a.state.phase == AgentPhase::Launching);
+  CHECK(a.state.zygote == ZygotePhase::Ready);
+  CHECK(a.has<PrepareGroup>());
+}
+
+TEST_CASE("agent: a signal while the group awaits the zygote leaves at once", "[agent][unit]") {
+  Agent a;
+  a.on(AgentStarted{true});
+  a.round();
+  a.on(SignalReceived{SIGTERM});
+  CHECK(a.has<Leave>());
+  CHECK(a.effects<Finish>().at(0).code == 128 + SIGTERM);
+  a.on(ZygoteSettled{false});
+  CHECK(a.last.empty());  // Finished: nothing starts
+}
+
+TEST_CASE("agent: a signal during the rendezvous leaves and ignores the late round",
+          "[agent][unit]") {
+  Agent a;
+  a.on(AgentStarted{});
+  a.on(SignalReceived{SIGINT});
+  CHECK(a.effects<Leave>().at(0).reason == "received SIGINT");
+  CHECK(a.state.phase == AgentPhase::Finished);
+  a.round();
+  CHECK(a.last.empty());
+}
+
+// ---- Launching ------------------------------------------------------------------------------
+
+TEST_CASE("agent: Launching starts one worker per step and then runs", "[agent][unit]") {
+  Agent a(3);
+  a.spec.watchdog_timeout = 8s;
+  a.round();
+  a.on(GroupPrepared{true, {}});
+  CHECK(a.effects<LaunchWorker>().at(0).index == 0);
+  a.on(WorkerLaunched{0, 100});
+  CHECK(a.effects<LaunchWorker>().at(0).index == 1);
+  CHECK(a.state.phase == AgentPhase::Launching);
+  a.on(WorkerLaunched{1, 101});
+  a.on(WorkerLaunched{2, 102});
+  CHECK(a.state.phase == AgentPhase::Running);
+  CHECK(a.event("workers_started")["pids"] == nlohmann::json({100, 101, 102}));
+  CHECK(a.has<ScheduleStandbys>());
+  // The watchdog looks every quarter of its timeout, at most once a second.
+  REQUIRE(a.has<ArmTimer>());
+  CHECK(a.effects<ArmTimer>()[0].timer == AgentTimer::Watchdog);
+  CHECK(a.effects<ArmTimer>()[0].at == a.now + 1s);
+}
+
+TEST_CASE("agent: handed-over standbys run before any launch and are not launched",
+          "[agent][unit]") {
+  Agent a(3);
+  a.round();
+  a.on(GroupPrepared{true, {{0, 500}, {2, 502}}});
+  CHECK(a.effects<LaunchWorker>().at(0).index == 1);
+  a.on(WorkerLaunched{1, 101});
+  CHECK(a.state.phase == AgentPhase::Running);
+  CHECK(a.event("workers_started")["from_standby"] == 2);
+  CHECK(running_pids(a.state) == std::vector<pid_t>{500, 101, 502});
+}
+
+TEST_CASE("agent: Launching -> Finished when the attempt's directories cannot be made",
+          "[agent][unit]") {
+  Agent a;
+  a.round();
+  a.on(GroupPrepared{false, {}});
+  CHECK(a.effects<Finish>().at(0).code == ddprun::common::kExitInternal);
+}
+
+TEST_CASE("agent: a worker that cannot start fails its group like a crash", "[agent][unit]") {
+  Agent a(2);
+  a.round();
+  a.on(GroupPrepared{true, {}});
+  a.on(WorkerLaunched{0, 100});
+  a.on(WorkerLaunched{1, -1});
+  CHECK(a.state.phase == AgentPhase::Stopping);
+  CHECK(a.effects<RecordFailure>().at(0).index == 1);
+  CHECK(a.state.workers[1].status.code == 127);
+  CHECK(a.event("failure_detected")["how"] == "launch");
+  CHECK(a.effects<SignalWorkers>().at(0).pids == std::vector<pid_t>{100});
+}
+
+TEST_CASE("agent: a stop while the group starts ends the launches", "[agent][unit]") {
+  Agent a(4);
+  a.round();
+  a.on(GroupPrepared{true, {}});
+  a.on(WorkerLaunched{0, 100});
+  a.on(SignalReceived{SIGTERM});
+  CHECK(a.state.phase == AgentPhase::Stopping);
+  CHECK(a.logged("stopped starting workers: 1 of 4 started"));
+  CHECK(a.effects<SignalWorkers>().at(0).pids == std::vector<pid_t>{100});
+  CHECK(a.state.workers.size() == 1);
+  // The launch the executor had already queued is stale and changes nothing.
+  a.on(WorkerLaunched{1, 101});
+  CHECK(a.last.empty());
+  a.on(WorkerExited{100, {0, SIGTERM}, false});
+  CHECK(a.state.phase == AgentPhase::Draining);
+}
+
+TEST_CASE("agent: a stop before any worker started drains nothing and leaves", "[agent][unit]") {
+  Agent a(2);
+  a.round();
+  a.on(GroupPrepared{true, {}});
+  a.on(SignalReceived{SIGTERM});
+  CHECK(a.state.phase == AgentPhase::Draining);
+  CHECK(a.has<Drain>());
+  a.on(OutputDrained{});
+  CHECK(a.effects<Finish>().at(0).code == 128 + SIGTERM);
+}
+
+TEST_CASE("agent: an exit during Launching is judged once launching ends", "[agent][unit]") {
+  Agent a(2);
+  a.round();
+  a.on(GroupPrepared{true, {}});
+  a.on(WorkerLaunched{0, 100});
+  a.on(WorkerExited{100, {3, 0}, true});
+  CHECK(a.has<RecordFailure>());
+  CHECK_FALSE(a.has<ReportFailure>());
+  a.on(WorkerLaunched{1, 101});
+  CHECK(a.has<ReportFailure>());
+  CHECK(a.effects<SignalWorkers>().at(0).pids == std::vector<pid_t>{101});
+}
+
+// ---- Running --------------------------------------------------------------------------------
+
+TEST_CASE("agent: Running -> Draining -> BetweenRounds when every worker exits 0",
+          "[agent][unit]") {
+  Agent a(2);
+  auto pids = a.running_group();
+  a.on(WorkerExited{pids[0], {0, 0}, false});
+  CHECK(a.last.size() == 1);  // a debug line only: the other still runs
+  a.on(WorkerExited{pids[1], {0, 0}, false});
+  CHECK(a.state.phase == AgentPhase::Draining);
+  CHECK(a.has<Drain>());
+  CHECK_FALSE(a.has<ReportSuccess>());  // not before the output is read
+  a.on(OutputDrained{});
+  CHECK(a.state.phase == AgentPhase::BetweenRounds);
+  CHECK(a.has<ReportSuccess>());
+  a.on(NoticeReceived{rdzv::Closed{rdzv::JobOutcomeKind::Succeeded, "done", 0, 0}});
+  CHECK(a.effects<Finish>().at(0).code == 0);
+  CHECK(a.emitted("job_closed"));
+}
+
+TEST_CASE("agent: Running -> Stopping on a failure reports it and stops the others",
+          "[agent][unit]") {
+  Agent a(3, 2);
+  auto pids = a.running_group();
+  a.on(WorkerExited{pids[1], {7, 0}, true});
+  CHECK(a.state.phase == AgentPhase::Stopping);
+  CHECK(a.state.stop_reason == StopReason::WorkerFailed);
+  const auto report = a.effects<ReportFailure>().at(0).failure;
+  CHECK(report.exit_code == 7);
+  CHECK(report.description == "worker rank 1 (local rank 1, pid " + std::to_string(pids[1]) +
+                                  ") on node-a failed with exit code 7");
+  const auto stop = a.effects<SignalWorkers>().at(0);
+  CHECK(stop.pids == std::vector<pid_t>{pids[0], pids[2]});
+  CHECK(stop.sig == SIGTERM);
+  CHECK(stop.then_continue);
+  CHECK(a.effects<ArmTimer>().at(0).at == a.now + 5s);
+  CHECK(a.event("failure_detected")["how"] == "exit");
+}
+
+TEST_CASE("agent: Stopping -> Draining -> Rendezvous on a restart, timing the teardown",
+          "[agent][unit]") {
+  Agent a(2, 1);
+  auto pids = a.running_group();
+  a.on(WorkerExited{pids[0], {1, 0}, true});
+  a.now += 40ms;
+  a.on(NoticeReceived{rdzv::Restart{1, "worker failed", true, 1}});
+  CHECK(a.state.phase == AgentPhase::Stopping);  // the notice waits for the group
+  CHECK(a.logged("restarting workers: restart 1 of 1 (worker failed)"));
+  a.on(WorkerExited{pids[1], {0, SIGTERM}, false});
+  CHECK(a.state.phase == AgentPhase::Draining);
+  CHECK(a.has<CancelTimer>());
+  a.now += 10ms;
+  a.on(OutputDrained{});
+  CHECK(a.event("teardown_done")["teardown_ms"] == 50.0);
+  CHECK(a.state.phase == AgentPhase::Rendezvous);
+  CHECK(a.has<JoinRound>());
+  CHECK(a.event("rendezvous_start")["restart_count"] == 1);
+  CHECK(a.state.failures.size() == 1);  // only the one that failed on its own
+}
+
+TEST_CASE("agent: a late exit of the stopped group changes nothing in the next one",
+          "[agent][unit]") {
+  // The race that once needed the real binary run 20 times: SIGCHLD for the old group's worker
+  // is reaped after the next group started.
+  Agent a(1, 1);
+  auto old = a.running_group();
+  a.on(SignalReceived{SIGUSR2});  // notices do not stop anything
+  a.on(NoticeReceived{rdzv::Restart{1, "scale up", false, 0}});
+  a.on(WorkerExited{old[0], {0, SIGTERM}, false});
+  a.on(OutputDrained{});
+  auto fresh = a.running_group(0);
+  a.on(WorkerExited{old[0], {0, SIGTERM}, false});
+  CHECK(a.last.empty());
+  CHECK(a.state.phase == AgentPhase::Running);
+  CHECK(running_pids(a.state) == fresh);
+}
+
+TEST_CASE("agent: the stop deadline kills what still runs", "[agent][unit]") {
+  Agent a(2);
+  auto pids = a.running_group();
+  a.on(WorkerExited{pids[0], {1, 0}, false});
+  a.now += 5s;
+  a.on(TimerFired{AgentTimer::StopDeadline});
+  CHECK(a.logged("workers still running 5000 ms after the stop signal: sending SIGKILL"));
+  const auto kill = a.effects<SignalWorkers>().at(0);
+  CHECK(kill.pids == std::vector<pid_t>{pids[1]});
+  CHECK(kill.sig == SIGKILL);
+}
+
+TEST_CASE("agent: a worker failing on its own during a stop is reported too", "[agent][unit]") {
+  Agent a(3);
+  auto pids = a.running_group();
+  a.on(WorkerExited{pids[0], {1, 0}, true});
+  a.on(WorkerExited{pids[1], {2, 0}, true});  // wrote an error file: its own failure
+  CHECK(a.effects<RecordFailure>().at(0).index == 1);
+  a.on(WorkerExited{pids[2], {0, SIGTERM}, false});  // ended by the stop signal
+  CHECK_FALSE(a.has<RecordFailure>());
+  CHECK(a.state.failures == std::vector<size_t>{0, 1});
+}
+
+TEST_CASE("agent: a signal stops the group and leaves once it is down", "[agent][unit]") {
+  Agent a(2);
+  auto pids = a.running_group();
+  a.on(SignalReceived{SIGTERM});
+  CHECK(a.state.stop_reason == StopReason::Signalled);
+  CHECK(a.effects<SignalWorkers>().at(0).sig == SIGTERM);
+  CHECK(a.emitted("signal"));
+  a.on(SignalReceived{SIGINT});
+  CHECK(a.logged("received SIGINT again: killing the workers now"));
+  CHECK(a.effects<SignalWorkers>().at(0).sig == SIGKILL);
+  a.on(WorkerExited{pids[0], {0, SIGKILL}, false});
+  a.on(WorkerExited{pids[1], {0, SIGKILL}, false});
+  CHECK_FALSE(a.has<RecordFailure>());
+  a.on(OutputDrained{});
+  CHECK(a.effects<Leave>().at(0).reason == "received SIGTERM");
+  CHECK(a.effects<Finish>().at(0).code == 128 + SIGTERM);
+}
+
+TEST_CASE("agent: a signal while the output drains leaves after the drain", "[agent][unit]") {
+  Agent a(1);
+  auto pids = a.running_group();
+  a.on(WorkerExited{pids[0], {0, 0}, false});
+  a.on(SignalReceived{SIGTERM});
+  CHECK_FALSE(a.has<SignalWorkers>());
+  CHECK(a.state.phase == AgentPhase::Draining);
+  a.on(OutputDrained{});
+  CHECK(a.has<Leave>());
+  CHECK(a.effects<Finish>().at(0).code == 128 + SIGTERM);
+}
+
+TEST_CASE("agent: preemption notices are forwarded and remembered", "[agent][unit]") {
+  Agent a(2);
+  auto pids = a.running_group();
+  a.on(SignalReceived{SIGUSR1});
+  CHECK(a.effects<ForwardNotice>().at(0).pids == pids);
+  CHECK(a.state.checkpoint_requested);
+  CHECK(a.state.phase == AgentPhase::Running);
+}
+
+TEST_CASE("agent: a restart notice while running stops the group as requested", "[agent][unit]") {
+  Agent a(1, 3);
+  auto pids = a.running_group();
+  a.on(NoticeReceived{rdzv::Restart{1, "node b failed", true, 1}});
+  CHECK(a.state.stop_reason == StopReason::Requested);
+  CHECK(a.effects<SignalWorkers>().at(0).sig == SIGTERM);
+  a.on(WorkerExited{pids[0], {0, SIGTERM}, false});
+  CHECK_FALSE(a.has<RecordFailure>());
+  a.on(OutputDrained{});
+  CHECK(a.has<JoinRound>());
+  CHECK(a.state.restart_count == 1);
+}
+
+TEST_CASE("agent: the watchdog kills a worker that stopped reporting", "[agent][unit]") {
+  Agent a(2);
+  a.spec.watchdog_timeout = 2s;
+  auto pids = a.running_group();
+  a.on(ProgressReported{0});
+  a.now += 1s;
+  a.on(ProgressReported{1});
+  a.now += 1s;
+  a.on(TimerFired{AgentTimer::Watchdog});
+  CHECK(a.logged("made no progress for 2000 ms"));
+  CHECK(a.effects<SignalWorkers>().at(0).pids == std::vector<pid_t>{pids[0]});
+  CHECK(a.effects<ArmTimer>().at(0).at == a.now + 500ms);
+  a.on(WorkerExited{pids[0], {0, SIGKILL}, false});
+  CHECK(a.state.workers[0].hung);
+  CHECK(a.event("failure_detected")["how"] == "watchdog");
+}
+
+TEST_CASE("agent: a worker that never reported is not judged by the watchdog", "[agent][unit]") {
+  Agent a(1);
+  a.spec.watchdog_timeout = 2s;
+  a.running_group();
+  a.now += 1h;
+  a.on(TimerFired{AgentTimer::Watchdog});
+  CHECK_FALSE(a.has<SignalWorkers>());
+}
+
+// ---- BetweenRounds --------------------------------------------------------------------------
+
+TEST_CASE("agent: a failed job prints its report and exits as the rendezvous says",
+          "[agent][unit]") {
+  SECTION("restarts were allowed: the budget is spent") {
+    Agent a(1, 2);
+    auto pids = a.running_group();
+    a.on(WorkerExited{pids[0], {3, 0}, true});
+    a.on(OutputDrained{});
+    a.on(NoticeReceived{rdzv::Closed{rdzv::JobOutcomeKind::Failed, "rank 0 failed", 3, 0}});
+    CHECK(a.has<ReportJobFailure>());
+    CHECK(a.effects<Finish>().at(0).code == ddprun::common::kExitRestartsExhausted);
+  }
+  SECTION("no restarts: the worker's own code") {
+    Agent a(1, 0);
+    auto pids = a.running_group();
+    a.on(WorkerExited{pids[0], {3, 0}, true});
+    a.on(NoticeReceived{rdzv::Closed{rdzv::JobOutcomeKind::Failed, "rank 0 failed", 3, 0}});
+    CHECK_FALSE(a.has<Finish>());  // the group is still draining
+    a.on(OutputDrained{});
+    CHECK(a.effects<Finish>().at(0).code == 3);
+  }
+  SECTION("a node was lost and no worker failed: never 0") {
+    Agent a(1, 0);
+    a.on(AgentStarted{});
+    a.on(NoticeReceived{rdzv::Closed{rdzv::JobOutcomeKind::Failed, "node b lost", 0, 0}});
+    CHECK(a.effects<Finish>().at(0).code == 1);
+  }
+}
+
+TEST_CASE("agent: a timed-out job and a lost rendezvous exit 69", "[agent][unit]") {
+  Agent a(1);
+  a.on(AgentStarted{});
+  a.on(NoticeReceived{rdzv::Closed{rdzv::JobOutcomeKind::TimedOut, "round timed out", 0, 0}});
+  CHECK(a.effects<Finish>().at(0).code == ddprun::common::kExitRendezvous);
+  Agent b(1);
+  auto pids = b.running_group();
+  b.on(NoticeReceived{rdzv::RendezvousError{rdzv::RendezvousErrorKind::Connection, "gone"}});
+  CHECK(b.state.stop_reason == StopReason::Requested);
+  b.on(WorkerExited{pids[0], {0, SIGTERM}, false});
+  b.on(OutputDrained{});
+  CHECK(b.logged("gone"));
+  CHECK(b.effects<Finish>().at(0).code == ddprun::common::kExitRendezvous);
+}
+
+TEST_CASE("agent: success reported and then another node fails restarts the node",
+          "[agent][unit]") {
+  Agent a(1, 1);
+  auto pids = a.running_group();
+  a.on(WorkerExited{pids[0], {0, 0}, false});
+  a.on(OutputDrained{});
+  CHECK(a.has<ReportSuccess>());
+  a.on(NoticeReceived{rdzv::Restart{1, "node b failed", true, 1}});
+  CHECK(a.has<JoinRound>());
+  CHECK_FALSE(a.has<SignalWorkers>());
+}
+
+TEST_CASE("agent: nothing happens after Finished", "[agent][unit]") {
+  Agent a(1);
+  a.on(AgentStarted{});
+  a.on(SignalReceived{SIGTERM});
+  REQUIRE(a.state.phase == AgentPhase::Finished);
+  for (const AgentEvent& e :
+       std::vector<AgentEvent>{SignalReceived{SIGTERM}, OutputDrained{},
+                               TimerFired{AgentTimer::StopDeadline}, WorkerExited{1, {}, false}}) {
+    a.on(e);
+    CHECK(a.last.empty());
+  }
+}
+
+TEST_CASE("agent: reports find their worker by pid or by running local rank", "[agent][unit]") {
+  Agent a(2);
+  auto pids = a.running_group();
+  CHECK(slot_of_report(a.state, pids[1], 0) == 1u);
+  CHECK(slot_of_report(a.state, std::nullopt, 1) == 1u);
+  CHECK_FALSE(slot_of_report(a.state, 99999, 0));
+  a.on(WorkerExited{pids[1], {0, 0}, false});
+  CHECK_FALSE(slot_of_report(a.state, std::nullopt, 1));
+  CHECK(slot_of_report(a.state, pids[1], 1) == 1u);  // a last report read after the exit
+}
