@@ -272,7 +272,16 @@ class Stepper {
     if (sig == SIGUSR1 || sig == SIGUSR2) {
       // A preemption notice: the workers decide what to do; the group keeps running. SIGUSR1
       // is remembered: workers started later learn of it from DDPRUN_CHECKPOINT_REQUESTED=1.
-      out_.push_back(ForwardNotice{running_pids(s_), sig});
+      auto pids = running_pids(s_);
+      if (!pids.empty())
+        log(LogLevel::Info, "forwarding " + common::signal_name(sig) + " to the workers");
+      else if (sig == SIGUSR1)
+        log(LogLevel::Info,
+            "received SIGUSR1 while no workers run: workers started from now on get "
+            "DDPRUN_CHECKPOINT_REQUESTED=1");
+      else
+        log(LogLevel::Info, "received SIGUSR2 while no workers run: nothing to forward");
+      out_.push_back(SignalWorkers{std::move(pids), sig, false});
       if (sig == SIGUSR1) s_.checkpoint_requested = true;
       return;
     }

@@ -228,12 +228,6 @@ struct SignalWorkers {
   int sig = 0;
   bool then_continue = false;
 };
-/// Forward a preemption notice (SIGUSR1/SIGUSR2) to the running workers; the executor says
-/// whether any was reached.
-struct ForwardNotice {
-  std::vector<pid_t> pids;
-  int sig = 0;
-};
 /// Add workers[index] to the failure report (the executor reads its error file now).
 struct RecordFailure {
   size_t index = 0;
@@ -277,8 +271,8 @@ struct Finish {
 };
 
 using AgentEffect =
-    std::variant<JoinRound, PrepareGroup, LaunchWorker, SignalWorkers, ForwardNotice, RecordFailure,
-                 ReportFailure, ReportSuccess, Leave, Drain, ArmTimer, CancelTimer, EmitEvent, Log,
+    std::variant<JoinRound, PrepareGroup, LaunchWorker, SignalWorkers, RecordFailure, ReportFailure,
+                 ReportSuccess, Leave, Drain, ArmTimer, CancelTimer, EmitEvent, Log,
                  ScheduleStandbys, ReportJobFailure, Finish>;
 
 /// Applies `event` at time `now` to `state` (in place: a group may have thousands of slots)

@@ -1,6 +1,9 @@
 #include "agent/failure_report.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -169,6 +172,37 @@ void copy_root_cause_for_parent(const ProcessFailure& root, const std::string& p
     spdlog::warn("cannot write {}: {}", parent_file, ec.message());
   else
     spdlog::info("copied the root cause's error file to TORCHELASTIC_ERROR_FILE {}", parent_file);
+}
+
+void print_job_failure(const std::vector<ProcessFailure>& failures, const FailureReportContext& c) {
+  auto write_stderr = [](const std::string& text) {
+    const char* p = text.data();
+    size_t left = text.size();
+    while (left > 0) {
+      const ssize_t n = ::write(STDERR_FILENO, p, left);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return;
+      p += n;
+      left -= static_cast<size_t>(n);
+    }
+  };
+  write_stderr(format_failure_report(c.script, c.host, failures, c.restarts_used, c.max_restarts,
+                                     c.log_loss));
+  if (!c.parent_error_file.empty() && !failures.empty())
+    copy_root_cause_for_parent(failures.front(), c.parent_error_file);
+  if (!c.interpreter_origin.empty() && (c.missing_torch || c.cannot_run))
+    write_stderr(interpreter_hint(c.interpreter, c.interpreter_origin, c.missing_torch));
+}
+
+bool is_empty_file(const std::string& path) {
+  std::error_code ec;
+  return path.empty() || std::filesystem::file_size(path, ec) == 0 || ec;
+}
+
+bool names_error_files(const std::vector<ProcessFailure>& failures) {
+  return std::any_of(failures.begin(), failures.end(), [](const ProcessFailure& f) {
+    return f.error.has_value() && !f.error_file.empty();
+  });
 }
 
 }  // namespace ddprun::agent

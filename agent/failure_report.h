@@ -34,6 +34,32 @@ ProcessFailure collect_failure(const WorkerPlacement& placement, pid_t pid, Exit
 /// at `parent_file`, its exit code filled in (written to a temporary file, then renamed).
 void copy_root_cause_for_parent(const ProcessFailure& root, const std::string& parent_file);
 
+/// What the report at a failed job's end says besides the failures themselves.
+struct FailureReportContext {
+  std::string script;
+  std::string host;
+  int restarts_used = 0;
+  int max_restarts = 0;
+  LogLoss log_loss;
+  std::string parent_error_file;  ///< TORCHELASTIC_ERROR_FILE given to ddprun ("" for none)
+  std::string interpreter;        ///< a Python job's interpreter ("" otherwise)
+  std::string interpreter_origin;
+  bool missing_torch = false;  ///< a worker said "No module named 'torch'"
+  bool cannot_run = false;     ///< a worker's process could not be started
+};
+
+/// The end of a failed job on the node whose workers failed: the report on stderr, the root
+/// cause copied for the launcher's parent, and for a Python job whose workers could not import
+/// torch or run, which interpreter ran and how to choose another.
+void print_job_failure(const std::vector<ProcessFailure>& failures,
+                       const FailureReportContext& context);
+
+/// True when `path` is "", missing or empty: no error file was written there.
+bool is_empty_file(const std::string& path);
+
+/// Whether the report names an error file (then the directory holding it must be kept).
+bool names_error_files(const std::vector<ProcessFailure>& failures);
+
 /// Said after the failure report of a Python job whose workers could not import torch or whose
 /// interpreter could not run: which interpreter ran, where it came from, how to pick another.
 std::string interpreter_hint(const std::string& interpreter, const std::string& origin,

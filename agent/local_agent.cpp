@@ -16,6 +16,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "agent/agent_signals.h"
 #include "agent/agent_state.h"
 #include "agent/event_log.h"
 #include "agent/failure_report.h"
@@ -40,18 +41,6 @@ struct WorkerFiles {
   std::string error_file;
   std::string launch_error;  ///< why the process could not be started
 };
-
-void write_stderr(const std::string& text) {
-  const char* p = text.data();
-  size_t left = text.size();
-  while (left > 0) {
-    const ssize_t n = ::write(STDERR_FILENO, p, left);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-}
 
 }  // namespace
 
@@ -109,10 +98,6 @@ class LocalAgent::Impl {
     if (reports_.path().empty()) spec_.watchdog_timeout = Duration{0};  // nothing to watch
     install_signals();
     rdzv_.set_notice_handler([this](rdzv::Notice n) { apply(NoticeReceived{std::move(n)}); });
-    if (will_default_omp_threads(opt_.agent_env, opt_.spec.local_world_size))
-      spdlog::info(
-          "setting OMP_NUM_THREADS=1 for each worker to avoid overloading the system; set it "
-          "yourself to tune it");
     const bool zygote = standbys_.start_zygote([this](bool ready) { apply(ZygoteSettled{ready}); });
     apply(AgentStarted{zygote});
     return true;
@@ -186,20 +171,6 @@ class LocalAgent::Impl {
     }
   }
 
-  void execute(const ForwardNotice& e) {
-    size_t reached = 0;
-    for (pid_t pid : e.pids)
-      if (launcher_.signal_group(pid, e.sig)) ++reached;
-    if (reached > 0)
-      spdlog::info("forwarding {} to the workers", common::signal_name(e.sig));
-    else if (e.sig == SIGUSR1)
-      spdlog::info(
-          "received SIGUSR1 while no workers run: workers started from now on get "
-          "DDPRUN_CHECKPOINT_REQUESTED=1");
-    else
-      spdlog::info("received SIGUSR2 while no workers run: nothing to forward");
-  }
-
   void execute(const RecordFailure& e) {
     const WorkerSlot& w = state_.workers[e.index];
     const WorkerFiles& files = files_[w.placement.local_rank];
@@ -239,16 +210,9 @@ class LocalAgent::Impl {
   void execute(const EmitEvent& e) { emit(e.name, e.fields); }
 
   void execute(const Log& e) {
-    switch (e.level) {
-      case LogLevel::Debug:
-        return spdlog::debug("{}", e.text);
-      case LogLevel::Info:
-        return spdlog::info("{}", e.text);
-      case LogLevel::Warn:
-        return spdlog::warn("{}", e.text);
-      case LogLevel::Error:
-        return spdlog::error("{}", e.text);
-    }
+    constexpr spdlog::level::level_enum kLevels[] = {spdlog::level::debug, spdlog::level::info,
+                                                     spdlog::level::warn, spdlog::level::err};
+    spdlog::log(kLevels[static_cast<int>(e.level)], "{}", e.text);
   }
 
   void execute(const ScheduleStandbys&) { standbys_.schedule(executable_); }
@@ -256,13 +220,19 @@ class LocalAgent::Impl {
   void execute(const ReportJobFailure& e) {
     if (failures_.empty())
       return spdlog::error("the job failed on another node: {}", e.closed.message);
-    keep_named_error_files();
-    write_stderr(format_failure_report(opt_.script, spec_.host, failures_, state_.restart_count,
-                                       opt_.spec.max_restarts, output_.log_loss()));
-    if (auto parent = opt_.agent_env.find("TORCHELASTIC_ERROR_FILE");
-        parent != opt_.agent_env.end() && !parent->second.empty())
-      copy_root_cause_for_parent(failures_.front(), parent->second);
-    if (auto hint = interpreter_trouble()) write_stderr(*hint);
+    if (!temp_dir_.empty() && names_error_files(failures_)) {
+      spdlog::info("the error files named below are kept in {} (remove it when done)",
+                   temp_dir_.string());
+      temp_dir_.clear();  // not removed at exit: the user reads them
+    }
+    auto parent = opt_.agent_env.find("TORCHELASTIC_ERROR_FILE");
+    print_job_failure(
+        failures_, FailureReportContext{
+                       opt_.script, spec_.host, state_.restart_count, opt_.spec.max_restarts,
+                       output_.log_loss(), parent == opt_.agent_env.end() ? "" : parent->second,
+                       opt_.interpreter, opt_.interpreter_origin, output_.saw_missing_torch(),
+                       std::any_of(files_.begin(), files_.end(),
+                                   [](const auto& f) { return !f.second.launch_error.empty(); })});
   }
 
   void execute(const Finish& e) { finish(e.code); }
@@ -274,28 +244,7 @@ class LocalAgent::Impl {
   // ---- set-up -----------------------------------------------------------------------------
 
   void install_signals() {
-    boost::system::error_code ec;
-    signals_.add(SIGCHLD, ec);
-    std::vector<int> sigs = opt_.signals_to_handle;
-    // Preemption notices are always handled, whatever --signals_to_handle lists: left to their
-    // default action they would kill the agent, and with it (PDEATHSIG) every worker.
-    for (int notice : {SIGUSR1, SIGUSR2})
-      if (std::find(sigs.begin(), sigs.end(), notice) == sigs.end()) sigs.push_back(notice);
-    for (int sig : sigs) {
-      signals_.add(sig, ec);
-      if (ec) spdlog::warn("cannot handle {}: {}", common::signal_name(sig), ec.message());
-    }
-    // launch() blocked the notices while ddprun started; one that came meanwhile is delivered
-    // now, to the handler just installed.
-    sigset_t notices;
-    sigemptyset(&notices);
-    sigaddset(&notices, SIGUSR1);
-    sigaddset(&notices, SIGUSR2);
-    pthread_sigmask(SIG_UNBLOCK, &notices, nullptr);
-    // A closed console must not kill the agent while it still has workers to stop.
-    std::signal(SIGPIPE, SIG_IGN);
-    // Nor a log file past RLIMIT_FSIZE: the write fails with EFBIG and is reported instead.
-    std::signal(SIGXFSZ, SIG_IGN);
+    handle_agent_signals(signals_, opt_.signals_to_handle);
     wait_for_signal();
   }
 
@@ -318,12 +267,8 @@ class LocalAgent::Impl {
   }
 
   bool wrote_error_file(pid_t pid) {
-    for (const auto& w : state_.workers) {
-      if (w.pid != pid) continue;
-      std::error_code ec;
-      const std::string& file = files_[w.placement.local_rank].error_file;
-      return !file.empty() && fs::file_size(file, ec) > 0 && !ec;
-    }
+    for (const auto& w : state_.workers)
+      if (w.pid == pid) return !is_empty_file(files_[w.placement.local_rank].error_file);
     return false;
   }
 
@@ -349,10 +294,6 @@ class LocalAgent::Impl {
   }
 
   void on_log_failure(const LogWriteFailure& f) {
-    spdlog::warn(
-        "cannot write worker output to {}: {}; {} bytes lost so far, the job goes on without "
-        "this file's output (free space, or pick another --log_dir)",
-        f.path, std::strerror(f.error), f.bytes_lost);
     emit("log_write_failed",
          {{"path", f.path}, {"error", std::strerror(f.error)}, {"bytes_lost", f.bytes_lost}});
   }
@@ -440,30 +381,6 @@ class LocalAgent::Impl {
   }
 
   // ---- the end ------------------------------------------------------------------------------
-
-  /// For a Python job whose workers said "No module named 'torch'" or whose interpreter could
-  /// not start: which interpreter ran and how to choose another.
-  std::optional<std::string> interpreter_trouble() const {
-    if (opt_.interpreter_origin.empty()) return std::nullopt;
-    const bool missing_torch = output_.saw_missing_torch();
-    const bool cannot_run = std::any_of(
-        files_.begin(), files_.end(), [](const auto& f) { return !f.second.launch_error.empty(); });
-    if (!missing_torch && !cannot_run) return std::nullopt;
-    return interpreter_hint(opt_.interpreter, opt_.interpreter_origin, missing_torch);
-  }
-
-  /// The failure report names the workers' error files: the private temporary directory they
-  /// are in (no --log_dir) is kept for the user to read instead of removed at exit.
-  void keep_named_error_files() {
-    if (temp_dir_.empty()) return;
-    const bool named = std::any_of(failures_.begin(), failures_.end(), [](const auto& f) {
-      return f.error.has_value() && !f.error_file.empty();
-    });
-    if (!named) return;
-    spdlog::info("the error files named below are kept in {} (remove it when done)",
-                 temp_dir_.string());
-    temp_dir_.clear();
-  }
 
   void finish(int code) {
     if (finished_) return;

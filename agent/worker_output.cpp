@@ -214,6 +214,10 @@ struct WorkerOutput::Impl {
   /// training); the loss is counted in the failure report and at the job's end.
   void report_log_failure(const std::shared_ptr<OutputStream>& s) {
     failed.push_back(s);
+    spdlog::warn(
+        "cannot write worker output to {}: {}; {} bytes lost so far, the job goes on without "
+        "this file's output (free space, or pick another --log_dir)",
+        s->file_path, std::strerror(s->file_error), s->file_lost);
     if (on_log_failure) on_log_failure(LogWriteFailure{s->file_path, s->file_error, s->file_lost});
   }
 

@@ -94,6 +94,7 @@ struct LogWriteFailure {
 /// The output of one worker group at a time.
 class WorkerOutput {
  public:
+  /// A failed write to a log file is warned about once per file, then `on_log_failure` runs.
   WorkerOutput(boost::asio::io_context& io, OutputSettings settings,
                std::function<void(const LogWriteFailure&)> on_log_failure);
   ~WorkerOutput();

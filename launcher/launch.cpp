@@ -324,6 +324,10 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
   auto cleanup = std::get<std::unique_ptr<agent::GroupCleanup>>(std::move(started_cleanup));
   spdlog::debug("process cleanup: {}", cleanup->describe());
 
+  if (agent::will_default_omp_threads(env, *nproc))
+    spdlog::info(
+        "setting OMP_NUM_THREADS=1 for each worker to avoid overloading the system; set it "
+        "yourself to tune it");
   agent::AgentOptions opt;
   opt.spec.role = config.role;
   opt.spec.local_world_size = *nproc;

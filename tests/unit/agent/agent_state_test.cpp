@@ -424,9 +424,12 @@ TEST_CASE("agent: preemption notices are forwarded and remembered", "[agent][uni
   Agent a(2);
   auto pids = a.running_group();
   a.on(SignalReceived{SIGUSR1});
-  CHECK(a.effects<ForwardNotice>().at(0).pids == pids);
+  CHECK(a.effects<SignalWorkers>().at(0).pids == pids);
+  CHECK(a.effects<SignalWorkers>().at(0).sig == SIGUSR1);
+  CHECK(a.logged("forwarding SIGUSR1 to the workers"));
   CHECK(a.state.checkpoint_requested);
   CHECK(a.state.phase == AgentPhase::Running);
+  CHECK_FALSE(a.has<ArmTimer>());  // nothing stops
 }
 
 TEST_CASE("agent: a restart notice while running stops the group as requested", "[agent][unit]") {
@@ -523,6 +526,15 @@ TEST_CASE("agent: success reported and then another node fails restarts the node
   a.on(NoticeReceived{rdzv::Restart{1, "node b failed", true, 1}});
   CHECK(a.has<JoinRound>());
   CHECK_FALSE(a.has<SignalWorkers>());
+}
+
+TEST_CASE("agent: SIGUSR1 with no workers is remembered for the next group", "[agent][unit]") {
+  Agent a(1);
+  a.on(AgentStarted{});
+  a.on(SignalReceived{SIGUSR1});
+  CHECK(a.logged("workers started from now on get DDPRUN_CHECKPOINT_REQUESTED=1"));
+  CHECK(a.state.checkpoint_requested);
+  CHECK(a.state.phase == AgentPhase::Rendezvous);
 }
 
 TEST_CASE("agent: nothing happens after Finished", "[agent][unit]") {
