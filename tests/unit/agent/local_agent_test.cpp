@@ -14,6 +14,7 @@
 
 #include "common/exit_codes.h"
 #include "rendezvous/local_rendezvous.h"
+#include "tests/support/fake_clock.h"
 #include "tests/support/fake_process_launcher.h"
 
 using namespace ddprun::agent;
@@ -169,4 +170,40 @@ TEST_CASE("local agent: redirected worker output reaches its log files whole", "
   CHECK(logs["stdout.log"] == "step 1\nstep 2\nno newline at the end\n");
   CHECK(logs["stderr.log"] == "Traceback: boom\n");
   fs::remove_all(dir);
+}
+
+TEST_CASE("local agent: the event log's times come from the injected clock", "[agent][unit]") {
+  const fs::path log =
+      fs::temp_directory_path() / ("ddprun-local-agent-events-" + std::to_string(::getpid()));
+  fs::remove(log);
+  ddprun::testing::FakeClock clock;
+  Job job(2, 1, [&](AgentOptions& opt) {
+    opt.event_log = log.string();
+    opt.clock = &clock;
+    opt.spec.shutdown_timeout = std::chrono::seconds(30);  // no SIGKILL within the test
+  });
+  job.launcher.ends_on = {SIGKILL};  // the second worker takes its time to stop
+  REQUIRE(job.agent->start());
+  REQUIRE(job.runs(2));
+  const auto pids = job.running();
+  job.launcher.end(pids[0], {1, 0});
+  REQUIRE(job.poll_until([&] {
+    return std::find(job.launcher.signals.begin(), job.launcher.signals.end(),
+                     std::pair<pid_t, int>{pids[1], SIGTERM}) != job.launcher.signals.end();
+  }));
+  clock.advance(std::chrono::milliseconds(250));
+  job.launcher.end(pids[1], {0, SIGTERM});
+  REQUIRE(job.runs(2));  // the restarted group
+  for (pid_t pid : job.running()) job.launcher.end(pid, {0, 0});
+  REQUIRE(job.finished());
+  std::ifstream in(log);
+  std::string line;
+  std::optional<double> teardown_ms;
+  for (int i = 0; i < 1000 && std::getline(in, line); ++i) {
+    auto event = nlohmann::json::parse(line);
+    if (event["event"] == "teardown_done") teardown_ms = event["teardown_ms"].get<double>();
+  }
+  REQUIRE(teardown_ms);
+  CHECK(*teardown_ms == 250.0);
+  fs::remove(log);
 }
