@@ -38,11 +38,16 @@ bool identifier_char(char c) { return std::isalnum(static_cast<unsigned char>(c)
 
 std::string console_prefix(std::string_view tmpl, const std::string& role, int rank,
                            int local_rank) {
-  if (tmpl.empty()) return "[" + role + std::to_string(local_rank) + "]:";
+  return console_prefix(tmpl, role, std::to_string(rank), std::to_string(local_rank));
+}
+
+std::string console_prefix(std::string_view tmpl, const std::string& role, const std::string& ranks,
+                           const std::string& local_ranks) {
+  if (tmpl.empty()) return "[" + role + local_ranks + "]:";
   auto value_of = [&](std::string_view name) -> std::optional<std::string> {
     if (name == "role_name") return role;
-    if (name == "rank") return std::to_string(rank);
-    if (name == "local_rank") return std::to_string(local_rank);
+    if (name == "rank") return ranks;
+    if (name == "local_rank") return local_ranks;
     return std::nullopt;
   };
   std::string out;

@@ -28,5 +28,9 @@ class LineBuffer {
 /// ${local_rank} are replaced, $$ is a "$", anything else is kept as written.
 std::string console_prefix(std::string_view tmpl, const std::string& role, int rank,
                            int local_rank);
+/// The same for a line several ranks printed: `ranks` and `local_ranks` as rank_ranges writes
+/// them ("0-3,6").
+std::string console_prefix(std::string_view tmpl, const std::string& role, const std::string& ranks,
+                           const std::string& local_ranks);
 
 }  // namespace ddprun::agent

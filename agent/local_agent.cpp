@@ -57,7 +57,7 @@ class LocalAgent::Impl {
         stop_timer_(io),
         watchdog_timer_(io),
         reports_(io),
-        output_(io, opt_.output, [this](const LogWriteFailure& f) { on_log_failure(f); }),
+        output_(io, clock_, opt_.output, [this](const LogWriteFailure& f) { on_log_failure(f); }),
         standbys_(io, launcher, clock_, standby_settings(),
                   [this](const std::string& event, const nlohmann::json& fields) {
                     emit(event, fields);

@@ -11,10 +11,13 @@
 #include <boost/asio/steady_timer.hpp>
 #include <cerrno>
 #include <cstring>
+#include <functional>
+#include <optional>
 
 #include <spdlog/spdlog.h>
 
 #include "agent/line_buffer.h"
+#include "agent/line_dedup.h"
 
 namespace ddprun::agent {
 namespace asio = boost::asio;
@@ -83,6 +86,8 @@ struct OutputStream {
   LineBuffer lines;
   int console_fd = -1;  ///< -1: not shown on the console
   std::string prefix;
+  /// With --dedup_output: where console lines go instead of straight to console_fd.
+  std::function<void(int fd, const std::string& line)> dedup;
   int file_fd = -1;  ///< -1: not written to a file
   std::string file_path;
   std::shared_ptr<FilteredLog> filtered;  ///< null: no --duplicate_*_filters
@@ -95,7 +100,10 @@ struct OutputStream {
   bool emit(const std::vector<std::string>& done) {
     bool first_failure = false;
     for (const auto& line : done) {
-      if (console_fd >= 0) write_all(console_fd, prefix + line + "\n");
+      if (console_fd >= 0 && dedup)
+        dedup(console_fd, line);
+      else if (console_fd >= 0)
+        write_all(console_fd, prefix + line + "\n");
       if (line.find("No module named 'torch'") != std::string::npos) saw_missing_torch = true;
       if (filtered != nullptr && filtered->wants(line))
         write_all(filtered->fd, prefix + line + "\n");
@@ -164,12 +172,42 @@ common::Result<LogRoot> make_log_root(const std::string& log_dir, const std::str
 }
 
 struct WorkerOutput::Impl {
-  Impl(asio::io_context& io_, OutputSettings settings_,
+  Impl(asio::io_context& io_, const common::Clock& clock_, OutputSettings settings_,
        std::function<void(const LogWriteFailure&)> on_log_failure_)
       : io(io_),
+        clock(clock_),
         settings(std::move(settings_)),
         on_log_failure(std::move(on_log_failure_)),
-        drain_timer(io_) {}
+        drain_timer(io_),
+        dedup_timer(io_) {
+    if (settings.dedup_window.count() > 0)
+      dedup.emplace(settings.dedup_window, settings.prefix_template, settings.role);
+  }
+
+  void show(const std::vector<ConsoleLine>& lines) {
+    for (const auto& line : lines) write_all(line.fd, line.text);
+  }
+
+  /// Wakes at the oldest waiting line's deadline to show what is due.
+  void arm_dedup() {
+    const auto next = dedup->next_deadline();
+    if (!next || (dedup_armed_for && *dedup_armed_for <= *next)) return;
+    dedup_armed_for = *next;
+    dedup_timer.expires_after(std::max(common::Duration{0}, *next - clock.now()));
+    dedup_timer.async_wait([this](const boost::system::error_code& ec) {
+      if (ec) return;
+      dedup_armed_for.reset();
+      show(dedup->due(clock.now()));
+      arm_dedup();
+    });
+  }
+
+  void flush_dedup() {
+    if (!dedup) return;
+    dedup_timer.cancel();
+    dedup_armed_for.reset();
+    show(dedup->flush());
+  }
 
   std::shared_ptr<OutputStream> open_stream(int fd, const WorkerPlacement& placement,
                                             StdStreams which, const fs::path& dir) {
@@ -180,6 +218,11 @@ struct WorkerOutput::Impl {
     s->prefix = console_prefix(settings.prefix_template, settings.role, placement.global_rank,
                                placement.local_rank);
     s->filtered = which == StdStreams::Out ? filtered_out : filtered_err;
+    if (dedup)
+      s->dedup = [this, placement](int fd, const std::string& line) {
+        show(dedup->offer(fd, placement.global_rank, placement.local_rank, line, clock.now()));
+        arm_dedup();
+      };
     if (route.file) {
       const fs::path file = dir / (which == StdStreams::Out ? "stdout.log" : "stderr.log");
       s->file_fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -231,15 +274,20 @@ struct WorkerOutput::Impl {
     for (auto& s : streams)
       if (s->open) return;
     drain_timer.cancel();
+    flush_dedup();
     auto next = std::move(after_drain);
     after_drain = nullptr;
     asio::post(io, std::move(next));
   }
 
   asio::io_context& io;
+  const common::Clock& clock;
   OutputSettings settings;
   std::function<void(const LogWriteFailure&)> on_log_failure;
   asio::steady_timer drain_timer;
+  asio::steady_timer dedup_timer;
+  std::optional<LineDedup> dedup;  ///< --dedup_output
+  std::optional<common::TimePoint> dedup_armed_for;
   std::function<void()> after_drain;
   std::shared_ptr<FilteredLog> filtered_out;           ///< this attempt's filtered_stdout.log
   std::shared_ptr<FilteredLog> filtered_err;           ///< this attempt's filtered_stderr.log
@@ -247,9 +295,10 @@ struct WorkerOutput::Impl {
   std::vector<std::shared_ptr<OutputStream>> failed;   ///< each reported once
 };
 
-WorkerOutput::WorkerOutput(asio::io_context& io, OutputSettings settings,
+WorkerOutput::WorkerOutput(asio::io_context& io, const common::Clock& clock,
+                           OutputSettings settings,
                            std::function<void(const LogWriteFailure&)> on_log_failure)
-    : impl_(std::make_unique<Impl>(io, std::move(settings), std::move(on_log_failure))) {}
+    : impl_(std::make_unique<Impl>(io, clock, std::move(settings), std::move(on_log_failure))) {}
 
 WorkerOutput::~WorkerOutput() = default;
 
@@ -287,6 +336,7 @@ void WorkerOutput::close_all() {
   impl_->after_drain = nullptr;
   impl_->drain_timer.cancel();
   impl_->close_open();
+  impl_->flush_dedup();
 }
 
 bool WorkerOutput::saw_missing_torch() const {

@@ -14,6 +14,7 @@
 
 #include "agent/failure_report.h"
 #include "agent/worker.h"
+#include "common/clock.h"
 #include "common/result.h"
 
 namespace boost::asio {
@@ -54,6 +55,9 @@ struct OutputSettings {
   std::vector<std::string> duplicate_stderr_filters;
   std::string prefix_template;  ///< TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE ("" for the default)
   std::string role = "default";
+  /// --dedup_output: identical console lines of several local ranks within this window are
+  /// shown once, naming the ranks (agent/line_dedup.h); 0: off. Log files stay complete.
+  std::chrono::milliseconds dedup_window{0};
 
   /// Whether any output goes to files (so a log directory is needed).
   bool wants_files() const {
@@ -95,7 +99,7 @@ struct LogWriteFailure {
 class WorkerOutput {
  public:
   /// A failed write to a log file is warned about once per file, then `on_log_failure` runs.
-  WorkerOutput(boost::asio::io_context& io, OutputSettings settings,
+  WorkerOutput(boost::asio::io_context& io, const common::Clock& clock, OutputSettings settings,
                std::function<void(const LogWriteFailure&)> on_log_failure);
   ~WorkerOutput();
   WorkerOutput(const WorkerOutput&) = delete;

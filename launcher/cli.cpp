@@ -152,6 +152,9 @@ constexpr OptionSpec kOptions[] = {
      "Like --redirects, but the streams also stay on the console."},
     {"local_ranks_filter", "", false, "RANKS", "", kLogs,
      "Show only these local ranks on the console, e.g. 0,2 (default: all)."},
+    {"dedup_output", "", false, "SECONDS", "0", kLogs,
+     "Show identical console lines that several local ranks print within SECONDS once, "
+     "naming the ranks ([default0-7]:...); log files stay complete (default 0: off)."},
     {"duplicate_stdout_filters", "", false, "TEXT,...", "", kLogs,
      "Also copy the workers' stdout lines containing any of these texts (\",,\" is a comma) to "
      "filtered_stdout.log in the attempt's log directory, with their console prefix."},
@@ -650,6 +653,14 @@ Check parse_std_spec(const RawValue& v, StdSpec& spec) {
   return std::nullopt;
 }
 
+Check parse_dedup_output(const RawValue& v, LaunchConfig& config) {
+  auto seconds = parse_double(trim(v.text));
+  if (!seconds || *seconds < 0 || *seconds > 60)
+    return common::Error{describe(v) + ": expected a number of seconds from 0 (off) to 60, e.g. 1"};
+  config.dedup_output = *seconds;
+  return std::nullopt;
+}
+
 Check parse_local_ranks_filter(const RawValue& v, LaunchConfig& config) {
   const std::string text = trim(v.text);
   if (text.empty()) return std::nullopt;  // "" means no filter, as in torchrun
@@ -854,6 +865,7 @@ ParseResult build_config(const std::map<std::string_view, RawValue>& raw,
     return UsageError{e->message};
   if (auto e = parse_std_spec(get("redirects"), config.redirects)) return UsageError{e->message};
   if (auto e = parse_std_spec(get("tee"), config.tee)) return UsageError{e->message};
+  if (auto e = parse_dedup_output(get("dedup_output"), config)) return UsageError{e->message};
   if (auto e = parse_local_ranks_filter(get("local_ranks_filter"), config))
     return UsageError{e->message};
 

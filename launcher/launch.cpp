@@ -371,6 +371,8 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
   opt.output.redirects = config.redirects;
   opt.output.tee = config.tee;
   opt.output.console_ranks = config.local_ranks_filter;
+  opt.output.dedup_window =
+      std::chrono::milliseconds(static_cast<long long>(config.dedup_output * 1000.0));
   opt.output.role = config.role;
   if (auto tmpl = env.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); tmpl != env.end())
     opt.output.prefix_template = tmpl->second;

@@ -80,6 +80,9 @@ struct LaunchConfig {
   std::string metrics_host = "127.0.0.1";  ///< --metrics_host
   StdSpec redirects;
   StdSpec tee;
+  /// --dedup_output: seconds within which identical console lines of several local ranks are
+  /// shown once (0: off).
+  double dedup_output = 0.0;
   std::optional<std::set<int>> local_ranks_filter;  ///< nullopt: every local rank on the console
   /// --duplicate_stdout_filters / --duplicate_stderr_filters: lines containing any of these
   /// are also copied to filtered_stdout.log / filtered_stderr.log of the attempt.

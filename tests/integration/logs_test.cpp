@@ -208,3 +208,35 @@ TEST_CASE("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE sets the console prefix of ever
   CHECK(contains(r.err, "[default-rank1]: oops"));
   CHECK_FALSE(contains(r.out, "[default0]:"));
 }
+
+TEST_CASE("with --dedup_output a line that 8 ranks print shows once and the log files keep all",
+          "[agent][integration]") {
+  TempDir logs;
+  // A window far longer than the job: the lines are shown when the group's output ends.
+  auto r = run_command(ddprun_fake({"--nproc_per_node", "8", "--dedup_output", "30", "--tee", "1",
+                                    "--log_dir", logs.path(), "--rdzv_id", "dedup"},
+                                   {"print=same-line", "env=LOCAL_RANK"}),
+                       {}, kJobLimit);
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 0);
+  const auto count = [&](const std::string& text) {
+    size_t n = 0;
+    for (size_t at = r.out.find(text); at != std::string::npos; at = r.out.find(text, at + 1)) ++n;
+    return n;
+  };
+  CHECK(count("[default0-7]:same-line\n") == 1);
+  CHECK(count("same-line") == 1);
+  for (int rank = 0; rank < 8; ++rank) {
+    const std::string own = "LOCAL_RANK=" + std::to_string(rank);
+    CHECK(count("[default" + std::to_string(rank) + "]:" + own + "\n") == 1);
+    CHECK(read_file(run_dir(logs.path(), "dedup") + "/attempt_0/" + std::to_string(rank) +
+                    "/stdout.log") == "same-line\n" + own + "\n");
+  }
+}
+
+TEST_CASE("a --dedup_output window it cannot honour is refused", "[agent][integration]") {
+  auto r = run_command(ddprun_fake({"--dedup_output", "-1"}, {"print=x"}), {}, kJobLimit);
+  CHECK(r.exit_code == 64);
+  CHECK(contains(r.err, "--dedup_output"));
+  CHECK(contains(r.err, "from 0 (off) to 60"));
+}
