@@ -108,4 +108,33 @@ TEST_CASE("headless Chromium shows the running job and its recovery on the statu
   CHECK(agent.wait(kJobLimit).exit_code == 0);
 }
 
+TEST_CASE("headless Chromium reads a page that asks for the secret when given it as Basic",
+          "[metrics][status-page][chromium]") {
+  {
+    INFO("chromium is missing: install Debian's chromium (scripts/install-deps.sh)");
+    REQUIRE(::access(kChromium, X_OK) == 0);
+  }
+  TempDir dir;
+  const std::string secret = "0123456789abcdef-secret";
+  const int metrics_port = free_port();
+  Daemon daemon({"--metrics_port", std::to_string(metrics_port), "--secret_file",
+                 secret_file(dir, "secret", secret)});
+  const std::string where = "127.0.0.1:" + std::to_string(metrics_port) + "/?refresh=1";
+  // With the secret in the URL the browser sends it as Basic, to the page and its fetches.
+  const auto given = run_command(chromium(dir, {"--dump-dom", "http://me:" + secret + "@" + where}),
+                                 {}, kJobLimit);
+  REQUIRE(given.exit_code == 0);
+  INFO(given.out.substr(0, 3000));
+  CHECK(contains(given.out, "<span id=\"state\" class=\"\">updated "));
+  CHECK(contains(given.out, "No jobs on this rendezvous server."));
+  CHECK_FALSE(contains(given.out, "data-refreshes=\"0\""));
+  // Without it (a fresh profile: nothing remembered) the browser gets a 401 and no page
+  // (headless, it cannot ask anyone for the password).
+  TempDir fresh;
+  const auto refused =
+      run_command(chromium(fresh, {"--dump-dom", "http://" + where}), {}, kJobLimit);
+  INFO(refused.out.substr(0, 3000));
+  CHECK_FALSE(contains(refused.out, "data-refreshes"));
+}
+
 }  // namespace ddprun::testing
