@@ -1,12 +1,19 @@
 #include "launcher/status.h"
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <csignal>
 #include <cstdio>
+#include <ctime>
+#include <functional>
 #include <iomanip>
 #include <sstream>
+#include <thread>
 
 #include "common/exit_codes.h"
 #include "rendezvous/auth.h"
@@ -41,6 +48,46 @@ std::string seconds_ago(const json& node) {
   return out.str();
 }
 
+/// While a round forms: "  round 2 forming: 1 joined (a); awaited: b; 1 more needed; ...".
+std::string forming_line(const json& job, const json& forming) {
+  std::string joined_names;
+  if (auto nodes = job.find("nodes"); nodes != job.end() && nodes->is_array()) {
+    int shown = 0;
+    for (const json& node : *nodes) {
+      if (text_of(node, "state") != "joined" || ++shown > 8) continue;
+      joined_names += (joined_names.empty() ? "" : ", ") + text_of(node, "name");
+    }
+    if (shown > 8) joined_names += ", ...";
+  }
+  std::string line = "  round " + text_of(job, "round") +
+                     " forming: " + text_of(forming, "joined") + " joined" +
+                     (joined_names.empty() ? "" : " (" + joined_names + ")");
+  if (auto awaited = forming.find("awaited");
+      awaited != forming.end() && awaited->is_array() && !awaited->empty()) {
+    std::string names;
+    for (const json& name : *awaited)
+      names += (names.empty() ? "" : ", ") + (name.is_string() ? name.get<std::string>() : "?");
+    line += "; awaited: " + names;
+    if (auto count = forming.find("awaited_count"); count != forming.end() &&
+                                                    count->is_number_unsigned() &&
+                                                    count->get<std::size_t>() > awaited->size())
+      line += " and " + std::to_string(count->get<std::size_t>() - awaited->size()) + " more";
+  }
+  if (auto more = forming.find("more_needed");
+      more != forming.end() && more->is_number_integer() && more->get<long long>() > 0)
+    line += "; " + std::to_string(more->get<long long>()) + " more needed";
+  const auto seconds = [&](const char* key, const char* what) {
+    auto it = forming.find(key);
+    if (it == forming.end() || !it->is_number()) return;
+    std::ostringstream text;
+    text << std::fixed << std::setprecision(1) << std::max(0.0, it->get<double>());
+    line += std::string("; ") + what + " in " + text.str() + " s";
+  };
+  seconds("last_call_in_s", "last call ends");
+  seconds("join_timeout_in_s", "join timeout");
+  return line + "\n";
+}
+
 }  // namespace
 
 std::variant<StatusRequest, InfoRequest, UsageError> parse_status_args(
@@ -56,6 +103,19 @@ std::variant<StatusRequest, InfoRequest, UsageError> parse_status_args(
   app.add_option("--rdzv_id,--rdzv-id", run_id, "show this job only");
   app.add_flag("--json", as_json, "print the server's JSON instead of tables");
   app.add_option("--timeout", timeout_s, "seconds to wait for the answer (default 5)");
+  bool watch = false;
+  double interval_s = 2.0;
+  int iterations = 0;
+  auto* watch_flag = app.add_flag(
+      "--watch", watch,
+      "ask again every --interval and redraw, until Ctrl-C; while a round forms it shows who "
+      "joined, who is awaited and the time left");
+  app.add_option("--interval", interval_s, "with --watch: seconds between two answers (default 2)")
+      ->needs(watch_flag);
+  app.add_option("--iterations", iterations,
+                 "with --watch: stop after this many answers (default 0: until Ctrl-C)")
+      ->needs(watch_flag)
+      ->check(CLI::Range(0, 1'000'000'000));
   std::string secret_file;
   app.add_option("--secret_file,--secret-file", secret_file,
                  "the server's shared secret, for a server started with --secret_file");
@@ -90,6 +150,8 @@ std::variant<StatusRequest, InfoRequest, UsageError> parse_status_args(
   if (!(timeout_s > 0) || timeout_s > 86400)
     return UsageError{
         "ddprun status --timeout must be a positive number of seconds, at most 86400"};
+  if (!(interval_s >= 0.1) || interval_s > 86400)
+    return UsageError{"ddprun status --interval must be at least 0.1 and at most 86400 seconds"};
   if (secret_file.empty()) {
     if (auto from_env = env(rdzv::kSecretFileVariable)) secret_file = *from_env;
   }
@@ -101,6 +163,9 @@ std::variant<StatusRequest, InfoRequest, UsageError> parse_status_args(
   request.timeout = std::chrono::milliseconds(static_cast<long long>(timeout_s * 1000));
   if (!secret_file.empty()) request.secret_file = secret_file;
   request.tls = tls;
+  request.watch = watch;
+  request.interval = std::chrono::milliseconds(static_cast<long long>(interval_s * 1000));
+  request.iterations = iterations;
   return request;
 }
 
@@ -113,6 +178,8 @@ std::string format_status(const json& jobs) {
         << text_of(s, "max_restarts") << ", --nnodes " << text_of(s, "min_nodes") << ":"
         << text_of(s, "max_nodes") << ", --nproc_per_node " << text_of(s, "nproc_per_node") << "\n";
     if (job.contains("message")) out << "  ended: " << text_of(job, "message") << "\n";
+    if (auto f = job.find("forming"); f != job.end() && f->is_object())
+      out << forming_line(job, *f);
     std::vector<std::array<std::string, 5>> rows{
         {"GROUP_RANK", "NODE", "STATE", "NODE_RANK", "LAST HEARD"}};
     if (job.contains("nodes") && job.at("nodes").is_array()) {
@@ -145,28 +212,21 @@ std::string format_status(const json& jobs) {
   return out.str();
 }
 
-int run_status(const StatusRequest& request) {
-  const std::string where = rdzv::format_endpoint(request.host, request.port);
+namespace {
+
+/// Set by SIGINT and SIGTERM while --watch runs.
+volatile std::sig_atomic_t g_stop_watch = 0;
+
+extern "C" void on_watch_signal(int) { g_stop_watch = 1; }
+
+/// One status query on a connection of its own: every page of jobs, or why not. Gives up at
+/// the --timeout, or at once when `stop` says so.
+common::Result<json> fetch_status(const StatusRequest& request,
+                                  const std::optional<rdzv::Secret>& secret,
+                                  const std::optional<rdzv::TlsRole>& tls,
+                                  const std::function<bool()>& stop) {
   asio::io_context io;
   std::string error;
-  std::optional<rdzv::Secret> secret;
-  if (request.secret_file) {
-    auto read = rdzv::read_secret_file(*request.secret_file);
-    if (!read) {
-      std::fprintf(stderr, "ddprun status: %s\n", read.error().message.c_str());
-      return common::kExitUsage;
-    }
-    secret = *read;
-  }
-  std::optional<rdzv::TlsRole> tls;
-  if (request.tls.any()) {
-    auto made = rdzv::make_client_tls(request.tls, "--tls_");
-    if (!made) {
-      std::fprintf(stderr, "ddprun status: %s\n", made.error().message.c_str());
-      return common::kExitUsage;
-    }
-    tls = rdzv::TlsRole{*made, false, request.host};
-  }
   rdzv::ClientHandshake handshake(secret, "status", rdzv::make_nonce());
   std::optional<json> jobs;       // every page, once the last one arrived
   std::optional<json> page_jobs;  // the pages so far
@@ -254,24 +314,119 @@ int run_status(const StatusRequest& request) {
               if (!handshake.authenticates()) send_query();
             });
       });
-  io.run_for(request.timeout);
+  // Bounded by the --timeout, in slices, so a signal ends the wait within one.
+  const auto deadline = std::chrono::steady_clock::now() + request.timeout;
+  while (!jobs && error.empty() && !stop() && !io.stopped() &&
+         std::chrono::steady_clock::now() < deadline) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    io.run_for(std::min(left, std::chrono::milliseconds(100)));
+  }
   if (conn) conn->close();
+  if (jobs) return *std::move(jobs);
+  if (stop()) return common::Error{"interrupted"};
+  return common::Error{error.empty() ? "no answer within the --timeout" : error};
+}
+
+/// What one answer prints (the tables, the JSON, or "no jobs").
+std::string render(const StatusRequest& request, const json& jobs, const std::string& where) {
+  if (request.json) return jobs.dump(request.watch ? -1 : 2) + "\n";
+  if (!jobs.empty()) return format_status(jobs);
+  if (request.run_id) return "no job '" + *request.run_id + "' at " + where + "\n";
+  return "no jobs at " + where + "\n";
+}
+
+std::string clock_time() {
+  const std::time_t t = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&t, &local);
+  char text[32];
+  std::strftime(text, sizeof text, "%H:%M:%S", &local);
+  return text;
+}
+
+/// --watch: ask, draw, wait --interval; until a signal or --iterations answers.
+int watch_status(const StatusRequest& request, const std::optional<rdzv::Secret>& secret,
+                 const std::optional<rdzv::TlsRole>& tls, const std::string& where) {
+  struct sigaction action {};
+  action.sa_handler = on_watch_signal;
+  sigemptyset(&action.sa_mask);
+  struct sigaction old_int {
+  }, old_term{};
+  sigaction(SIGINT, &action, &old_int);
+  sigaction(SIGTERM, &action, &old_term);
+  const auto stop = [] { return g_stop_watch != 0; };
+  // A terminal is redrawn in place; a pipe or a file gets one snapshot after another.
+  const bool terminal = ::isatty(STDOUT_FILENO) == 1;
+  int status = common::kExitSuccess;
+  for (int n = 0; !stop() && (request.iterations == 0 || n < request.iterations); ++n) {
+    if (n > 0) {
+      const auto next = std::chrono::steady_clock::now() + request.interval;
+      while (!stop() && std::chrono::steady_clock::now() < next)
+        std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
+            next - std::chrono::steady_clock::now(), std::chrono::milliseconds(50)));
+      if (stop()) break;
+    }
+    auto jobs = fetch_status(request, secret, tls, stop);
+    if (!jobs && stop()) break;
+    std::string frame;
+    if (!request.json) {
+      char every[32];
+      std::snprintf(every, sizeof every, "%.1f", request.interval.count() / 1000.0);
+      frame = "ddprun status " + where + " at " + clock_time() + ", every " + every +
+              " s (Ctrl-C to stop)\n";
+    }
+    if (jobs) {
+      frame += render(request, *jobs, where);
+      status = request.run_id && jobs->empty() ? 1 : common::kExitSuccess;
+    } else {
+      frame +=
+          "cannot get the status from " + where + ": " + jobs.error().message + "; asking again\n";
+      status = common::kExitRendezvous;
+    }
+    if (terminal && !request.json)
+      frame = "\x1b[H\x1b[2J" + frame;  // home, clear: the new frame replaces the old
+    else if (n > 0 && !request.json)
+      frame = "\n" + frame;
+    std::fputs(frame.c_str(), stdout);
+    std::fflush(stdout);
+  }
+  sigaction(SIGINT, &old_int, nullptr);
+  sigaction(SIGTERM, &old_term, nullptr);
+  // Ctrl-C or SIGTERM is how a watch ends: not a failure.
+  return stop() ? common::kExitSuccess : status;
+}
+
+}  // namespace
+
+int run_status(const StatusRequest& request) {
+  const std::string where = rdzv::format_endpoint(request.host, request.port);
+  std::optional<rdzv::Secret> secret;
+  if (request.secret_file) {
+    auto read = rdzv::read_secret_file(*request.secret_file);
+    if (!read) {
+      std::fprintf(stderr, "ddprun status: %s\n", read.error().message.c_str());
+      return common::kExitUsage;
+    }
+    secret = *read;
+  }
+  std::optional<rdzv::TlsRole> tls;
+  if (request.tls.any()) {
+    auto made = rdzv::make_client_tls(request.tls, "--tls_");
+    if (!made) {
+      std::fprintf(stderr, "ddprun status: %s\n", made.error().message.c_str());
+      return common::kExitUsage;
+    }
+    tls = rdzv::TlsRole{*made, false, request.host};
+  }
+  if (request.watch) return watch_status(request, secret, tls, where);
+  auto jobs = fetch_status(request, secret, tls, [] { return false; });
   if (!jobs) {
-    if (error.empty()) error = "no answer within the --timeout";
     std::fprintf(stderr, "ddprun status: cannot get the status from %s: %s\n", where.c_str(),
-                 error.c_str());
+                 jobs.error().message.c_str());
     return common::kExitRendezvous;
   }
-  if (request.json) {
-    std::printf("%s\n", jobs->dump(2).c_str());
-  } else if (jobs->empty()) {
-    if (request.run_id)
-      std::printf("no job '%s' at %s\n", request.run_id->c_str(), where.c_str());
-    else
-      std::printf("no jobs at %s\n", where.c_str());
-  } else {
-    std::fputs(format_status(*jobs).c_str(), stdout);
-  }
+  std::fputs(render(request, *jobs, where).c_str(), stdout);
   return request.run_id && jobs->empty() ? 1 : common::kExitSuccess;
 }
 

@@ -23,17 +23,25 @@ struct StatusRequest {
   std::optional<std::string> secret_file;
   /// --tls_ca, --tls_cert, --tls_key: speak TLS to the server (rendezvous/tls.h).
   rdzv::TlsFiles tls;
+  /// --watch: ask again every `interval` and redraw, until Ctrl-C or SIGTERM (or `iterations`
+  /// answers, when not 0).
+  bool watch = false;
+  std::chrono::milliseconds interval{2000};
+  int iterations = 0;
 };
 
 /// Parses the arguments after "status" (PET_RDZV_ENDPOINT and PET_RDZV_ID as fallbacks).
 std::variant<StatusRequest, InfoRequest, UsageError> parse_status_args(
     const std::vector<std::string>& args, const EnvLookup& env);
 
-/// The jobs of a status reply as tables: one header line per job, one row per node.
+/// The jobs of a status reply as tables: one header line per job (and, while a round forms, a
+/// line with who joined, who is awaited and the time left), one row per node.
 std::string format_status(const nlohmann::json& jobs);
 
 /// Asks the rendezvous server and prints its answer; returns ddprun's exit status (0; 1 when
-/// the named job is unknown; 69 when the server cannot be reached or answers badly).
+/// the named job is unknown; 69 when the server cannot be reached or answers badly). With
+/// --watch it asks again every --interval and redraws (on a terminal: the screen; otherwise:
+/// one snapshot after another) until SIGINT or SIGTERM, which end it with 0.
 int run_status(const StatusRequest& request);
 
 }  // namespace ddprun::launcher

@@ -18,11 +18,12 @@ HttpServer::Handler metrics_handler(const prometheus::Registry& registry,
                                     std::function<void()> refresh) {
   return [&registry, refresh = std::move(refresh)](const HttpRequest& request) {
     const std::string path = request.target.substr(0, request.target.find('?'));
-    if (path != "/metrics") return HttpResponse{404, "text/plain; charset=utf-8", "not found\n"};
+    if (path != "/metrics")
+      return HttpResponse{404, "text/plain; charset=utf-8", "not found\n", {}};
     if (request.method != "GET" && request.method != "HEAD")
-      return HttpResponse{405, "text/plain; charset=utf-8", "only GET and HEAD\n"};
+      return HttpResponse{405, "text/plain; charset=utf-8", "only GET and HEAD\n", {}};
     if (refresh) refresh();
-    return HttpResponse{200, kPrometheusTextType, serialize(registry)};
+    return HttpResponse{200, kPrometheusTextType, serialize(registry), {}};
   };
 }
 

@@ -54,19 +54,22 @@ class HttpServer::Session : public std::enable_shared_from_this<Session> {
       return respond(431, "request header fields too large\n", false);
     if (ec) return respond(400, "bad request\n", false);  // garbage, or a body
     const auto& req = parser_->get();
-    const HttpRequest request{std::string(req.method_string()), std::string(req.target())};
-    const HttpResponse answer = server_.handler_(request);
-    respond(answer.status, answer.body, req.keep_alive(), answer.content_type,
-            req.method() == http::verb::head);
+    const HttpRequest request{std::string(req.method_string()), std::string(req.target()),
+                              std::string(req[http::field::authorization])};
+    HttpResponse answer = server_.handler_(request);
+    respond(answer.status, std::move(answer.body), req.keep_alive(), answer.content_type,
+            req.method() == http::verb::head, answer.headers);
   }
 
   void respond(int status, std::string body, bool keep_alive,
-               const std::string& content_type = "text/plain; charset=utf-8", bool head = false) {
+               const std::string& content_type = "text/plain; charset=utf-8", bool head = false,
+               const std::vector<std::pair<std::string, std::string>>& headers = {}) {
     response_ = {};
     response_.version(11);
     response_.result(static_cast<unsigned>(status));
     response_.set(http::field::server, "ddprun");
     response_.set(http::field::content_type, content_type);
+    for (const auto& [name, value] : headers) response_.set(name, value);
     response_.keep_alive(keep_alive);
     response_.body() = std::move(body);
     response_.prepare_payload();  // Content-Length of the body, also for HEAD

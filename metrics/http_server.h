@@ -9,21 +9,27 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/result.h"
 
 namespace ddprun::metrics {
 
-/// One request as a handler sees it: only the method and the target (GET needs no body).
+/// One request as a handler sees it: the method, the target and the one header a handler reads
+/// (GET needs no body).
 struct HttpRequest {
-  std::string method;  ///< "GET", "HEAD", ...
-  std::string target;  ///< "/metrics", "/metrics?x=1", ...
+  std::string method;         ///< "GET", "HEAD", ...
+  std::string target;         ///< "/metrics", "/metrics?x=1", ...
+  std::string authorization;  ///< the Authorization header ("" when absent)
 };
 
 struct HttpResponse {
   int status = 200;
   std::string content_type = "text/plain; charset=utf-8";
   std::string body;
+  /// More response headers (name, value): WWW-Authenticate, Cache-Control, ...
+  std::vector<std::pair<std::string, std::string>> headers = {};
 };
 
 /// What one client may cost the server: a scrape endpoint faces whoever can reach its port.

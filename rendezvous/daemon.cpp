@@ -20,6 +20,7 @@
 #include "rendezvous/auth.h"
 #include "rendezvous/server.h"
 #include "rendezvous/server_metrics.h"
+#include "rendezvous/status_page.h"
 
 namespace ddprun::rdzv {
 
@@ -63,10 +64,14 @@ std::variant<DaemonConfig, DaemonExit> parse_daemon_args(const std::vector<std::
   app.add_option("--tls_ca,--tls-ca", config.tls.ca,
                  "PEM CA certificate(s): every client must present a certificate it signed");
   app.add_option("--metrics_port,--metrics-port", config.metrics_port,
-                 "serve Prometheus metrics at http://<metrics_host>:<port>/metrics (default: off)")
+                 "serve Prometheus metrics at http://<metrics_host>:<port>/metrics, the status "
+                 "page at / and its JSON at /status (default: off)")
       ->check(CLI::Range(1, 65535));
   app.add_option("--metrics_host,--metrics-host", config.metrics_host,
                  "address the metrics endpoint listens on (default 127.0.0.1, this host only)");
+  app.add_flag("--metrics_auth,--metrics-auth", config.metrics_auth,
+               "with --secret_file: /metrics asks for the secret too, as a bearer token (the "
+               "status page and /status always do)");
   app.set_version_flag("--version", common::version_line("ddprun-rdzvd"));
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   try {
@@ -82,6 +87,10 @@ std::variant<DaemonConfig, DaemonExit> parse_daemon_args(const std::vector<std::
   if (config.secret_file.empty()) {
     if (const char* from_env = std::getenv(kSecretFileVariable)) config.secret_file = from_env;
   }
+  if (config.metrics_auth && config.secret_file.empty())
+    return DaemonExit{common::kExitUsage,
+                      "ddprun-rdzvd: error: --metrics_auth asks for the rendezvous secret on "
+                      "/metrics: give --secret_file (or DDPRUN_RDZV_SECRET_FILE) too\n"};
   config.limits.hello_timeout = std::chrono::milliseconds(std::llround(hello_timeout_s * 1000));
   config.limits.stalled_frame_timeout =
       std::chrono::milliseconds(std::llround(stalled_frame_timeout_s * 1000));
@@ -147,16 +156,32 @@ int run_daemon(const DaemonConfig& config) {
   // The metrics endpoint shares the io_context: a scrape reads the server's state between two
   // of its handlers, never concurrently.
   server.set_metrics(&server_metrics);
+  JobHistory history;  // outlives the server, which records into it
+  server.set_history(&history);
+  const TimePoint started = clock.now();
+  // The status document (docs/operations.md#status-document): what the server holds, when.
+  auto document = [&server, &clock, started] {
+    nlohmann::json doc = server.status_document(kMaxJobsInStatusDocument);
+    doc["schema_version"] = kStatusSchemaVersion;
+    doc["generator"] = common::version_line("ddprun-rdzvd");
+    doc["time_unix_s"] =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    doc["uptime_s"] = std::chrono::duration<double>(clock.now() - started).count();
+    return doc;
+  };
   metrics::HttpServer metrics_http(
-      io,
-      metrics::metrics_handler(server_metrics.registry(), [&server] { server.refresh_metrics(); }));
+      io, status_page_handler(metrics::metrics_handler(server_metrics.registry(),
+                                                       [&server] { server.refresh_metrics(); }),
+                              document, StatusPageOptions{secret, config.metrics_auth}));
   if (config.metrics_port != 0) {
     if (auto why = metrics_http.listen(config.metrics_host, config.metrics_port)) {
       spdlog::error("{}; pick another --metrics_port", why->message);
       return common::kExitUsage;
     }
-    spdlog::info("serving metrics on http://{}/metrics",
-                 format_endpoint(config.metrics_host, metrics_http.port()));
+    spdlog::info("serving metrics on http://{}/metrics and the status page on http://{}/{}",
+                 format_endpoint(config.metrics_host, metrics_http.port()),
+                 format_endpoint(config.metrics_host, metrics_http.port()),
+                 secret ? " (the page asks for the rendezvous secret)" : "");
   }
   const char* tls_note = !tls                    ? ""
                          : config.tls.ca.empty() ? ", TLS"

@@ -18,6 +18,7 @@ struct DaemonConfig {
   TlsFiles tls;             ///< --tls_cert, --tls_key, --tls_ca; none: plain TCP
   int metrics_port = 0;     ///< --metrics_port: serve GET /metrics there (0: off)
   std::string metrics_host = "127.0.0.1";  ///< --metrics_host
+  bool metrics_auth = false;               ///< --metrics_auth: /metrics asks for the secret too
 };
 
 /// Parses ddprun-rdzvd's arguments; a message (help text or error) when it should not run.

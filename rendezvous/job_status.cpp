@@ -64,6 +64,35 @@ nlohmann::json describe_job(const JobState& state, TimePoint now) {
       {"nodes", std::move(nodes)},
       {"node_count", state.nodes.size()},
   };
+  if (state.phase == JobPhase::Joining && !state.settings_from.empty()) {
+    // The round being formed: who joined, who is awaited (told to restart, not back yet), how
+    // many more it needs, and the deadlines that end it.
+    int joined = 0;
+    int awaited_count = 0;
+    nlohmann::json awaited = nlohmann::json::array();
+    for (const std::string& id : ids) {  // listed nodes, in the table's order
+      const NodeRecord& node = state.nodes.at(id);
+      if (node.state == NodeState::Stopping && awaited.size() < kMaxNamesInStatusForming)
+        awaited.push_back(node.request.name);
+    }
+    for (const auto& [id, node] : state.nodes) {
+      joined += node.state == NodeState::Joined;
+      awaited_count += node.state == NodeState::Stopping;
+    }
+    const auto seconds_until = [&](TimePoint t) {
+      return std::chrono::duration_cast<std::chrono::duration<double>>(t - now).count();
+    };
+    nlohmann::json forming = {
+        {"joined", joined},
+        {"awaited", std::move(awaited)},
+        {"awaited_count", awaited_count},
+        {"more_needed", std::max(0, settings.min_nodes - joined)},
+    };
+    if (joined < settings.min_nodes)
+      forming["join_timeout_in_s"] = seconds_until(state.round_started + settings.join_timeout);
+    if (state.last_call) forming["last_call_in_s"] = seconds_until(*state.last_call);
+    job["forming"] = std::move(forming);
+  }
   if (state.closed) {
     job["outcome"] = std::string(name_of(state.closed->outcome, kJobOutcomeNames));
     job["message"] = state.closed->message;

@@ -377,13 +377,14 @@ void RendezvousServer::apply(const std::string& run_id, const Event& event) {
   if (job == jobs_.end()) return;
   const TimePoint now = clock_.now();
   ServerMetrics::Before before;
-  if (metrics_) {
+  if (metrics_ || history_) {
     const JobState& s = job->second.state;
-    before = {s.phase, s.round_started, s.restart_count, s.nodes.size()};
+    before = {s.phase, s.round, s.round_started, s.restart_count, s.nodes.size()};
   }
   StepResult r = step(std::move(job->second.state), event, now);
-  // Metrics come from what step() returned, never from inside it (it stays pure).
+  // Metrics and history come from what step() returned, never from inside it (it stays pure).
   if (metrics_) metrics_->stepped(before, event, r, now);
+  if (history_) history_->stepped(before, run_id, event, r, now);
   job->second.state = std::move(r.state);
   // The deadline index holds each job's wake_at once, so the timer finds the earliest in
   // O(log jobs) however many jobs the server holds.
@@ -505,6 +506,22 @@ StatusReply RendezvousServer::describe(const std::optional<std::string>& run_id,
     reply.jobs.push_back(std::move(job));
   }
   return reply;
+}
+
+json RendezvousServer::status_document(std::size_t max_jobs) const {
+  const TimePoint now = clock_.now();
+  json jobs = json::array();
+  for (const auto& [run_id, job] : jobs_) {
+    if (jobs.size() >= max_jobs) break;
+    json described = describe_job(job.state, now);
+    if (history_) {
+      if (const JobHistory::Job* h = history_->find(run_id))
+        described["history"] = describe_history(*h, now);
+    }
+    jobs.push_back(std::move(described));
+  }
+  return {
+      {"jobs", std::move(jobs)}, {"job_count", jobs_.size()}, {"connections", sessions_.size()}};
 }
 
 }  // namespace ddprun::rdzv

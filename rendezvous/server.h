@@ -15,6 +15,7 @@
 #include "common/result.h"
 #include "rendezvous/auth.h"
 #include "rendezvous/connection.h"
+#include "rendezvous/job_history.h"
 #include "rendezvous/limits.h"
 #include "rendezvous/rdzv_state.h"
 #include "rendezvous/server_metrics.h"
@@ -58,6 +59,10 @@ class RendezvousServer {
   /// outlive the server.
   void set_metrics(ServerMetrics* metrics) { metrics_ = metrics; }
 
+  /// Records each job's history into `history` from now on (the daemon's status page);
+  /// nullptr: none. It must outlive the server.
+  void set_history(JobHistory* history) { history_ = history; }
+
   /// Sets the gauges of the metrics (jobs, nodes, connections) from the state now: called at
   /// scrape time, O(jobs).
   void refresh_metrics() const;
@@ -66,6 +71,10 @@ class RendezvousServer {
   /// after `after`, about kStatusPageBytes of them; `next` is set when more follow.
   StatusReply describe(const std::optional<std::string>& run_id,
                        const std::optional<std::string>& after = std::nullopt) const;
+
+  /// The jobs of the status document (status_page.h): {"jobs": the first `max_jobs` by run id,
+  /// each as describe() shows it with its "history" (job_history.h), "job_count", "connections"}.
+  nlohmann::json status_document(std::size_t max_jobs) const;
 
  private:
   struct Session {
@@ -139,6 +148,7 @@ class RendezvousServer {
   std::optional<TimePoint> armed_at_;  ///< what the timer is set for now
   bool stopped_ = false;
   ServerMetrics* metrics_ = nullptr;
+  JobHistory* history_ = nullptr;
 };
 
 }  // namespace ddprun::rdzv

@@ -36,9 +36,10 @@ class ServerMetrics {
   /// The server refused a message itself (protocol layer or handshake).
   void refused(RefusalKind kind);
   /// What one step() did to one job: `before` is the job's state as step() received it (its
-  /// phase, round start, restart count and node count), `after` the result.
+  /// phase, round and its start, restart count and node count), `after` the result.
   struct Before {
     JobPhase phase = JobPhase::Joining;
+    int round = 0;
     TimePoint round_started;
     int restart_count = 0;
     std::size_t nodes = 0;

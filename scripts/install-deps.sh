@@ -10,7 +10,7 @@ packages=(
   libtorch-dev libgloo-dev python3-torch python3-numpy
   procps iproute2 time clang-format groff-base man-db clang-14 libclang-rt-14-dev
   systemd dpkg-dev
-  prometheus-cpp-dev prometheus
+  prometheus-cpp-dev prometheus chromium
   slurmctld slurmd slurm-client munge
 )
 

@@ -88,13 +88,15 @@ inline HttpReply parse_reply(const std::string& raw) {
   return reply;
 }
 
-/// GET `target` with "Connection: close"; bounded by `limit`.
+/// GET `target` with "Connection: close" and `headers` ("Name: value\r\n" each); bounded by
+/// `limit`.
 inline HttpReply http_get(int port, const std::string& target,
-                          std::chrono::milliseconds limit = std::chrono::seconds(10)) {
+                          std::chrono::milliseconds limit = std::chrono::seconds(10),
+                          const std::string& headers = "") {
   HttpPeer peer(port);
   if (!peer.connected()) return {};
-  if (!peer.send_bytes("GET " + target +
-                       " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"))
+  if (!peer.send_bytes("GET " + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n" +
+                       headers + "\r\n"))
     return {};
   return parse_reply(peer.read_to_end(limit));
 }

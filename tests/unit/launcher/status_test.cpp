@@ -65,3 +65,43 @@ TEST_CASE("the status table shows each job's round and each node's rank, state a
   CHECK(table.find("0          node10 running     -         0.2 s ago") != std::string::npos);
   CHECK(table.find("-          node2  wait_listed 1         3.0 s ago") != std::string::npos);
 }
+
+TEST_CASE("while a round forms the status table says who joined and who is awaited",
+          "[launcher][unit]") {
+  json jobs = json::array(
+      {{{"run_id", "j"},
+        {"phase", "joining"},
+        {"round", 3},
+        {"restart_count", 1},
+        {"settings", {{"min_nodes", 3}, {"max_nodes", 3}, {"max_restarts", 3}}},
+        {"forming",
+         {{"joined", 1},
+          {"awaited", {"node2"}},
+          {"awaited_count", 1},
+          {"more_needed", 2},
+          {"join_timeout_in_s", 597.94}}},
+        {"nodes",
+         {{{"name", "node1"}, {"state", "joined"}, {"group_rank", -1}, {"last_seen_s", 0.5}},
+          {{"name", "node2"}, {"state", "stopping"}, {"group_rank", -1}, {"last_seen_s", 1.0}}}}}});
+  const std::string table = format_status(jobs);
+  CHECK(table.find("  round 3 forming: 1 joined (node1); awaited: node2; 2 more needed; join "
+                   "timeout in 597.9 s\n") != std::string::npos);
+  // Without "forming" (a running job, or an older server) there is no such line.
+  jobs[0].erase("forming");
+  CHECK(format_status(jobs).find("forming") == std::string::npos);
+}
+
+TEST_CASE("ddprun status --watch takes an interval and a number of iterations",
+          "[launcher][unit]") {
+  auto parsed = parse_status_args(
+      {"--rdzv_endpoint", "h:1", "--watch", "--interval", "0.5", "--iterations", "3"}, no_env);
+  REQUIRE(std::holds_alternative<StatusRequest>(parsed));
+  const auto& r = std::get<StatusRequest>(parsed);
+  CHECK(r.watch);
+  CHECK(r.interval == std::chrono::milliseconds(500));
+  CHECK(r.iterations == 3);
+  CHECK(std::holds_alternative<UsageError>(
+      parse_status_args({"--rdzv_endpoint", "h:1", "--iterations", "3"}, no_env)));
+  CHECK(std::holds_alternative<UsageError>(
+      parse_status_args({"--rdzv_endpoint", "h:1", "--watch", "--interval", "0.01"}, no_env)));
+}

@@ -952,6 +952,38 @@ TEST_CASE("status describes the job's nodes with their ranks and last heartbeat"
   CHECK(status["nodes"][2]["state"] == "wait_listed");
 }
 
+TEST_CASE("while a round forms status says who joined and who is awaited and the time left",
+          "[rdzv][unit]") {
+  Job job = running_job({"a", "b"}, nnodes(2, 2));
+  CHECK_FALSE(describe_job(job.state, job.now).contains("forming"));
+  job.send("a", WorkersFailed{0, "worker rank 0 exited with code 1", 1, 0});
+  job.now += 4s;
+  job.join(join_of("a", nnodes(2, 2)));
+  job.now += 1s;
+  const nlohmann::json forming = describe_job(job.state, job.now)["forming"];
+  CHECK(forming["joined"] == 1);
+  CHECK(forming["awaited"] == nlohmann::json::array({"b"}));  // told to restart, not back yet
+  CHECK(forming["awaited_count"] == 1);
+  CHECK(forming["more_needed"] == 1);
+  CHECK(forming["join_timeout_in_s"] == 595.0);  // the round opened 5 s ago; 600 s in all
+  CHECK_FALSE(forming.contains("last_call_in_s"));
+  job.join(join_of("b", nnodes(2, 2)));
+  REQUIRE(job.state.phase == JobPhase::Running);
+  CHECK_FALSE(describe_job(job.state, job.now).contains("forming"));
+}
+
+TEST_CASE("a forming round above its minimum shows the last call instead of the join timeout",
+          "[rdzv][unit]") {
+  Job job;
+  job.join(join_of("a", nnodes(1, 3)));
+  job.now += 10s;
+  const nlohmann::json forming = describe_job(job.state, job.now)["forming"];
+  CHECK(forming["joined"] == 1);
+  CHECK(forming["more_needed"] == 0);
+  CHECK(forming["last_call_in_s"] == 20.0);  // last call 30 s after the minimum joined
+  CHECK_FALSE(forming.contains("join_timeout_in_s"));
+}
+
 TEST_CASE("waiting broadcasts go out at most once per quiet period, and none is lost",
           "[rdzv][unit]") {
   Job job;
