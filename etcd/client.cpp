@@ -56,6 +56,11 @@ std::string describe(const error_code& ec) {
   return ec.message();
 }
 
+/// gRPC metadata through the gateway: a member without a leader answers "no leader" at once
+/// instead of waiting, and ends watch streams when it loses its leader, so the client moves to
+/// a member that has one.
+constexpr const char* kRequireLeader = "Grpc-Metadata-hasleader";
+
 }  // namespace
 
 /// One connection to one member: a socket, and TLS over it when configured.
@@ -256,6 +261,7 @@ void Client::attempt(const std::shared_ptr<Call>& call) {
     request->set(http::field::host, settings_.members[member].text());
     request->set(http::field::content_type, "application/json");
     if (!token_.empty() && !call->internal_auth) request->set(http::field::authorization, token_);
+    request->set(kRequireLeader, "true");
     request->keep_alive(true);
     request->body() = call->request.body;
     request->prepare_payload();
@@ -284,10 +290,14 @@ void Client::attempt(const std::shared_ptr<Call>& call) {
                     // while idle, before reading the request (keep-alive race).
                     const bool stale = reused && (ec == http::error::end_of_stream ||
                                                   ec == asio::error::connection_reset);
-                    return on_attempt_failed(call, member, !stale,
-                                             call->timer->expiry() <= Clock::now()
-                                                 ? "no answer within the attempt's time"
-                                                 : describe(ec));
+                    std::string why = call->timer->expiry() <= Clock::now()
+                                          ? "no answer within the attempt's time"
+                                          : describe(ec);
+                    // etcd closes a plain connection to its TLS port without a byte.
+                    if (!settings_.tls && !reused && !parser->got_some() &&
+                        ec == http::error::end_of_stream)
+                      why += " without answering (if the member serves TLS, give tls_ca)";
+                    return on_attempt_failed(call, member, !stale, why);
                   }
                   call->timer->cancel();
                   auto& response = parser->get();
@@ -349,6 +359,10 @@ void Client::on_answer(const std::shared_ptr<Call>& call, std::size_t member,
   nlohmann::json parsed = nlohmann::json::parse(body, nullptr, false);
   if (parsed.is_discarded()) {
     parsed = nlohmann::json::object();
+    if (body.find("HTTPS server") != std::string::npos)  // Go's answer on a TLS port
+      return finish(call, Error{"etcd " + settings_.members[member].text() +
+                                " serves TLS: give tls_ca (and tls_cert, tls_key if it asks "
+                                "for client certificates)"});
     if (status == 200)
       return finish(call, Error{"etcd " + settings_.members[member].text() + ": " +
                                 call->request.path + " answered with text that is not JSON"});
@@ -429,6 +443,7 @@ struct Watch::Stream {
   std::vector<nlohmann::json> pending;  ///< messages cut from the last chunk, not yet handled
   std::string error;                    ///< the decoder's, set in the chunk callback
   std::function<std::size_t(std::uint64_t, beast::string_view, error_code&)> on_chunk;
+  std::unique_ptr<asio::steady_timer> created_deadline;  ///< until etcd confirms the watch
   bool closed = false;
 };
 
@@ -513,9 +528,18 @@ void Watch::open() {
         if (!c) return self->on_broken(why);
         stream->connection = c;
         auto& client = *self->client_;
+        // A member that accepts the connection but never answers (stopped, overloaded) must not
+        // hold the watch: etcd confirms a watch at once, so no confirmation is a failure.
+        stream->created_deadline = std::make_unique<asio::steady_timer>(
+            client.io_, Clock::now() + client.settings_.attempt_timeout);
+        stream->created_deadline->async_wait([self, stream](error_code ec) {
+          if (ec || stream->closed || self->ended_) return;
+          self->on_broken("not confirmed within the attempt's time");
+        });
         stream->request = {http::verb::post, "/v3/watch", 11};
         stream->request.set(http::field::host, client.settings_.members[member].text());
         stream->request.set(http::field::content_type, "application/json");
+        stream->request.set(kRequireLeader, "true");
         if (!client.token_.empty()) stream->request.set(http::field::authorization, client.token_);
         stream->request.keep_alive(true);
         stream->request.body() = watch_create(options).body;
@@ -619,6 +643,7 @@ void Watch::on_message(const nlohmann::json& message) {
                      (r.cancel_reason.empty() ? std::string() : ": " + r.cancel_reason)});
   }
   if (r.created) {
+    if (stream_ && stream_->created_deadline) stream_->created_deadline->cancel();
     backoff_ = std::chrono::milliseconds(50);
     reauthenticated_ = false;
     // A watch from "now" sees every change after the revision it was created at.

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "etcd/client.h"
+#include "rendezvous/tls.h"
 #include "tests/etcd/etcd_cluster.h"
 
 using namespace ddprun;
@@ -386,6 +387,116 @@ TEST_CASE("every member down: the client says so and recovers when they are back
   REQUIRE(std::holds_alternative<std::int64_t>(after));
   REQUIRE(run_until(
       io, [&] { return recorder.saw("/ddprun/j/after"); }, 30s));
+  CHECK(recorder.events.size() == 2);
+  CHECK_FALSE(recorder.ended);
+  recorder.watch->cancel();
+  client->close();
+}
+
+namespace {
+
+/// A CA, a member certificate for 127.0.0.1, a client certificate of the same CA and a second
+/// CA that signed nothing here; keys of mode 600.
+struct Pki {
+  testing::TempDir dir;
+  std::string path(const std::string& name) const { return dir.path() + "/" + name; }
+  Pki() {
+    const std::string script = R"(set -e
+umask 077
+key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
+key ca.key; key other-ca.key; key server.key; key client.key
+openssl req -x509 -new -key ca.key -out ca.pem -days 2 -subj "/CN=ddprun etcd test CA"
+openssl req -x509 -new -key other-ca.key -out other-ca.pem -days 2 -subj "/CN=another CA"
+printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n' > server.ext
+printf 'extendedKeyUsage=clientAuth\n' > client.ext
+openssl req -new -key server.key -subj "/CN=etcd" -out server.csr
+openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
+  -extfile server.ext -out server.pem 2>/dev/null
+openssl req -new -key client.key -subj "/CN=node" -out client.csr
+openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
+  -extfile client.ext -out client.pem 2>/dev/null
+chmod 644 ca.pem other-ca.pem server.pem client.pem
+)";
+    auto r = testing::run_command({"/bin/bash", "-c", "cd '" + dir.path() + "' && " + script});
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("over TLS with client certificates the client works and wrong peers are refused",
+          "[etcd]") {
+  Pki pki;
+  EtcdCluster cluster(
+      3, testing::EtcdTls{pki.path("server.pem"), pki.path("server.key"), pki.path("ca.pem"),
+                          pki.path("ca.pem"), pki.path("client.pem"), pki.path("client.key")});
+  INFO(cluster.logs());
+  REQUIRE(cluster.wait_ready());
+  boost::asio::io_context io;
+  auto client = std::make_shared<Client>(io, cluster.client_settings());
+  Recorder recorder;
+  recorder.open(*client, "/ddprun/j/");
+  REQUIRE(std::holds_alternative<std::int64_t>(put_sync(io, *client, "/ddprun/j/state", "tls")));
+  CHECK(range_sync(io, *client, "/ddprun/j/").kvs.at(0).value == "tls");
+  REQUIRE(run_until(
+      io, [&] { return recorder.saw("/ddprun/j/state"); }, 10s));
+
+  // A CA that did not sign the members' certificate.
+  ClientSettings stranger = cluster.client_settings();
+  stranger.tls = *rdzv::make_client_tls({pki.path("other-ca.pem"), "", ""}, "tls_");
+  auto wrong_ca = std::make_shared<Client>(io, stranger);
+  auto refused = put_sync(io, *wrong_ca, "/ddprun/j/state", "x");
+  REQUIRE(std::holds_alternative<std::string>(refused));
+  CHECK_THAT(std::get<std::string>(refused), Contains("every member failed") &&
+                                                 Contains("TLS handshake failed") &&
+                                                 Contains("certificate"));
+
+  // No TLS at all against members that serve it: named as such.
+  ClientSettings plain = cluster.client_settings();
+  plain.tls = nullptr;
+  auto plain_client = std::make_shared<Client>(io, plain);
+  auto told = call_sync(io, *plain_client, range({"/ddprun/j/state", "", 0, 0, false}));
+  REQUIRE_FALSE(told.ok());
+  CHECK_THAT(told.error().message,
+             Contains("every member failed") && Contains("if the member serves TLS, give tls_ca"));
+  recorder.watch->cancel();
+  for (auto& c : {client, wrong_ca, plain_client}) c->close();
+}
+
+TEST_CASE("a member that loses its leader ends the watch there and the watch resumes", "[etcd]") {
+  EtcdCluster cluster;
+  INFO(cluster.logs());
+  REQUIRE(cluster.wait_ready());
+  boost::asio::io_context io;
+  ClientSettings settings = cluster.client_settings();
+  settings.attempt_timeout = 2s;
+  auto client = std::make_shared<Client>(io, settings);
+  Recorder recorder;
+  recorder.open(*client, "/ddprun/j/");  // on member 0
+  REQUIRE(std::holds_alternative<std::int64_t>(put_sync(io, *client, "/ddprun/j/a", "1")));
+  REQUIRE(run_until(
+      io, [&] { return recorder.saw("/ddprun/j/a"); }, 10s));
+
+  // The other two stop answering: member 0 is alone, without a leader. It must say so rather
+  // than keep a silent stream, and a request must not hang on it.
+  cluster.pause(1);
+  cluster.pause(2);
+  REQUIRE(run_until(
+      io, [&] { return !recorder.notices.empty(); }, 20s));
+  CHECK_THAT(recorder.notices[0], Contains(cluster.members()[0].text()));
+  auto alone = call_sync(io, *client, range({"/ddprun/j/", prefix_end("/ddprun/j/"), 0, 0, false}));
+  REQUIRE_FALSE(alone.ok());
+  CHECK_THAT(alone.error().message, Contains("every member failed (3)"));
+
+  cluster.resume(1);
+  cluster.resume(2);
+  REQUIRE(cluster.wait_ready());
+  auto after = put_sync(io, *client, "/ddprun/j/b", "2");
+  INFO((std::holds_alternative<std::string>(after) ? std::get<std::string>(after) : ""));
+  REQUIRE(std::holds_alternative<std::int64_t>(after));
+  REQUIRE(run_until(
+      io, [&] { return recorder.saw("/ddprun/j/b"); }, 30s));
   CHECK(recorder.events.size() == 2);
   CHECK_FALSE(recorder.ended);
   recorder.watch->cancel();

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "rendezvous/free_port.h"
+#include "rendezvous/tls.h"
 
 namespace ddprun::testing {
 
@@ -44,7 +45,7 @@ std::string url(int port) { return "http://127.0.0.1:" + std::to_string(port); }
 
 }  // namespace
 
-EtcdCluster::EtcdCluster(int members) {
+EtcdCluster::EtcdCluster(int members, std::optional<EtcdTls> tls) : tls_(std::move(tls)) {
   if (::access(kEtcd, X_OK) != 0)
     throw std::runtime_error("etcd is not installed: run scripts/install-deps.sh (etcd-server)");
   const std::vector<int> ports = free_ports(2 * members);
@@ -75,39 +76,55 @@ std::string EtcdCluster::endpoints() const {
   return out;
 }
 
+etcd::ClientSettings EtcdCluster::client_settings() const {
+  etcd::ClientSettings settings;
+  settings.members = members();
+  if (tls_) {
+    auto context = rdzv::make_client_tls({tls_->ca, tls_->client_cert, tls_->client_key}, "tls_");
+    if (!context) throw std::runtime_error(context.error().message);
+    settings.tls = *context;
+  }
+  return settings;
+}
+
+void EtcdCluster::pause(int i) {
+  if (processes_[i]) processes_[i]->send(SIGSTOP);
+}
+
+void EtcdCluster::resume(int i) {
+  if (processes_[i]) processes_[i]->send(SIGCONT);
+}
+
 void EtcdCluster::start(int i) {
   std::string cluster;
   for (int m = 0; m < size(); ++m)
     cluster += (m == 0 ? "" : ",") + ("m" + std::to_string(m)) + "=" + url(peer_ports_[m]);
+  const std::string client_url =
+      tls_ ? "https://127.0.0.1:" + std::to_string(client_ports_[i]) : url(client_ports_[i]);
   // Short heartbeats and elections keep a leader's loss to about a second.
-  processes_[i] =
-      std::make_unique<Subprocess>(std::vector<std::string>{kEtcd,
-                                                            "--name",
-                                                            "m" + std::to_string(i),
-                                                            "--data-dir",
-                                                            dir_.path() + "/m" + std::to_string(i),
-                                                            "--listen-client-urls",
-                                                            url(client_ports_[i]),
-                                                            "--advertise-client-urls",
-                                                            url(client_ports_[i]),
-                                                            "--listen-peer-urls",
-                                                            url(peer_ports_[i]),
-                                                            "--initial-advertise-peer-urls",
-                                                            url(peer_ports_[i]),
-                                                            "--initial-cluster",
-                                                            cluster,
-                                                            "--initial-cluster-state",
-                                                            "new",
-                                                            "--initial-cluster-token",
-                                                            token_,
-                                                            "--heartbeat-interval",
-                                                            "50",
-                                                            "--election-timeout",
-                                                            "500",
-                                                            "--logger",
-                                                            "zap",
-                                                            "--log-level",
-                                                            "warn"});
+  std::vector<std::string> argv = {kEtcd, "--name", "m" + std::to_string(i)};
+  for (const auto& flag : std::vector<std::pair<std::string, std::string>>{
+           {"--data-dir", dir_.path() + "/m" + std::to_string(i)},
+           {"--listen-client-urls", client_url},
+           {"--advertise-client-urls", client_url},
+           {"--listen-peer-urls", url(peer_ports_[i])},
+           {"--initial-advertise-peer-urls", url(peer_ports_[i])},
+           {"--initial-cluster", cluster},
+           {"--initial-cluster-state", "new"},
+           {"--initial-cluster-token", token_},
+           {"--heartbeat-interval", "50"},
+           {"--election-timeout", "500"},
+           {"--logger", "zap"},
+           {"--log-level", "warn"}}) {
+    argv.push_back(flag.first);
+    argv.push_back(flag.second);
+  }
+  if (tls_) {
+    argv.insert(argv.end(), {"--cert-file", tls_->server_cert, "--key-file", tls_->server_key});
+    if (!tls_->client_ca.empty())
+      argv.insert(argv.end(), {"--client-cert-auth", "--trusted-ca-file", tls_->client_ca});
+  }
+  processes_[i] = std::make_unique<Subprocess>(argv);
 }
 
 void EtcdCluster::kill(int i) {
@@ -130,7 +147,7 @@ int EtcdCluster::leader(std::chrono::milliseconds limit) const {
     asio::io_context io;
     for (int i = 0; i < size(); ++i) {
       if (!processes_[i]) continue;
-      etcd::ClientSettings settings;
+      etcd::ClientSettings settings = client_settings();
       settings.members = {{"127.0.0.1", client_ports_[i]}};
       settings.request_timeout = 1s;
       settings.attempt_timeout = 1s;
@@ -154,7 +171,7 @@ bool EtcdCluster::wait_ready(std::chrono::milliseconds limit) const {
     asio::io_context io;
     for (int i = 0; i < size() && all; ++i) {
       if (!processes_[i]) continue;
-      etcd::ClientSettings settings;
+      etcd::ClientSettings settings = client_settings();
       settings.members = {{"127.0.0.1", client_ports_[i]}};
       settings.request_timeout = 2s;
       auto client = std::make_shared<etcd::Client>(io, settings);

@@ -14,9 +14,20 @@
 
 namespace ddprun::testing {
 
+/// TLS on the members' client URLs: their certificate and key, and the CA whose certificates
+/// they require of clients (empty: none required). The client side's files for tests.
+struct EtcdTls {
+  std::string server_cert;
+  std::string server_key;
+  std::string client_ca;
+  std::string ca;
+  std::string client_cert;
+  std::string client_key;
+};
+
 class EtcdCluster {
  public:
-  explicit EtcdCluster(int members = 3);
+  explicit EtcdCluster(int members = 3, std::optional<EtcdTls> tls = std::nullopt);
   ~EtcdCluster();
   EtcdCluster(const EtcdCluster&) = delete;
   EtcdCluster& operator=(const EtcdCluster&) = delete;
@@ -29,6 +40,11 @@ class EtcdCluster {
   void start(int i);
   /// SIGKILL to member i, then waits for it (bounded).
   void kill(int i);
+  /// SIGSTOP or SIGCONT to member i: a member that holds its connections and answers nothing.
+  void pause(int i);
+  void resume(int i);
+  /// Settings reaching every member (with the test client's certificate under TLS).
+  etcd::ClientSettings client_settings() const;
   bool running(int i) const { return processes_[i] != nullptr; }
   /// Runs etcdctl against the cluster with `args`; its stdout, or a failed check.
   CommandResult etcdctl(const std::vector<std::string>& args) const;
@@ -44,6 +60,7 @@ class EtcdCluster {
   std::vector<int> client_ports_;
   std::vector<int> peer_ports_;
   std::string token_;
+  std::optional<EtcdTls> tls_;
   std::vector<std::unique_ptr<Subprocess>> processes_;
 };
 
