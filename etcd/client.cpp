@@ -581,39 +581,38 @@ void Watch::open() {
                           self->on_broken(error ? error->message : "watch refused");
                         });
                   }
-                  // Reads the stream until it breaks or the watch ends.
-                  auto read_more = std::make_shared<std::function<void()>>();
-                  *read_more = [self, stream, &s, read_more] {
-                    http::async_read_some(s, stream->connection->buffer, stream->parser,
-                                          [self, stream, read_more](error_code ec, std::size_t) {
-                                            if (stream->closed || self->ended_) {
-                                              *read_more = nullptr;  // breaks the self-reference
-                                              return;
-                                            }
-                                            auto pending = std::move(stream->pending);
-                                            stream->pending.clear();
-                                            for (const auto& message : pending) {
-                                              self->on_message(message);
-                                              if (stream->closed || self->ended_) {
-                                                *read_more = nullptr;
-                                                return;
-                                              }
-                                            }
-                                            if (ec || stream->parser.is_done()) {
-                                              *read_more = nullptr;
-                                              return self->on_broken(!stream->error.empty()
-                                                                         ? stream->error
-                                                                     : ec ? describe(ec)
-                                                                          : "the stream ended");
-                                            }
-                                            (*read_more)();
-                                          });
-                  };
-                  (*read_more)();
+                  self->read_stream(stream);
                 });
           });
         });
       });
+}
+
+void Watch::read_stream(const std::shared_ptr<Stream>& stream) {
+  // A member function rather than a self-capturing lambda: a handler destroyed without running
+  // (the io_context ends first) then leaves no cycle behind.
+  stream->connection->with([&](auto& s) {
+    http::async_read_some(s, stream->connection->buffer, stream->parser,
+                          [self = shared_from_this(), stream](error_code ec, std::size_t) {
+                            self->on_stream_read(stream, ec);
+                          });
+  });
+}
+
+void Watch::on_stream_read(const std::shared_ptr<Stream>& stream, error_code ec) {
+  if (stream->closed || ended_) return;
+  auto pending = std::move(stream->pending);
+  stream->pending.clear();
+  for (const auto& message : pending) {
+    on_message(message);
+    if (stream->closed || ended_) return;
+  }
+  if (ec || stream->parser.is_done()) {
+    return on_broken(!stream->error.empty() ? stream->error
+                     : ec                   ? describe(ec)
+                                            : "the stream ended");
+  }
+  read_stream(stream);
 }
 
 void Watch::on_message(const nlohmann::json& message) {

@@ -154,6 +154,8 @@ class Watch : public std::enable_shared_from_this<Watch> {
   struct Stream;
   void open();
   void renew_token_and_open();
+  void read_stream(const std::shared_ptr<Stream>& stream);
+  void on_stream_read(const std::shared_ptr<Stream>& stream, boost::system::error_code ec);
   void on_message(const nlohmann::json& message);
   void on_broken(const std::string& why);
   void end(common::Error error);

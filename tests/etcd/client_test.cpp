@@ -56,7 +56,16 @@ struct Recorder {
   int responses = 0;
   std::shared_ptr<Watch> watch;
 
-  void open(Client& client, const std::string& prefix, std::int64_t from = 0) {
+  /// Opens the watch and, for a watch from now, waits until etcd confirmed it (a put sent
+  /// before that may precede the watch's start).
+  void open(boost::asio::io_context& io, Client& client, const std::string& prefix,
+            std::int64_t from = 0) {
+    open(client, prefix, from);
+    if (from == 0)
+      REQUIRE(run_until(
+          io, [&] { return watch->next_revision() != 0; }, 20s));
+  }
+  void open(Client& client, const std::string& prefix, std::int64_t from) {
     watch = client.watch(
         {prefix, prefix_end(prefix), from, true, false},
         [this](const WatchResponse& r) {
@@ -146,7 +155,7 @@ TEST_CASE("a lease kept alive keeps its keys and an expired one deletes them", "
       put_sync(io, *client, "/ddprun/j/nodes/a", "a", lease->id)));
 
   Recorder recorder;
-  recorder.open(*client, "/ddprun/j/");
+  recorder.open(io, *client, "/ddprun/j/");
   std::optional<std::string> lost;
   auto keeper = std::make_shared<LeaseKeeper>(client, lease->id, 2s,
                                               [&](const common::Error& e) { lost = e.message; });
@@ -235,7 +244,7 @@ TEST_CASE("killing the leader: requests fail over and the watch resumes with no 
   auto client = std::make_shared<Client>(io, settings_for(members));
 
   Recorder recorder;
-  recorder.open(*client, "/ddprun/j/");
+  recorder.open(io, *client, "/ddprun/j/");
   REQUIRE(run_until(
       io, [&] { return recorder.watch->next_revision() != 0; }, 10s));
 
@@ -328,7 +337,7 @@ TEST_CASE("a user and password authenticate and the token goes with every reques
   with.credentials = Credentials{"ann", "annpw"};
   auto ann = std::make_shared<Client>(io, with);
   Recorder recorder;
-  recorder.open(*ann, "/ddprun/j/");
+  recorder.open(io, *ann, "/ddprun/j/");
   auto revision = put_sync(io, *ann, "/ddprun/j/state", "s");
   INFO((std::holds_alternative<std::string>(revision) ? std::get<std::string>(revision) : ""));
   REQUIRE(std::holds_alternative<std::int64_t>(revision));
@@ -364,7 +373,7 @@ TEST_CASE("every member down: the client says so and recovers when they are back
   boost::asio::io_context io;
   auto client = std::make_shared<Client>(io, settings_for(cluster.members()));
   Recorder recorder;
-  recorder.open(*client, "/ddprun/j/");
+  recorder.open(io, *client, "/ddprun/j/");
   REQUIRE(std::holds_alternative<std::int64_t>(put_sync(io, *client, "/ddprun/j/before", "1")));
   REQUIRE(run_until(
       io, [&] { return recorder.saw("/ddprun/j/before"); }, 10s));
@@ -436,7 +445,7 @@ TEST_CASE("over TLS with client certificates the client works and wrong peers ar
   boost::asio::io_context io;
   auto client = std::make_shared<Client>(io, cluster.client_settings());
   Recorder recorder;
-  recorder.open(*client, "/ddprun/j/");
+  recorder.open(io, *client, "/ddprun/j/");
   REQUIRE(std::holds_alternative<std::int64_t>(put_sync(io, *client, "/ddprun/j/state", "tls")));
   CHECK(range_sync(io, *client, "/ddprun/j/").kvs.at(0).value == "tls");
   REQUIRE(run_until(
@@ -473,7 +482,7 @@ TEST_CASE("a member that loses its leader ends the watch there and the watch res
   settings.attempt_timeout = 2s;
   auto client = std::make_shared<Client>(io, settings);
   Recorder recorder;
-  recorder.open(*client, "/ddprun/j/");  // on member 0
+  recorder.open(io, *client, "/ddprun/j/");  // on member 0
   REQUIRE(std::holds_alternative<std::int64_t>(put_sync(io, *client, "/ddprun/j/a", "1")));
   REQUIRE(run_until(
       io, [&] { return recorder.saw("/ddprun/j/a"); }, 10s));
