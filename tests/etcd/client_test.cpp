@@ -366,6 +366,40 @@ TEST_CASE("a user and password authenticate and the token goes with every reques
   for (auto& c : {ann, intruder, anonymous}) c->close();
 }
 
+TEST_CASE("an expired token is renewed and the request sent again", "[etcd]") {
+  EtcdCluster cluster(3, std::nullopt, {"--auth-token-ttl", "1"});
+  INFO(cluster.logs());
+  REQUIRE(cluster.wait_ready());
+  for (const auto& args :
+       std::vector<std::vector<std::string>>{{"user", "add", "root:rootpw"}, {"auth", "enable"}}) {
+    auto r = cluster.etcdctl(args);
+    INFO(args[0] << " " << args[1] << ": " << r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+  }
+  boost::asio::io_context io;
+  ClientSettings settings = cluster.client_settings();
+  settings.credentials = Credentials{"root", "rootpw"};
+  auto client = std::make_shared<Client>(io, settings);
+  REQUIRE(std::holds_alternative<std::int64_t>(put_sync(io, *client, "/ddprun/j/a", "1")));
+  // Idle past the token's TTL (1 s): etcd forgets it, and the next request is refused with
+  // "invalid auth token" unless the client authenticates again.
+  run_until(
+      io, [] { return false; }, 3s);
+  auto again = put_sync(io, *client, "/ddprun/j/b", "2");
+  INFO((std::holds_alternative<std::string>(again) ? std::get<std::string>(again) : ""));
+  CHECK(std::holds_alternative<std::int64_t>(again));
+  // A watch opened with the renewed token works too.
+  Recorder recorder;
+  recorder.open(io, *client, "/ddprun/j/");
+  run_until(
+      io, [] { return false; }, 3s);
+  REQUIRE(std::holds_alternative<std::int64_t>(put_sync(io, *client, "/ddprun/j/c", "3")));
+  REQUIRE(run_until(
+      io, [&] { return recorder.saw("/ddprun/j/c"); }, 10s));
+  recorder.watch->cancel();
+  client->close();
+}
+
 TEST_CASE("every member down: the client says so and recovers when they are back", "[etcd]") {
   EtcdCluster cluster;
   INFO(cluster.logs());

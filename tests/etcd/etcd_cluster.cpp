@@ -45,7 +45,8 @@ std::string url(int port) { return "http://127.0.0.1:" + std::to_string(port); }
 
 }  // namespace
 
-EtcdCluster::EtcdCluster(int members, std::optional<EtcdTls> tls) : tls_(std::move(tls)) {
+EtcdCluster::EtcdCluster(int members, std::optional<EtcdTls> tls, std::vector<std::string> flags)
+    : tls_(std::move(tls)), flags_(std::move(flags)) {
   if (::access(kEtcd, X_OK) != 0)
     throw std::runtime_error("etcd is not installed: run scripts/install-deps.sh (etcd-server)");
   const std::vector<int> ports = free_ports(2 * members);
@@ -124,6 +125,7 @@ void EtcdCluster::start(int i) {
     if (!tls_->client_ca.empty())
       argv.insert(argv.end(), {"--client-cert-auth", "--trusted-ca-file", tls_->client_ca});
   }
+  argv.insert(argv.end(), flags_.begin(), flags_.end());
   processes_[i] = std::make_unique<Subprocess>(argv);
 }
 

@@ -27,7 +27,9 @@ struct EtcdTls {
 
 class EtcdCluster {
  public:
-  explicit EtcdCluster(int members = 3, std::optional<EtcdTls> tls = std::nullopt);
+  /// `flags`: more etcd flags for every member ("--auth-token-ttl", "1").
+  explicit EtcdCluster(int members = 3, std::optional<EtcdTls> tls = std::nullopt,
+                       std::vector<std::string> flags = {});
   ~EtcdCluster();
   EtcdCluster(const EtcdCluster&) = delete;
   EtcdCluster& operator=(const EtcdCluster&) = delete;
@@ -61,6 +63,7 @@ class EtcdCluster {
   std::vector<int> peer_ports_;
   std::string token_;
   std::optional<EtcdTls> tls_;
+  std::vector<std::string> flags_;
   std::vector<std::unique_ptr<Subprocess>> processes_;
 };
 

@@ -1,4 +1,5 @@
 #include "etcd/codec.h"
+#include "etcd/client.h"
 
 #include <catch2/catch.hpp>
 
@@ -235,4 +236,18 @@ TEST_CASE("the stream decoder refuses oversized and non-object input and stays f
   CHECK(text.feed("<html>").error().message == "watch stream: expected a JSON object, got byte 60");
   JsonStreamDecoder bad(1024);
   CHECK(bad.feed("{\"a\":tru}").error().message == "watch stream: a message is not valid JSON");
+}
+
+TEST_CASE("etcd members are host and port pairs separated by commas", "[etcd][unit]") {
+  auto members = ddprun::etcd::parse_members("10.0.0.1:2379,node-b,[fd00::1]:12379");
+  REQUIRE(members.ok());
+  REQUIRE(members->size() == 3);
+  CHECK(members->at(0).text() == "10.0.0.1:2379");
+  CHECK(members->at(1).text() == "node-b:2379");
+  CHECK(members->at(2).text() == "[fd00::1]:12379");
+  CHECK(ddprun::etcd::parse_members("a:1,,b:2").error().message ==
+        "etcd endpoint \"\": expected host:port, [ipv6]:port or host (port 2379), separated by "
+        "commas");
+  CHECK_FALSE(ddprun::etcd::parse_members("a:0").ok());
+  CHECK_FALSE(ddprun::etcd::parse_members("a:70000").ok());
 }
