@@ -2,6 +2,7 @@
 
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
+#include <sys/socket.h>
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -10,6 +11,7 @@
 #include <boost/asio/ssl/stream.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
+#include <cerrno>
 
 #include "rendezvous/endpoint.h"
 
@@ -54,6 +56,15 @@ std::string describe(const error_code& ec) {
   if (ec == asio::error::connection_reset) return "connection reset";
   if (ec == http::error::partial_message) return "the member closed the stream";
   return ec.message();
+}
+
+/// True when the member closed an idle connection (it timed it out, or died): sending on it
+/// would fail after the request left, when nobody can tell whether it was applied. A peek that
+/// does not block: an idle connection has nothing to read unless the peer closed it.
+bool peer_closed(tcp::socket& socket) {
+  char byte = 0;
+  const ssize_t n = ::recv(socket.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
 /// gRPC metadata through the gateway: a member without a leader answers "no leader" at once
@@ -161,7 +172,8 @@ std::shared_ptr<Client::Connection> Client::take_idle(std::size_t member) {
   while (!pool.empty()) {
     auto c = std::move(pool.back());
     pool.pop_back();
-    if (c->socket.is_open()) return c;
+    if (c->socket.is_open() && !peer_closed(c->socket)) return c;
+    c->close();
   }
   return nullptr;
 }
@@ -286,10 +298,8 @@ void Client::attempt(const std::shared_ptr<Call>& call) {
                 [this, self, call, member, connection, parser, reused](error_code ec, std::size_t) {
                   if (call->done) return;
                   if (ec) {
-                    // A reused connection closed before any answer: the member closed it
-                    // while idle, before reading the request (keep-alive race).
-                    const bool stale = reused && (ec == http::error::end_of_stream ||
-                                                  ec == asio::error::connection_reset);
+                    // Sent: a put or a txn may have been applied even on a reused connection
+                    // (idle ones the member closed were dropped before sending).
                     std::string why = call->timer->expiry() <= Clock::now()
                                           ? "no answer within the attempt's time"
                                           : describe(ec);
@@ -297,7 +307,7 @@ void Client::attempt(const std::shared_ptr<Call>& call) {
                     if (!settings_.tls && !reused && !parser->got_some() &&
                         ec == http::error::end_of_stream)
                       why += " without answering (if the member serves TLS, give tls_ca)";
-                    return on_attempt_failed(call, member, !stale, why);
+                    return on_attempt_failed(call, member, true, why);
                   }
                   call->timer->cancel();
                   auto& response = parser->get();
