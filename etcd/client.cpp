@@ -3,6 +3,7 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -11,7 +12,12 @@
 #include <boost/asio/ssl/stream.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
+#include <cctype>
 #include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "rendezvous/endpoint.h"
 
@@ -44,6 +50,31 @@ common::Result<std::vector<Member>> parse_members(const std::string& endpoints) 
     start = comma + 1;
   }
   return out;
+}
+
+common::Result<Credentials> read_credentials(const std::string& user,
+                                             const std::string& password_file) {
+  const std::string what = "--rdzv_conf etcd_password_file=" + password_file;
+  if (user.empty()) return Error{"--rdzv_conf etcd_password_file needs etcd_user (the etcd user)"};
+  struct stat st {};
+  if (::stat(password_file.c_str(), &st) != 0)
+    return Error{what + ": " + std::strerror(errno) + "; give a file holding etcd_user's password"};
+  if (!S_ISREG(st.st_mode)) return Error{what + ": not a regular file"};
+  if ((st.st_mode & 077) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%03o", static_cast<unsigned>(st.st_mode & 0777));
+    return Error{what + " is readable by group or others (mode " + mode + "): run chmod 600 " +
+                 password_file};
+  }
+  std::ifstream in(password_file, std::ios::binary);
+  if (!in) return Error{what + ": " + std::strerror(errno)};
+  std::ostringstream content;
+  content << in.rdbuf();
+  std::string password = content.str();
+  while (!password.empty() && std::isspace(static_cast<unsigned char>(password.back())))
+    password.pop_back();
+  if (password.empty()) return Error{what + " is empty: write etcd_user's password in it"};
+  return Credentials{user, std::move(password)};
 }
 
 namespace {

@@ -48,6 +48,12 @@ struct Credentials {
   std::string password;
 };
 
+/// The user and the password read from `password_file` (--rdzv_conf etcd_user=...,
+/// etcd_password_file=...): a regular file readable by its owner only (mode 600 or 400) whose
+/// content, trailing white space removed, is the password. The error names the file and the fix.
+common::Result<Credentials> read_credentials(const std::string& user,
+                                             const std::string& password_file);
+
 struct ClientSettings {
   std::vector<Member> members;
   /// Everything one call may take, all attempts on all members included.

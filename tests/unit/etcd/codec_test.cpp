@@ -1,7 +1,12 @@
 #include "etcd/codec.h"
 #include "etcd/client.h"
 
+#include <sys/stat.h>
+
 #include <catch2/catch.hpp>
+#include <fstream>
+
+#include "tests/support/subprocess.h"
 
 using namespace ddprun::etcd;
 using Catch::Matchers::Contains;
@@ -250,4 +255,29 @@ TEST_CASE("etcd members are host and port pairs separated by commas", "[etcd][un
         "commas");
   CHECK_FALSE(ddprun::etcd::parse_members("a:0").ok());
   CHECK_FALSE(ddprun::etcd::parse_members("a:70000").ok());
+}
+
+TEST_CASE("the etcd password comes from a file only its owner reads", "[etcd][unit]") {
+  ddprun::testing::TempDir dir;
+  const std::string path = dir.path() + "/etcd-password";
+  auto write = [&](const std::string& text, mode_t mode) {
+    std::ofstream(path, std::ios::trunc) << text;
+    REQUIRE(::chmod(path.c_str(), mode) == 0);
+  };
+  write("s3cret\n", 0600);
+  auto ok = ddprun::etcd::read_credentials("ann", path);
+  REQUIRE(ok.ok());
+  CHECK(ok->user == "ann");
+  CHECK(ok->password == "s3cret");
+  write("s3cret\n", 0644);
+  CHECK(ddprun::etcd::read_credentials("ann", path).error().message ==
+        "--rdzv_conf etcd_password_file=" + path +
+            " is readable by group or others (mode 644): run chmod 600 " + path);
+  write("\n", 0600);
+  CHECK(ddprun::etcd::read_credentials("ann", path).error().message ==
+        "--rdzv_conf etcd_password_file=" + path + " is empty: write etcd_user's password in it");
+  CHECK(ddprun::etcd::read_credentials("", path).error().message ==
+        "--rdzv_conf etcd_password_file needs etcd_user (the etcd user)");
+  CHECK_THAT(ddprun::etcd::read_credentials("ann", dir.path() + "/missing").error().message,
+             Contains("No such file or directory; give a file holding etcd_user's password"));
 }
