@@ -398,8 +398,17 @@ Check parse_node_rank(const RawValue& v, LaunchConfig& config) {
 
 Check parse_backend(const RawValue& v, LaunchConfig& config) {
   const std::string lowered = to_lower(trim(v.text));
+  // torchrun's etcd backends speak etcd's v2 API, which etcd 3.4 keeps off by default and 3.6
+  // drops; ddprun's etcd backend is etcd-v3 (docs/design.md#rendezvous-on-etcd-v3).
   if (lowered == "etcd" || lowered == "etcd-v2") {
-    return common::Error{describe(v) + ": not supported by ddprun; use c10d"};
+    return common::Error{describe(v) +
+                         ": etcd's v2 API is not supported; ddprun's etcd backend is etcd-v3 "
+                         "(not yet available in this version: use c10d)"};
+  }
+  if (lowered == "etcd-v3") {
+    return common::Error{describe(v) +
+                         ": not yet available in this version of ddprun; use c10d (an agent or "
+                         "ddprun-rdzvd at --rdzv_endpoint) or static"};
   }
   if (lowered != "static" && lowered != "c10d")
     return common::Error{describe(v) + ": expected static or c10d"};

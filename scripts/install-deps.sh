@@ -12,6 +12,7 @@ packages=(
   systemd dpkg-dev
   prometheus-cpp-dev prometheus chromium
   slurmctld slurmd slurm-client munge
+  etcd-server etcd-client
 )
 
 missing=()

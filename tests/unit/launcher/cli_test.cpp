@@ -381,9 +381,14 @@ TEST_CASE("the option --standalone with more than one node is an error", "[launc
 
 TEST_CASE("the rendezvous backend is static or c10d; etcd is refused", "[launcher][unit]") {
   CHECK(parse_error({"--rdzv_backend", "etcd", "train.py"}) ==
-        "--rdzv_backend etcd: not supported by ddprun; use c10d");
+        "--rdzv_backend etcd: etcd's v2 API is not supported; ddprun's etcd backend is etcd-v3 "
+        "(not yet available in this version: use c10d)");
   CHECK(parse_error({"--rdzv_backend", "etcd-v2", "train.py"}) ==
-        "--rdzv_backend etcd-v2: not supported by ddprun; use c10d");
+        "--rdzv_backend etcd-v2: etcd's v2 API is not supported; ddprun's etcd backend is "
+        "etcd-v3 (not yet available in this version: use c10d)");
+  CHECK(parse_error({"--rdzv_backend", "ETCD-V3", "train.py"}) ==
+        "--rdzv_backend ETCD-V3: not yet available in this version of ddprun; use c10d (an agent "
+        "or ddprun-rdzvd at --rdzv_endpoint) or static");
   CHECK(parse_error({"--rdzv_backend", "zookeeper", "train.py"}) ==
         "--rdzv_backend zookeeper: expected static or c10d");
 }
