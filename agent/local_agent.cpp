@@ -609,12 +609,12 @@ class LocalAgent::Impl {
         return finish(job_exit_code(JobOutcome::of(JobEnd::Internal)));
       }
       w->error_file = (dir / "error.json").string();
-      // Worker rank 0 hosts the process-group store (TORCHELASTIC_USE_AGENT_STORE=False).
+      // The agent's store (launcher/agent_store.h), or worker rank 0's with --agent_store off.
       WorkerEnvInputs in{&opt_.spec,
                          &round_,
                          p,
                          rdzv_.run_id(),
-                         /*use_agent_store=*/false,
+                         opt_.spec.use_agent_store,
                          w->error_file,
                          socket_path_,
                          checkpoint_requested_};

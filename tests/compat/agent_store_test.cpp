@@ -1,4 +1,5 @@
-// The agent's TCPStore (store/) with real torch 1.13 clients, and the 2.x dialect as bytes.
+// The agent's TCPStore (store/) with real torch 1.13 clients, the 2.x dialect as bytes, and
+// Gloo jobs whose workers meet through it (TORCHELASTIC_USE_AGENT_STORE=True).
 #include <signal.h>
 
 #include <catch2/catch.hpp>
@@ -92,4 +93,73 @@ TEST_CASE("the torch 2.x dialect is served from the protocol note's bytes on the
   store.stop();
   const std::string log = store.process.out_so_far() + store.process.err_so_far();
   CHECK(count(log, "store: closing the connection from") == 3);
+}
+
+TEST_CASE("eight Gloo ranks meet through the agent's store and again after a group restart",
+          "[python][integration]") {
+  require_torch();
+  auto r = run_command_diagnosed(
+      {DDPRUN_BIN, "--standalone", "--nproc_per_node", "8", "--max_restarts", "1",
+       "--standby_workers=off", kScripts + "store_gloo.py", "--fail_rank", "3"},
+      kPython, std::chrono::seconds(240));
+  INFO((r.timed_out ? "ddprun did not finish in time and was killed\n" : "") << r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  // 0+1+...+7 = 28 in both attempts, every rank through the agent's store.
+  for (int attempt = 0; attempt < 2; ++attempt)
+    for (int rank = 0; rank < 8; ++rank)
+      CHECK(r.out.find("rank " + std::to_string(rank) + " attempt " + std::to_string(attempt) +
+                       " store True sum 28") != std::string::npos);
+}
+
+TEST_CASE("two static nodes meet through node 0's store at --master_port",
+          "[python][integration]") {
+  require_torch();
+  // A free port for --master_port (the store) and the one above (the rendezvous).
+  auto probe = run_command({"/usr/bin/python3", "-c",
+                            "import socket\n"
+                            "for p in range(29650, 29900, 2):\n"
+                            "  try:\n"
+                            "    a=socket.socket(); a.bind(('127.0.0.1',p))\n"
+                            "    b=socket.socket(); b.bind(('127.0.0.1',p+1))\n"
+                            "    print(p); break\n"
+                            "  except OSError: pass\n"});
+  REQUIRE(probe.exit_code == 0);
+  const std::string port = probe.out.substr(0, probe.out.find('\n'));
+  REQUIRE(!port.empty());
+  auto node = [&](const std::string& rank) {
+    return std::vector<std::string>{DDPRUN_BIN,
+                                    "--nnodes",
+                                    "2",
+                                    "--node_rank",
+                                    rank,
+                                    "--nproc_per_node",
+                                    "2",
+                                    "--master_addr",
+                                    "127.0.0.1",
+                                    "--master_port",
+                                    port,
+                                    "--standby_workers=off",
+                                    kScripts + "store_gloo.py"};
+  };
+  Subprocess node1(node("1"), kPython);
+  auto r0 = run_command_diagnosed(node("0"), kPython, std::chrono::seconds(180));
+  auto r1 = node1.wait(std::chrono::seconds(60));
+  INFO(r0.out << r0.err << r1.out << r1.err);
+  REQUIRE(r0.exit_code == 0);
+  REQUIRE(r1.exit_code == 0);
+  for (int rank = 0; rank < 4; ++rank)
+    CHECK((r0.out + r1.out).find("rank " + std::to_string(rank) + " attempt 0 store True sum 6") !=
+          std::string::npos);
+}
+
+TEST_CASE("with --agent_store off worker rank 0 hosts the store as before",
+          "[python][integration]") {
+  require_torch();
+  auto r =
+      run_command_diagnosed({DDPRUN_BIN, "--standalone", "--nproc_per_node", "2", "--agent_store",
+                             "off", "--standby_workers=off", kScripts + "store_gloo.py"},
+                            kPython, std::chrono::seconds(120));
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("rank 1 attempt 0 store False sum 1") != std::string::npos);
 }
