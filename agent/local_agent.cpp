@@ -327,12 +327,12 @@ class LocalAgent::Impl {
         return apply(GroupPrepared{false, {}});
       }
       files_[p.local_rank].error_file = (dir / "error.json").string();
-      // Worker rank 0 hosts the process-group store (TORCHELASTIC_USE_AGENT_STORE=False).
+      // The agent's store (launcher/agent_store.h), or worker rank 0's with --agent_store off.
       WorkerEnvInputs in{&opt_.spec,
                          &round,
                          p,
                          rdzv_.run_id(),
-                         /*use_agent_store=*/false,
+                         opt_.spec.use_agent_store,
                          files_[p.local_rank].error_file,
                          reports_.path(),
                          state_.checkpoint_requested};

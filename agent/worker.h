@@ -54,6 +54,9 @@ struct WorkerSpec {
   /// TORCHELASTIC_SIGNALS_TO_HANDLE as torchrun 2.x exports it: "SIGTERM,SIGINT,..." (the
   /// signals the agent handles; "" exports nothing).
   std::string signals_to_handle;
+  /// The agent hosts the workers' TCPStore (TORCHELASTIC_USE_AGENT_STORE=True): workers connect
+  /// to MASTER_ADDR:MASTER_PORT as clients and no rank starts a server.
+  bool use_agent_store = false;
 };
 
 /// Where one worker sits in the job for the current round.

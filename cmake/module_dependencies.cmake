@@ -1,7 +1,7 @@
 # Each module may include only its own headers and those of the modules below it:
 #
 #   launcher -> agent -> rendezvous -> metrics -> common        worker_sdk -> common
-#   etcd -> rendezvous (its TLS context), common
+#   launcher -> store -> common     etcd -> rendezvous (its TLS context), common
 #
 # Included by the top-level CMakeLists.txt, it fails the configure step on an include that points
 # the wrong way; run as a script (cmake -DDDPRUN_SOURCE_DIR=... -P cmake/module_dependencies.cmake,
@@ -11,10 +11,11 @@ set(_ddprun_allowed_common "common")
 set(_ddprun_allowed_metrics "common;metrics")
 set(_ddprun_allowed_rendezvous "common;metrics;rendezvous")
 set(_ddprun_allowed_agent "common;metrics;rendezvous;agent")
-set(_ddprun_allowed_launcher "common;metrics;rendezvous;agent;launcher")
+set(_ddprun_allowed_launcher "common;metrics;rendezvous;store;agent;launcher")
+set(_ddprun_allowed_store "common;store")
 set(_ddprun_allowed_etcd "common;rendezvous;etcd")
 set(_ddprun_allowed_worker_sdk "common;ddprun;worker_sdk")
-set(_ddprun_modules common metrics rendezvous etcd agent launcher worker_sdk)
+set(_ddprun_modules common metrics rendezvous store etcd agent launcher worker_sdk)
 
 if(NOT DEFINED DDPRUN_SOURCE_DIR)
   set(DDPRUN_SOURCE_DIR "${PROJECT_SOURCE_DIR}")

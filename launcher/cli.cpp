@@ -98,6 +98,10 @@ constexpr OptionSpec kOptions[] = {
      "(default 127.0.0.1)."},
     {"master_port", "", false, "PORT", "", kRendezvous,
      "Port on the master node, 1..65535 (default: a free port chosen by ddprun)."},
+    {"agent_store", "", false, "on|off", "on", kRendezvous,
+     "on: the agent hosts the workers' TCPStore at MASTER_ADDR:MASTER_PORT, bound before they "
+     "start (TORCHELASTIC_USE_AGENT_STORE=True); off: worker rank 0 hosts it, as torchrun "
+     "1.13 does for c10d (default on)."},
     {"local_addr", "", false, "HOST", "", kRendezvous,
      "This node's address as the other nodes see it: the rendezvous connection leaves from it "
      "and it is MASTER_ADDR when this node is group rank 0 (default: the address the "
@@ -607,6 +611,14 @@ Check parse_standby_workers(const RawValue& v, LaunchConfig& config) {
   return std::nullopt;
 }
 
+Check parse_agent_store(const RawValue& v, LaunchConfig& config) {
+  const std::string text = to_lower(trim(v.text));
+  auto on = text == "on" || text == "off" ? std::optional<bool>(text == "on") : parse_bool(text);
+  if (!on) return common::Error{describe(v) + ": expected on or off"};
+  config.agent_store = *on;
+  return std::nullopt;
+}
+
 Check parse_cleanup(const RawValue& v, LaunchConfig& config) {
   auto mode = agent::parse_cleanup_mode(to_lower(trim(v.text)));
   if (!mode) return common::Error{describe(v) + ": expected auto, cgroup or subreaper"};
@@ -854,6 +866,7 @@ ParseResult build_config(const std::map<std::string_view, RawValue>& raw,
   if (auto e = parse_rdzv_conf(get("rdzv_conf"), config)) return UsageError{e->message};
   if (auto e = parse_master_addr(get("master_addr"), config)) return UsageError{e->message};
   if (auto e = parse_master_port(get("master_port"), config)) return UsageError{e->message};
+  if (auto e = parse_agent_store(get("agent_store"), config)) return UsageError{e->message};
   config.local_addr = trim(get("local_addr").text);
 
   if (auto e = parse_max_restarts(get("max_restarts"), config)) return UsageError{e->message};

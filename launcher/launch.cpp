@@ -30,6 +30,7 @@
 #include "common/exit_codes.h"
 #include "common/signals.h"
 #include "common/strings.h"
+#include "launcher/agent_store.h"
 #include "launcher/rdzv_plan.h"
 #include "launcher/slurm.h"
 #include "metrics/exposition.h"
@@ -39,6 +40,7 @@
 #include "rendezvous/local_rendezvous.h"
 #include "rendezvous/network_rendezvous.h"
 #include "rendezvous/server.h"
+#include "store/server.h"
 
 namespace ddprun::launcher {
 namespace {
@@ -387,6 +389,24 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
 
   boost::asio::io_context io;
   common::SteadyClock clock;
+  // The workers' store, bound before the rendezvous publishes its port and before any worker
+  // starts: no port race, and it lives across restarts of the group (--agent_store).
+  const AgentStorePlan store_plan = plan_agent_store(config, plan);
+  store::StoreServer agent_store(io);
+  std::optional<int> master_port = config.master_port;
+  if (store_plan.host) {
+    if (auto why = agent_store.listen(store_plan.listen_host, store_plan.listen_port)) {
+      spdlog::error(
+          "cannot host the workers' store: {}; free the port, pick another --master_port, or "
+          "pass --agent_store off",
+          why->message);
+      return common::kExitRendezvous;
+    }
+    spdlog::debug("hosting the workers' store on port {}", agent_store.port());
+    master_port = agent_store.port();
+    if (!plan.single_node && plan.client.backend != "static") plan.client.master_port = master_port;
+  }
+  opt.spec.use_agent_store = store_plan.use_agent_store;
   std::unique_ptr<rdzv::RendezvousServer> server;
   std::unique_ptr<rdzv::RendezvousHandler> rdzv;
   rdzv::NetworkRendezvous* network = nullptr;  ///< rdzv, when it is the networked one
@@ -394,8 +414,8 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
     const std::string master_addr =
         config.local_addr.empty() ? config.master_addr : config.local_addr;
     rdzv = std::make_unique<rdzv::LocalRendezvous>(
-        config.standalone ? "c10d" : config.rdzv_backend, config.rdzv_id, master_addr,
-        config.master_port, config.max_restarts,
+        config.standalone ? "c10d" : config.rdzv_backend, config.rdzv_id, master_addr, master_port,
+        config.max_restarts,
         [&io](std::function<void()> fn) { boost::asio::post(io, std::move(fn)); });
   } else {
     // The embedded server: hosted here when the endpoint names this machine (or is_host=1),
@@ -456,6 +476,7 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
   }
   opt.on_finish = [&] {
     metrics_http.shutdown();
+    agent_store.shutdown();
     if (plan.single_node) return;
     draining = (server ? 1 : 0) + (network ? 1 : 0);
     if (draining == 0) return io.stop();
@@ -467,7 +488,9 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
     if (network) network->when_flushed(drained);
   };
   agent::PosixProcessLauncher launcher;
-  agent::LocalAgent agent(io, std::move(opt), *rdzv, launcher);
+  // Each join of a round clears the store: the next group finds none of the last one's keys.
+  RoundObserver observed(*rdzv, [&agent_store] { agent_store.clear(); });
+  agent::LocalAgent agent(io, std::move(opt), observed, launcher);
   return agent.run();
 }
 

@@ -52,7 +52,9 @@ struct LaunchConfig {
   std::optional<int> node_rank;  ///< nullopt when not given (torchrun's default is 0)
   std::string master_addr = "127.0.0.1";
   std::optional<int> master_port;  ///< nullopt: the agent picks a free port
-  std::string local_addr;          ///< "" when not given
+  /// --agent_store: the agent hosts the workers' TCPStore (TORCHELASTIC_USE_AGENT_STORE=True).
+  bool agent_store = true;
+  std::string local_addr;  ///< "" when not given
 
   // Supervision.
   int max_restarts = 0;

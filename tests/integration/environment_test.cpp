@@ -62,7 +62,7 @@ TEST_CASE("each worker gets torchrun's rank, world and rendezvous variables",
     CHECK(env.at("TORCHELASTIC_RESTART_COUNT") == "0");
     CHECK(env.at("TORCHELASTIC_MAX_RESTARTS") == "0");
     CHECK(env.at("TORCHELASTIC_RUN_ID") == "myrun");
-    CHECK(env.at("TORCHELASTIC_USE_AGENT_STORE") == "False");
+    CHECK(env.at("TORCHELASTIC_USE_AGENT_STORE") == "True");
     CHECK(env.at("TORCHELASTIC_ERROR_FILE") != "<unset>");
     CHECK_FALSE(env.at("TORCHELASTIC_ERROR_FILE").empty());
     CHECK(env.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "1");
@@ -240,4 +240,15 @@ TEST_CASE("with --numa_binding node each worker runs on the CPUs of its NUMA nod
   auto bad = run_command(argv, {{"DDPRUN_SYSFS_ROOT", empty.path()}}, kJobLimit);
   CHECK(bad.exit_code == 64);
   CHECK(contains(bad.err, "--numa_binding node: no NUMA node with CPUs in"));
+}
+
+TEST_CASE("a worker inherits no socket of the agent's store", "[agent][integration]") {
+  // A store descriptor in a worker would keep MASTER_PORT bound after the agent is gone.
+  auto r = run_command({DDPRUN_BIN, "--standalone", "--nproc_per_node", "1", "--no_python",
+                        "/bin/sh", "-c", "ls -l /proc/self/fd"},
+                       {}, kJobLimit);
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(contains(r.out, "[default0]:"));
+  CHECK_FALSE(contains(r.out, "socket:"));
 }

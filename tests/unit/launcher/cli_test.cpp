@@ -865,3 +865,10 @@ TEST_CASE("the option --nproc_per_node xpu is refused with what to give instead"
   CHECK_THAT(parse_error({"--nproc-per-node", "xpu", "train.py"}),
              StartsWith("--nproc-per-node xpu: ddprun cannot count Intel XPUs"));
 }
+
+TEST_CASE("the agent's store is on unless --agent_store off says otherwise", "[launcher][unit]") {
+  CHECK(parse_ok({"train.py"}).agent_store);
+  CHECK_FALSE(parse_ok({"--agent_store", "off", "train.py"}).agent_store);
+  CHECK_FALSE(parse_ok({"train.py"}, {{"PET_AGENT_STORE", "0"}}).agent_store);
+  CHECK_THAT(parse_error({"--agent_store", "maybe", "train.py"}), Contains("expected on or off"));
+}

@@ -1,0 +1,206 @@
+#include "store/server.h"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+
+#include <boost/asio/ip/v6_only.hpp>
+#include <boost/asio/write.hpp>
+#include <chrono>
+#include <vector>
+
+namespace ddprun::store {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using boost::system::error_code;
+
+namespace {
+
+/// Workers are fork+exec'd on this thread: no descriptor of the store may reach them (Asio
+/// opens sockets without close-on-exec), or a worker would hold the port after the agent.
+void close_on_exec(int fd) {
+  if (fd >= 0) ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) | FD_CLOEXEC);
+}
+
+}  // namespace
+
+StoreServer::StoreServer(asio::io_context& io, StoreLimits limits)
+    : io_(io), limits_(limits), acceptor_(io), accept_retry_(io) {}
+
+StoreServer::~StoreServer() { shutdown(); }
+
+std::optional<common::Error> StoreServer::listen(const std::string& host, int port) {
+  std::vector<tcp::endpoint> candidates;
+  if (host.empty()) {
+    // Dual-stack first, as torch's own server does; IPv4 alone where IPv6 is off.
+    candidates.emplace_back(tcp::v6(), static_cast<unsigned short>(port));
+    candidates.emplace_back(tcp::v4(), static_cast<unsigned short>(port));
+  } else {
+    error_code ec;
+    auto address = asio::ip::make_address(host, ec);
+    if (ec) return common::Error{"the store needs an IP address to listen on, not '" + host + "'"};
+    candidates.emplace_back(address, static_cast<unsigned short>(port));
+  }
+  std::string last = "no address to listen on";
+  for (const auto& endpoint : candidates) {
+    error_code ec;
+    tcp::acceptor acceptor(io_);
+    acceptor.open(endpoint.protocol(), ec);
+    if (!ec) close_on_exec(acceptor.native_handle());
+    if (!ec && endpoint.address().is_v6() && endpoint.address().is_unspecified())
+      acceptor.set_option(asio::ip::v6_only(false), ec);
+    if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) acceptor.bind(endpoint, ec);
+    if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      last = "cannot listen on port " + std::to_string(port) + " of " +
+             (host.empty() ? std::string("every address") : host) + ": " + ec.message();
+      if (ec == asio::error::address_in_use) return common::Error{last};
+      continue;
+    }
+    port_ = acceptor.local_endpoint().port();
+    acceptor_ = std::move(acceptor);
+    accept_next();
+    return std::nullopt;
+  }
+  return common::Error{last};
+}
+
+void StoreServer::shutdown() {
+  if (stopped_) return;
+  stopped_ = true;
+  error_code ec;
+  acceptor_.close(ec);
+  accept_retry_.cancel();
+  for (auto& [id, session] : sessions_) session->socket.close(ec);
+  // The handlers still queued find their session gone (or stopped_) and return.
+  sessions_.clear();
+}
+
+void StoreServer::accept_next() {
+  acceptor_.async_accept([this](error_code ec, tcp::socket socket) {
+    if (stopped_ || ec == asio::error::operation_aborted) return;
+    if (ec) {
+      // Out of descriptors, most often: try again shortly rather than spin.
+      spdlog::warn("store: cannot accept a connection: {}", ec.message());
+      accept_retry_.expires_after(std::chrono::milliseconds(100));
+      accept_retry_.async_wait([this](error_code e) {
+        if (!e && !stopped_) accept_next();
+      });
+      return;
+    }
+    if (sessions_.size() >= limits_.max_connections) {
+      if (!full_logged_)
+        spdlog::warn(
+            "store: {} connections are open, the limit; refusing more until some close (each "
+            "torch 1.13 worker holds two)",
+            sessions_.size());
+      full_logged_ = true;
+      error_code ignored;
+      socket.close(ignored);
+    } else {
+      full_logged_ = false;
+      close_on_exec(socket.native_handle());
+      error_code ignored;
+      socket.set_option(tcp::no_delay(true), ignored);
+      auto session = std::make_shared<Session>(Session{std::move(socket), {}, {}, {}, {}, 0, {}});
+      auto remote = session->socket.remote_endpoint(ignored);
+      session->peer = ignored ? std::string("?")
+                              : remote.address().to_string() + ":" + std::to_string(remote.port());
+      const ConnId id = next_id_++;
+      sessions_.emplace(id, std::move(session));
+      read_next(id);
+    }
+    accept_next();
+  });
+}
+
+void StoreServer::read_next(ConnId id) {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return;
+  Session& s = *it->second;
+  // No idle timeout: a 1.13 callback connection may stay silent for the whole job.
+  s.socket.async_read_some(asio::buffer(s.buffer),
+                           [this, id, keep = it->second](error_code ec, std::size_t n) {
+                             if (stopped_) return;
+                             auto it = sessions_.find(id);
+                             if (it == sessions_.end()) return;
+                             if (ec) return close(id, "");
+                             it->second->input.append(it->second->buffer.data(), n);
+                             consume(id);
+                             if (sessions_.count(id) > 0) read_next(id);
+                           });
+}
+
+void StoreServer::consume(ConnId id) {
+  for (;;) {
+    auto it = sessions_.find(id);
+    if (it == sessions_.end()) return;
+    Session& s = *it->second;
+    std::string_view input(s.input);
+    if (!s.dialect) {
+      const Detected d = detect_dialect(input);
+      if (d.status == DecodeStatus::NeedMore) return;
+      s.dialect = d.dialect;
+      s.input.erase(0, d.used);
+      spdlog::debug("store: {} speaks the torch {} dialect", s.peer,
+                    d.dialect == Dialect::V2 ? "2.x" : "1.13");
+      continue;
+    }
+    const Decoded decoded = decode_request(*s.dialect, input, limits_);
+    if (decoded.status == DecodeStatus::NeedMore) return;
+    if (decoded.status == DecodeStatus::Bad) return close(id, decoded.error);
+    s.input.erase(0, decoded.used);
+    const Effects effects = state_.apply(id, decoded.request);
+    deliver(effects, id);
+    if (effects.close)
+      return close(id, std::string(op_name(decoded.request.op)) + ": " + *effects.close);
+  }
+}
+
+void StoreServer::deliver(const Effects& effects, ConnId) {
+  for (const auto& [to, bytes] : effects.sends) send(to, bytes);
+}
+
+void StoreServer::send(ConnId id, std::string bytes) {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return;
+  Session& s = *it->second;
+  s.queued_bytes += bytes.size();
+  if (s.queued_bytes > limits_.max_queued_reply_bytes)
+    return close(id, "more than " + std::to_string(limits_.max_queued_reply_bytes) +
+                         " bytes of replies wait for it to read them");
+  s.output.push_back(std::move(bytes));
+  if (s.output.size() == 1) write_next(id);
+}
+
+void StoreServer::write_next(ConnId id) {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return;
+  Session& s = *it->second;
+  asio::async_write(s.socket, asio::buffer(s.output.front()),
+                    [this, id, keep = it->second](error_code ec, std::size_t) {
+                      if (stopped_) return;
+                      auto it = sessions_.find(id);
+                      if (it == sessions_.end()) return;
+                      if (ec) return close(id, "");
+                      Session& s = *it->second;
+                      s.queued_bytes -= s.output.front().size();
+                      s.output.pop_front();
+                      if (!s.output.empty()) write_next(id);
+                    });
+}
+
+void StoreServer::close(ConnId id, const std::string& why) {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return;
+  if (!why.empty())
+    spdlog::warn("store: closing the connection from {}: {}", it->second->peer, why);
+  error_code ignored;
+  it->second->socket.close(ignored);
+  // The socket's pending handlers keep the session's buffers; they find its id gone.
+  sessions_.erase(it);
+  state_.disconnect(id);
+}
+
+}  // namespace ddprun::store

@@ -1,0 +1,86 @@
+#pragma once
+#include <array>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "common/result.h"
+#include "store/codec.h"
+#include "store/store_state.h"
+
+namespace ddprun::store {
+
+/// The workers' TCPStore, hosted by the agent (TORCHELASTIC_USE_AGENT_STORE=True): bound before
+/// any worker starts, alive across restarts of the group, speaking torch 1.13's and 2.x's
+/// dialects on one port.
+///
+///   acceptor --> Session (one socket; its dialect fixed by its first bytes)
+///                   | bytes --> decode_request --> Request
+///                   v
+///                StoreState::apply(conn, request) --> Effects: bytes to any session, or close
+///
+/// All on the io_context's thread. Idle connections are never closed: torch 1.13 keeps a silent
+/// callback connection open for the life of each worker. A malformed request closes its own
+/// connection only. Shutdown is cancellation: close the acceptor and every socket.
+class StoreServer {
+ public:
+  explicit StoreServer(boost::asio::io_context& io, StoreLimits limits = {});
+  ~StoreServer();
+  StoreServer(const StoreServer&) = delete;
+  StoreServer& operator=(const StoreServer&) = delete;
+
+  /// Listens on host:port ("" host: every address, IPv6 and IPv4; port 0: a free port).
+  std::optional<common::Error> listen(const std::string& host, int port);
+
+  /// The bound port (after listen).
+  int port() const { return port_; }
+
+  /// The agent joins a new rendezvous round: the last group's keys go (StoreState::clear).
+  void clear() { state_.clear(); }
+
+  /// Stops accepting and closes every connection; nothing stays pending on the io_context.
+  void shutdown();
+
+  /// Open connections.
+  std::size_t connections() const { return sessions_.size(); }
+
+ private:
+  struct Session {
+    boost::asio::ip::tcp::socket socket;
+    std::string peer;
+    std::optional<Dialect> dialect;
+    std::string input;               ///< bytes read, not yet a whole request
+    std::deque<std::string> output;  ///< replies queued; the front one is being written
+    std::size_t queued_bytes = 0;
+    std::array<char, 64 * 1024> buffer{};
+  };
+
+  void accept_next();
+  void read_next(ConnId id);
+  /// Decodes and applies every whole request in the session's input.
+  void consume(ConnId id);
+  void deliver(const Effects& effects, ConnId from);
+  void send(ConnId id, std::string bytes);
+  void write_next(ConnId id);
+  void close(ConnId id, const std::string& why);
+
+  boost::asio::io_context& io_;
+  StoreLimits limits_;
+  boost::asio::ip::tcp::acceptor acceptor_;
+  boost::asio::steady_timer accept_retry_;
+  StoreState state_;
+  /// Shared with the socket's pending handlers, which keep its buffers alive after a close.
+  std::map<ConnId, std::shared_ptr<Session>> sessions_;
+  ConnId next_id_ = 1;
+  int port_ = 0;
+  bool stopped_ = false;
+  bool full_logged_ = false;
+};
+
+}  // namespace ddprun::store

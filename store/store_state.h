@@ -1,0 +1,71 @@
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "store/codec.h"
+
+// The workers' key-value store as a pure state: requests in, bytes out, no sockets and no clock
+// (docs/design.md#the-agent-store). The server (store/server.h) delivers what apply() returns.
+
+namespace ddprun::store {
+
+/// A connection, named by the server.
+using ConnId = std::uint64_t;
+
+/// What one request or disconnect leads to.
+struct Effects {
+  /// Bytes to write, in order, each to its connection (the requester's reply, a waiter woken,
+  /// a watcher's push).
+  std::vector<std::pair<ConnId, std::string>> sends;
+  /// Set when the requesting connection must be closed, with why (the request was invalid).
+  std::optional<std::string> close;
+};
+
+/// Keys and values (opaque bytes, one map for both dialects), parked WAITs and 1.13 watches.
+class StoreState {
+ public:
+  /// Applies one request from `conn`. Replies come in request order; a WAIT on missing keys is
+  /// parked and answered when the last of them appears.
+  Effects apply(ConnId conn, const Request& request);
+
+  /// Forgets `conn`'s parked waits and watches.
+  void disconnect(ConnId conn);
+
+  /// The agent joins a new rendezvous round: every key and queue goes. No worker of the next
+  /// group can run yet (the round needs this node's join first), and the workers of the last
+  /// group must not find their keys: a round after a membership change keeps the restart
+  /// count, and so torch's "/worker/attempt_<n>" prefix, and torch 2.6+ uses no prefix.
+  void clear();
+
+  /// Number of keys (GETNUMKEYS's count).
+  std::size_t size() const { return data_.size(); }
+
+  /// Bytes held in keys and values.
+  std::size_t bytes() const { return bytes_; }
+
+  /// Connections with a parked WAIT.
+  std::size_t parked() const { return pending_.size(); }
+
+ private:
+  /// A key got a value (created or changed): wakes its waiters; pushes to its watchers.
+  void changed(const std::string& key, const std::optional<std::string>& old_value, Effects& out);
+  void put(const std::string& key, std::string value, Effects& out);
+  void erase_key(std::map<std::string, std::string>::iterator it);
+  bool present(const std::string& key) const;
+  void wake(const std::string& key, Effects& out);
+  void disconnect_waits(ConnId conn);
+
+  std::map<std::string, std::string> data_;
+  std::map<std::string, std::deque<std::string>> queues_;
+  std::map<std::string, std::set<ConnId>> waiters_;   ///< missing key -> connections waiting
+  std::map<ConnId, std::set<std::string>> pending_;   ///< connection -> keys still missing
+  std::map<std::string, std::set<ConnId>> watchers_;  ///< key -> 1.13 callback connections
+  std::size_t bytes_ = 0;
+};
+
+}  // namespace ddprun::store
