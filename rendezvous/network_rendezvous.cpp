@@ -32,29 +32,6 @@ std::string new_node_id() {
 
 }  // namespace
 
-std::string format_waiting(const Waiting& w) {
-  const int joined = w.joined_count;
-  std::string line;
-  if (w.wait_listed) {
-    line = "waiting for a place in the job: it runs with " + std::to_string(joined) +
-           " node(s), at most " + std::to_string(w.max_nodes);
-  } else {
-    const int target = joined < w.min_nodes ? w.min_nodes : w.max_nodes;
-    line =
-        "waiting for nodes: " + std::to_string(joined) + "/" + std::to_string(target) + " joined";
-    if (w.min_nodes != w.max_nodes)
-      line += " (min " + std::to_string(w.min_nodes) + ", max " + std::to_string(w.max_nodes) + ")";
-    if (!w.missing_node_ranks.empty()) {
-      line += ", node_rank ";
-      for (size_t i = 0; i < w.missing_node_ranks.size(); ++i)
-        line += (i ? ", " : "") + std::to_string(w.missing_node_ranks[i]);
-      line += " missing";
-    }
-  }
-  return line + ", " + std::to_string(seconds(w.waited)) + " s of " +
-         std::to_string(seconds(w.join_timeout)) + " s";
-}
-
 NetworkRendezvous::NetworkRendezvous(asio::io_context& io, const common::Clock& clock,
                                      NetworkRendezvousOptions options)
     : io_(io),

@@ -12,6 +12,7 @@
 #include "rendezvous/auth.h"
 #include "rendezvous/connection.h"
 #include "rendezvous/endpoint.h"
+#include "rendezvous/rdzv_client.h"
 #include "rendezvous/rendezvous_handler.h"
 #include "rendezvous/tls.h"
 
@@ -131,9 +132,5 @@ class NetworkRendezvous final : public RendezvousHandler {
   /// Guards callbacks that may run after this object is gone.
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
-
-/// The status line printed while a round forms, e.g. "waiting for nodes: 3/4 joined,
-/// node_rank 2 missing, 12 s of 600 s".
-std::string format_waiting(const Waiting& waiting);
 
 }  // namespace ddprun::rdzv
