@@ -3,8 +3,16 @@
 #include <utility>
 
 #include "rendezvous/free_port.h"
+#include "rendezvous/local_host.h"
 
 namespace ddprun::rdzv {
+
+namespace {
+
+/// The one node's id in the in-memory job (never on a wire).
+constexpr const char* kNodeId = "local";
+
+}  // namespace
 
 LocalRendezvous::LocalRendezvous(std::string backend, std::string run_id, std::string master_addr,
                                  std::optional<int> master_port, int max_restarts,
@@ -13,30 +21,68 @@ LocalRendezvous::LocalRendezvous(std::string backend, std::string run_id, std::s
       run_id_(std::move(run_id)),
       master_addr_(std::move(master_addr)),
       master_port_(master_port),
-      max_restarts_(max_restarts),
-      post_(std::move(post)) {}
+      host_(local_host_name()),
+      job_(new_job(run_id_, common::TimePoint{})),
+      post_(std::move(post)) {
+  settings_.min_nodes = 1;
+  settings_.max_nodes = 1;
+  settings_.max_restarts = max_restarts;
+}
+
+std::vector<ServerMessage> LocalRendezvous::step(AgentMessage message) {
+  StepResult r =
+      rdzv::step(std::move(job_), FromNode{kNodeId, std::move(message)}, common::TimePoint{});
+  job_ = std::move(r.state);
+  if (r.erase) job_ = new_job(run_id_, common::TimePoint{});  // a refused first join
+  std::vector<ServerMessage> replies;
+  for (auto& out : r.messages) {
+    if (out.node_id == kNodeId) replies.push_back(std::move(out.message));
+  }
+  return replies;
+}
 
 void LocalRendezvous::next_rendezvous(std::function<void(RendezvousResult)> done) {
-  RendezvousResult result;
-  RendezvousInfo info;
-  info.round = round_++;
-  info.group_rank = 0;
-  info.group_world_size = 1;
-  info.master_addr = master_addr_;
-  info.restart_count = restart_count_;
+  Join join;
+  join.run_id = run_id_;
+  join.node_id = kNodeId;
+  join.name = host_;
+  join.addr = master_addr_;
+  join.settings = settings_;
+  join.restart_count = job_.restart_count;
+  RendezvousResult result =
+      RendezvousError{RendezvousErrorKind::State, "the rendezvous did not complete the round"};
   if (master_port_) {
-    info.master_port = *master_port_;
-    result = info;
+    join.master_port = *master_port_;
   } else {
     // A fresh port every round: a restarted rank 0 must not race the old store's TIME_WAIT.
     auto port = find_free_port(master_addr_);
     if (auto* p = std::get_if<int>(&port)) {
-      info.master_port = *p;
-      result = info;
+      join.master_port = *p;
     } else {
       result = RendezvousError{RendezvousErrorKind::State,
                                "cannot pick MASTER_PORT: " + std::get<std::string>(port) +
                                    "; pass --master_port PORT or --master_addr ADDR"};
+      join.master_port = -1;
+    }
+  }
+  if (join.master_port >= 0) {
+    for (const ServerMessage& reply : step(join)) {
+      if (const auto* ready = std::get_if<RoundReady>(&reply)) {
+        // Joining -> Running: one node is min and max nodes, so the round completes at once.
+        RendezvousInfo info;
+        info.round = ready->round;
+        info.group_rank = ready->group_rank;
+        info.group_world_size = ready->group_world_size;
+        info.master_addr = ready->master_addr;
+        info.master_port = ready->master_port;
+        info.restart_count = ready->restart_count;
+        result = info;
+      } else if (const auto* refused = std::get_if<Refused>(&reply)) {
+        // Closed -> Closed: the job is over; a late join is refused with its end.
+        result = RendezvousError{refused->kind == RefusalKind::Closed ? RendezvousErrorKind::Closed
+                                                                      : RendezvousErrorKind::State,
+                                 refused->message};
+      }
     }
   }
   post_([this, done = std::move(done), result = std::move(result)]() {
@@ -49,18 +95,24 @@ void LocalRendezvous::set_notice_handler(std::function<void(Notice)> handler) {
 }
 
 void LocalRendezvous::report_failure(const WorkersFailed& failure) {
-  if (restart_count_ < max_restarts_) {
-    // Running -> Joining: the budget allows another round.
-    ++restart_count_;
-    return notify(Restart{round_, failure.description, true, restart_count_});
+  // Running -> Joining (Restart) while the budget lasts, else Running -> Closed(Failed).
+  for (const ServerMessage& reply : step(failure)) {
+    if (const auto* restart = std::get_if<Restart>(&reply)) notify(*restart);
+    if (const auto* closed = std::get_if<Closed>(&reply)) notify(*closed);
   }
-  // Running -> Closed: the budget is used up.
-  notify(Closed{JobOutcomeKind::Failed, failure.description, failure.exit_code, failure.signal});
 }
 
-void LocalRendezvous::report_success() { notify(Closed{JobOutcomeKind::Succeeded, "", 0, 0}); }
+void LocalRendezvous::report_success() {
+  // Running -> Closed(Succeeded): the only participant succeeded.
+  for (const ServerMessage& reply : step(WorkersSucceeded{job_.round})) {
+    if (const auto* closed = std::get_if<Closed>(&reply)) notify(*closed);
+  }
+}
 
-void LocalRendezvous::leave(const std::string&) { left_ = true; }
+void LocalRendezvous::leave(const std::string& reason) {
+  left_ = true;
+  step(Leave{reason});
+}
 
 void LocalRendezvous::notify(Notice notice) {
   post_([this, notice = std::move(notice)]() {

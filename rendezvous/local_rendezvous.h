@@ -2,14 +2,18 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "rendezvous/rdzv_state.h"
 #include "rendezvous/rendezvous_handler.h"
 
 namespace ddprun::rdzv {
 
-/// Single-node rendezvous (--standalone, or --nnodes 1): this node is group rank 0 of 1, hosts
-/// the workers' store at master_addr and a port that is free when the round completes, and
-/// holds the restart budget itself.
+/// Single-node rendezvous (--standalone, or --nnodes 1): this node is group rank 0 of 1 and hosts
+/// the workers' store at master_addr and a port that is free when the round completes. It runs
+/// the rendezvous server's step() (rdzv_state.h) in memory on a job of one node, so the restart
+/// budget, the restart reasons and the job's outcome follow the same policy as a multi-node job.
+/// The single node is never silent: no Tick is ever given, and time stands still.
 class LocalRendezvous final : public RendezvousHandler {
  public:
   /// `post` runs a callback later on the agent's event loop (keeps completion asynchronous).
@@ -26,15 +30,17 @@ class LocalRendezvous final : public RendezvousHandler {
   std::string run_id() const override { return run_id_; }
 
  private:
+  /// Runs the server's step() on this node's message; returns what it sends back to the node.
+  std::vector<ServerMessage> step(AgentMessage message);
   void notify(Notice notice);
 
   std::string backend_;
   std::string run_id_;
   std::string master_addr_;
   std::optional<int> master_port_;
-  int max_restarts_ = 0;
-  int restart_count_ = 0;
-  int round_ = 0;
+  RdzvSettings settings_;
+  std::string host_;
+  JobState job_;
   bool left_ = false;
   std::function<void(std::function<void()>)> post_;
   std::function<void(Notice)> on_notice_;

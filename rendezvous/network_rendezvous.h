@@ -12,6 +12,7 @@
 #include "rendezvous/auth.h"
 #include "rendezvous/connection.h"
 #include "rendezvous/endpoint.h"
+#include "rendezvous/rdzv_client.h"
 #include "rendezvous/rendezvous_handler.h"
 #include "rendezvous/tls.h"
 
@@ -46,7 +47,9 @@ struct NetworkRendezvousOptions {
 
 /// The agent's side of the TCP rendezvous: joins rounds at the server, keeps the connection
 /// alive with heartbeats, reports how the workers did and turns the server's pushes into
-/// RendezvousResult and Notice callbacks.
+/// RendezvousResult and Notice callbacks. What to do is decided by rdzv_client_step()
+/// (rdzv_client.h); this class keeps the sockets, the handshake and the timers and applies the
+/// effects, like the server's apply() (server.cpp).
 ///
 ///   next_rendezvous/report_* --> FramedConnection --> server
 ///   server pushes (waiting, round, restart, closed, refused) --> done / notice callbacks
@@ -77,63 +80,35 @@ class NetworkRendezvous final : public RendezvousHandler {
   std::uint64_t frames_received() const { return frames_received_; }
 
  private:
-  enum class Phase { Idle, Joining, Running, Done };
-
+  /// Runs the pure client (rdzv_client.h) on `event` now and carries out its effects.
+  void step(const ClientEvent& event);
+  void apply(const ClientEffect& effect);
   void connect();
   void try_endpoint(size_t index, const std::string& last_error);
   void on_connected(std::shared_ptr<FramedConnection> conn);
-  /// Sends what waits for a greeted connection: the join (again) and an unsent failure.
-  void after_greeting();
-  /// A message may go out now: greeted, or greeting without a secret (requests may follow the
-  /// hello at once).
-  bool ready_to_send() const {
-    return conn_ && (greeted_ || (handshake_ && !handshake_->authenticates()));
-  }
   void on_message(const nlohmann::json& body);
-  void on_lost(const std::string& why);
-  void send_join();
+  void send_join(Join join);
   void send(const AgentMessage& message);
-  void schedule_heartbeat();
-  void schedule_status();
-  /// The server dropped this node (silence, a partition) and will not take its id again: join
-  /// once more as a newcomer with a new id; workers that ran a round are stopped (Restart).
-  void rejoin_as_new_node(const std::string& why);
-  void give_up(const std::string& why);  ///< the server stayed unreachable
-  void give_up(RendezvousError error);
-  void fail_round(RendezvousError error);
-  void notify(Notice notice);
+  boost::asio::steady_timer& timer_for(ClientTimer timer);
 
   boost::asio::io_context& io_;
   const common::Clock& clock_;
   NetworkRendezvousOptions opt_;
+  ClientSpec spec_;
+  ClientState state_;
   std::string node_id_;
   std::shared_ptr<FramedConnection> conn_;
   std::vector<boost::asio::ip::tcp::endpoint> endpoints_;  ///< of the endpoint, being tried
-  bool connecting_ = false;
-  bool greeted_ = false;
   std::optional<ClientHandshake> handshake_;
-  Phase phase_ = Phase::Idle;
-  std::optional<RoundReady> round_;
-  bool succeeded_ = false;
-  int known_restart_count_ = 0;  ///< the job's count as last heard, sent with every join
-  std::optional<WorkersFailed> unsent_failure_;
+  bool greeted_ = false;
   std::function<void(RendezvousResult)> done_;
   std::function<void(Notice)> on_notice_;
   boost::asio::steady_timer retry_timer_;
   boost::asio::steady_timer heartbeat_timer_;
   boost::asio::steady_timer status_timer_;
-  std::optional<common::TimePoint> lost_since_;
-  Millis backoff_{100};
-  std::optional<Waiting> last_waiting_;
-  common::TimePoint last_waiting_at_;
-  std::string last_status_line_;
   std::uint64_t frames_received_ = 0;
   /// Guards callbacks that may run after this object is gone.
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
-
-/// The status line printed while a round forms, e.g. "waiting for nodes: 3/4 joined,
-/// node_rank 2 missing, 12 s of 600 s".
-std::string format_waiting(const Waiting& waiting);
 
 }  // namespace ddprun::rdzv

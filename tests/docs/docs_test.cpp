@@ -465,7 +465,8 @@ std::string literal_at(const std::string& code, size_t pos) {
 }
 
 /// The format strings of the rendezvous's log lines: spdlog's info, warn and error calls in
-/// rendezvous/ and the warn and error calls in launcher/launch.cpp, "{}" alone left out.
+/// rendezvous/, the client machine's formatted lines and the warn and error calls in
+/// launcher/launch.cpp, "{}" alone left out.
 std::vector<std::pair<std::string, std::string>> rendezvous_log_formats() {
   std::vector<std::pair<std::string, std::string>> out;  // format, file
   auto scan = [&](const fs::path& file, const std::vector<std::string>& calls) {
@@ -481,6 +482,9 @@ std::vector<std::pair<std::string, std::string>> rendezvous_log_formats() {
     if (entry.path().extension() == ".cpp")
       scan(entry.path(), {"spdlog::info(", "spdlog::warn(", "spdlog::error("});
   scan(kSource / "launcher/launch.cpp", {"spdlog::warn(", "spdlog::error("});
+  // The client machine returns its info and warning lines as data (NetworkRendezvous prints
+  // them); each is written with fmt::format.
+  scan(kSource / "rendezvous/rdzv_client.cpp", {"fmt::format("});
   return out;
 }
 

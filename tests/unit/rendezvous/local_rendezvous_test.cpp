@@ -68,18 +68,26 @@ TEST_CASE("a single node's failures restart it while the budget lasts, then clos
   LocalRendezvous rdzv("c10d", "job", "127.0.0.1", std::nullopt, 2, loop.poster());
   std::vector<Notice> notices;
   rdzv.set_notice_handler([&](Notice n) { notices.push_back(n); });
+  std::optional<RendezvousResult> got;
+  rdzv.next_rendezvous([&](RendezvousResult r) { got = r; });
+  loop.run();
+  REQUIRE(std::holds_alternative<RendezvousInfo>(*got));
   for (int expected = 1; expected <= 2; ++expected) {
-    rdzv.report_failure(WorkersFailed{0, "rank 1 exited with 3", 3, 0});
+    rdzv.report_failure(WorkersFailed{expected - 1, "rank 1 exited with 3", 3, 0});
     loop.run();
     REQUIRE(notices.size() == static_cast<size_t>(expected));
     auto* restart = std::get_if<Restart>(&notices.back());
     REQUIRE(restart);
     CHECK(restart->counted);
     CHECK(restart->restart_count == expected);
-    std::optional<RendezvousResult> got;
+    // The reason is the rendezvous server's, as on a multi-node job.
+    CHECK_THAT(restart->reason, Catch::StartsWith("worker failure on node "));
+    CHECK_THAT(restart->reason, Catch::EndsWith(": rank 1 exited with 3"));
+    got.reset();
     rdzv.next_rendezvous([&](RendezvousResult r) { got = r; });
     loop.run();
     CHECK(std::get<RendezvousInfo>(*got).restart_count == expected);
+    CHECK(std::get<RendezvousInfo>(*got).round == expected);
   }
   rdzv.report_failure(WorkersFailed{2, "rank 1 was killed by SIGKILL", 0, 9});
   loop.run();
@@ -87,7 +95,24 @@ TEST_CASE("a single node's failures restart it while the budget lasts, then clos
   REQUIRE(closed);
   CHECK(closed->outcome == JobOutcomeKind::Failed);
   CHECK(closed->signal == 9);
-  CHECK(closed->message == "rank 1 was killed by SIGKILL");
+  CHECK_THAT(closed->message, Catch::Contains("rank 1 was killed by SIGKILL"));
+  CHECK_THAT(closed->message, Catch::EndsWith("; no restart left: 2 of --max_restarts 2 used"));
+}
+
+TEST_CASE("a failure report for an earlier round is ignored", "[rdzv][unit]") {
+  ManualLoop loop;
+  LocalRendezvous rdzv("c10d", "job", "127.0.0.1", std::nullopt, 2, loop.poster());
+  std::vector<Notice> notices;
+  rdzv.set_notice_handler([&](Notice n) { notices.push_back(n); });
+  rdzv.next_rendezvous([](RendezvousResult) {});
+  loop.run();
+  rdzv.report_failure(WorkersFailed{0, "rank 0 exited with 1", 1, 0});
+  loop.run();
+  rdzv.next_rendezvous([](RendezvousResult) {});
+  loop.run();
+  rdzv.report_failure(WorkersFailed{0, "rank 0 exited with 1 (again)", 1, 0});
+  loop.run();
+  CHECK(notices.size() == 1);
 }
 
 TEST_CASE("a single node's success closes the job, and nothing follows a leave", "[rdzv][unit]") {
@@ -95,6 +120,8 @@ TEST_CASE("a single node's success closes the job, and nothing follows a leave",
   LocalRendezvous rdzv("c10d", "job", "127.0.0.1", std::nullopt, 0, loop.poster());
   std::vector<Notice> notices;
   rdzv.set_notice_handler([&](Notice n) { notices.push_back(n); });
+  rdzv.next_rendezvous([](RendezvousResult) {});
+  loop.run();
   rdzv.report_success();
   loop.run();
   REQUIRE(notices.size() == 1);
@@ -104,4 +131,19 @@ TEST_CASE("a single node's success closes the job, and nothing follows a leave",
   rdzv.leave("received SIGTERM");
   loop.run();
   CHECK_FALSE(called);
+}
+
+TEST_CASE("a round asked for after the job closed fails as closed", "[rdzv][unit]") {
+  ManualLoop loop;
+  LocalRendezvous rdzv("c10d", "job", "127.0.0.1", std::nullopt, 0, loop.poster());
+  rdzv.next_rendezvous([](RendezvousResult) {});
+  loop.run();
+  rdzv.report_success();
+  std::optional<RendezvousResult> got;
+  rdzv.next_rendezvous([&](RendezvousResult r) { got = r; });
+  loop.run();
+  REQUIRE(got);
+  auto* err = std::get_if<RendezvousError>(&*got);
+  REQUIRE(err);
+  CHECK(err->kind == RendezvousErrorKind::Closed);
 }

@@ -1,0 +1,372 @@
+#include "rendezvous/rdzv_client.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "common/strings.h"
+
+namespace ddprun::rdzv {
+
+namespace {
+
+constexpr Millis kFirstBackoff{100};
+constexpr Millis kMaxBackoff{2'000};
+
+long long seconds(Millis m) { return static_cast<long long>(m.count() / 1000); }
+
+class Stepper {
+ public:
+  Stepper(ClientState& s, TimePoint now, const ClientSpec& spec) : s_(s), now_(now), spec_(spec) {}
+
+  std::vector<ClientEffect> take() { return std::move(out_); }
+
+  void on(const NextRound&) {
+    if (s_.phase == ClientPhase::Done) {
+      // Done -> Done: the job is over for this node; the round fails at once (later, as if
+      // it had gone to the server).
+      out_.push_back(Deliver{
+          RendezvousError{RendezvousErrorKind::Closed, "the rendezvous is over for this node"},
+          true});
+      return;
+    }
+    // Idle/Running -> Joining: the agent asks for the next round.
+    s_.phase = ClientPhase::Joining;
+    s_.round.reset();
+    s_.succeeded = false;
+    s_.unsent_failure.reset();
+    if (ready())
+      send_join();
+    else if (s_.link == ClientLink::Down)
+      connect();
+    // else: the handshake is under way; the join follows once the link is ready.
+  }
+
+  void on(const Connected& e) {
+    if (s_.phase == ClientPhase::Done) {
+      out_.push_back(CloseConnection{});
+      return;
+    }
+    s_.link = e.can_send ? ClientLink::Ready : ClientLink::Handshaking;
+    // Without a secret the join follows the hello at once (one round trip saved); with one,
+    // nothing is sent before the server has proved that it holds the secret.
+    if (ready()) after_ready();
+    out_.push_back(ArmClientTimer{ClientTimer::Heartbeat, spec_.settings.keep_alive_interval});
+  }
+
+  void on(const Greeted&) {
+    if (s_.link == ClientLink::Down || s_.link == ClientLink::Connecting) return;
+    // Reachable again only once the server greeted: a connection that a server closes at once
+    // (TLS expected, out of descriptors) keeps counting towards connect_timeout.
+    if (s_.lost_since && s_.round)
+      log(ClientLogLevel::Info, fmt::format("reconnected to the rendezvous at {}", spec_.endpoint));
+    s_.lost_since.reset();
+    s_.backoff = kFirstBackoff;
+    if (s_.link == ClientLink::Handshaking) {
+      s_.link = ClientLink::Ready;
+      after_ready();
+    }
+  }
+
+  void on(const ConnectionLost& e) {
+    const bool had_link = s_.link != ClientLink::Down;
+    s_.link = ClientLink::Down;
+    if (had_link) out_.push_back(CloseConnection{});
+    out_.push_back(DisarmClientTimer{ClientTimer::Heartbeat});
+    if (s_.phase == ClientPhase::Done) return;
+    // A certificate refused, or TLS on one side only: no retry cures that.
+    if (e.tls_failed)
+      return give_up(RendezvousError{RendezvousErrorKind::State,
+                                     e.why + "; check --rdzv_conf tls_ca, tls_cert and tls_key "
+                                             "against the server's TLS settings"});
+    if (!s_.lost_since) {
+      s_.lost_since = now_;
+      log(ClientLogLevel::Warn,
+          fmt::format("lost the rendezvous server at {}: {}; reconnecting", spec_.endpoint, e.why));
+    }
+    // any -> Done: the server stayed unreachable for connect_timeout
+    if (now_ - *s_.lost_since >= spec_.connect_timeout) return give_up_unreachable(e.why);
+    out_.push_back(ArmClientTimer{ClientTimer::Retry, s_.backoff});
+    s_.backoff = std::min(s_.backoff * 2, kMaxBackoff);
+  }
+
+  void on(const ServerUnusable& e) {
+    // any -> Done: the server refused the handshake or spoke nonsense; no retry cures that
+    give_up(e.error);
+  }
+
+  void on(const FrameReceived& e) {
+    std::visit([this](const auto& m) { on_message(m); }, e.message);
+  }
+
+  void on(const ReportFailure& e) {
+    if (s_.phase != ClientPhase::Running) return;
+    if (ready())
+      out_.push_back(Send{e.failure});
+    else
+      s_.unsent_failure = e.failure;  // goes out once the link is ready again
+  }
+
+  void on(const ReportSuccess&) {
+    if (s_.phase != ClientPhase::Running || !s_.round) return;
+    s_.succeeded = true;
+    // Not yet ready: the join after the handshake claims the round as succeeded.
+    if (ready()) out_.push_back(Send{WorkersSucceeded{s_.round->round}});
+  }
+
+  void on(const LeaveJob& e) {
+    if (s_.link != ClientLink::Down && s_.phase != ClientPhase::Done) {
+      if (ready()) out_.push_back(Send{Leave{e.reason}});
+      out_.push_back(CloseConnection{true});
+    }
+    // any -> Done: this node leaves the job
+    s_.phase = ClientPhase::Done;
+    out_.push_back(Detach{});
+    disarm_all();
+  }
+
+  void on(const RetryDue&) { connect(); }
+
+  void on(const HeartbeatDue&) {
+    if (s_.link == ClientLink::Down || s_.link == ClientLink::Connecting ||
+        s_.phase == ClientPhase::Done)
+      return;
+    if (ready()) out_.push_back(Send{Heartbeat{}});
+    out_.push_back(ArmClientTimer{ClientTimer::Heartbeat, spec_.settings.keep_alive_interval});
+  }
+
+  void on(const StatusDue&) {
+    if (s_.phase != ClientPhase::Joining || !s_.last_waiting) return;
+    Waiting w = *s_.last_waiting;
+    w.waited += std::chrono::duration_cast<Millis>(now_ - s_.last_waiting_at);
+    log(ClientLogLevel::Info, format_waiting(w));
+    out_.push_back(ArmClientTimer{ClientTimer::Status, spec_.status_interval});
+  }
+
+ private:
+  void on_message(const Waiting& w) {
+    s_.last_waiting = w;
+    s_.last_waiting_at = now_;
+    const std::string line = format_waiting(w);
+    // Print on a change of membership (the line without its time), else every interval.
+    const std::string key = line.substr(0, line.rfind(", "));
+    if (key == s_.last_status_line) return;
+    s_.last_status_line = key;
+    log(ClientLogLevel::Info, line);
+    out_.push_back(ArmClientTimer{ClientTimer::Status, spec_.status_interval});
+  }
+
+  void on_message(const RoundReady& ready) {
+    if (s_.phase != ClientPhase::Joining) {
+      log(ClientLogLevel::Debug,
+          "ignoring round " + std::to_string(ready.round) + " from the server: not joining");
+      return;
+    }
+    // Joining -> Running: the round is complete
+    s_.phase = ClientPhase::Running;
+    s_.round = ready;
+    s_.known_restart_count = ready.restart_count;
+    out_.push_back(DisarmClientTimer{ClientTimer::Status});
+    s_.last_status_line.clear();
+    RendezvousInfo info;
+    info.group_rank = ready.group_rank;
+    info.group_world_size = ready.group_world_size;
+    info.master_addr = ready.master_addr;
+    info.master_port = ready.master_port;
+    info.restart_count = ready.restart_count;
+    info.round = ready.round;
+    log(ClientLogLevel::Info,
+        fmt::format("rendezvous round {} complete: group rank {} of {} nodes ({}), master {}:{}",
+                    ready.round, ready.group_rank, ready.group_world_size,
+                    common::join(ready.participants, ", "), ready.master_addr, ready.master_port));
+    out_.push_back(Deliver{info});
+  }
+
+  void on_message(const Restart& restart) {
+    if (s_.phase != ClientPhase::Running) return;
+    // Running -> Idle: the workers stop; the agent asks for the next round
+    s_.phase = ClientPhase::Idle;
+    s_.known_restart_count = std::max(s_.known_restart_count, restart.restart_count);
+    out_.push_back(Notify{restart});
+  }
+
+  void on_message(const Closed& closed) {
+    const ClientPhase was = s_.phase;
+    // any -> Done: the job is over
+    s_.phase = ClientPhase::Done;
+    if (was == ClientPhase::Joining)
+      return fail_round(RendezvousError{closed.outcome == JobOutcomeKind::TimedOut
+                                            ? RendezvousErrorKind::Timeout
+                                            : RendezvousErrorKind::Closed,
+                                        closed.message});
+    out_.push_back(Notify{closed});
+  }
+
+  void on_message(const Refused& refused) {
+    // A node whose workers already succeeded does not rejoin: as a newcomer it would make the
+    // job scale up and run again. It ends with the refusal, as any refused node does.
+    if (refused.kind == RefusalKind::Dropped && s_.phase != ClientPhase::Done && !s_.succeeded)
+      return rejoin_as_new_node(refused.message);
+    const ClientPhase was = s_.phase;
+    // any -> Done: this node cannot take part
+    s_.phase = ClientPhase::Done;
+    RendezvousError error{refused.kind == RefusalKind::Closed ? RendezvousErrorKind::Closed
+                                                              : RendezvousErrorKind::State,
+                          refused.message};
+    if (was == ClientPhase::Joining) return fail_round(error);
+    out_.push_back(Notify{error});
+  }
+
+  void on_message(const StatusReply&) {}  // never sent to an agent
+
+  /// The server dropped this node (silence, a partition) and will not take its id again: join
+  /// once more as a newcomer with a new id; workers that ran a round are stopped (Restart).
+  void rejoin_as_new_node(const std::string& why) {
+    const ClientPhase was = s_.phase;
+    // A participant running its workers cost the job a restart (the server counted it when it
+    // dropped the node); its next round brings the job's count.
+    const bool counted = was == ClientPhase::Running;
+    const int next_round = s_.round ? s_.round->round + 1 : 0;
+    out_.push_back(RenewNodeId{});
+    s_.round.reset();
+    s_.succeeded = false;
+    s_.unsent_failure.reset();
+    // The server closes this connection; the next one speaks for the new id.
+    if (s_.link != ClientLink::Down) out_.push_back(CloseConnection{});
+    s_.link = ClientLink::Down;
+    out_.push_back(DisarmClientTimer{ClientTimer::Heartbeat});
+    log(ClientLogLevel::Warn,
+        fmt::format("the rendezvous dropped this node: {}; joining the job again as a new node",
+                    why));
+    // Joining -> Joining: the same request for a round, with the new id
+    if (was == ClientPhase::Joining) return connect();
+    // Running -> Idle: the workers stop (Restart), then the next round joins with the new id.
+    // Idle -> Idle: a Restart already came; the join that follows it uses the new id.
+    s_.phase = ClientPhase::Idle;
+    if (was == ClientPhase::Running)
+      out_.push_back(
+          Notify{Restart{next_round, "this node was dropped by the rendezvous and joins again",
+                         counted, s_.known_restart_count + (counted ? 1 : 0)}});
+  }
+
+  bool ready() const { return s_.link == ClientLink::Ready; }
+
+  void connect() {
+    if (s_.link != ClientLink::Down || s_.phase == ClientPhase::Done) return;
+    s_.link = ClientLink::Connecting;
+    if (!s_.lost_since) s_.lost_since = now_;
+    out_.push_back(Connect{});
+  }
+
+  /// Sends what waits for a ready link: the join (again) and an unsent failure.
+  void after_ready() {
+    if (s_.phase == ClientPhase::Joining || s_.phase == ClientPhase::Running) send_join();
+    if (s_.unsent_failure) {
+      out_.push_back(Send{*s_.unsent_failure});
+      s_.unsent_failure.reset();
+    }
+  }
+
+  void send_join() {
+    Join join;
+    join.run_id = spec_.run_id;
+    join.name = spec_.name;
+    join.node_rank = spec_.node_rank;
+    join.settings = spec_.settings;
+    join.restart_count = s_.known_restart_count;
+    if (s_.phase == ClientPhase::Running && s_.round) {
+      // Re-registering after a lost connection: the workers still run this round.
+      const RoundReady& r = *s_.round;
+      join.resume = RoundClaim{r.round,       r.group_rank,  r.group_world_size, r.restart_count,
+                               r.master_addr, r.master_port, s_.succeeded};
+    }
+    out_.push_back(SendJoin{std::move(join)});
+  }
+
+  void give_up_unreachable(const std::string& why) {
+    give_up(RendezvousError{
+        RendezvousErrorKind::Connection,
+        "cannot reach the rendezvous server at " + spec_.endpoint + " for " +
+            std::to_string(seconds(spec_.connect_timeout)) + " s (" + why +
+            "); check --rdzv_endpoint and that the node hosting it (the endpoint's host) or "
+            "ddprun-rdzvd is running"});
+  }
+
+  void give_up(RendezvousError error) {
+    const ClientPhase was = s_.phase;
+    s_.phase = ClientPhase::Done;
+    if (s_.link != ClientLink::Down) out_.push_back(CloseConnection{});
+    s_.link = ClientLink::Down;
+    disarm_all();
+    if (was == ClientPhase::Joining) return fail_round(error);
+    out_.push_back(Notify{error});
+  }
+
+  void fail_round(RendezvousError error) {
+    out_.push_back(DisarmClientTimer{ClientTimer::Status});
+    out_.push_back(Deliver{std::move(error)});
+  }
+
+  void disarm_all() {
+    out_.push_back(DisarmClientTimer{ClientTimer::Retry});
+    out_.push_back(DisarmClientTimer{ClientTimer::Heartbeat});
+    out_.push_back(DisarmClientTimer{ClientTimer::Status});
+  }
+
+  void log(ClientLogLevel level, std::string text) {
+    out_.push_back(ClientLog{level, std::move(text)});
+  }
+
+  ClientState& s_;
+  TimePoint now_;
+  const ClientSpec& spec_;
+  std::vector<ClientEffect> out_;
+};
+
+}  // namespace
+
+std::string format_waiting(const Waiting& w) {
+  const int joined = w.joined_count;
+  std::string line;
+  if (w.wait_listed) {
+    line = "waiting for a place in the job: it runs with " + std::to_string(joined) +
+           " node(s), at most " + std::to_string(w.max_nodes);
+  } else {
+    const int target = joined < w.min_nodes ? w.min_nodes : w.max_nodes;
+    line =
+        "waiting for nodes: " + std::to_string(joined) + "/" + std::to_string(target) + " joined";
+    if (w.min_nodes != w.max_nodes)
+      line += " (min " + std::to_string(w.min_nodes) + ", max " + std::to_string(w.max_nodes) + ")";
+    if (!w.missing_node_ranks.empty()) {
+      line += ", node_rank ";
+      for (size_t i = 0; i < w.missing_node_ranks.size(); ++i)
+        line += (i ? ", " : "") + std::to_string(w.missing_node_ranks[i]);
+      line += " missing";
+    }
+  }
+  return line + ", " + std::to_string(seconds(w.waited)) + " s of " +
+         std::to_string(seconds(w.join_timeout)) + " s";
+}
+
+const char* client_phase_name(ClientPhase phase) {
+  switch (phase) {
+    case ClientPhase::Idle:
+      return "idle";
+    case ClientPhase::Joining:
+      return "joining";
+    case ClientPhase::Running:
+      return "running";
+    case ClientPhase::Done:
+      return "done";
+  }
+  return "?";
+}
+
+std::vector<ClientEffect> rdzv_client_step(ClientState& state, const ClientEvent& event,
+                                           TimePoint now, const ClientSpec& spec) {
+  Stepper stepper(state, now, spec);
+  std::visit([&stepper](const auto& e) { stepper.on(e); }, event);
+  return stepper.take();
+}
+
+}  // namespace ddprun::rdzv

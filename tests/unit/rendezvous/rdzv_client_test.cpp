@@ -1,0 +1,412 @@
+#include "rendezvous/rdzv_client.h"
+
+#include <catch2/catch.hpp>
+
+using namespace ddprun::rdzv;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// One client, a made-up clock and the effects of the last step.
+struct Client {
+  ClientState s;
+  ClientSpec spec;
+  TimePoint now{};
+  std::vector<ClientEffect> out;
+
+  Client() {
+    spec.run_id = "job";
+    spec.endpoint = "rdzv.example:29400";
+    spec.name = "node-a";
+    spec.settings.min_nodes = 2;
+    spec.settings.max_nodes = 2;
+    spec.settings.max_restarts = 3;
+    spec.connect_timeout = 10s;
+  }
+
+  const std::vector<ClientEffect>& on(const ClientEvent& e) {
+    out = rdzv_client_step(s, e, now, spec);
+    return out;
+  }
+
+  template <class T>
+  std::vector<T> all() const {
+    std::vector<T> found;
+    for (const auto& e : out)
+      if (const auto* t = std::get_if<T>(&e)) found.push_back(*t);
+    return found;
+  }
+  template <class T>
+  bool has() const {
+    return !all<T>().empty();
+  }
+  template <class M>
+  std::vector<M> sent() const {
+    std::vector<M> found;
+    for (const auto& send : all<Send>())
+      if (const auto* m = std::get_if<M>(&send.message)) found.push_back(*m);
+    return found;
+  }
+  bool logged(const std::string& text) const {
+    for (const auto& line : all<ClientLog>())
+      if (line.text.find(text) != std::string::npos) return true;
+    return false;
+  }
+  std::optional<Millis> armed(ClientTimer timer) const {
+    for (const auto& arm : all<ArmClientTimer>())
+      if (arm.timer == timer) return arm.after;
+    return std::nullopt;
+  }
+
+  /// Asks for a round over a connection without a secret.
+  void join() {
+    on(NextRound{});
+    on(Connected{true});
+    on(Greeted{});
+  }
+  /// Joins and completes round `round` as group rank 0 of 2.
+  void run_round(int round = 0, int restart_count = 0) {
+    join();
+    on(FrameReceived{RoundReady{round, 0, 2, "10.0.0.1", 29500, restart_count, {"a", "b"}}});
+  }
+};
+
+}  // namespace
+
+TEST_CASE("asking for a round without a connection connects first and joins once it is up",
+          "[rdzv][client][unit]") {
+  Client c;
+  c.on(NextRound{});
+  CHECK(c.s.phase == ClientPhase::Joining);
+  CHECK(c.has<Connect>());
+  CHECK_FALSE(c.has<SendJoin>());
+  c.on(Connected{true});
+  REQUIRE(c.all<SendJoin>().size() == 1);
+  const Join join = c.all<SendJoin>()[0].join;
+  CHECK(join.run_id == "job");
+  CHECK(join.name == "node-a");
+  CHECK_FALSE(join.resume);
+  CHECK(c.armed(ClientTimer::Heartbeat) == c.spec.settings.keep_alive_interval);
+}
+
+TEST_CASE("with a secret the join waits for the server's proof", "[rdzv][client][unit]") {
+  Client c;
+  c.on(NextRound{});
+  c.on(Connected{false});
+  CHECK(c.s.link == ClientLink::Handshaking);
+  CHECK_FALSE(c.has<SendJoin>());
+  c.on(Greeted{});
+  CHECK(c.s.link == ClientLink::Ready);
+  CHECK(c.all<SendJoin>().size() == 1);
+}
+
+TEST_CASE("a completed round is delivered with this node's place and logged",
+          "[rdzv][client][unit]") {
+  Client c;
+  c.run_round(0, 1);
+  CHECK(c.s.phase == ClientPhase::Running);
+  REQUIRE(c.all<Deliver>().size() == 1);
+  const auto info = std::get<RendezvousInfo>(c.all<Deliver>()[0].result);
+  CHECK(info.group_world_size == 2);
+  CHECK(info.master_port == 29500);
+  CHECK(info.restart_count == 1);
+  CHECK(
+      c.logged("rendezvous round 0 complete: group rank 0 of 2 nodes (a, b), master "
+               "10.0.0.1:29500"));
+  CHECK(c.s.known_restart_count == 1);
+}
+
+TEST_CASE("a round announced while not joining is ignored", "[rdzv][client][unit]") {
+  Client c;
+  c.run_round();
+  c.on(FrameReceived{RoundReady{1, 1, 2, "x", 1, 0, {}}});
+  CHECK_FALSE(c.has<Deliver>());
+  CHECK(c.s.round->round == 0);
+}
+
+TEST_CASE("a restart while running tells the agent and the next join carries the count",
+          "[rdzv][client][unit]") {
+  Client c;
+  c.run_round();
+  c.on(FrameReceived{Restart{1, "worker failure on node b: boom", true, 1}});
+  CHECK(c.s.phase == ClientPhase::Idle);
+  REQUIRE(c.all<Notify>().size() == 1);
+  CHECK(std::get<Restart>(c.all<Notify>()[0].notice).restart_count == 1);
+  c.on(NextRound{});
+  REQUIRE(c.all<SendJoin>().size() == 1);
+  CHECK(c.all<SendJoin>()[0].join.restart_count == 1);
+  CHECK_FALSE(c.all<SendJoin>()[0].join.resume);
+}
+
+TEST_CASE("a restart that arrives while joining is ignored", "[rdzv][client][unit]") {
+  Client c;
+  c.join();
+  c.on(FrameReceived{Restart{1, "late", true, 1}});
+  CHECK(c.s.phase == ClientPhase::Joining);
+  CHECK_FALSE(c.has<Notify>());
+}
+
+TEST_CASE("a job that timed out while joining fails the round as a timeout",
+          "[rdzv][client][unit]") {
+  Client c;
+  c.join();
+  c.on(FrameReceived{Closed{JobOutcomeKind::TimedOut, "only 1 of 2 nodes joined", 0, 0}});
+  CHECK(c.s.phase == ClientPhase::Done);
+  REQUIRE(c.all<Deliver>().size() == 1);
+  const auto error = std::get<RendezvousError>(c.all<Deliver>()[0].result);
+  CHECK(error.kind == RendezvousErrorKind::Timeout);
+  CHECK(error.message == "only 1 of 2 nodes joined");
+}
+
+TEST_CASE("a job closed while running is a notice", "[rdzv][client][unit]") {
+  Client c;
+  c.run_round();
+  c.on(FrameReceived{Closed{JobOutcomeKind::Failed, "no restart left", 3, 0}});
+  CHECK(c.s.phase == ClientPhase::Done);
+  REQUIRE(c.all<Notify>().size() == 1);
+  CHECK(std::get<Closed>(c.all<Notify>()[0].notice).exit_code == 3);
+}
+
+TEST_CASE("a refusal while joining ends the node with a state error", "[rdzv][client][unit]") {
+  Client c;
+  c.join();
+  c.on(FrameReceived{Refused{RefusalKind::Mismatch, "--nnodes 2 differs"}});
+  CHECK(c.s.phase == ClientPhase::Done);
+  const auto error = std::get<RendezvousError>(c.all<Deliver>().at(0).result);
+  CHECK(error.kind == RendezvousErrorKind::State);
+  CHECK(error.message == "--nnodes 2 differs");
+}
+
+TEST_CASE("a closed job's refusal is a closed error", "[rdzv][client][unit]") {
+  Client c;
+  c.join();
+  c.on(FrameReceived{Refused{RefusalKind::Closed, "job 'job' is closed"}});
+  CHECK(std::get<RendezvousError>(c.all<Deliver>().at(0).result).kind ==
+        RendezvousErrorKind::Closed);
+}
+
+TEST_CASE("a node dropped while joining takes a new id and asks for the round again",
+          "[rdzv][client][unit]") {
+  Client c;
+  c.join();
+  c.on(FrameReceived{Refused{RefusalKind::Dropped, "node a was lost"}});
+  CHECK(c.s.phase == ClientPhase::Joining);
+  CHECK(c.has<RenewNodeId>());
+  CHECK(c.has<CloseConnection>());
+  CHECK(c.has<Connect>());
+  CHECK_FALSE(c.has<Deliver>());
+  CHECK(
+      c.logged("the rendezvous dropped this node: node a was lost; joining the job again as a "
+               "new node"));
+  c.on(Connected{true});
+  CHECK(c.all<SendJoin>().size() == 1);
+}
+
+TEST_CASE("a node dropped while running stops its workers with a counted restart",
+          "[rdzv][client][unit]") {
+  Client c;
+  c.run_round(2, 1);
+  c.on(FrameReceived{Refused{RefusalKind::Dropped, "node a was lost"}});
+  CHECK(c.s.phase == ClientPhase::Idle);
+  CHECK(c.has<RenewNodeId>());
+  CHECK(c.s.link == ClientLink::Down);
+  const auto restart = std::get<Restart>(c.all<Notify>().at(0).notice);
+  CHECK(restart.next_round == 3);
+  CHECK(restart.counted);
+  CHECK(restart.restart_count == 2);
+  CHECK(restart.reason == "this node was dropped by the rendezvous and joins again");
+  // The next round is asked for as a newcomer: a new connection and no claim.
+  c.on(NextRound{});
+  CHECK(c.has<Connect>());
+  c.on(Connected{true});
+  REQUIRE(c.all<SendJoin>().size() == 1);
+  CHECK_FALSE(c.all<SendJoin>()[0].join.resume);
+}
+
+TEST_CASE("a node dropped after its workers succeeded ends instead of rejoining",
+          "[rdzv][client][unit]") {
+  Client c;
+  c.run_round();
+  c.on(ReportSuccess{});
+  c.on(FrameReceived{Refused{RefusalKind::Dropped, "node a was lost"}});
+  CHECK(c.s.phase == ClientPhase::Done);
+  CHECK_FALSE(c.has<RenewNodeId>());
+  CHECK(std::holds_alternative<RendezvousError>(c.all<Notify>().at(0).notice));
+}
+
+TEST_CASE("a lost connection warns once and retries with a back-off doubling to 2 s",
+          "[rdzv][client][unit]") {
+  Client c;
+  c.spec.connect_timeout = 60s;
+  c.run_round();
+  c.on(ConnectionLost{"connection reset"});
+  CHECK(
+      c.logged("lost the rendezvous server at rdzv.example:29400: connection reset; "
+               "reconnecting"));
+  CHECK(c.has<CloseConnection>());
+  std::vector<Millis> delays{*c.armed(ClientTimer::Retry)};
+  for (int i = 0; i < 6; ++i) {
+    c.now += delays.back();
+    c.on(RetryDue{});
+    CHECK(c.has<Connect>());
+    c.on(ConnectionLost{"connection refused"});
+    CHECK_FALSE(c.logged("lost the rendezvous server"));
+    delays.push_back(*c.armed(ClientTimer::Retry));
+  }
+  CHECK(delays == std::vector<Millis>{100ms, 200ms, 400ms, 800ms, 1600ms, 2000ms, 2000ms});
+  CHECK(c.s.phase == ClientPhase::Running);
+}
+
+TEST_CASE("a server unreachable for connect_timeout fails the round naming the endpoint",
+          "[rdzv][client][unit]") {
+  Client c;
+  c.on(NextRound{});
+  c.now += 4s;
+  c.on(ConnectionLost{"connection refused"});
+  CHECK_FALSE(c.logged("lost the rendezvous server"));  // first contact: no warning
+  CHECK(c.has<ArmClientTimer>());
+  c.now += 6s;
+  c.on(RetryDue{});
+  c.on(ConnectionLost{"connection refused"});
+  CHECK(c.s.phase == ClientPhase::Done);
+  const auto error = std::get<RendezvousError>(c.all<Deliver>().at(0).result);
+  CHECK(error.kind == RendezvousErrorKind::Connection);
+  CHECK(error.message ==
+        "cannot reach the rendezvous server at rdzv.example:29400 for 10 s (connection refused); "
+        "check --rdzv_endpoint and that the node hosting it (the endpoint's host) or "
+        "ddprun-rdzvd is running");
+}
+
+TEST_CASE("a TLS failure gives up at once", "[rdzv][client][unit]") {
+  Client c;
+  c.on(NextRound{});
+  c.on(ConnectionLost{"certificate verify failed", true});
+  CHECK(c.s.phase == ClientPhase::Done);
+  const auto error = std::get<RendezvousError>(c.all<Deliver>().at(0).result);
+  CHECK(error.kind == RendezvousErrorKind::State);
+  CHECK_THAT(error.message, Catch::StartsWith("certificate verify failed; check --rdzv_conf"));
+}
+
+TEST_CASE("a server that cannot be used ends the node with its error", "[rdzv][client][unit]") {
+  Client c;
+  c.run_round();
+  c.on(ServerUnusable{RendezvousError{RendezvousErrorKind::State, "bad message"}});
+  CHECK(c.s.phase == ClientPhase::Done);
+  CHECK(std::get<RendezvousError>(c.all<Notify>().at(0).notice).message == "bad message");
+  CHECK(c.has<CloseConnection>());
+}
+
+TEST_CASE("a reconnect while running claims the round and says so once greeted",
+          "[rdzv][client][unit]") {
+  Client c;
+  c.run_round(4, 2);
+  c.on(ReportSuccess{});
+  c.on(ConnectionLost{"connection reset"});
+  c.on(RetryDue{});
+  c.on(Connected{false});
+  CHECK_FALSE(c.has<SendJoin>());
+  c.on(Greeted{});
+  CHECK(c.logged("reconnected to the rendezvous at rdzv.example:29400"));
+  REQUIRE(c.all<SendJoin>().size() == 1);
+  const auto claim = c.all<SendJoin>()[0].join.resume;
+  REQUIRE(claim);
+  CHECK(claim->round == 4);
+  CHECK(claim->restart_count == 2);
+  CHECK(claim->master_port == 29500);
+  CHECK(claim->succeeded);
+  CHECK(c.s.backoff == 100ms);
+  CHECK_FALSE(c.s.lost_since);
+}
+
+TEST_CASE("a failure reported while the link is down goes out once it is ready",
+          "[rdzv][client][unit]") {
+  Client c;
+  c.run_round();
+  c.on(ConnectionLost{"connection reset"});
+  c.on(ReportFailure{WorkersFailed{0, "rank 1 exited with 3", 3, 0}});
+  CHECK(c.sent<WorkersFailed>().empty());
+  c.on(RetryDue{});
+  c.on(Connected{true});
+  CHECK(c.all<SendJoin>().size() == 1);
+  REQUIRE(c.sent<WorkersFailed>().size() == 1);
+  CHECK(c.sent<WorkersFailed>()[0].description == "rank 1 exited with 3");
+  CHECK_FALSE(c.s.unsent_failure);
+}
+
+TEST_CASE("reports outside a running round are dropped", "[rdzv][client][unit]") {
+  Client c;
+  c.join();
+  c.on(ReportFailure{WorkersFailed{0, "x", 1, 0}});
+  CHECK(c.out.empty());
+  c.on(ReportSuccess{});
+  CHECK(c.out.empty());
+}
+
+TEST_CASE("a success is sent for the running round", "[rdzv][client][unit]") {
+  Client c;
+  c.run_round(3);
+  c.on(ReportSuccess{});
+  REQUIRE(c.sent<WorkersSucceeded>().size() == 1);
+  CHECK(c.sent<WorkersSucceeded>()[0].round == 3);
+}
+
+TEST_CASE("leaving sends a leave and closes after it is written", "[rdzv][client][unit]") {
+  Client c;
+  c.run_round();
+  c.on(LeaveJob{"received SIGTERM"});
+  CHECK(c.s.phase == ClientPhase::Done);
+  REQUIRE(c.sent<Leave>().size() == 1);
+  CHECK(c.sent<Leave>()[0].reason == "received SIGTERM");
+  REQUIRE(c.all<CloseConnection>().size() == 1);
+  CHECK(c.all<CloseConnection>()[0].after_writes);
+  CHECK(c.has<Detach>());
+  c.on(NextRound{});
+  REQUIRE(c.all<Deliver>().size() == 1);
+  CHECK(c.all<Deliver>()[0].posted);
+  CHECK(std::get<RendezvousError>(c.all<Deliver>()[0].result).message ==
+        "the rendezvous is over for this node");
+}
+
+TEST_CASE("a connection that opens after the node gave up is closed", "[rdzv][client][unit]") {
+  Client c;
+  c.on(NextRound{});
+  c.on(LeaveJob{"received SIGINT"});
+  c.on(Connected{true});
+  CHECK(c.has<CloseConnection>());
+  CHECK_FALSE(c.has<SendJoin>());
+}
+
+TEST_CASE("heartbeats go out on a ready link and stop when it is down", "[rdzv][client][unit]") {
+  Client c;
+  c.run_round();
+  c.on(HeartbeatDue{});
+  CHECK(c.sent<Heartbeat>().size() == 1);
+  CHECK(c.armed(ClientTimer::Heartbeat));
+  c.on(ConnectionLost{"reset"});
+  c.on(HeartbeatDue{});
+  CHECK(c.out.empty());
+}
+
+TEST_CASE("the waiting line is printed on a change and repeated with the time waited",
+          "[rdzv][client][unit]") {
+  Client c;
+  c.join();
+  Waiting w;
+  w.joined_count = 1;
+  w.min_nodes = 2;
+  w.max_nodes = 2;
+  w.waited = 3s;
+  w.join_timeout = 600s;
+  c.on(FrameReceived{w});
+  CHECK(c.logged("waiting for nodes: 1/2 joined, 3 s of 600 s"));
+  CHECK(c.armed(ClientTimer::Status) == c.spec.status_interval);
+  w.waited = 4s;
+  c.on(FrameReceived{w});
+  CHECK_FALSE(c.has<ClientLog>());  // the same members: no new line
+  c.now += 5s;
+  c.on(StatusDue{});
+  CHECK(c.logged("waiting for nodes: 1/2 joined, 9 s of 600 s"));
+  c.on(FrameReceived{RoundReady{0, 0, 2, "x", 1, 0, {}}});
+  c.on(StatusDue{});
+  CHECK(c.out.empty());
+}
