@@ -78,7 +78,7 @@ TEST_CASE("every c10d node hosts a store because any may become group rank 0", "
   CHECK(plan.listen_port == 0);
 }
 
-TEST_CASE("--agent_store off hosts nothing and workers host their own", "[launcher][unit]") {
+TEST_CASE("with --agent_store off the agent hosts nothing and workers host their own", "[launcher][unit]") {
   LaunchConfig config;
   config.standalone = true;
   config.agent_store = false;
