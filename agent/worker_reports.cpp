@@ -57,7 +57,7 @@ struct ReportSocket::Impl {
   }
 
   asio::local::datagram_protocol::socket socket;
-  std::vector<char> buffer = std::vector<char>(kMaxReportBytes);
+  std::vector<char> buffer;  ///< kMaxReportBytes once open: a job without reports pays nothing
   std::function<void(const WorkerReport&)> on_report;
   std::string dir;
   std::string path;
@@ -85,6 +85,7 @@ std::optional<common::Error> ReportSocket::open(
   if (ec)
     return common::Error{"cannot open the workers' report socket " + path + ": " + ec.message()};
   impl_->path = path;
+  impl_->buffer.resize(kMaxReportBytes);
   impl_->on_report = std::move(on_report);
   impl_->read();
   return std::nullopt;

@@ -204,6 +204,9 @@ def main() -> int:
                     help="runs of each launcher under GNU time for peak RSS (default 5)")
     ap.add_argument("--gnu-time", default="/usr/bin/time", help="GNU time (default /usr/bin/time)")
     ap.add_argument("--markdown", action="store_true", help="print the results as markdown")
+    ap.add_argument("--ddprun-before", metavar="PATH",
+                    help="another ddprun binary (e.g. built from an earlier commit), timed "
+                         "alternately with --ddprun: a before/after comparison of a change")
     args = ap.parse_args()
     if min(args.runs, args.baseline_runs, args.rss_runs) < 1 or args.warmup < 0:
         ap.error("--runs, --baseline-runs and --rss-runs must be >= 1, --warmup >= 0")
@@ -215,6 +218,13 @@ def main() -> int:
             ap.error(f"nothing executable at {path}; pass {flag} PATH")
 
     dd = Series("ddprun", [ddprun, "--standalone", "--nproc_per_node", NPROC, *WORKER])
+    before = None
+    if args.ddprun_before:
+        path = os.path.abspath(args.ddprun_before)
+        if not os.access(path, os.X_OK):
+            ap.error(f"nothing executable at {path}; pass --ddprun-before PATH")
+        before = Series("ddprun (before)",
+                        [path, "--standalone", "--nproc_per_node", NPROC, *WORKER])
     tr = Series("torchrun", [args.python, os.path.relpath(SHIM), "--standalone", "--nproc_per_node", NPROC,
                              "--monitor_interval", "0.1", *WORKER])
 
@@ -230,9 +240,13 @@ def main() -> int:
     for _ in range(args.warmup):
         run.timed(dd.argv)
         run.timed(tr.argv)
+        if before:
+            run.timed(before.argv)
     started = time.monotonic()
     for i in range(args.runs):
         dd.times_ms.append(run.timed(dd.argv)[0])
+        if before:
+            before.times_ms.append(run.timed(before.argv)[0])
         if (i + 1) * args.baseline_runs // args.runs > i * args.baseline_runs // args.runs:
             tr.times_ms.append(run.timed(tr.argv)[0])
     elapsed = time.monotonic() - started
@@ -240,7 +254,11 @@ def main() -> int:
     for _ in range(args.rss_runs):
         dd.rss_kib.append(run.gnu_time_rss(args.gnu_time, dd.argv))
         tr.rss_kib.append(run.gnu_time_rss(args.gnu_time, tr.argv))
+        if before:
+            before.rss_kib.append(run.gnu_time_rss(args.gnu_time, before.argv))
     dd.hwm_kib = run.sampled_vmhwm(dd.argv[: -len(WORKER)] + SLEEPY_WORKER)
+    if before:
+        before.hwm_kib = run.sampled_vmhwm(before.argv[: -len(WORKER)] + SLEEPY_WORKER)
     tr.hwm_kib = run.sampled_vmhwm(tr.argv[: -len(WORKER)] + SLEEPY_WORKER)
     load_after = os.getloadavg()
 
@@ -279,10 +297,18 @@ def main() -> int:
         print("| launcher | timed runs | median (ms) | min (ms) | max (ms) "
               "| peak RSS, wait4 under GNU time (MiB) | peak RSS, sampled VmHWM (MiB) |")
         print("|---|---:|---:|---:|---:|---:|---:|")
-        for s, (med, lo, hi) in ((dd, (d_med, d_min, d_max)), (tr, (t_med, t_min, t_max))):
+        rows = [(dd, (d_med, d_min, d_max))]
+        if before:
+            rows.append((before, stats(before.times_ms)))
+        rows.append((tr, (t_med, t_min, t_max)))
+        for s, (med, lo, hi) in rows:
             print(f"| {s.name} | {len(s.times_ms)} | {med:.1f} | {lo:.1f} | {hi:.1f} "
                   f"| {rss(s.rss_kib)} | {s.hwm_kib / MIB:.1f} |")
         print(f"\nMedian ratio torchrun / ddprun: **{ratio:.1f}x**.\n")
+        if before:
+            print(f"Median ratio ddprun (before) / ddprun: "
+                  f"**{stats(before.times_ms)[0] / d_med:.2f}x** (`{before.argv[0]}`, timed "
+                  f"alternately with ddprun).\n")
         print("Commands timed:\n")
         print(f"- ddprun: `{' '.join(dd.argv)}`")
         print(f"- torchrun: `{' '.join(tr.argv)}`\n")
