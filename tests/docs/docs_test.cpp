@@ -313,7 +313,8 @@ const std::set<std::string> kForeignFlags = {
     // tests/fault's ddprun-fault (design.md#fault-injection)
     "--rounds", "--seed", "--round", "--faults", "--nproc", "--verbose",
     // bench/launch_bench.py and bench/rdzv_bench.py (benchmarks.md)
-    "--ddprun", "--runs", "--baseline-runs", "--markdown", "--reps", "--torch-reps", "--loss-reps",
+    "--ddprun", "--ddprun-before", "--runs", "--baseline-runs", "--markdown", "--reps",
+    "--torch-reps", "--loss-reps",
     // bench/rdzv_attack_bench.py, bench/rdzv_attacker.py, ddprun-rdzv-bench (benchmarks.md)
     "--mode", "--jobs", "--round-gap-ms", "--duration", "--warmup", "--rate", "--hold", "--repeats",
     // bench/recovery_bench.py and bench/python_launch_bench.py (benchmarks.md)
