@@ -327,7 +327,8 @@ const std::set<std::string> kForeignFlags = {
     "--flag", "--lr", "--epochs"};
 
 /// The man pages, relative to the source root.
-const std::vector<const char*> kManPages = {"docs/ddprun.1", "docs/ddprun-rdzvd.1"};
+const std::vector<const char*> kManPages = {"docs/ddprun.1", "docs/ddprun-rdzvd.1",
+                                            "docs/ddprun-snapshot.1"};
 
 /// Every "--flag" token inside inline code spans, code blocks and the man page.
 std::map<std::string, std::string> flags_named_in_docs() {

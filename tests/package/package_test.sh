@@ -48,7 +48,8 @@ contents)
     etc/default/ddprun-rdzvd
   )
   if [ "$sdk" = ON ]; then
-    expected+=(usr/bin/ddprun-snapshot usr/include/ddprun/sdk.h usr/include/ddprun/sdk/context.h
+    expected+=(usr/bin/ddprun-snapshot usr/share/man/man1/ddprun-snapshot.1.gz
+      usr/include/ddprun/sdk.h usr/include/ddprun/sdk/context.h
       "$lib/libddprun_sdk.a" "$lib/libddprun_sdk_core.a" "$lib/libddprun_common.a"
       "$lib/cmake/ddprun/ddprunConfig.cmake" "$lib/cmake/ddprun/ddprunConfigVersion.cmake"
       "$lib/cmake/ddprun/ddprunTargets.cmake" "$lib/pkgconfig/ddprun-sdk.pc")
