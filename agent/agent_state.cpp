@@ -303,15 +303,27 @@ class Stepper {
   void on(const TimerFired& e) {
     if (s_.phase == AgentPhase::Finished) return;
     switch (e.timer) {
-      case AgentTimer::StopDeadline:
+      case AgentTimer::StopDeadline: {
+        const long long ms =
+            std::chrono::duration_cast<std::chrono::milliseconds>(spec_.shutdown_timeout).count();
         if (observe(s_).running > 0)
-          log(LogLevel::Warn,
-              fmt::format(
-                  "workers still running {} ms after the stop signal: sending SIGKILL",
-                  std::chrono::duration_cast<std::chrono::milliseconds>(spec_.shutdown_timeout)
-                      .count()));
-        kill_remaining();
+          log(LogLevel::Warn, fmt::format("workers still running {} ms after the stop signal: "
+                                          "sending SIGKILL",
+                                          ms));
+        kill_hung(
+            running_pids(s_),
+            fmt::format("still running {} ms after the stop signal (--shutdown_timeout)", ms));
         return;
+      }
+      case AgentTimer::TracebackDeadline: {
+        std::vector<pid_t> still;
+        for (pid_t pid : s_.aborted)
+          for (const auto& w : s_.workers)
+            if (w.running && w.pid == pid) still.push_back(pid);
+        s_.aborted.clear();
+        if (!still.empty()) out_.push_back(SignalWorkers{std::move(still), SIGKILL, false});
+        return;
+      }
       case AgentTimer::Watchdog:
         if (s_.phase != AgentPhase::Running) return;
         check_watchdog();
@@ -489,9 +501,8 @@ class Stepper {
                             now_ + std::min(spec_.watchdog_timeout / 4, spec_.watchdog_tick)});
   }
 
-  /// A worker that reported progress once and then nothing for --watchdog_timeout is hung: it
-  /// gets SIGKILL at once (a stopped or deadlocked process would ignore SIGTERM) and its group
-  /// fails as if it had crashed.
+  /// A worker that reported progress once (a report, or a line of output) and then nothing for
+  /// --watchdog_timeout is hung: kill_hung ends it and its group fails as if it had crashed.
   void check_watchdog() {
     for (auto& w : s_.workers) {
       if (!w.running || w.hung || !w.last_progress) continue;
@@ -503,8 +514,27 @@ class Stepper {
                       w.placement.global_rank, w.placement.local_rank, w.pid,
                       std::chrono::duration_cast<std::chrono::milliseconds>(now_ - *w.last_progress)
                           .count()));
-      out_.push_back(SignalWorkers{{w.pid}, SIGKILL, false});
+      kill_hung(
+          {w.pid},
+          fmt::format("made no progress for {} ms (--watchdog_timeout)",
+                      std::chrono::duration_cast<std::chrono::milliseconds>(spec_.watchdog_timeout)
+                          .count()));
     }
+  }
+
+  /// Hung workers: their stacks first, then SIGKILL (a stopped or deadlocked process would
+  /// ignore SIGTERM); Python workers get SIGABRT first, which prints their tracebacks
+  /// (PYTHONFAULTHANDLER=1), and SIGKILL once the grace has passed.
+  void kill_hung(std::vector<pid_t> pids, std::string why) {
+    if (pids.empty()) return;
+    out_.push_back(DumpStacks{pids, std::move(why)});
+    if (!spec_.python_tracebacks) {
+      out_.push_back(SignalWorkers{std::move(pids), SIGKILL, false});
+      return;
+    }
+    s_.aborted.insert(s_.aborted.end(), pids.begin(), pids.end());
+    out_.push_back(SignalWorkers{std::move(pids), SIGABRT, true});
+    out_.push_back(ArmTimer{AgentTimer::TracebackDeadline, now_ + spec_.traceback_grace});
   }
 
   /// Once nothing runs or drains: act on what is pending.

@@ -113,6 +113,8 @@ struct WorkerSlot {
 enum class AgentTimer {
   StopDeadline,  ///< --shutdown_timeout after the stop signal: SIGKILL what still runs
   Watchdog,      ///< the next look for workers that stopped reporting progress
+  /// --traceback_grace after SIGABRT to hung Python workers: SIGKILL what still runs.
+  TracebackDeadline,
 };
 
 struct AgentState {
@@ -139,6 +141,8 @@ struct AgentState {
   int pending_signal = 0;
   /// SIGUSR1 arrived: workers started from now on get DDPRUN_CHECKPOINT_REQUESTED=1.
   bool checkpoint_requested = false;
+  /// Hung Python workers sent SIGABRT (their tracebacks), SIGKILLed at TracebackDeadline.
+  std::vector<pid_t> aborted;
   /// What the rendezvous said between rounds, acted on once nothing runs.
   std::optional<rdzv::Restart> restart;
   std::optional<rdzv::Closed> closed;
@@ -153,6 +157,10 @@ struct AgentSpec {
   Duration shutdown_timeout = std::chrono::seconds(30);
   Duration watchdog_timeout{0};  ///< 0: off
   Duration watchdog_tick = std::chrono::seconds(1);
+  /// Python workers (PYTHONFAULTHANDLER=1): a hung one gets SIGABRT, which makes it print every
+  /// thread's traceback, and SIGKILL only after traceback_grace.
+  bool python_tracebacks = false;
+  Duration traceback_grace = std::chrono::seconds(2);
   std::string host;  ///< this node, as failure descriptions name it
 };
 
@@ -259,6 +267,11 @@ struct Log {
   LogLevel level = LogLevel::Info;
   std::string text;
 };
+/// Record where each thread of these hung workers is (native stacks) before they are killed.
+struct DumpStacks {
+  std::vector<pid_t> pids;
+  std::string why;  ///< "made no progress for 2000 ms (--watchdog_timeout)"
+};
 /// The group started: start standbys for the next restart a while from now.
 struct ScheduleStandbys {};
 /// The job failed: print the failure report of this node's recorded failures.
@@ -272,7 +285,7 @@ struct Finish {
 
 using AgentEffect =
     std::variant<JoinRound, PrepareGroup, LaunchWorker, SignalWorkers, RecordFailure, ReportFailure,
-                 ReportSuccess, Leave, Drain, ArmTimer, CancelTimer, EmitEvent, Log,
+                 ReportSuccess, Leave, Drain, ArmTimer, CancelTimer, EmitEvent, Log, DumpStacks,
                  ScheduleStandbys, ReportJobFailure, Finish>;
 
 /// Applies `event` at time `now` to `state` (in place: a group may have thousands of slots)

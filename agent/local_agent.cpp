@@ -20,6 +20,7 @@
 #include "agent/agent_state.h"
 #include "agent/event_log.h"
 #include "agent/failure_report.h"
+#include "agent/stack_dump.h"
 #include "agent/standby_supply.h"
 #include "agent/worker_command.h"
 #include "agent/worker_reports.h"
@@ -35,6 +36,9 @@ namespace {
 /// How long output of an ended group may still arrive (e.g. from a grandchild) before the
 /// agent stops reading it.
 constexpr std::chrono::milliseconds kDrainTimeout{2000};
+/// Hang forensics: at most this long per worker's native stacks, and in all.
+constexpr std::chrono::milliseconds kStackTimeout{5000};
+constexpr std::chrono::milliseconds kStackBudget{15000};
 
 /// What the executor keeps of one worker besides its slot in AgentState (by local rank).
 struct WorkerFiles {
@@ -56,6 +60,7 @@ class LocalAgent::Impl {
         signals_(io),
         stop_timer_(io),
         watchdog_timer_(io),
+        traceback_timer_(io),
         reports_(io),
         output_(io, clock_, opt_.output, [this](const LogWriteFailure& f) { on_log_failure(f); }),
         standbys_(io, launcher, clock_, standby_settings(),
@@ -66,6 +71,7 @@ class LocalAgent::Impl {
     spec_.max_restarts = opt_.spec.max_restarts;
     spec_.shutdown_timeout = opt_.spec.shutdown_timeout;
     spec_.watchdog_timeout = opt_.watchdog_timeout;
+    spec_.python_tracebacks = !opt_.interpreter_origin.empty();
     spec_.host = rdzv::local_host_name();
   }
 
@@ -96,6 +102,12 @@ class LocalAgent::Impl {
         spdlog::warn("{}", why->message);
     }
     if (reports_.path().empty()) spec_.watchdog_timeout = Duration{0};  // nothing to watch
+    // A line of output is progress too: a Python script without the SDK reports none.
+    if (spec_.watchdog_timeout.count() > 0)
+      output_.on_line([this](int local_rank) {
+        if (auto slot = slot_of_report(state_, std::nullopt, local_rank))
+          apply(ProgressReported{*slot});
+      });
     install_signals();
     rdzv_.set_notice_handler([this](rdzv::Notice n) { apply(NoticeReceived{std::move(n)}); });
     const bool zygote = standbys_.start_zygote([this](bool ready) { apply(ZygoteSettled{ready}); });
@@ -215,6 +227,35 @@ class LocalAgent::Impl {
     spdlog::log(kLevels[static_cast<int>(e.level)], "{}", e.text);
   }
 
+  /// Native stacks of hung workers, in ddprun's log and the event log, before they are killed;
+  /// bounded (kStackBudget in all) since the event loop waits meanwhile.
+  void execute(const DumpStacks& e) {
+    const auto until = std::chrono::steady_clock::now() + kStackBudget;
+    for (pid_t pid : e.pids) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          until - std::chrono::steady_clock::now());
+      const WorkerSlot* w = slot_by_pid(pid);
+      if (w == nullptr) continue;
+      const std::string stacks = left.count() > 0
+                                     ? native_stacks(pid, std::min(left, kStackTimeout))
+                                     : "(no time left for native stacks)\n";
+      spdlog::warn("native stacks of worker rank {} (local rank {}, pid {}), {}:\n{}",
+                   w->placement.global_rank, w->placement.local_rank, pid, e.why, stacks);
+      emit("stacks_dumped", {{"rank", w->placement.global_rank},
+                             {"local_rank", w->placement.local_rank},
+                             {"pid", pid},
+                             {"why", e.why},
+                             {"native", stacks},
+                             {"python_traceback", spec_.python_tracebacks}});
+    }
+  }
+
+  const WorkerSlot* slot_by_pid(pid_t pid) const {
+    for (const auto& w : state_.workers)
+      if (w.pid == pid) return &w;
+    return nullptr;
+  }
+
   void execute(const ScheduleStandbys&) { standbys_.schedule(executable_); }
 
   void execute(const ReportJobFailure& e) {
@@ -238,7 +279,15 @@ class LocalAgent::Impl {
   void execute(const Finish& e) { finish(e.code); }
 
   asio::steady_timer& timer_for(AgentTimer timer) {
-    return timer == AgentTimer::StopDeadline ? stop_timer_ : watchdog_timer_;
+    switch (timer) {
+      case AgentTimer::StopDeadline:
+        return stop_timer_;
+      case AgentTimer::Watchdog:
+        return watchdog_timer_;
+      case AgentTimer::TracebackDeadline:
+        break;
+    }
+    return traceback_timer_;
   }
 
   // ---- set-up -----------------------------------------------------------------------------
@@ -397,6 +446,7 @@ class LocalAgent::Impl {
     emit("job_end", end);
     stop_timer_.cancel();
     watchdog_timer_.cancel();
+    traceback_timer_.cancel();
     standbys_.stop();
     reports_.close();
     const std::vector<pid_t> running = running_pids(state_);
@@ -423,6 +473,7 @@ class LocalAgent::Impl {
   asio::signal_set signals_;
   asio::steady_timer stop_timer_;
   asio::steady_timer watchdog_timer_;
+  asio::steady_timer traceback_timer_;
   ReportSocket reports_;
   EventLog events_;
   WorkerOutput output_;

@@ -88,7 +88,8 @@ struct OutputStream {
   std::string prefix;
   /// With --dedup_output: where console lines go instead of straight to console_fd.
   std::function<void(int fd, const std::string& line)> dedup;
-  int file_fd = -1;  ///< -1: not written to a file
+  std::function<void()> printed;  ///< called after each chunk of whole lines
+  int file_fd = -1;               ///< -1: not written to a file
   std::string file_path;
   std::shared_ptr<FilteredLog> filtered;  ///< null: no --duplicate_*_filters
   bool saw_missing_torch = false;         ///< a line said "No module named 'torch'"
@@ -99,6 +100,7 @@ struct OutputStream {
   /// True when this call saw the first failed write to the file (to be reported once).
   bool emit(const std::vector<std::string>& done) {
     bool first_failure = false;
+    if (!done.empty() && printed) printed();
     for (const auto& line : done) {
       if (console_fd >= 0 && dedup)
         dedup(console_fd, line);
@@ -218,6 +220,7 @@ struct WorkerOutput::Impl {
     s->prefix = console_prefix(settings.prefix_template, settings.role, placement.global_rank,
                                placement.local_rank);
     s->filtered = which == StdStreams::Out ? filtered_out : filtered_err;
+    if (on_line) s->printed = [this, rank = placement.local_rank] { on_line(rank); };
     if (dedup)
       s->dedup = [this, placement](int fd, const std::string& line) {
         show(dedup->offer(fd, placement.global_rank, placement.local_rank, line, clock.now()));
@@ -284,6 +287,7 @@ struct WorkerOutput::Impl {
   const common::Clock& clock;
   OutputSettings settings;
   std::function<void(const LogWriteFailure&)> on_log_failure;
+  std::function<void(int)> on_line;
   asio::steady_timer drain_timer;
   asio::steady_timer dedup_timer;
   std::optional<LineDedup> dedup;  ///< --dedup_output
@@ -337,6 +341,10 @@ void WorkerOutput::close_all() {
   impl_->drain_timer.cancel();
   impl_->close_open();
   impl_->flush_dedup();
+}
+
+void WorkerOutput::on_line(std::function<void(int local_rank)> line) {
+  impl_->on_line = std::move(line);
 }
 
 bool WorkerOutput::saw_missing_torch() const {

@@ -117,6 +117,10 @@ class WorkerOutput {
   /// Closes every pipe and file now (the job is over).
   void close_all();
 
+  /// Calls `line(local_rank)` for each chunk of whole lines a worker prints (progress, for the
+  /// watchdog).
+  void on_line(std::function<void(int local_rank)> line);
+
   /// A worker of this group printed "No module named 'torch'".
   bool saw_missing_torch() const;
   /// What could not be written to log files in the whole job.

@@ -115,8 +115,9 @@ constexpr OptionSpec kOptions[] = {
     {"signals_to_handle", "", false, "SIG,...", kDefaultSignals, kSupervision,
      "Signals that make ddprun stop its workers and exit (default SIGTERM,SIGINT,SIGHUP,SIGQUIT)."},
     {"watchdog_timeout", "", false, "SECONDS", "0", kSupervision,
-     "Kill a worker as hung when it reported progress through the ddprun SDK and then nothing "
-     "for this long; its group fails like a crash (default 0: off)."},
+     "Kill a worker as hung when it made progress (a report through the ddprun SDK, or a line "
+     "of output) and then none for this long, after logging its stacks; its group fails like "
+     "a crash (default 0: off)."},
     {"standby_workers", "", true, "[=off|on|auto]", "", kSupervision,
      "Keep a standby process per local rank, with the program loaded (a Python script's: "
      "torch and its imports, forked from one interpreter per node that also starts the first "

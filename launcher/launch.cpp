@@ -380,6 +380,10 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
     opt.output.prefix_template = tmpl->second;
   opt.signals_to_handle = config.signals_to_handle;
   opt.agent_env = env;
+  // Python workers print every thread's traceback on a fatal signal, and on the SIGABRT the
+  // agent sends a hung one before it kills it (docs/operations.md#hang-forensics). A value the
+  // user set (even "") is kept.
+  if (!opt.interpreter_origin.empty()) opt.agent_env.emplace("PYTHONFAULTHANDLER", "1");
   opt.event_log = config.event_log;
   opt.node_name = config.local_addr.empty() ? rdzv::local_host_name() : config.local_addr;
   opt.watchdog_timeout =

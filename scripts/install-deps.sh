@@ -11,6 +11,7 @@ packages=(
   procps iproute2 time clang-format groff-base man-db clang-14 libclang-rt-14-dev
   systemd dpkg-dev
   prometheus-cpp-dev prometheus chromium
+  elfutils gdb
   slurmctld slurmd slurm-client munge
   etcd-server etcd-client
 )

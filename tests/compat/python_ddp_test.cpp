@@ -1,5 +1,6 @@
 // An unmodified PyTorch DDP script (Gloo, Debian's python3-torch) under ddprun.
 #include <catch2/catch.hpp>
+#include <csignal>
 #include <regex>
 
 #include "tests/support/subprocess.h"
@@ -83,4 +84,23 @@ TEST_CASE("a restarted DDP job resumes from its snapshot and finishes", "[python
   CHECK(r.err.find("restarting workers: restart 1 of 1") != std::string::npos);
   CHECK(r.out.find("[default0]:Resuming training from snapshot at Epoch 2") != std::string::npos);
   CHECK(r.out.find("[default1]:rank 1: parameters identical to rank 0: True") != std::string::npos);
+}
+
+TEST_CASE("a hung Python worker prints where it is before the watchdog kills it",
+          "[python][integration]") {
+  require_torch();
+  // Fresh interpreters and forks of the zygote alike: both must print.
+  for (const char* standbys : {"--standby_workers=off", "--standby_workers=auto"}) {
+    auto r = run_command_diagnosed(
+        {DDPRUN_BIN, "--standalone", "--nproc_per_node", "2", "--watchdog_timeout", "1", standbys,
+         std::string(DDPRUN_SOURCE_DIR) + "/tests/compat/scripts/hang_in_function.py"},
+        {{"PYTHON_EXEC", "/usr/bin/python3"}}, std::chrono::seconds(120));
+    INFO(standbys << "\n" << r.out << r.err);
+    CHECK(r.exit_code == 128 + SIGABRT);
+    CHECK(r.err.find("native stacks of worker rank ") != std::string::npos);
+    // The first rank judged hung prints; the other may be stopped by the group's SIGTERM first.
+    CHECK(std::regex_search(r.err, std::regex(R"(\[default[01]\]:Fatal Python error: Aborted)")));
+    CHECK(r.err.find("/tests/compat/scripts/hang_in_function.py\", line 11 in "
+                     "stuck_in_a_collective") != std::string::npos);
+  }
 }

@@ -81,6 +81,25 @@ TEST_CASE("the watchdog's failure report says the worker was hung", "[integratio
   CHECK(contains(r.err, "killed by the watchdog (--watchdog_timeout)"));
 }
 
+TEST_CASE("a hung worker's native stacks are in the log and the event log before it is killed",
+          "[integration][events]") {
+  TempDir dir;
+  const std::string log = dir.path() + "/events.jsonl";
+  auto r = run_command(
+      ddprun_fake({"--nproc_per_node", "1", "--watchdog_timeout", "0.3", "--event_log", log},
+                  {"report=heartbeat", "hang"}),
+      {}, kJobLimit);
+  INFO(r.err);
+  CHECK(r.exit_code == 128 + SIGKILL);
+  CHECK(contains(r.err, "native stacks of worker rank 0 (local rank 0, pid "));
+  CHECK(contains(r.err, "made no progress for 300 ms (--watchdog_timeout):"));
+  // eu-stack names the frames: the worker sleeps in main.
+  CHECK(contains(r.err, " main"));
+  const std::string events = read_file(log);
+  CHECK(contains(events, "\"event\":\"stacks_dumped\""));
+  CHECK(events.find("stacks_dumped") < events.find("failure_detected"));
+}
+
 TEST_CASE("a worker that never reports is never touched by the watchdog", "[integration][events]") {
   auto r = run_command(
       ddprun_fake({"--nproc_per_node", "1", "--watchdog_timeout", "0.2"}, {"sleep=800", "exit=0"}),

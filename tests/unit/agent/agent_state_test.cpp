@@ -560,3 +560,67 @@ TEST_CASE("agent: reports find their worker by pid or by running local rank", "[
   CHECK_FALSE(slot_of_report(a.state, std::nullopt, 1));
   CHECK(slot_of_report(a.state, pids[1], 1) == 1u);  // a last report read after the exit
 }
+
+TEST_CASE("agent: a hung worker's stacks are taken before it is killed", "[agent][unit]") {
+  Agent a(2);
+  a.spec.watchdog_timeout = 2s;
+  auto pids = a.running_group();
+  a.on(ProgressReported{1});
+  a.now += 2s;
+  a.on(TimerFired{AgentTimer::Watchdog});
+  REQUIRE(a.last.size() >= 3);
+  const auto dump = a.effects<DumpStacks>().at(0);
+  CHECK(dump.pids == std::vector<pid_t>{pids[1]});
+  CHECK(dump.why == "made no progress for 2000 ms (--watchdog_timeout)");
+  // The dump comes before the SIGKILL.
+  size_t dump_at = 0;
+  size_t kill_at = 0;
+  for (size_t i = 0; i < a.last.size(); ++i) {
+    if (std::holds_alternative<DumpStacks>(a.last[i])) dump_at = i;
+    if (std::holds_alternative<SignalWorkers>(a.last[i])) kill_at = i;
+  }
+  CHECK(dump_at < kill_at);
+  CHECK(a.effects<SignalWorkers>().at(0).sig == SIGKILL);
+}
+
+TEST_CASE("agent: workers still running at the stop deadline have their stacks taken",
+          "[agent][unit]") {
+  Agent a(2);
+  auto pids = a.running_group();
+  a.on(WorkerExited{pids[0], {1, 0}, false});
+  a.on(TimerFired{AgentTimer::StopDeadline});
+  CHECK(a.effects<DumpStacks>().at(0).pids == std::vector<pid_t>{pids[1]});
+  CHECK(a.effects<DumpStacks>().at(0).why ==
+        "still running 5000 ms after the stop signal (--shutdown_timeout)");
+  CHECK(a.effects<SignalWorkers>().at(0).sig == SIGKILL);
+}
+
+TEST_CASE("agent: a hung Python worker gets SIGABRT for its traceback and SIGKILL after the grace",
+          "[agent][unit]") {
+  Agent a(2);
+  a.spec.python_tracebacks = true;
+  a.spec.watchdog_timeout = 2s;
+  auto pids = a.running_group();
+  a.on(ProgressReported{0});
+  a.now += 3s;
+  a.on(TimerFired{AgentTimer::Watchdog});
+  CHECK(a.has<DumpStacks>());
+  const auto abort = a.effects<SignalWorkers>().at(0);
+  CHECK(abort.pids == std::vector<pid_t>{pids[0]});
+  CHECK(abort.sig == SIGABRT);
+  CHECK(abort.then_continue);  // a stopped worker must run to print
+  const auto grace = a.effects<ArmTimer>();
+  REQUIRE(grace.size() == 2);  // the traceback deadline and the next watchdog look
+  CHECK(grace[0].timer == AgentTimer::TracebackDeadline);
+  CHECK(grace[0].at == a.now + 2s);
+  SECTION("it printed and died of the SIGABRT: nothing left to kill") {
+    a.on(WorkerExited{pids[0], {0, SIGABRT}, false});
+    a.on(TimerFired{AgentTimer::TracebackDeadline});
+    CHECK_FALSE(a.has<SignalWorkers>());
+  }
+  SECTION("it is still running at the deadline: SIGKILL") {
+    a.on(TimerFired{AgentTimer::TracebackDeadline});
+    CHECK(a.effects<SignalWorkers>().at(0).pids == std::vector<pid_t>{pids[0]});
+    CHECK(a.effects<SignalWorkers>().at(0).sig == SIGKILL);
+  }
+}
