@@ -153,7 +153,8 @@ TEST_CASE("a rank handed to a Python standby sees what a freshly started rank se
     CHECK(p["signals"]["SIGUSR1"] == "SIG_IGN");
     CHECK(p["signals"]["SIGUSR2"] == "SIG_IGN");
     CHECK(p["signals"]["SIGTERM"] == "SIG_DFL");
-    CHECK(p["faulthandler"] == false);
+    // ddprun exports PYTHONFAULTHANDLER=1 (hang forensics): fresh and forked alike.
+    CHECK(p["faulthandler"] == true);
     CHECK(p["cuda_initialized"] == false);
     CHECK(p["debug_level"] == "DebugLevel.INFO");
     CHECK(p["env"]["NCCL_DEBUG"] == "WARN");
