@@ -6,6 +6,7 @@
 #include <regex>
 #include <string>
 
+#include "tests/compat/compat_support.h"
 #include "tests/support/subprocess.h"
 
 using namespace ddprun::testing;
@@ -13,15 +14,6 @@ using namespace ddprun::testing;
 namespace {
 
 const std::string kScripts = std::string(DDPRUN_SOURCE_DIR) + "/tests/compat/scripts/";
-const std::map<std::string, std::string> kPython = {{"PYTHON_EXEC", "/usr/bin/python3"},
-                                                    {"PYTHONFAULTHANDLER", "1"}};
-
-void require_torch() {
-  auto probe = run_command({"/usr/bin/python3", "-c", "import torch.distributed"}, {},
-                           std::chrono::seconds(60));
-  INFO("Debian's python3-torch is needed: run scripts/install-deps.sh\n" << probe.err);
-  REQUIRE(probe.exit_code == 0);
-}
 
 /// The store alone, on a free port of 127.0.0.1.
 struct StandaloneStore {

@@ -3,6 +3,7 @@
 #include <csignal>
 #include <regex>
 
+#include "tests/compat/compat_support.h"
 #include "tests/support/subprocess.h"
 
 using namespace ddprun::testing;
@@ -10,16 +11,6 @@ using namespace ddprun::testing;
 namespace {
 
 const std::string kScript = std::string(DDPRUN_SOURCE_DIR) + "/examples/ddp_train.py";
-// PYTHONFAULTHANDLER: a worker that hangs prints its stacks when the test gives up on it.
-const std::map<std::string, std::string> kPython = {{"PYTHON_EXEC", "/usr/bin/python3"},
-                                                    {"PYTHONFAULTHANDLER", "1"}};
-
-void require_torch() {
-  auto probe = run_command({"/usr/bin/python3", "-c", "import torch.distributed"}, {},
-                           std::chrono::seconds(60));
-  INFO("Debian's python3-torch is needed: run scripts/install-deps.sh\n" << probe.err);
-  REQUIRE(probe.exit_code == 0);
-}
 
 }  // namespace
 

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "tests/compat/compat_support.h"
 #include "tests/support/polling.h"
 #include "tests/support/subprocess.h"
 
@@ -17,13 +18,6 @@ namespace {
 const std::string kScripts = std::string(DDPRUN_SOURCE_DIR) + "/tests/compat/scripts";
 const std::string kProbe = kScripts + "/standby_probe.py";
 constexpr std::chrono::seconds kLimit{240};
-
-void require_torch() {
-  auto probe = run_command({"/usr/bin/python3", "-c", "import torch.distributed"}, {},
-                           std::chrono::seconds(60));
-  INFO("Debian's python3-torch is needed: run scripts/install-deps.sh\n" << probe.err);
-  REQUIRE(probe.exit_code == 0);
-}
 
 /// ddprun, 2 workers, one restart allowed; the script's rank 1 fails on the first attempt
 /// (once the standbys wait, when there are standbys: env_for).
