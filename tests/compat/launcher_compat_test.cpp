@@ -1,0 +1,143 @@
+// What PyTorch's launcher tests check of torchrun, checked of ddprun with a script of our own
+// (tests/compat/scripts/launcher_checks.py) and Debian's torch 1.13: one file per rank, the
+// init methods, is_torchelastic_launched, -m and --no_python, two elastic agents, log capture
+// with --redirects and --tee together, and @record failures.
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "rendezvous/free_port.h"
+#include "tests/compat/compat_support.h"
+#include "tests/support/subprocess.h"
+
+using namespace ddprun::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kScripts = std::string(DDPRUN_SOURCE_DIR) + "/tests/compat/scripts";
+const std::string kChecks = kScripts + "/launcher_checks.py";
+constexpr std::chrono::seconds kLimit{180};
+
+/// ddprun, then `launcher` flags, then the program and its arguments.
+std::vector<std::string> ddprun_cmd(std::vector<std::string> launcher,
+                                    const std::vector<std::string>& program) {
+  launcher.insert(launcher.begin(), DDPRUN_BIN);
+  launcher.insert(launcher.end(), program.begin(), program.end());
+  return launcher;
+}
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+/// The ranks that left their file in `dir`.
+bool touched(const std::string& dir, int ranks) {
+  for (int rank = 0; rank < ranks; ++rank)
+    if (!fs::exists(dir + "/" + std::to_string(rank))) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("every rank runs once through each init method and knows it was launched",
+          "[python][integration]") {
+  require_torch();
+  for (const char* init : {"env://", "tcp://", "file://"}) {
+    TempDir dir;
+    auto r = run_command_diagnosed(
+        ddprun_cmd({"--standalone", "--nproc_per_node", "2", "--standby_workers=off"},
+                   {kChecks, "--touch_dir", dir.path(), "--init_method", init}),
+        kPython, kLimit);
+    INFO(init << "\n" << r.out << r.err);
+    CHECK(r.exit_code == 0);
+    CHECK(count_of(r.out, "launched=True") == 2);
+    CHECK(count_of(r.out, "sum=3") == 2);
+    CHECK(touched(dir.path(), 2));
+  }
+}
+
+TEST_CASE("the script runs as a module with -m and as a command with --no_python",
+          "[python][integration]") {
+  require_torch();
+  TempDir module_dir;
+  auto as_module = run_command_diagnosed(
+      ddprun_cmd({"--standalone", "--nproc_per_node", "2", "-m"},
+                 {"launcher_checks", "--touch_dir", module_dir.path()}),
+      {{"PYTHON_EXEC", "/usr/bin/python3"}, {"PYTHONPATH", kScripts}}, kLimit);
+  INFO(as_module.out << as_module.err);
+  CHECK(as_module.exit_code == 0);
+  CHECK(touched(module_dir.path(), 2));
+  TempDir command_dir;
+  auto as_command = run_command_diagnosed(
+      ddprun_cmd({"--standalone", "--nproc_per_node", "2", "--no_python"},
+                 {"/usr/bin/python3", kChecks, "--touch_dir", command_dir.path()}),
+      kPython, kLimit);
+  INFO(as_command.out << as_command.err);
+  CHECK(as_command.exit_code == 0);
+  CHECK(count_of(as_command.out, "launched=True") == 2);
+  CHECK(touched(command_dir.path(), 2));
+}
+
+TEST_CASE("two elastic agents form one job of four ranks", "[python][integration]") {
+  require_torch();
+  TempDir dir;
+  auto port = ddprun::rdzv::find_free_port("127.0.0.1");
+  REQUIRE(std::holds_alternative<int>(port));
+  const std::vector<std::string> flags = {
+      "--nnodes",         "1:2",
+      "--nproc_per_node", "2",
+      "--rdzv_backend",   "c10d",
+      "--rdzv_endpoint",  "127.0.0.1:" + std::to_string(std::get<int>(port)),
+      "--rdzv_id",        "compat-two-agents",
+      "--rdzv_conf",      "last_call_timeout=30,join_timeout=120"};
+  Subprocess first(ddprun_cmd(flags, {kChecks, "--touch_dir", dir.path()}), kPython);
+  auto second = run_command_diagnosed(ddprun_cmd(flags, {kChecks, "--touch_dir", dir.path()}),
+                                      kPython, kLimit);
+  auto first_done = first.wait(kLimit);
+  INFO(first_done.out << first_done.err << second.out << second.err);
+  CHECK(first_done.exit_code == 0);
+  CHECK(second.exit_code == 0);
+  CHECK(count_of(first_done.out + second.out, "of 4: sum=10") == 4);
+  CHECK(touched(dir.path(), 4));
+}
+
+TEST_CASE("with --redirects and --tee together the lines stay on the console and in the files",
+          "[python][integration]") {
+  require_torch();
+  TempDir dir;
+  TempDir logs;
+  auto r = run_command_diagnosed(ddprun_cmd({"--standalone", "--nproc_per_node", "2", "--redirects",
+                                             "3", "--tee", "3", "--log_dir", logs.path()},
+                                            {kChecks, "--touch_dir", dir.path()}),
+                                 kPython, kLimit);
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("[default1]:rank 1 of 2: sum=3") != std::string::npos);
+  // --standalone gives the run a random id: the run's directory is the only one.
+  std::vector<std::string> runs;
+  for (const auto& entry : fs::directory_iterator(logs.path())) runs.push_back(entry.path());
+  REQUIRE(runs.size() == 1);
+  const std::string& run_dir = runs.front();
+  CHECK(read_file(run_dir + "/attempt_0/1/stdout.log").find("rank 1 of 2: sum=3") !=
+        std::string::npos);
+}
+
+TEST_CASE("a rank that fails under @record is named with its exception", "[python][integration]") {
+  require_torch();
+  TempDir dir;
+  auto r = run_command_diagnosed(
+      ddprun_cmd({"--standalone", "--nproc_per_node", "2", "--standby_workers=off"},
+                 {kChecks, "--touch_dir", dir.path(), "--fail_rank", "1"}),
+      kPython, kLimit);
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 1);
+  CHECK(r.err.find("launcher_checks.py FAILED") != std::string::npos);
+  CHECK(r.err.find("rank      : 1 (local_rank: 1)") != std::string::npos);
+  CHECK(r.err.find("RuntimeError: rank 1 fails on purpose") != std::string::npos);
+  CHECK(fs::exists(dir.path() + "/0"));
+  CHECK_FALSE(fs::exists(dir.path() + "/1"));
+}
