@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "agent/error_file.h"
+#include "common/fd_write.h"
 #include "common/signals.h"
 
 namespace ddprun::agent {
@@ -175,17 +176,7 @@ void copy_root_cause_for_parent(const ProcessFailure& root, const std::string& p
 }
 
 void print_job_failure(const std::vector<ProcessFailure>& failures, const FailureReportContext& c) {
-  auto write_stderr = [](const std::string& text) {
-    const char* p = text.data();
-    size_t left = text.size();
-    while (left > 0) {
-      const ssize_t n = ::write(STDERR_FILENO, p, left);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return;
-      p += n;
-      left -= static_cast<size_t>(n);
-    }
-  };
+  auto write_stderr = [](const std::string& text) { common::write_all(STDERR_FILENO, text); };
   write_stderr(format_failure_report(c.script, c.host, failures, c.restarts_used, c.max_restarts,
                                      c.log_loss));
   if (!c.parent_error_file.empty() && !failures.empty())

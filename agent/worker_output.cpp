@@ -18,6 +18,7 @@
 
 #include "agent/line_buffer.h"
 #include "agent/line_dedup.h"
+#include "common/fd_write.h"
 
 namespace ddprun::agent {
 namespace asio = boost::asio;
@@ -25,23 +26,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-/// Writes all of `data`; returns the errno of a failed write (0: all written) and sets `lost`
-/// to the bytes not written.
-int write_all(int fd, const std::string& data, size_t* lost = nullptr) {
-  const char* p = data.data();
-  size_t left = data.size();
-  while (left > 0) {
-    ssize_t n = ::write(fd, p, left);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (lost != nullptr) *lost = left;
-      return errno;  // console gone (EPIPE), disk full (ENOSPC), file too large (EFBIG)
-    }
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-  return 0;
-}
+using common::write_all;
 
 /// filtered_stdout.log or filtered_stderr.log of one attempt, shared by every worker's stream:
 /// the lines containing any of the needles (--duplicate_stdout_filters).
