@@ -116,6 +116,8 @@ enum class AgentTimer {
   /// --traceback_grace after SIGABRT to hung Python workers: SIGKILL what still runs.
   TracebackDeadline,
 };
+/// How many AgentTimer values there are (the executor keeps one timer each).
+inline constexpr size_t kAgentTimers = 3;
 
 struct AgentState {
   AgentPhase phase = AgentPhase::Rendezvous;

@@ -1,14 +1,11 @@
 #include "agent/local_agent.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
+#include <array>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <cerrno>
 #include <csignal>
 #include <cstring>
 #include <deque>
@@ -18,6 +15,7 @@
 
 #include "agent/agent_signals.h"
 #include "agent/agent_state.h"
+#include "agent/attempt_plan.h"
 #include "agent/event_log.h"
 #include "agent/failure_report.h"
 #include "agent/stack_dump.h"
@@ -36,9 +34,6 @@ namespace {
 /// How long output of an ended group may still arrive (e.g. from a grandchild) before the
 /// agent stops reading it.
 constexpr std::chrono::milliseconds kDrainTimeout{2000};
-/// Hang forensics: at most this long per worker's native stacks, and in all.
-constexpr std::chrono::milliseconds kStackTimeout{5000};
-constexpr std::chrono::milliseconds kStackBudget{15000};
 
 /// What the executor keeps of one worker besides its slot in AgentState (by local rank).
 struct WorkerFiles {
@@ -58,9 +53,7 @@ class LocalAgent::Impl {
         rdzv_(rdzv),
         launcher_(launcher),
         signals_(io),
-        stop_timer_(io),
-        watchdog_timer_(io),
-        traceback_timer_(io),
+        timers_{asio::steady_timer(io), asio::steady_timer(io), asio::steady_timer(io)},
         reports_(io),
         output_(io, clock_, opt_.output, [this](const LogWriteFailure& f) { on_log_failure(f); }),
         standbys_(io, launcher, clock_, standby_settings(),
@@ -227,36 +220,19 @@ class LocalAgent::Impl {
     spdlog::log(kLevels[static_cast<int>(e.level)], "{}", e.text);
   }
 
-  /// Native stacks of hung workers, in ddprun's log and the event log, before they are killed;
-  /// bounded (kStackBudget in all) since the event loop waits meanwhile.
+  /// Native stacks of hung workers, in ddprun's log and the event log, before they are killed.
   void execute(const DumpStacks& e) {
-    const auto until = std::chrono::steady_clock::now() + kStackBudget;
-    for (pid_t pid : e.pids) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          until - std::chrono::steady_clock::now());
-      const WorkerSlot* w = slot_by_pid(pid);
-      if (w == nullptr) continue;
-      const std::string stacks = left.count() > 0
-                                     ? native_stacks(pid, std::min(left, kStackTimeout))
-                                     : "(no time left for native stacks)\n";
-      spdlog::warn("native stacks of worker rank {} (local rank {}, pid {}), {}:\n{}",
-                   w->placement.global_rank, w->placement.local_rank, pid, e.why, stacks);
-      emit("stacks_dumped", {{"rank", w->placement.global_rank},
-                             {"local_rank", w->placement.local_rank},
-                             {"pid", pid},
-                             {"why", e.why},
-                             {"native", stacks},
-                             {"python_traceback", spec_.python_tracebacks}});
+    std::vector<StackTarget> targets;
+    for (const auto& w : state_.workers)
+      if (std::find(e.pids.begin(), e.pids.end(), w.pid) != e.pids.end())
+        targets.push_back({w.pid, w.placement.global_rank, w.placement.local_rank});
+    for (nlohmann::json& fields : log_native_stacks(targets, e.why)) {
+      fields["python_traceback"] = spec_.python_tracebacks;
+      emit("stacks_dumped", fields);
     }
   }
 
-  const WorkerSlot* slot_by_pid(pid_t pid) const {
-    for (const auto& w : state_.workers)
-      if (w.pid == pid) return &w;
-    return nullptr;
-  }
-
-  void execute(const ScheduleStandbys&) { standbys_.schedule(executable_); }
+  void execute(const ScheduleStandbys&) { standbys_.schedule(attempt_.executable); }
 
   void execute(const ReportJobFailure& e) {
     if (failures_.empty())
@@ -278,17 +254,7 @@ class LocalAgent::Impl {
 
   void execute(const Finish& e) { finish(e.code); }
 
-  asio::steady_timer& timer_for(AgentTimer timer) {
-    switch (timer) {
-      case AgentTimer::StopDeadline:
-        return stop_timer_;
-      case AgentTimer::Watchdog:
-        return watchdog_timer_;
-      case AgentTimer::TracebackDeadline:
-        break;
-    }
-    return traceback_timer_;
-  }
+  asio::steady_timer& timer_for(AgentTimer timer) { return timers_[static_cast<size_t>(timer)]; }
 
   // ---- set-up -----------------------------------------------------------------------------
 
@@ -352,50 +318,32 @@ class LocalAgent::Impl {
   /// The attempt's directories and environments, and the standbys handed over.
   void prepare_group() {
     ++generation_;
-    const rdzv::RendezvousInfo& round = state_.round;
-    attempt_dir_ = log_root_ / ("attempt_" + std::to_string(state_.restart_count));
-    std::error_code ec;
-    fs::remove_all(attempt_dir_, ec);  // a stale error.json must not be blamed on this attempt
     failures_.clear();
     files_.clear();
-    output_.begin_group(attempt_dir_);
-    const std::string path_env = search_path(opt_.agent_env);
-    executable_ = resolve_executable(opt_.spec.argv.front(), path_env);
-    if (executable_.empty())
-      missing_command_ = "command not found: " + opt_.spec.argv.front() + " (PATH=" + path_env +
-                         "); check the script name or set PYTHON_EXEC";
-    spdlog::debug("starting {} workers (restart {}): master {}:{}", opt_.spec.local_world_size,
-                  state_.restart_count, round.master_addr, round.master_port);
-    envs_.clear();
-    for (const WorkerSlot& slot : state_.workers) {
-      const WorkerPlacement& p = slot.placement;
-      const fs::path dir = attempt_dir_ / std::to_string(p.local_rank);
-      fs::create_directories(dir, ec);
-      if (ec) {
-        spdlog::error("cannot create {}: {}", dir.string(), ec.message());
-        return apply(GroupPrepared{false, {}});
-      }
-      files_[p.local_rank].error_file = (dir / "error.json").string();
-      // The agent's store (launcher/agent_store.h), or worker rank 0's with --agent_store off.
-      WorkerEnvInputs in{&opt_.spec,
-                         &round,
-                         p,
-                         rdzv_.run_id(),
-                         opt_.spec.use_agent_store,
-                         files_[p.local_rank].error_file,
-                         reports_.path(),
-                         state_.checkpoint_requested};
-      envs_[p.local_rank] = build_worker_env(opt_.agent_env, in);
+    std::vector<WorkerPlacement> placements;
+    for (const WorkerSlot& slot : state_.workers) placements.push_back(slot.placement);
+    auto plan =
+        plan_attempt({log_root_, &opt_.spec, &opt_.agent_env, &state_.round, std::move(placements),
+                      rdzv_.run_id(), reports_.path(), state_.checkpoint_requested});
+    if (!plan) {
+      spdlog::error("{}", plan.error().message);
+      return apply(GroupPrepared{false, {}});
     }
+    attempt_ = std::move(*plan);
+    for (const auto& [local_rank, path] : attempt_.error_files)
+      files_[local_rank].error_file = path;
+    output_.begin_group(attempt_.dir);
+    spdlog::debug("starting {} workers (restart {}): master {}:{}", opt_.spec.local_world_size,
+                  state_.restart_count, state_.round.master_addr, state_.round.master_port);
     // Standbys first, all at once: each must acknowledge its hand-over before it counts as the
     // worker; the ranks whose standby did not start afresh, one per turn.
-    const std::map<int, LaunchedProcess> handed = standbys_.hand_over(executable_, envs_);
+    const auto handed = standbys_.hand_over(attempt_.executable, attempt_.envs);
     cgroup_procs_fd_ = opt_.cleanup != nullptr ? opt_.cleanup->begin_group() : -1;
     GroupPrepared prepared;
     for (const auto& [local_rank, process] : handed) {
       if (opt_.cleanup != nullptr) opt_.cleanup->adopt(process.pid);
       output_.add(placement_of(local_rank), process.stdout_fd, process.stderr_fd,
-                  attempt_dir_ / std::to_string(local_rank));
+                  attempt_.rank_dir(local_rank));
       prepared.handed[local_rank] = process.pid;
     }
     apply(std::move(prepared));
@@ -410,17 +358,17 @@ class LocalAgent::Impl {
   /// Starts one worker afresh; its pid, or -1 (the reason is kept for the failure report).
   pid_t launch_worker(const WorkerPlacement& p) {
     WorkerFiles& files = files_[p.local_rank];
-    if (executable_.empty()) {
-      files.launch_error = missing_command_;
+    if (attempt_.executable.empty()) {
+      files.launch_error = attempt_.missing_command;
     } else {
-      ProcessSpec spec{executable_, opt_.spec.argv, to_envp(envs_.at(p.local_rank))};
+      ProcessSpec spec{attempt_.executable, opt_.spec.argv,
+                       to_envp(attempt_.envs.at(p.local_rank))};
       spec.cgroup_procs_fd = cgroup_procs_fd_;
       if (static_cast<size_t>(p.local_rank) < opt_.cpus_by_local_rank.size())
         spec.cpus = opt_.cpus_by_local_rank[static_cast<size_t>(p.local_rank)];
       auto launched = launcher_.launch(spec);
       if (auto* process = std::get_if<LaunchedProcess>(&launched)) {
-        output_.add(p, process->stdout_fd, process->stderr_fd,
-                    attempt_dir_ / std::to_string(p.local_rank));
+        output_.add(p, process->stdout_fd, process->stderr_fd, attempt_.rank_dir(p.local_rank));
         return process->pid;
       }
       files.launch_error = std::get<std::string>(launched);
@@ -444,9 +392,7 @@ class LocalAgent::Impl {
                    loss.bytes, loss.files);
     }
     emit("job_end", end);
-    stop_timer_.cancel();
-    watchdog_timer_.cancel();
-    traceback_timer_.cancel();
+    for (asio::steady_timer& timer : timers_) timer.cancel();
     standbys_.stop();
     reports_.close();
     const std::vector<pid_t> running = running_pids(state_);
@@ -471,9 +417,7 @@ class LocalAgent::Impl {
   std::deque<AgentEvent> queue_;
   bool applying_ = false;
   asio::signal_set signals_;
-  asio::steady_timer stop_timer_;
-  asio::steady_timer watchdog_timer_;
-  asio::steady_timer traceback_timer_;
+  std::array<asio::steady_timer, kAgentTimers> timers_;  ///< by AgentTimer
   ReportSocket reports_;
   EventLog events_;
   WorkerOutput output_;
@@ -481,10 +425,7 @@ class LocalAgent::Impl {
   fs::path temp_dir_;  ///< removed at exit unless the failure report names files in it
   // The current group, as the executor prepared it.
   uint64_t generation_ = 0;
-  fs::path attempt_dir_;
-  std::string executable_;
-  std::string missing_command_;
-  std::map<int, EnvMap> envs_;        ///< by local rank
+  AttemptPlan attempt_;
   std::map<int, WorkerFiles> files_;  ///< by local rank
   std::vector<ProcessFailure> failures_;
   int cgroup_procs_fd_ = -1;

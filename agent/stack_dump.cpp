@@ -7,9 +7,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <vector>
+
+#include <spdlog/spdlog.h>
 
 extern char** environ;
 
@@ -85,6 +88,27 @@ std::string native_stacks(pid_t pid, std::chrono::milliseconds timeout, size_t m
            " ms)\n";
   if (out.size() >= max_bytes) out += "\n(cut at " + std::to_string(max_bytes) + " bytes)\n";
   return out;
+}
+
+std::vector<nlohmann::json> log_native_stacks(const std::vector<StackTarget>& targets,
+                                              const std::string& why,
+                                              std::chrono::milliseconds per_worker,
+                                              std::chrono::milliseconds budget) {
+  const auto until = Clock::now() + budget;
+  std::vector<nlohmann::json> dumped;
+  for (const StackTarget& t : targets) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+    const std::string stacks = left.count() > 0 ? native_stacks(t.pid, std::min(left, per_worker))
+                                                : "(no time left for native stacks)\n";
+    spdlog::warn("native stacks of worker rank {} (local rank {}, pid {}), {}:\n{}", t.rank,
+                 t.local_rank, t.pid, why, stacks);
+    dumped.push_back({{"rank", t.rank},
+                      {"local_rank", t.local_rank},
+                      {"pid", t.pid},
+                      {"why", why},
+                      {"native", stacks}});
+  }
+  return dumped;
 }
 
 }  // namespace ddprun::agent
