@@ -300,16 +300,8 @@ common::Result<json> fetch_status(const StatusRequest& request,
                       error = why +
                               "; check --tls_ca, --tls_cert and --tls_key against the "
                               "server's TLS settings";
-                    else if (conn->bytes_received() == 0 && !tls)
-                      // Closed or reset (a TLS server resets a plain client whose hello it
-                      // did not read) before a single byte came back.
-                      error =
-                          "the server closed the connection without a hello (a server "
-                          "with TLS does so to a client without: give --tls_ca)";
-                    else if (!why.empty())
-                      error = why;
                     else
-                      error = "the server closed the connection";
+                      error = conn->client_close_reason(why, "--tls_ca");
                   });
               conn->send(handshake.hello());
               // Without a secret the query follows the hello at once.

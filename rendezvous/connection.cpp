@@ -68,6 +68,15 @@ FramedConnection::FramedConnection(asio::ip::tcp::socket socket, std::optional<T
 
 FramedConnection::~FramedConnection() = default;
 
+std::string FramedConnection::client_close_reason(const std::string& why,
+                                                  const std::string& tls_ca_option) const {
+  if (bytes_received_ == 0 && !tls_)
+    return "the server closed the connection without a hello (a server with TLS does so to a "
+           "client without: give " +
+           tls_ca_option + ")";
+  return why.empty() ? "the server closed the connection" : why;
+}
+
 void FramedConnection::start(MessageHandler on_message, CloseHandler on_close) {
   on_message_ = std::move(on_message);
   on_close_ = std::move(on_close);

@@ -69,6 +69,12 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   /// Bytes received so far: a server compares it between sweeps to see progress.
   std::uint64_t bytes_received() const { return bytes_received_; }
 
+  /// Why this client connection to a ddprun server ended, worded for the user: closed or reset
+  /// before a single byte came back on a plain connection (a TLS server resets a client whose
+  /// hello it did not read), it most likely met a server with TLS, and `tls_ca_option` says how
+  /// to give its CA; otherwise `why`, or that the server closed it.
+  std::string client_close_reason(const std::string& why, const std::string& tls_ca_option) const;
+
   /// Bytes of an unfinished frame held now.
   std::size_t buffered_bytes() const { return decoder_.buffered_bytes(); }
 

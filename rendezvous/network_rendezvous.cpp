@@ -196,13 +196,7 @@ void NetworkRendezvous::on_connected(std::shared_ptr<FramedConnection> conn) {
       [this, alive = alive_, raw = conn.get()](const std::string& why) {
         if (!*alive || conn_.get() != raw) return;
         if (raw->tls_failed()) return step(ConnectionLost{why, true});
-        // Closed or reset before a single byte came back (a TLS server resets a plain client
-        // whose hello it did not read): the likely cause is TLS on one side only.
-        if (raw->bytes_received() == 0 && !opt_.tls)
-          return step(ConnectionLost{
-              "the server closed the connection without a hello (a server with TLS does so "
-              "to a client without: give --rdzv_conf tls_ca=FILE)"});
-        step(ConnectionLost{why.empty() ? "the server closed the connection" : why});
+        step(ConnectionLost{raw->client_close_reason(why, "--rdzv_conf tls_ca=FILE")});
       });
   handshake_.emplace(opt_.secret, "agent", make_nonce());
   conn_->send(handshake_->hello());
