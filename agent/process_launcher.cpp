@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,12 +12,34 @@
 #include <cstring>
 
 namespace ddprun::agent {
-namespace {
 
 void close_fd(int& fd) {
   if (fd >= 0) ::close(fd);
   fd = -1;
 }
+
+std::variant<ChannelProcess, std::string> launch_with_channel(ProcessLauncher& launcher,
+                                                              ProcessSpec spec, int socket_type,
+                                                              const std::string& fd_variable,
+                                                              int send_buffer, int receive_buffer) {
+  int fds[2] = {-1, -1};
+  if (::socketpair(AF_UNIX, socket_type | SOCK_CLOEXEC, 0, fds) != 0)
+    return std::string("socketpair: ") + std::strerror(errno);
+  ::setsockopt(fds[1], SOL_SOCKET, SO_SNDBUF, &send_buffer, sizeof send_buffer);
+  if (receive_buffer > 0)
+    ::setsockopt(fds[0], SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof receive_buffer);
+  spec.inherit_fd = fds[0];
+  spec.envp.push_back(fd_variable + "=" + std::to_string(fds[0]));
+  auto launched = launcher.launch(spec);
+  close_fd(fds[0]);
+  if (auto* why = std::get_if<std::string>(&launched)) {
+    close_fd(fds[1]);
+    return *why;
+  }
+  return ChannelProcess{std::get<LaunchedProcess>(launched), fds[1]};
+}
+
+namespace {
 
 std::vector<char*> to_c_array(const std::vector<std::string>& items) {
   std::vector<char*> out;

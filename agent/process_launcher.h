@@ -64,4 +64,23 @@ class PosixProcessLauncher final : public ProcessLauncher {
   void wait(pid_t pid) override;
 };
 
+/// Closes `fd` when it is open and marks it closed (-1).
+void close_fd(int& fd);
+
+/// A process started with one end of a new Unix socket pair, and the agent's end: how a
+/// standby or the Python zygote is told what to do.
+struct ChannelProcess {
+  LaunchedProcess process;
+  int agent_fd = -1;
+};
+
+/// Starts `spec` with one end of a socket pair of `socket_type` inherited, its descriptor number
+/// in the environment variable `fd_variable`; the agent's end sends with `send_buffer` bytes of
+/// room (the child's end receives with `receive_buffer`, when not 0). On failure, why.
+std::variant<ChannelProcess, std::string> launch_with_channel(ProcessLauncher& launcher,
+                                                              ProcessSpec spec, int socket_type,
+                                                              const std::string& fd_variable,
+                                                              int send_buffer,
+                                                              int receive_buffer = 0);
+
 }  // namespace ddprun::agent

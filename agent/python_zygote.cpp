@@ -19,11 +19,6 @@
 namespace ddprun::agent {
 namespace {
 
-void close_fd(int& fd) {
-  if (fd >= 0) ::close(fd);
-  fd = -1;
-}
-
 /// One message of the zygote, or why none came within `timeout` (`error` set).
 struct Received {
   std::string text;
@@ -77,26 +72,17 @@ std::string send_with_fds(int sock, const std::string& text, const std::vector<i
 
 std::string PythonZygote::start(ProcessSpec spec) {
   if (state_ != State::Idle) return "the zygote was started already";
-  int fds[2] = {-1, -1};
-  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, fds) != 0)
-    return std::string("socketpair: ") + std::strerror(errno);
-  const int buffer = common::kZygoteRequestMax;  // room for a whole environment per request
-  ::setsockopt(fds[1], SOL_SOCKET, SO_SNDBUF, &buffer, sizeof buffer);
-  ::setsockopt(fds[0], SOL_SOCKET, SO_RCVBUF, &buffer, sizeof buffer);
   start_env_ = parse_envp(spec.envp);
-  spec.inherit_fd = fds[0];
-  spec.envp.push_back(std::string(common::kZygoteFdVariable) + "=" + std::to_string(fds[0]));
-  auto launched = launcher_.launch(spec);
-  close_fd(fds[0]);
-  if (auto* why = std::get_if<std::string>(&launched)) {
-    close_fd(fds[1]);
-    return *why;
-  }
-  process_ = std::get<LaunchedProcess>(launched);
+  // Room for a whole environment per request, both ways.
+  auto launched =
+      launch_with_channel(launcher_, std::move(spec), SOCK_SEQPACKET, common::kZygoteFdVariable,
+                          common::kZygoteRequestMax, common::kZygoteRequestMax);
+  if (auto* why = std::get_if<std::string>(&launched)) return *why;
+  process_ = std::get<ChannelProcess>(launched).process;
   // Its output is read only when it fails (stderr_tail): never block the zygote on a full pipe.
   for (int fd : {process_.stdout_fd, process_.stderr_fd})
     ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-  control_fd_ = fds[1];
+  control_fd_ = std::get<ChannelProcess>(launched).agent_fd;
   state_ = State::Starting;
   return "";
 }

@@ -16,14 +16,7 @@
 #include <spdlog/spdlog.h>
 
 namespace ddprun::agent {
-namespace {
-
-void close_fd(int& fd) {
-  if (fd >= 0) ::close(fd);
-  fd = -1;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 bool is_start_only_variable(const std::string& name) {
   return name.rfind("PYTHON", 0) == 0 || name.rfind("LD_", 0) == 0 || name == "GLIBC_TUNABLES";
@@ -74,23 +67,13 @@ std::string StandbyPool::start(int local_rank, ProcessSpec spec) {
   if (!enabled_ || has(local_rank)) return "";
   // A socket pair rather than a pipe: send() with MSG_NOSIGNAL reports a gone standby as EPIPE
   // without raising SIGPIPE, and MSG_DONTWAIT never blocks the agent.
-  int fds[2] = {-1, -1};
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0)
-    return std::string("socketpair: ") + std::strerror(errno);
-  const int buffer = 1 << 20;  // room for a large environment
-  ::setsockopt(fds[1], SOL_SOCKET, SO_SNDBUF, &buffer, sizeof buffer);
   EnvMap start_env = parse_envp(spec.envp);
-  spec.inherit_fd = fds[0];
-  spec.envp.push_back(std::string(common::kStandbyFdVariable) + "=" + std::to_string(fds[0]));
-  auto launched = launcher_->launch(spec);
-  close_fd(fds[0]);
-  if (auto* why = std::get_if<std::string>(&launched)) {
-    close_fd(fds[1]);
-    return *why;
-  }
+  auto launched = launch_with_channel(*launcher_, std::move(spec), SOCK_STREAM,
+                                      common::kStandbyFdVariable, 1 << 20);  // a large environment
+  if (auto* why = std::get_if<std::string>(&launched)) return *why;
   Standby s;
-  s.process = std::get<LaunchedProcess>(launched);
-  s.handover_fd = fds[1];
+  s.process = std::get<ChannelProcess>(launched).process;
+  s.handover_fd = std::get<ChannelProcess>(launched).agent_fd;
   s.start_env = std::move(start_env);
   spdlog::debug("standby for local rank {} started (pid {})", local_rank, s.process.pid);
   standbys_.emplace(local_rank, s);
