@@ -5,8 +5,7 @@
 #include <algorithm>
 #include <csignal>
 
-#include <spdlog/spdlog.h>
-
+#include "common/log.h"
 #include "common/signals.h"
 
 namespace ddprun::agent {

@@ -9,10 +9,9 @@
 #include <fstream>
 #include <sstream>
 
-#include <spdlog/spdlog.h>
-
 #include "agent/error_file.h"
 #include "common/fd_write.h"
+#include "common/log.h"
 #include "common/signals.h"
 
 namespace ddprun::agent {

@@ -11,8 +11,6 @@
 #include <deque>
 #include <filesystem>
 
-#include <spdlog/spdlog.h>
-
 #include "agent/agent_signals.h"
 #include "agent/agent_state.h"
 #include "agent/attempt_plan.h"
@@ -22,6 +20,7 @@
 #include "agent/standby_supply.h"
 #include "agent/worker_command.h"
 #include "agent/worker_reports.h"
+#include "common/log.h"
 #include "common/signals.h"
 #include "rendezvous/local_host.h"
 

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include <spdlog/spdlog.h>
+#include "common/log.h"
 
 namespace ddprun::agent {
 namespace {}  // namespace

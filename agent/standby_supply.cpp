@@ -6,11 +6,10 @@
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
 
-#include <spdlog/spdlog.h>
-
 #include "agent/python_zygote.h"
 #include "agent/standby_pool.h"
 #include "agent/worker_command.h"
+#include "common/log.h"
 
 namespace ddprun::agent {
 namespace asio = boost::asio;

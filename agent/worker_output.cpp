@@ -14,11 +14,10 @@
 #include <functional>
 #include <optional>
 
-#include <spdlog/spdlog.h>
-
 #include "agent/line_buffer.h"
 #include "agent/line_dedup.h"
 #include "common/fd_write.h"
+#include "common/log.h"
 
 namespace ddprun::agent {
 namespace asio = boost::asio;

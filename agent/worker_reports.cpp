@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <vector>
 
-#include <spdlog/spdlog.h>
+#include "common/log.h"
 
 namespace ddprun::agent {
 namespace asio = boost::asio;

@@ -19,7 +19,6 @@
 //
 // Prints one JSON object on stdout; exit 0 on success, 1 on a failed check, 2 on a timeout.
 #include <signal.h>
-#include <spdlog/spdlog.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -44,6 +43,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/log.h"
 #include "rendezvous/network_rendezvous.h"
 
 namespace {

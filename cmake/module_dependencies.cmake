@@ -1,4 +1,5 @@
-# Each module may include only its own headers and those of the modules below it:
+# Each module may include only its own headers and those of the modules below it (and spdlog
+# only through common/log.h):
 #
 #   launcher -> agent -> rendezvous -> metrics -> common        worker_sdk -> common
 #   launcher -> store -> common     etcd -> rendezvous (its TLS context), common
@@ -25,6 +26,12 @@ set(_ddprun_violations "")
 foreach(_module IN LISTS _ddprun_modules)
   file(GLOB_RECURSE _sources "${DDPRUN_SOURCE_DIR}/${_module}/*.h" "${DDPRUN_SOURCE_DIR}/${_module}/*.cpp")
   foreach(_source IN LISTS _sources)
+    # spdlog only through common/log.h, which shares fmt's formatting code.
+    file(STRINGS "${_source}" _spdlog REGEX "^#include <spdlog/spdlog.h>")
+    if(_spdlog AND NOT _source MATCHES "/common/log\\.h$")
+      file(RELATIVE_PATH _rel "${DDPRUN_SOURCE_DIR}" "${_source}")
+      list(APPEND _ddprun_violations "${_rel}: #include <spdlog/spdlog.h> (include \"common/log.h\")")
+    endif()
     file(STRINGS "${_source}" _includes REGEX "^#include \"[a-z_]+/")
     foreach(_line IN LISTS _includes)
       string(REGEX REPLACE "^#include \"([a-z_]+)/.*" "\\1" _target "${_line}")

@@ -16,8 +16,6 @@
 #include <sstream>
 
 #include <spdlog/sinks/stdout_sinks.h>
-#include <spdlog/spdlog.h>
-
 #include "agent/agent_metrics.h"
 #include "agent/group_cleanup.h"
 #include "agent/local_agent.h"
@@ -28,6 +26,7 @@
 #include "agent/worker_limits.h"
 #include "common/clock.h"
 #include "common/exit_codes.h"
+#include "common/log.h"
 #include "common/signals.h"
 #include "common/strings.h"
 #include "launcher/agent_store.h"

@@ -1,7 +1,6 @@
 #include "rendezvous/daemon.h"
 
 #include <spdlog/sinks/stdout_sinks.h>
-#include <spdlog/spdlog.h>
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
@@ -12,6 +11,7 @@
 
 #include "common/clock.h"
 #include "common/exit_codes.h"
+#include "common/log.h"
 #include "common/signals.h"
 #include "common/strings.h"
 #include "common/version.h"

@@ -1,12 +1,12 @@
 #include "rendezvous/network_rendezvous.h"
 
-#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 
+#include "common/log.h"
 #include "common/strings.h"
 #include "rendezvous/endpoint.h"
 #include "rendezvous/free_port.h"

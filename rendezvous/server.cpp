@@ -1,13 +1,13 @@
 #include "rendezvous/server.h"
 
 #include <fcntl.h>
-#include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <boost/asio/ip/v6_only.hpp>
 #include <boost/asio/post.hpp>
 
+#include "common/log.h"
 #include "common/strings.h"
 #include "rendezvous/endpoint.h"
 #include "rendezvous/job_status.h"

@@ -1,12 +1,13 @@
 #include "store/server.h"
 
 #include <fcntl.h>
-#include <spdlog/spdlog.h>
 
 #include <boost/asio/ip/v6_only.hpp>
 #include <boost/asio/write.hpp>
 #include <chrono>
 #include <vector>
+
+#include "common/log.h"
 
 namespace ddprun::store {
 

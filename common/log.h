@@ -1,0 +1,20 @@
+#pragma once
+// ddprun's logging: spdlog, with fmt's formatting code shared rather than copied into every
+// source file. Include this, never <spdlog/spdlog.h> itself (cmake/module_dependencies.cmake
+// checks it).
+//
+// fmt 9 defines detail::vformat_to<char>, the engine behind every spdlog call, in its header, so
+// each translation unit that logs compiled its own copy (about 20 KB of code, floating-point
+// formatting included) although the shared libfmt exports one. Declaring that instantiation
+// extern makes every caller use the library's: the agent's binary is smaller and maps fewer
+// pages (docs/benchmarks.md). fmt 10 declares it itself.
+#include <fmt/format.h>
+
+#if defined(FMT_SHARED) && FMT_VERSION >= 90000 && FMT_VERSION < 100000
+extern template void fmt::detail::vformat_to<char>(
+    fmt::detail::buffer<char>&, fmt::basic_string_view<char>,
+    fmt::basic_format_args<fmt::buffer_context<fmt::type_identity_t<char>>>,
+    fmt::detail::locale_ref);
+#endif
+
+#include <spdlog/spdlog.h>
