@@ -304,6 +304,8 @@ const std::set<std::string> kForeignFlags = {
     "--nodes", "--ntasks", "--ntasks-per-node", "--cpus-per-task", "--signal", "--batch",
     // cmake and ctest
     "--build", "--install", "--test-dir", "--target", "--prefix",
+    // the linker (benchmarks.md)
+    "--gc-sections",
     // pkg-config (sdk.md)
     "--cflags", "--libs",
     // examples/ddp_train.cpp and examples/ddp_train.py
