@@ -100,7 +100,14 @@ class HttpServer::Session : public std::enable_shared_from_this<Session> {
 };
 
 HttpServer::HttpServer(asio::io_context& io, Handler handler, HttpLimits limits)
-    : io_(io), handler_(std::move(handler)), limits_(limits), acceptor_(io), accept_timer_(io) {}
+    : io_(io),
+      handler_(std::move(handler)),
+      limits_(limits),
+      acceptor_(io),
+      // A failed accept (out of descriptors): the loop pauses and tries again.
+      accepts_(
+          acceptor_, [this](tcp::socket socket) { on_accepted(std::move(socket)); },
+          [](const error_code&) {}) {}
 
 HttpServer::~HttpServer() { shutdown(); }
 
@@ -111,11 +118,7 @@ std::optional<common::Error> HttpServer::listen(const std::string& host, int por
   if (ec) return common::Error{"cannot resolve metrics host '" + host + "': " + ec.message()};
   std::string last = "no address to listen on for metrics";
   for (const auto& r : results) {
-    tcp::acceptor acceptor(io_);
-    acceptor.open(r.endpoint().protocol(), ec);
-    if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
-    if (!ec) acceptor.bind(r.endpoint(), ec);
-    if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+    tcp::acceptor acceptor = common::open_listener(io_, r.endpoint(), ec);
     if (ec) {
       last =
           "cannot listen for metrics on " + host + ":" + std::to_string(port) + ": " + ec.message();
@@ -123,35 +126,23 @@ std::optional<common::Error> HttpServer::listen(const std::string& host, int por
     }
     port_ = acceptor.local_endpoint().port();
     acceptor_ = std::move(acceptor);
-    accept_next();
+    accepts_.start();
     return std::nullopt;
   }
   return common::Error{last};
 }
 
-void HttpServer::accept_next() {
-  acceptor_.async_accept(
-      [this, alive = std::weak_ptr<bool>(alive_)](error_code ec, tcp::socket socket) {
-        if (!alive.lock() || stopped_ || ec == asio::error::operation_aborted) return;
-        if (!ec) {
-          if (sessions_.size() >= limits_.max_sessions) {
-            // Over the limit: this connection is not served; those already open keep their turn.
-            error_code ignored;
-            socket.close(ignored);
-          } else {
-            const std::uint64_t id = next_session_++;
-            auto session = std::make_shared<Session>(std::move(socket), *this, id);
-            sessions_[id] = session;
-            session->start();
-          }
-        }
-        if (!ec) return accept_next();
-        // A failed accept (out of descriptors): pause instead of spinning on the same error.
-        accept_timer_.expires_after(std::chrono::milliseconds(100));
-        accept_timer_.async_wait([this](error_code wait_ec) {
-          if (!wait_ec && !stopped_) accept_next();
-        });
-      });
+void HttpServer::on_accepted(tcp::socket socket) {
+  if (sessions_.size() >= limits_.max_sessions) {
+    // Over the limit: this connection is not served; those already open keep their turn.
+    error_code ignored;
+    socket.close(ignored);
+    return;
+  }
+  const std::uint64_t id = next_session_++;
+  auto session = std::make_shared<Session>(std::move(socket), *this, id);
+  sessions_[id] = session;
+  session->start();
 }
 
 void HttpServer::forget(std::uint64_t id) { sessions_.erase(id); }
@@ -160,7 +151,7 @@ void HttpServer::shutdown() {
   stopped_ = true;
   error_code ignored;
   acceptor_.close(ignored);
-  accept_timer_.cancel();
+  accepts_.stop();
   auto sessions = std::move(sessions_);
   sessions_.clear();
   for (auto& [id, session] : sessions) session->close();

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/accept_loop.h"
 #include "common/result.h"
 
 namespace ddprun::metrics {
@@ -74,14 +75,14 @@ class HttpServer {
 
  private:
   class Session;
-  void accept_next();
+  void on_accepted(boost::asio::ip::tcp::socket socket);
   void forget(std::uint64_t id);
 
   boost::asio::io_context& io_;
   Handler handler_;
   HttpLimits limits_;
   boost::asio::ip::tcp::acceptor acceptor_;
-  boost::asio::steady_timer accept_timer_;
+  common::AcceptLoop accepts_;
   int port_ = 0;
   bool stopped_ = false;
   std::uint64_t next_session_ = 1;

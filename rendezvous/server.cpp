@@ -4,7 +4,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <boost/asio/ip/v6_only.hpp>
 #include <boost/asio/post.hpp>
 
 #include "common/log.h"
@@ -66,8 +65,10 @@ RendezvousServer::RendezvousServer(asio::io_context& io, const common::Clock& cl
     : io_(io),
       clock_(clock),
       acceptor_(io),
+      accepts_(
+          acceptor_, [this](tcp::socket socket) { on_accepted(std::move(socket)); },
+          [this](const error_code& ec) { on_accept_failed(ec); }, kAcceptRetry),
       timer_(io),
-      accept_timer_(io),
       housekeeping_timer_(io),
       shutdown_timer_(io),
       limits_(limits),
@@ -84,7 +85,7 @@ RendezvousServer::~RendezvousServer() {
   error_code ignored;
   acceptor_.close(ignored);
   timer_.cancel();
-  accept_timer_.cancel();
+  accepts_.stop();
   housekeeping_timer_.cancel();
   shutdown_timer_.cancel();
   drained_ = nullptr;
@@ -109,13 +110,7 @@ std::optional<common::Error> RendezvousServer::listen(const std::string& host, i
   std::string last = "no address to listen on";
   for (const auto& endpoint : candidates) {
     error_code ec;
-    tcp::acceptor acceptor(io_);
-    acceptor.open(endpoint.protocol(), ec);
-    if (!ec && endpoint.address().is_v6() && endpoint.address().is_unspecified())
-      acceptor.set_option(asio::ip::v6_only(false), ec);
-    if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
-    if (!ec) acceptor.bind(endpoint, ec);
-    if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+    tcp::acceptor acceptor = common::open_listener(io_, endpoint, ec);
     if (ec) {
       if (ec == asio::error::address_in_use && in_use) *in_use = true;
       last = "cannot listen on " + format_endpoint(endpoint.address().to_string(), port) + ": " +
@@ -126,54 +121,45 @@ std::optional<common::Error> RendezvousServer::listen(const std::string& host, i
     port_ = acceptor.local_endpoint().port();
     acceptor_ = std::move(acceptor);
     awake_at_ = clock_.now();
-    accept_next();
+    accepts_.start();
     arm_housekeeping();
     return std::nullopt;
   }
   return common::Error{last};
 }
 
-void RendezvousServer::accept_next() {
-  acceptor_.async_accept([this](error_code ec, tcp::socket socket) {
-    if (ec == asio::error::operation_aborted || stopped_) return;
-    note_awake();
-    if (!ec) {
-      if (metrics_) metrics_->connection_accepted();
-      tune_socket(socket, kServerSocketTimeout);
-      const std::uint64_t id = next_session_++;
-      std::optional<TlsRole> role;
-      if (tls_) role = TlsRole{tls_, true, ""};
-      auto conn = std::make_shared<FramedConnection>(std::move(socket), std::move(role));
-      conn->set_input_budget(&input_budget_);
-      conn->set_write_limit(kSessionWriteLimit);
-      Session& session = sessions_[id];
-      session.conn = conn;
-      session.handshake.emplace(secret_, secret_ ? make_nonce() : std::string());
-      session.opened_at = session.progress_at = clock_.now();
-      conn->start([this, id](const json& body) { on_message(id, body); },
-                  [this, id](const std::string& why) { on_closed(id, why); });
-    } else {
-      // Out of descriptors (EMFILE, ENFILE) or another failure: shed the connection that
-      // cannot be served and pause instead of spinning on the same error.
-      if (ec == asio::error::no_descriptors || ec.value() == ENFILE) shed_one_connection();
-      const TimePoint now = clock_.now();
-      if (!shed_logged_at_ || now - *shed_logged_at_ >= kResourceLogInterval) {
-        spdlog::warn(
-            "accepting rendezvous connections fails: {}; {} connection(s) closed unserved "
-            "since the last warning; raise the open-file limit (ulimit -n) or look for idle "
-            "connections",
-            ec.message(), shed_count_);
-        shed_count_ = 0;
-        shed_logged_at_ = now;
-      }
-      accept_timer_.expires_after(kAcceptRetry);
-      accept_timer_.async_wait([this](error_code wait_ec) {
-        if (!wait_ec && !stopped_) accept_next();
-      });
-      return;
-    }
-    accept_next();
-  });
+void RendezvousServer::on_accepted(tcp::socket socket) {
+  note_awake();
+  if (metrics_) metrics_->connection_accepted();
+  tune_socket(socket, kServerSocketTimeout);
+  const std::uint64_t id = next_session_++;
+  std::optional<TlsRole> role;
+  if (tls_) role = TlsRole{tls_, true, ""};
+  auto conn = std::make_shared<FramedConnection>(std::move(socket), std::move(role));
+  conn->set_input_budget(&input_budget_);
+  conn->set_write_limit(kSessionWriteLimit);
+  Session& session = sessions_[id];
+  session.conn = conn;
+  session.handshake.emplace(secret_, secret_ ? make_nonce() : std::string());
+  session.opened_at = session.progress_at = clock_.now();
+  conn->start([this, id](const json& body) { on_message(id, body); },
+              [this, id](const std::string& why) { on_closed(id, why); });
+}
+
+void RendezvousServer::on_accept_failed(const error_code& ec) {
+  note_awake();
+  // Out of descriptors (EMFILE, ENFILE) or another failure: shed the connection that cannot be
+  // served (the loop then pauses instead of spinning on the same error).
+  if (ec == asio::error::no_descriptors || ec.value() == ENFILE) shed_one_connection();
+  const TimePoint now = clock_.now();
+  if (!shed_logged_at_ || now - *shed_logged_at_ >= kResourceLogInterval) {
+    spdlog::warn(
+        "accepting rendezvous connections fails: {}; {} connection(s) closed unserved since the "
+        "last warning; raise the open-file limit (ulimit -n) or look for idle connections",
+        ec.message(), shed_count_);
+    shed_count_ = 0;
+    shed_logged_at_ = now;
+  }
 }
 
 void RendezvousServer::shed_one_connection() {
@@ -443,7 +429,7 @@ void RendezvousServer::shutdown(std::chrono::milliseconds deadline, std::functio
   error_code ignored;
   acceptor_.close(ignored);
   timer_.cancel();
-  accept_timer_.cancel();
+  accepts_.stop();
   housekeeping_timer_.cancel();
   drained_ = std::move(drained);
   draining_ = 0;

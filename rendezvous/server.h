@@ -11,6 +11,7 @@
 #include <set>
 #include <string>
 
+#include "common/accept_loop.h"
 #include "common/clock.h"
 #include "common/result.h"
 #include "rendezvous/auth.h"
@@ -92,7 +93,8 @@ class RendezvousServer {
     std::optional<TimePoint> wake_at;
   };
 
-  void accept_next();
+  void on_accepted(boost::asio::ip::tcp::socket socket);
+  void on_accept_failed(const boost::system::error_code& ec);
   /// Over the input budget: closes the connections holding the most unfinished input.
   void shed_largest_inputs();
   /// Accepts and closes one connection with the reserve descriptor (out of descriptors).
@@ -114,8 +116,8 @@ class RendezvousServer {
   boost::asio::io_context& io_;
   const common::Clock& clock_;
   boost::asio::ip::tcp::acceptor acceptor_;
+  common::AcceptLoop accepts_;
   boost::asio::steady_timer timer_;
-  boost::asio::steady_timer accept_timer_;
   boost::asio::steady_timer housekeeping_timer_;
   boost::asio::steady_timer shutdown_timer_;  ///< shutdown()'s deadline
   std::function<void()> drained_;             ///< shutdown()'s callback, until it ran

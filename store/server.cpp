@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 
-#include <boost/asio/ip/v6_only.hpp>
 #include <boost/asio/write.hpp>
 #include <chrono>
 #include <vector>
@@ -26,7 +25,15 @@ void close_on_exec(int fd) {
 }  // namespace
 
 StoreServer::StoreServer(asio::io_context& io, StoreLimits limits)
-    : io_(io), limits_(limits), acceptor_(io), accept_retry_(io) {}
+    : io_(io),
+      limits_(limits),
+      acceptor_(io),
+      accepts_(
+          acceptor_, [this](tcp::socket socket) { on_accepted(std::move(socket)); },
+          [](const error_code& ec) {
+            // Out of descriptors, most often: the loop tries again shortly.
+            spdlog::warn("store: cannot accept a connection: {}", ec.message());
+          }) {}
 
 StoreServer::~StoreServer() { shutdown(); }
 
@@ -45,14 +52,7 @@ std::optional<common::Error> StoreServer::listen(const std::string& host, int po
   std::string last = "no address to listen on";
   for (const auto& endpoint : candidates) {
     error_code ec;
-    tcp::acceptor acceptor(io_);
-    acceptor.open(endpoint.protocol(), ec);
-    if (!ec) close_on_exec(acceptor.native_handle());
-    if (!ec && endpoint.address().is_v6() && endpoint.address().is_unspecified())
-      acceptor.set_option(asio::ip::v6_only(false), ec);
-    if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
-    if (!ec) acceptor.bind(endpoint, ec);
-    if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+    tcp::acceptor acceptor = common::open_listener(io_, endpoint, ec);
     if (ec) {
       last = "cannot listen on port " + std::to_string(port) + " of " +
              (host.empty() ? std::string("every address") : host) + ": " + ec.message();
@@ -61,7 +61,7 @@ std::optional<common::Error> StoreServer::listen(const std::string& host, int po
     }
     port_ = acceptor.local_endpoint().port();
     acceptor_ = std::move(acceptor);
-    accept_next();
+    accepts_.start();
     return std::nullopt;
   }
   return common::Error{last};
@@ -72,48 +72,34 @@ void StoreServer::shutdown() {
   stopped_ = true;
   error_code ec;
   acceptor_.close(ec);
-  accept_retry_.cancel();
+  accepts_.stop();
   for (auto& [id, session] : sessions_) session->socket.close(ec);
   // The handlers still queued find their session gone (or stopped_) and return.
   sessions_.clear();
 }
 
-void StoreServer::accept_next() {
-  acceptor_.async_accept([this](error_code ec, tcp::socket socket) {
-    if (stopped_ || ec == asio::error::operation_aborted) return;
-    if (ec) {
-      // Out of descriptors, most often: try again shortly rather than spin.
-      spdlog::warn("store: cannot accept a connection: {}", ec.message());
-      accept_retry_.expires_after(std::chrono::milliseconds(100));
-      accept_retry_.async_wait([this](error_code e) {
-        if (!e && !stopped_) accept_next();
-      });
-      return;
-    }
-    if (sessions_.size() >= limits_.max_connections) {
-      if (!full_logged_)
-        spdlog::warn(
-            "store: {} connections are open, the limit; refusing more until some close (each "
-            "torch 1.13 worker holds two)",
-            sessions_.size());
-      full_logged_ = true;
-      error_code ignored;
-      socket.close(ignored);
-    } else {
-      full_logged_ = false;
-      close_on_exec(socket.native_handle());
-      error_code ignored;
-      socket.set_option(tcp::no_delay(true), ignored);
-      auto session = std::make_shared<Session>(Session{std::move(socket), {}, {}, {}, {}, 0, {}});
-      auto remote = session->socket.remote_endpoint(ignored);
-      session->peer = ignored ? std::string("?")
-                              : remote.address().to_string() + ":" + std::to_string(remote.port());
-      const ConnId id = next_id_++;
-      sessions_.emplace(id, std::move(session));
-      read_next(id);
-    }
-    accept_next();
-  });
+void StoreServer::on_accepted(tcp::socket socket) {
+  error_code ignored;
+  if (sessions_.size() >= limits_.max_connections) {
+    if (!full_logged_)
+      spdlog::warn(
+          "store: {} connections are open, the limit; refusing more until some close (each "
+          "torch 1.13 worker holds two)",
+          sessions_.size());
+    full_logged_ = true;
+    socket.close(ignored);
+    return;
+  }
+  full_logged_ = false;
+  close_on_exec(socket.native_handle());
+  socket.set_option(tcp::no_delay(true), ignored);
+  auto session = std::make_shared<Session>(Session{std::move(socket), {}, {}, {}, {}, 0, {}});
+  auto remote = session->socket.remote_endpoint(ignored);
+  session->peer = ignored ? std::string("?")
+                          : remote.address().to_string() + ":" + std::to_string(remote.port());
+  const ConnId id = next_id_++;
+  sessions_.emplace(id, std::move(session));
+  read_next(id);
 }
 
 void StoreServer::read_next(ConnId id) {

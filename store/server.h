@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include "common/accept_loop.h"
 #include "common/result.h"
 #include "store/codec.h"
 #include "store/store_state.h"
@@ -61,7 +62,7 @@ class StoreServer {
     std::array<char, 64 * 1024> buffer{};
   };
 
-  void accept_next();
+  void on_accepted(boost::asio::ip::tcp::socket socket);
   void read_next(ConnId id);
   /// Decodes and applies every whole request in the session's input.
   void consume(ConnId id);
@@ -73,7 +74,7 @@ class StoreServer {
   boost::asio::io_context& io_;
   StoreLimits limits_;
   boost::asio::ip::tcp::acceptor acceptor_;
-  boost::asio::steady_timer accept_retry_;
+  common::AcceptLoop accepts_;
   StoreState state_;
   /// Shared with the socket's pending handlers, which keep its buffers alive after a close.
   std::map<ConnId, std::shared_ptr<Session>> sessions_;
