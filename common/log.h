@@ -7,10 +7,14 @@
 // each translation unit that logs compiled its own copy (about 20 KB of code, floating-point
 // formatting included) although the shared libfmt exports one. Declaring that instantiation
 // extern makes every caller use the library's: the agent's binary is smaller and maps fewer
-// pages (docs/benchmarks.md). fmt 10 declares it itself.
+// pages (docs/benchmarks.md). fmt 10 declares it itself. GCC only: the instantiation's
+// signature depends on its template parameter, which clang 14 mangles differently from the GCC
+// that built libfmt, so a clang build would look for a symbol the library does not have; clang
+// builds keep their own copies.
 #include <fmt/format.h>
 
-#if defined(FMT_SHARED) && FMT_VERSION >= 90000 && FMT_VERSION < 100000
+#if defined(FMT_SHARED) && FMT_VERSION >= 90000 && FMT_VERSION < 100000 && defined(__GNUC__) && \
+    !defined(__clang__)
 extern template void fmt::detail::vformat_to<char>(
     fmt::detail::buffer<char>&, fmt::basic_string_view<char>,
     fmt::basic_format_args<fmt::buffer_context<fmt::type_identity_t<char>>>,
