@@ -82,7 +82,7 @@ class Stepper {
     if (!s_.lost_since) {
       s_.lost_since = now_;
       log(ClientLogLevel::Warn,
-          fmt::format("lost the rendezvous server at {}: {}; reconnecting", spec_.endpoint, e.why));
+          fmt::format("lost the {} at {}: {}; reconnecting", spec_.server, spec_.endpoint, e.why));
     }
     // any -> Done: the server stayed unreachable for connect_timeout
     if (now_ - *s_.lost_since >= spec_.connect_timeout) return give_up_unreachable(e.why);
@@ -284,12 +284,10 @@ class Stepper {
   }
 
   void give_up_unreachable(const std::string& why) {
-    give_up(RendezvousError{
-        RendezvousErrorKind::Connection,
-        "cannot reach the rendezvous server at " + spec_.endpoint + " for " +
-            std::to_string(seconds(spec_.connect_timeout)) + " s (" + why +
-            "); check --rdzv_endpoint and that the node hosting it (the endpoint's host) or "
-            "ddprun-rdzvd is running"});
+    give_up(RendezvousError{RendezvousErrorKind::Connection,
+                            "cannot reach the " + spec_.server + " at " + spec_.endpoint + " for " +
+                                std::to_string(seconds(spec_.connect_timeout)) + " s (" + why +
+                                "); " + spec_.unreachable_advice});
   }
 
   void give_up(RendezvousError error) {

@@ -73,6 +73,12 @@ struct ClientSpec {
   RdzvSettings settings;
   Millis connect_timeout{60'000};
   Millis status_interval{5'000};
+  /// What the endpoint is, in "lost the <server> at <endpoint>" (the etcd backend: "etcd").
+  std::string server = "rendezvous server";
+  /// What to check when it stays unreachable for connect_timeout.
+  std::string unreachable_advice =
+      "check --rdzv_endpoint and that the node hosting it (the endpoint's host) or "
+      "ddprun-rdzvd is running";
 };
 
 // ---- events -------------------------------------------------------------------------------
