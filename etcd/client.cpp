@@ -749,6 +749,7 @@ void LeaseKeeper::tick() {
         self->last_ok_ = Clock::now();
         ++self->renewals_;
       } else if (decoded) {
+        self->gone_ = true;
         lost = "etcd lease " + std::to_string(self->lease_) + " expired or was revoked";
       } else {
         lost = decoded.error().message;

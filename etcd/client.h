@@ -190,6 +190,8 @@ class LeaseKeeper : public std::enable_shared_from_this<LeaseKeeper> {
   void stop();
   /// Renewals etcd acknowledged so far.
   int renewals() const { return renewals_; }
+  /// Whether etcd itself said the lease is gone (not merely unreachable for a TTL).
+  bool gone() const { return gone_; }
 
  private:
   void tick();
@@ -201,6 +203,7 @@ class LeaseKeeper : public std::enable_shared_from_this<LeaseKeeper> {
   std::chrono::steady_clock::time_point last_ok_;
   int renewals_ = 0;
   bool stopped_ = false;
+  bool gone_ = false;
 };
 
 }  // namespace ddprun::etcd

@@ -1,0 +1,535 @@
+#include "etcd/etcd_rendezvous.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <boost/asio/ip/udp.hpp>
+#include <boost/asio/post.hpp>
+
+#include "common/strings.h"
+#include "rendezvous/auth.h"
+#include "rendezvous/free_port.h"
+#include "rendezvous/local_host.h"
+
+namespace ddprun::etcd {
+
+namespace asio = boost::asio;
+using boost::system::error_code;
+using namespace rdzv;  // NOLINT: the client machine's vocabulary throughout
+
+namespace {
+
+/// 128 random bits, as the TCP client's: the id names this node's keys.
+std::string new_node_id() {
+  return local_host_name() + ":" + std::to_string(::getpid()) + ":" + make_nonce().substr(0, 32);
+}
+
+/// The local address of the interface that reaches `member` (a UDP socket sends nothing when
+/// connected), made publishable by advertised_address(); the host name when that fails.
+std::string address_towards(asio::io_context& io, const Member& member) {
+  error_code ec;
+  asio::ip::udp::resolver resolver(io);
+  auto results = resolver.resolve(member.host, std::to_string(member.port), ec);
+  if (!ec && !results.empty()) {
+    asio::ip::udp::socket socket(io);
+    socket.connect(results.begin()->endpoint(), ec);
+    if (!ec) {
+      auto local = socket.local_endpoint(ec);
+      if (!ec) return advertised_address(local.address().to_string());
+    }
+  }
+  return fully_qualified_host_name();
+}
+
+std::string members_text(const std::vector<Member>& members) {
+  std::vector<std::string> texts;
+  for (const Member& m : members) texts.push_back(m.text());
+  return common::join(texts, ",");
+}
+
+}  // namespace
+
+EtcdRendezvous::EtcdRendezvous(asio::io_context& io, const common::Clock& clock,
+                               EtcdRendezvousOptions options)
+    : io_(io),
+      clock_(clock),
+      opt_(std::move(options)),
+      prefix_(job_prefix(opt_.run_id)),
+      node_id_(new_node_id()),
+      client_(std::make_shared<Client>(io, opt_.client)),
+      drive_timer_(io),
+      retry_timer_(io),
+      heartbeat_timer_(io),
+      status_timer_(io) {
+  spec_.run_id = opt_.run_id;
+  spec_.endpoint = members_text(opt_.client.members);
+  spec_.server = "etcd cluster";
+  spec_.unreachable_advice =
+      "check --rdzv_endpoint (every etcd member's client URL) and that the etcd members run; "
+      "see docs/operations.md#troubleshooting";
+  spec_.name = opt_.name;
+  spec_.node_rank = opt_.node_rank;
+  spec_.settings = opt_.settings;
+  spec_.connect_timeout = opt_.connect_timeout;
+  spec_.status_interval = opt_.status_interval;
+  // The lease carries the keep-alive: a node silent for the whole window loses its keys.
+  const auto window = std::chrono::duration_cast<std::chrono::seconds>(
+      opt_.settings.keep_alive_window() + std::chrono::milliseconds(999));
+  lease_ttl_ = std::max(window, std::chrono::seconds(2));
+  anchor_.steady = clock_.now();
+  anchor_.wall_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::system_clock::now().time_since_epoch())
+                        .count();
+  view_.prefix = prefix_;
+}
+
+EtcdRendezvous::~EtcdRendezvous() {
+  *alive_ = false;
+  if (keeper_) keeper_->stop();
+  if (watch_) watch_->cancel();
+  client_->close();
+}
+
+void EtcdRendezvous::set_notice_handler(std::function<void(Notice)> handler) {
+  on_notice_ = std::move(handler);
+}
+
+void EtcdRendezvous::next_rendezvous(std::function<void(RendezvousResult)> done) {
+  done_ = std::move(done);
+  step(NextRound{});
+}
+
+void EtcdRendezvous::report_failure(const WorkersFailed& failure) { step(ReportFailure{failure}); }
+
+void EtcdRendezvous::report_success() { step(ReportSuccess{}); }
+
+void EtcdRendezvous::leave(const std::string& reason) { step(LeaveJob{reason}); }
+
+void EtcdRendezvous::step(const ClientEvent& event) {
+  for (const ClientEffect& effect : rdzv_client_step(state_, event, clock_.now(), spec_))
+    apply(effect);
+}
+
+void EtcdRendezvous::apply(const ClientEffect& effect) {
+  if (std::holds_alternative<Connect>(effect)) {
+    connect();
+  } else if (const auto* join = std::get_if<SendJoin>(&effect)) {
+    send_join(join->join);
+  } else if (const auto* out = std::get_if<Send>(&effect)) {
+    // Heartbeats are the lease's keep-alive; a leave is the lease's revocation (CloseConnection).
+    if (std::holds_alternative<WorkersFailed>(out->message) ||
+        std::holds_alternative<WorkersSucceeded>(out->message))
+      send_report(out->message);
+  } else if (const auto* deliver = std::get_if<Deliver>(&effect)) {
+    auto done = std::move(done_);
+    done_ = nullptr;
+    if (!done) return;
+    if (deliver->posted)
+      asio::post(io_, [done = std::move(done), result = deliver->result] { done(result); });
+    else
+      done(deliver->result);
+  } else if (const auto* notify = std::get_if<Notify>(&effect)) {
+    if (auto handler = on_notice_) handler(notify->notice);
+  } else if (const auto* close = std::get_if<CloseConnection>(&effect)) {
+    // A leave: the lease goes, and with it this node's keys (the driver sees them deleted).
+    if (close->after_writes) revoke_lease({});
+    drop_link();
+  } else if (std::holds_alternative<RenewNodeId>(effect)) {
+    node_id_ = new_node_id();
+    my_create_revision_ = 0;
+  } else if (std::holds_alternative<Detach>(effect)) {
+    done_ = nullptr;
+    on_notice_ = nullptr;
+  } else if (const auto* arm = std::get_if<ArmClientTimer>(&effect)) {
+    auto& timer = timer_for(arm->timer);
+    timer.expires_after(arm->after);
+    timer.async_wait([this, alive = alive_, which = arm->timer](error_code ec) {
+      if (ec || !*alive) return;
+      switch (which) {
+        case ClientTimer::Retry:
+          return step(RetryDue{});
+        case ClientTimer::Heartbeat:
+          return step(HeartbeatDue{});
+        case ClientTimer::Status:
+          return step(StatusDue{});
+      }
+    });
+  } else if (const auto* disarm = std::get_if<DisarmClientTimer>(&effect)) {
+    timer_for(disarm->timer).cancel();
+  } else if (const auto* line = std::get_if<ClientLog>(&effect)) {
+    switch (line->level) {
+      case ClientLogLevel::Debug:
+        return spdlog::debug("{}", line->text);
+      case ClientLogLevel::Info:
+        return spdlog::info("{}", line->text);
+      case ClientLogLevel::Warn:
+        return spdlog::warn("{}", line->text);
+    }
+  }
+}
+
+asio::steady_timer& EtcdRendezvous::timer_for(ClientTimer timer) {
+  switch (timer) {
+    case ClientTimer::Retry:
+      return retry_timer_;
+    case ClientTimer::Heartbeat:
+      return heartbeat_timer_;
+    case ClientTimer::Status:
+      break;
+  }
+  return status_timer_;
+}
+
+void EtcdRendezvous::drop_link() {
+  ++generation_;
+  linked_ = false;
+  driving_ = false;
+  drive_timer_.cancel();
+  if (watch_) {
+    auto watch = std::move(watch_);
+    watch->cancel();
+  }
+}
+
+void EtcdRendezvous::connect() {
+  drop_link();
+  const std::uint64_t generation = generation_;
+  // Connecting: a lease (unless this node holds one), a read of the job's keys, a watch from the
+  // revision after the read; then the link is ready and the join goes out.
+  auto read_and_watch = [this, generation, alive = alive_] {
+    RangeOp all{prefix_, prefix_end(prefix_)};
+    client_->call_as<RangeResponse>(
+        range(all), decode_range, [this, generation, alive](common::Result<RangeResponse> read) {
+          if (!*alive || generation != generation_) return;
+          if (!read) return step(ConnectionLost{read.error().message});
+          load_range(view_, read->kvs);
+          WatchOptions options;
+          options.key = prefix_;
+          options.range_end = prefix_end(prefix_);
+          options.start_revision = read->header.revision + 1;
+          watch_ = client_->watch(
+              options,
+              [this, generation, alive](const WatchResponse& response) {
+                if (*alive) on_watch(generation, response);
+              },
+              [this, generation, alive](const common::Error& error) {
+                if (!*alive || generation != generation_) return;
+                step(ConnectionLost{"the watch of " + prefix_ + " ended: " + error.message});
+              });
+          linked_ = true;
+          step(Connected{true});
+          step(Greeted{});
+          if (unsent_report_ && linked_) {
+            auto report = std::move(*unsent_report_);
+            unsent_report_.reset();
+            send_report(report);
+          }
+          maybe_drive();
+        });
+  };
+  if (lease_ != 0) {
+    // The lease outlived an outage of etcd (leases are extended when a new leader is elected):
+    // renew it again; if etcd says it is gone, this node joins again as a new one.
+    if (!keeper_) keep_lease_alive();
+    return read_and_watch();
+  }
+  client_->call_as<LeaseGrantResponse>(lease_grant(lease_ttl_.count()), decode_lease_grant,
+                                       [this, generation, alive = alive_, read_and_watch](
+                                           common::Result<LeaseGrantResponse> granted) {
+                                         if (!*alive) return;
+                                         if (!granted) {
+                                           if (generation == generation_)
+                                             step(ConnectionLost{granted.error().message});
+                                           return;
+                                         }
+                                         if (lease_ != 0 || generation != generation_) {
+                                           // Not needed any more (a newer connect holds one); let
+                                           // it go.
+                                           client_->call(lease_revoke(granted->id), [](Reply) {});
+                                           return;
+                                         }
+                                         lease_ = granted->id;
+                                         keep_lease_alive();
+                                         read_and_watch();
+                                       });
+}
+
+void EtcdRendezvous::keep_lease_alive() {
+  const std::int64_t lease = lease_;
+  keeper_ = std::make_shared<LeaseKeeper>(
+      client_, lease, lease_ttl_, [this, alive = alive_, lease](const common::Error& error) {
+        if (!*alive) return;
+        const bool gone = keeper_ && keeper_->gone();
+        on_lease_lost(lease, error.message, gone);
+      });
+  keeper_->start();
+}
+
+void EtcdRendezvous::on_lease_lost(std::int64_t lease, const std::string& why, bool gone) {
+  if (lease != lease_) return;
+  keeper_.reset();
+  if (!gone) {
+    // etcd did not answer for a whole TTL: the workers keep running while the client
+    // reconnects (for connect_timeout); the lease is renewed again once etcd answers.
+    if (state_.phase != ClientPhase::Done) step(ConnectionLost{why});
+    return;
+  }
+  lease_ = 0;
+  my_create_revision_ = 0;
+  if (state_.phase == ClientPhase::Done) return;
+  // The keys went with the lease: the driver counts this node as lost. Like a node the TCP
+  // server dropped, it joins again under a new id (its running workers restart).
+  step(FrameReceived{
+      Refused{RefusalKind::Dropped,
+              "this node's etcd lease " + std::to_string(lease) + " is gone (" + why + ")"}});
+}
+
+void EtcdRendezvous::send_join(Join join, bool second_try) {
+  if (!linked_ || lease_ == 0) return;
+  join.node_id = node_id_;
+  if (!opt_.local_addr.empty()) {
+    join.addr = opt_.local_addr;
+  } else {
+    if (advertised_addr_.empty())
+      advertised_addr_ = address_towards(io_, client_->current_member());
+    join.addr = advertised_addr_;
+  }
+  if (opt_.master_port) {
+    join.master_port = *opt_.master_port;
+  } else {
+    auto port = find_free_port(join.addr);
+    if (!std::holds_alternative<int>(port)) port = find_free_port("");
+    join.master_port = std::holds_alternative<int>(port) ? std::get<int>(port) : 0;
+  }
+  const std::string key = node_key(prefix_, node_id_);
+  // Still this node's own key (created by its first join), or no key yet.
+  Compare mine{key, CompareTarget::CreateRevision, CompareResult::Equal, my_create_revision_, {}};
+  PutOp put_join{key, encode_message(join), lease_, false};
+  const std::uint64_t generation = generation_;
+  client_->call_as<TxnResponse>(
+      txn({mine}, {put_join}, {RangeOp{key, {}, 0, 0, false}}), decode_txn,
+      [this, generation, alive = alive_, join, key,
+       second_try](common::Result<TxnResponse> answer) {
+        if (!*alive || generation != generation_) return;
+        if (!answer) return step(ConnectionLost{answer.error().message});
+        if (answer->succeeded) {
+          if (my_create_revision_ == 0) my_create_revision_ = answer->header.revision;
+          return;
+        }
+        std::optional<KeyValue> found;
+        if (!answer->responses.empty())
+          if (const auto* r = std::get_if<RangeResponse>(&answer->responses[0]))
+            if (!r->kvs.empty()) found = r->kvs[0];
+        if (found && found->lease == lease_ && !second_try) {
+          // An earlier put whose answer was lost went through: the key is this node's.
+          my_create_revision_ = found->create_revision;
+          return send_join(join, true);
+        }
+        if (my_create_revision_ == 0)
+          return step(ServerUnusable{RendezvousError{
+              RendezvousErrorKind::State,
+              "the etcd key " + key + " belongs to another node (lease " +
+                  std::to_string(found ? found->lease : 0) + "); node ids must be unique"}});
+        // The key is gone: the lease expired while this node still ran.
+        on_lease_lost(lease_, "its key " + key + " was deleted", true);
+      });
+}
+
+void EtcdRendezvous::send_report(const AgentMessage& message) {
+  if (!linked_ || lease_ == 0 || my_create_revision_ == 0) {
+    unsent_report_ = message;
+    return;
+  }
+  const std::string key = report_key(prefix_, node_id_);
+  Compare mine{node_key(prefix_, node_id_),
+               CompareTarget::CreateRevision,
+               CompareResult::Equal,
+               my_create_revision_,
+               {}};
+  const std::uint64_t generation = generation_;
+  client_->call_as<TxnResponse>(
+      txn({mine}, {PutOp{key, encode_message(message), lease_, false}}, {}), decode_txn,
+      [this, generation, alive = alive_, message](common::Result<TxnResponse> answer) {
+        if (!*alive) return;
+        if (!answer) {
+          // Sent again once etcd answers (the driver applies a report once per revision).
+          unsent_report_ = message;
+          if (generation == generation_) step(ConnectionLost{answer.error().message});
+          return;
+        }
+        if (!answer->succeeded && generation == generation_)
+          on_lease_lost(lease_, "its key " + node_key(prefix_, node_id_) + " was deleted", true);
+      });
+}
+
+void EtcdRendezvous::on_watch(std::uint64_t generation, const WatchResponse& response) {
+  if (generation != generation_) return;
+  for (const Event& event : response.events) {
+    if (generation != generation_) return;  // a callback below reconnected
+    apply_event(view_, event);
+    if (event.kv.key != state_key(prefix_)) continue;
+    if (event.type == Event::Type::Delete) {
+      // The job's keys were deleted: the job ended (its Closed came before) or someone
+      // removed them by hand.
+      if (last_phase_ != JobPhase::Closed && state_.phase != ClientPhase::Done)
+        step(ServerUnusable{RendezvousError{RendezvousErrorKind::Closed,
+                                            "the rendezvous state of job '" + opt_.run_id +
+                                                "' was deleted from etcd (" + state_key(prefix_) +
+                                                ") while the job ran"}});
+      continue;
+    }
+    auto decoded = decode_state(event.kv.value, event.kv.key, anchor_, clock_.now());
+    if (!decoded) {
+      if (state_.phase != ClientPhase::Done)
+        step(ServerUnusable{RendezvousError{RendezvousErrorKind::State, decoded.error().message}});
+      continue;
+    }
+    last_phase_ = decoded->job.phase;
+    last_state_revision_ = event.kv.mod_revision;
+    for (const Outgoing& out : decoded->messages) {
+      if (out.node_id != node_id_) continue;
+      step(FrameReceived{out.message});
+      if (generation != generation_) return;
+    }
+  }
+  maybe_drive();
+}
+
+void EtcdRendezvous::maybe_drive() {
+  if (!linked_ || my_create_revision_ == 0) return;
+  const bool first = driver_of(view_) == node_id_;
+  if (first != driving_) {
+    driving_ = first;
+    if (first)
+      spdlog::info("this node drives the rendezvous of job '{}' in etcd", opt_.run_id);
+    else
+      drive_timer_.cancel();
+  }
+  if (!driving_) return;
+  if (writing_) {
+    drive_again_ = true;
+    return;
+  }
+  StoredState current;
+  if (view_.state) {
+    auto decoded = decode_state(view_.state->value, view_.state->key, anchor_, clock_.now());
+    if (!decoded) {
+      if (state_.phase != ClientPhase::Done)
+        step(ServerUnusable{RendezvousError{RendezvousErrorKind::State, decoded.error().message}});
+      return;
+    }
+    current = std::move(*decoded);
+  } else {
+    current.job = new_job(opt_.run_id, clock_.now());
+  }
+  current.messages.clear();
+  DriveResult result = drive(std::move(current), view_, clock_.now());
+  drive_timer_.cancel();
+  if (result.wake_at) {
+    drive_timer_.expires_at(*result.wake_at);
+    drive_timer_.async_wait([this, alive = alive_](error_code ec) {
+      if (!ec && *alive) maybe_drive();
+    });
+  }
+  if (result.changed || result.erase) write_state(result);
+}
+
+void EtcdRendezvous::write_state(const DriveResult& result) {
+  const std::string key = state_key(prefix_);
+  std::vector<Compare> compares;
+  // The fence: the state this pass started from is still the newest, and this node still holds
+  // its key (a driver whose lease expired is no longer first).
+  if (view_.state)
+    compares.push_back(
+        {key, CompareTarget::ModRevision, CompareResult::Equal, view_.state->mod_revision, {}});
+  else
+    compares.push_back({key, CompareTarget::CreateRevision, CompareResult::Equal, 0, {}});
+  compares.push_back({node_key(prefix_, node_id_),
+                      CompareTarget::CreateRevision,
+                      CompareResult::Equal,
+                      my_create_revision_,
+                      {}});
+  std::vector<Op> ops;
+  std::string value;
+  if (result.erase) {
+    // Closed -> [erased]: close_timeout after the end, the job's keys go.
+    ops.push_back(DeleteOp{prefix_, prefix_end(prefix_), false});
+  } else {
+    value = encode_state(result.next, anchor_);
+    if (value.size() > kMaxStateBytes) {
+      spdlog::error(
+          "the rendezvous state of job '{}' would take {} bytes in etcd, more than {}: too many "
+          "nodes for one etcd key",
+          opt_.run_id, value.size(), kMaxStateBytes);
+      return;
+    }
+    ops.push_back(PutOp{key, value, 0, false});
+  }
+  writing_ = true;
+  const std::uint64_t generation = generation_;
+  client_->call_as<TxnResponse>(
+      txn(compares, ops, {}), decode_txn,
+      [this, generation, alive = alive_, value](common::Result<TxnResponse> answer) {
+        if (!*alive) return;
+        writing_ = false;
+        if (generation != generation_) return;
+        if (!answer) {
+          // Outcome unknown or etcd unreachable: the watch shows what happened; try again then.
+          spdlog::warn("could not write the rendezvous state of job '{}' to etcd: {}", opt_.run_id,
+                       answer.error().message);
+          drive_timer_.expires_after(std::chrono::milliseconds(200));
+          drive_timer_.async_wait([this, alive](error_code ec) {
+            if (!ec && *alive) maybe_drive();
+          });
+          return;
+        }
+        if (answer->succeeded && !value.empty()) {
+          // Ahead of the watch: the next pass starts from what was written.
+          KeyValue written;
+          written.key = state_key(prefix_);
+          written.value = value;
+          written.mod_revision = answer->header.revision;
+          written.create_revision =
+              view_.state ? view_.state->create_revision : answer->header.revision;
+          view_.state = written;
+        }
+        // A failed compare: another driver wrote, or this one's view lags; the watch brings
+        // the newer state and drives again.
+        if (drive_again_ || answer->succeeded) {
+          drive_again_ = false;
+          maybe_drive();
+        }
+      });
+}
+
+void EtcdRendezvous::revoke_lease(std::function<void()> done) {
+  if (keeper_) keeper_->stop();
+  keeper_.reset();
+  const std::int64_t lease = lease_;
+  lease_ = 0;
+  my_create_revision_ = 0;
+  if (lease == 0) {
+    if (done) asio::post(io_, std::move(done));
+    return;
+  }
+  client_->call(lease_revoke(lease), [done = std::move(done)](Reply) {
+    if (done) done();
+  });
+}
+
+void EtcdRendezvous::when_flushed(std::function<void()> done) {
+  drop_link();
+  if (last_phase_ != JobPhase::Closed || last_state_revision_ == 0)
+    return revoke_lease(std::move(done));
+  // The job is over and every node heard so (its Closed came before, in revision order): its
+  // keys go now, unless the state changed since (then it is not the job this node saw end).
+  const std::string key = state_key(prefix_);
+  Compare same{key, CompareTarget::ModRevision, CompareResult::Equal, last_state_revision_, {}};
+  client_->call(txn({same}, {DeleteOp{prefix_, prefix_end(prefix_), false}}, {}),
+                [this, alive = alive_, done = std::move(done)](Reply) mutable {
+                  if (!*alive) return;
+                  revoke_lease(std::move(done));
+                });
+}
+
+}  // namespace ddprun::etcd

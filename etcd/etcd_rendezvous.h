@@ -1,0 +1,118 @@
+#pragma once
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "etcd/client.h"
+#include "etcd/rdzv_store.h"
+#include "rendezvous/rdzv_client.h"
+#include "rendezvous/rendezvous_handler.h"
+
+namespace ddprun::etcd {
+
+/// Everything a node needs to take part in a rendezvous held in etcd.
+struct EtcdRendezvousOptions {
+  std::string run_id;
+  ClientSettings client;   ///< members, credentials, TLS
+  std::string name;        ///< shown to users and used to order ranks (addr or host name)
+  std::string local_addr;  ///< --local_addr: MASTER_ADDR when this node is group rank 0
+  std::optional<int> node_rank;
+  std::optional<int> master_port;  ///< fixed instead of a free port per round
+  rdzv::RdzvSettings settings;
+  /// How long etcd may stay unreachable before the node gives up.
+  rdzv::Millis connect_timeout{60'000};
+  rdzv::Millis status_interval{5'000};
+};
+
+/// The agent's side of the rendezvous on etcd v3 (docs/design.md#rendezvous-on-etcd-v3). What the
+/// node does is decided by the TCP client's pure machine, rdzv_client_step() (rdzv_client.h);
+/// what the job does by the server's step(), run by whichever node drives (rdzv_store.h's
+/// drive()). This class is the executor of both: it holds the lease, the prefix watch, the
+/// requests and the timers.
+///
+///   agent --next_rendezvous/report--> rdzv_client_step --SendJoin/Send--> put nodes/ reports/
+///                                                                             |
+///   etcd --prefix watch--> View --state put: messages for this node--> FrameReceived
+///                            |
+///                            +--this node has the lowest create revision--> drive()
+///                                    --> txn: if mod_revision(state) == R put state
+///   LeaseKeeper: lost --> Refused(Dropped): a new id, join again
+class EtcdRendezvous final : public rdzv::RendezvousHandler {
+ public:
+  EtcdRendezvous(boost::asio::io_context& io, const common::Clock& clock,
+                 EtcdRendezvousOptions options);
+  ~EtcdRendezvous() override;
+
+  void next_rendezvous(std::function<void(rdzv::RendezvousResult)> done) override;
+  void set_notice_handler(std::function<void(rdzv::Notice)> handler) override;
+  void report_failure(const rdzv::WorkersFailed& failure) override;
+  void report_success() override;
+  void leave(const std::string& reason) override;
+  std::string backend() const override { return "etcd-v3"; }
+  std::string run_id() const override { return opt_.run_id; }
+
+  /// Once the job is over: deletes a closed job's keys, revokes this node's lease and then runs
+  /// `done` (posted). Bounded by the client's request timeout; the caller keeps a deadline.
+  void when_flushed(std::function<void()> done);
+
+  /// This node's id ("host:pid:random"); a new one after its lease was lost.
+  const std::string& node_id() const { return node_id_; }
+  /// Whether this node drives the job now (lowest create revision).
+  bool driving() const { return driving_; }
+
+ private:
+  void step(const rdzv::ClientEvent& event);
+  void apply(const rdzv::ClientEffect& effect);
+  void connect();
+  void on_watch(std::uint64_t generation, const WatchResponse& response);
+  void on_lease_lost(std::int64_t lease, const std::string& why, bool gone);
+  void keep_lease_alive();
+  void drop_link();
+  void send_join(rdzv::Join join, bool second_try = false);
+  void send_report(const rdzv::AgentMessage& message);
+  void maybe_drive();
+  void write_state(const DriveResult& result);
+  void revoke_lease(std::function<void()> done);
+  boost::asio::steady_timer& timer_for(rdzv::ClientTimer timer);
+
+  boost::asio::io_context& io_;
+  const common::Clock& clock_;
+  EtcdRendezvousOptions opt_;
+  rdzv::ClientSpec spec_;
+  rdzv::ClientState state_;
+  std::string prefix_;
+  std::string node_id_;
+  std::shared_ptr<Client> client_;
+  TimeAnchor anchor_;
+  std::chrono::seconds lease_ttl_{0};
+  std::int64_t lease_ = 0;
+  std::shared_ptr<LeaseKeeper> keeper_;
+  std::shared_ptr<Watch> watch_;
+  /// Bumped on every connect and drop: callbacks of an older watch or read are ignored.
+  std::uint64_t generation_ = 0;
+  bool linked_ = false;  ///< the view is current (range read, watch running)
+  View view_;
+  std::int64_t my_create_revision_ = 0;  ///< of nodes/<node_id_>; 0 before the first join
+  std::string advertised_addr_;
+  std::optional<rdzv::AgentMessage> unsent_report_;  ///< a report whose put failed
+  bool driving_ = false;
+  bool writing_ = false;  ///< a state txn is in flight
+  bool drive_again_ = false;
+  boost::asio::steady_timer drive_timer_;
+  std::optional<rdzv::JobPhase> last_phase_;  ///< of the last state seen
+  std::int64_t last_state_revision_ = 0;
+  std::function<void(rdzv::RendezvousResult)> done_;
+  std::function<void(rdzv::Notice)> on_notice_;
+  boost::asio::steady_timer retry_timer_;
+  boost::asio::steady_timer heartbeat_timer_;
+  boost::asio::steady_timer status_timer_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+};
+
+}  // namespace ddprun::etcd

@@ -1,0 +1,473 @@
+#include "etcd/rdzv_store.h"
+
+#include <algorithm>
+#include <limits>
+#include <tuple>
+#include <utility>
+
+#include "common/enum_names.h"
+#include "rendezvous/limits.h"
+
+namespace ddprun::etcd {
+
+using nlohmann::json;
+using rdzv::JobState;
+using std::chrono::milliseconds;
+
+namespace {
+
+/// Version of the `state` value's layout; a value of another version is refused by name.
+constexpr int kStateFormat = 1;
+
+/// Ten years, in milliseconds: a stored time further than this from now is corrupt.
+constexpr std::int64_t kMaxTimeSkewMs = 10LL * 365 * 24 * 3600 * 1000;
+
+/// Reads fields of one JSON object, remembering the first problem with its path.
+class Fields {
+ public:
+  Fields(const json& object, std::string path, std::optional<std::string>& error)
+      : o_(object), path_(std::move(path)), error_(error) {
+    if (!o_.is_object()) fail(path_ + " must be an object");
+  }
+
+  const json* get(const char* key, bool required = true) {
+    if (!o_.is_object()) return nullptr;
+    auto it = o_.find(key);
+    if (it == o_.end() || it->is_null()) {
+      if (required) fail(where(key) + " is missing");
+      return nullptr;
+    }
+    return &*it;
+  }
+  std::int64_t integer(const char* key, std::int64_t lo, std::int64_t hi) {
+    const json* v = get(key);
+    if (!v) return lo;
+    if (!v->is_number_integer()) return fail(where(key) + " must be an integer"), lo;
+    const auto n = v->get<std::int64_t>();
+    if (n < lo || n > hi)
+      return fail(where(key) + " is " + std::to_string(n) + ", outside " + std::to_string(lo) +
+                  ".." + std::to_string(hi)),
+             lo;
+    return n;
+  }
+  int int32(const char* key, int lo = 0) {
+    return static_cast<int>(integer(key, lo, std::numeric_limits<int>::max()));
+  }
+  std::string text(const char* key, bool required = true) {
+    const json* v = get(key, required);
+    if (!v) return {};
+    if (!v->is_string()) return fail(where(key) + " must be a string"), std::string();
+    if (v->get_ref<const std::string&>().size() > rdzv::kMaxTextBytes)
+      return fail(where(key) + " is longer than " + std::to_string(rdzv::kMaxTextBytes) + " bytes"),
+             std::string();
+    return v->get<std::string>();
+  }
+  bool boolean(const char* key) {
+    const json* v = get(key, false);
+    if (!v) return false;
+    if (!v->is_boolean()) return fail(where(key) + " must be true or false"), false;
+    return v->get<bool>();
+  }
+  std::optional<common::TimePoint> time(const char* key, const TimeAnchor& anchor, bool required) {
+    const json* v = get(key, required);
+    if (!v) return std::nullopt;
+    if (!v->is_number_integer()) return fail(where(key) + " must be an integer"), std::nullopt;
+    const auto ms = v->get<std::int64_t>();
+    if (ms < anchor.wall_ms - kMaxTimeSkewMs || ms > anchor.wall_ms + kMaxTimeSkewMs)
+      return fail(where(key) + " (" + std::to_string(ms) +
+                  " ms since the epoch) is more than ten years from now"),
+             std::nullopt;
+    return anchor.to_steady(ms);
+  }
+  const json* container(const char* key, bool object, std::size_t max) {
+    const json* v = get(key, false);
+    if (!v) return nullptr;
+    if (object ? !v->is_object() : !v->is_array())
+      return fail(where(key) + (object ? " must be an object" : " must be an array")), nullptr;
+    if (v->size() > max)
+      return fail(where(key) + " holds " + std::to_string(v->size()) + " entries, more than " +
+                  std::to_string(max)),
+             nullptr;
+    return v;
+  }
+  template <typename Enum, std::size_t N>
+  Enum name(const char* key, const std::array<common::EnumName<Enum>, N>& table) {
+    const std::string t = text(key);
+    if (auto e = common::enum_from(t, table)) return *e;
+    fail(where(key) + " has the unknown value \"" + t + "\"");
+    return table[0].value;
+  }
+  void fail(std::string why) {
+    if (!error_) error_ = std::move(why);
+  }
+  bool ok() const { return !error_; }
+  std::string where(const std::string& key) const { return path_ + "." + key; }
+
+ private:
+  const json& o_;
+  std::string path_;
+  std::optional<std::string>& error_;
+};
+
+json settings_to_json(const rdzv::RdzvSettings& s) {
+  return {{"min_nodes", s.min_nodes},
+          {"max_nodes", s.max_nodes},
+          {"nproc_per_node", s.nproc_per_node},
+          {"max_restarts", s.max_restarts},
+          {"join_timeout_ms", s.join_timeout.count()},
+          {"last_call_timeout_ms", s.last_call_timeout.count()},
+          {"close_timeout_ms", s.close_timeout.count()},
+          {"keep_alive_interval_ms", s.keep_alive_interval.count()},
+          {"keep_alive_max_attempt", s.keep_alive_max_attempt}};
+}
+
+rdzv::RdzvSettings settings_from_json(Fields f) {
+  rdzv::RdzvSettings s;
+  s.min_nodes = f.int32("min_nodes");
+  s.max_nodes = f.int32("max_nodes");
+  s.nproc_per_node = f.int32("nproc_per_node");
+  s.max_restarts = f.int32("max_restarts");
+  s.join_timeout = milliseconds(f.int32("join_timeout_ms"));
+  s.last_call_timeout = milliseconds(f.int32("last_call_timeout_ms"));
+  s.close_timeout = milliseconds(f.int32("close_timeout_ms"));
+  s.keep_alive_interval = milliseconds(f.int32("keep_alive_interval_ms"));
+  s.keep_alive_max_attempt = f.int32("keep_alive_max_attempt");
+  return s;
+}
+
+json job_to_json(const JobState& s, const TimeAnchor& a) {
+  json nodes = json::object();
+  for (const auto& [id, node] : s.nodes) {
+    nodes[id] = {{"join", rdzv::to_json(rdzv::AgentMessage{node.request})},
+                 {"state", std::string(common::name_of(node.state, rdzv::kNodeStateNames))},
+                 {"group_rank", node.group_rank}};
+  }
+  json j = {{"run_id", s.run_id},
+            {"settings", settings_to_json(s.settings)},
+            {"settings_from", s.settings_from},
+            {"phase", std::string(common::name_of(s.phase, rdzv::kJobPhaseNames))},
+            {"round", s.round},
+            {"restart_count", s.restart_count},
+            {"nodes", std::move(nodes)},
+            {"previous_ranks", s.previous_ranks},
+            {"round_started_ms", a.to_wall(s.round_started)},
+            {"waiting_dirty", s.waiting_dirty},
+            {"dropped_ids", s.dropped_ids}};
+  const auto time = [&](const char* key, const std::optional<common::TimePoint>& t) {
+    if (t) j[key] = a.to_wall(*t);
+  };
+  time("last_call_ms", s.last_call);
+  time("adopt_deadline_ms", s.adopt_deadline);
+  time("closed_at_ms", s.closed_at);
+  time("waiting_quiet_until_ms", s.waiting_quiet_until);
+  if (s.closed) j["closed"] = rdzv::to_json(rdzv::ServerMessage{*s.closed});
+  return j;
+}
+
+JobState job_from_json(const json& j, const TimeAnchor& a, common::TimePoint now,
+                       std::optional<std::string>& error) {
+  JobState s;
+  Fields f(j, "job", error);
+  s.run_id = f.text("run_id");
+  if (const json* settings = f.get("settings"))
+    s.settings = settings_from_json(Fields(*settings, "job.settings", error));
+  s.settings_from = f.text("settings_from");
+  s.phase = f.name("phase", rdzv::kJobPhaseNames);
+  s.round = f.int32("round");
+  s.restart_count = f.int32("restart_count");
+  if (const json* nodes = f.container("nodes", true, kMaxNodesInState)) {
+    for (const auto& [id, record] : nodes->items()) {
+      if (!f.ok()) break;
+      Fields n(record, "job.nodes[" + id + "]", error);
+      rdzv::NodeRecord node;
+      if (const json* join = n.get("join")) {
+        auto parsed = rdzv::parse_agent_message(*join);
+        if (const auto* bad = std::get_if<std::string>(&parsed)) {
+          n.fail(n.where("join") + ": " + *bad);
+        } else if (const auto* request = std::get_if<rdzv::Join>(&std::get<0>(parsed))) {
+          node.request = *request;
+        } else {
+          n.fail(n.where("join") + " is not a join");
+        }
+      }
+      node.state = n.name("state", rdzv::kNodeStateNames);
+      node.group_rank = static_cast<int>(n.integer("group_rank", -1, kMaxNodesInState));
+      node.last_seen = now;
+      s.nodes.emplace(id, std::move(node));
+    }
+  }
+  if (const json* ranks = f.container("previous_ranks", true, kMaxNodesInState)) {
+    for (const auto& [id, rank] : ranks->items()) {
+      if (!rank.is_number_integer() || rank.get<std::int64_t>() < 0 ||
+          rank.get<std::int64_t>() >= static_cast<std::int64_t>(kMaxNodesInState)) {
+        f.fail("job.previous_ranks[" + id + "] must be a group rank");
+        break;
+      }
+      s.previous_ranks[id] = rank.get<int>();
+    }
+  }
+  s.round_started = f.time("round_started_ms", a, true).value_or(now);
+  s.last_call = f.time("last_call_ms", a, false);
+  s.adopt_deadline = f.time("adopt_deadline_ms", a, false);
+  s.closed_at = f.time("closed_at_ms", a, false);
+  s.waiting_quiet_until = f.time("waiting_quiet_until_ms", a, false);
+  s.waiting_dirty = f.boolean("waiting_dirty");
+  if (const json* dropped = f.container("dropped_ids", false, rdzv::kMaxDroppedIds)) {
+    for (const json& id : *dropped) {
+      if (!id.is_string()) {
+        f.fail("job.dropped_ids must hold strings");
+        break;
+      }
+      s.dropped_ids.push_back(id.get<std::string>());
+    }
+  }
+  if (const json* closed = f.get("closed", false)) {
+    auto parsed = rdzv::parse_server_message(*closed);
+    if (const auto* bad = std::get_if<std::string>(&parsed))
+      f.fail("job.closed: " + *bad);
+    else if (const auto* c = std::get_if<rdzv::Closed>(&std::get<0>(parsed)))
+      s.closed = *c;
+    else
+      f.fail("job.closed is not a closed message");
+  }
+  return s;
+}
+
+/// The part of `key` after the job's `prefix` + `dir`, or nullopt.
+std::optional<std::string> id_under(const std::string& key, const std::string& prefix,
+                                    const char* dir) {
+  const std::string head = prefix + dir;
+  if (key.size() <= head.size() || key.compare(0, head.size(), head) != 0) return std::nullopt;
+  return key.substr(head.size());
+}
+
+}  // namespace
+
+std::string job_prefix(const std::string& run_id) { return "/ddprun/" + run_id + "/"; }
+std::string state_key(const std::string& prefix) { return prefix + "state"; }
+std::string node_key(const std::string& prefix, const std::string& node_id) {
+  return prefix + "nodes/" + node_id;
+}
+std::string report_key(const std::string& prefix, const std::string& node_id) {
+  return prefix + "reports/" + node_id;
+}
+
+std::int64_t TimeAnchor::to_wall(common::TimePoint t) const {
+  return wall_ms + std::chrono::duration_cast<milliseconds>(t - steady).count();
+}
+
+common::TimePoint TimeAnchor::to_steady(std::int64_t wall) const {
+  return steady + milliseconds(wall - wall_ms);
+}
+
+std::string encode_state(const StoredState& state, const TimeAnchor& anchor) {
+  json applied = json::object();
+  for (const auto& [id, a] : state.applied) applied[id] = {a.join, a.report};
+  json messages = json::array();
+  for (const rdzv::Outgoing& out : state.messages)
+    messages.push_back({{"node", out.node_id}, {"message", rdzv::to_json(out.message)}});
+  return json{{"format", kStateFormat},
+              {"job", job_to_json(state.job, anchor)},
+              {"applied", std::move(applied)},
+              {"messages", std::move(messages)}}
+      .dump();
+}
+
+common::Result<StoredState> decode_state(const std::string& value, const std::string& key,
+                                         const TimeAnchor& anchor, common::TimePoint now) {
+  const auto bad = [&key](const std::string& why) {
+    return common::Error{"the rendezvous state in etcd at " + key + " is malformed: " + why +
+                         "; delete the job's keys (etcdctl del --prefix " +
+                         key.substr(0, key.rfind('/') + 1) + ") or pick another --rdzv_id"};
+  };
+  if (value.size() > kMaxStateBytes)
+    return bad(std::to_string(value.size()) + " bytes, more than " +
+               std::to_string(kMaxStateBytes));
+  json j = json::parse(value, nullptr, false);
+  if (j.is_discarded()) return bad("not JSON");
+  std::optional<std::string> error;
+  StoredState out;
+  Fields f(j, "state", error);
+  if (f.ok()) {
+    const auto format = f.integer("format", 0, 1'000'000);
+    if (f.ok() && format != kStateFormat)
+      return bad("format " + std::to_string(format) + ", this ddprun reads format " +
+                 std::to_string(kStateFormat) + " (every node must run the same ddprun)");
+  }
+  if (const json* job = f.get("job")) out.job = job_from_json(*job, anchor, now, error);
+  if (const json* applied = f.container("applied", true, 2 * kMaxNodesInState)) {
+    for (const auto& [id, pair] : applied->items()) {
+      if (!pair.is_array() || pair.size() != 2 || !pair[0].is_number_integer() ||
+          !pair[1].is_number_integer()) {
+        f.fail("state.applied[" + id + "] must be [join revision, report revision]");
+        break;
+      }
+      out.applied[id] = Applied{pair[0].get<std::int64_t>(), pair[1].get<std::int64_t>()};
+    }
+  }
+  if (const json* messages = f.container("messages", false, kMaxMessagesInState)) {
+    for (const json& m : *messages) {
+      Fields mf(m, "state.messages[]", error);
+      rdzv::Outgoing out_message;
+      out_message.node_id = mf.text("node");
+      if (const json* body = mf.get("message")) {
+        auto parsed = rdzv::parse_server_message(*body);
+        if (const auto* why = std::get_if<std::string>(&parsed))
+          mf.fail("state.messages[]: " + *why);
+        else
+          out_message.message = std::get<0>(std::move(parsed));
+      }
+      if (!mf.ok()) break;
+      out.messages.push_back(std::move(out_message));
+    }
+  }
+  if (error) return bad(*error);
+  return out;
+}
+
+void apply_event(View& view, const Event& event) {
+  const std::string& key = event.kv.key;
+  const bool put = event.type == Event::Type::Put;
+  if (key == state_key(view.prefix)) {
+    // A driver keeps what it wrote ahead of the watch; an older put arriving later is no news.
+    if (put && view.state && event.kv.mod_revision < view.state->mod_revision) return;
+    if (put)
+      view.state = event.kv;
+    else
+      view.state.reset();
+    return;
+  }
+  for (auto [dir, map] : {std::pair{"nodes/", &view.nodes}, std::pair{"reports/", &view.reports}}) {
+    if (auto id = id_under(key, view.prefix, dir)) {
+      if (put)
+        (*map)[*id] = event.kv;
+      else
+        map->erase(*id);
+      return;
+    }
+  }
+}
+
+void load_range(View& view, const std::vector<KeyValue>& kvs) {
+  view.state.reset();
+  view.nodes.clear();
+  view.reports.clear();
+  for (const KeyValue& kv : kvs) apply_event(view, Event{Event::Type::Put, kv, std::nullopt});
+}
+
+std::optional<std::string> driver_of(const View& view) {
+  std::optional<std::string> best;
+  std::int64_t lowest = 0;
+  for (const auto& [id, kv] : view.nodes) {
+    if (!best || kv.create_revision < lowest) {
+      best = id;
+      lowest = kv.create_revision;
+    }
+  }
+  return best;
+}
+
+std::string encode_message(const rdzv::AgentMessage& message) {
+  return rdzv::to_json(message).dump();
+}
+
+DriveResult drive(StoredState current, const View& view, common::TimePoint now) {
+  DriveResult r;
+  const json job_before = job_to_json(current.job, TimeAnchor{});
+  const auto applied_before = current.applied;
+  StoredState& s = r.next;
+  s.job = std::move(current.job);
+  s.applied = std::move(current.applied);
+
+  const auto run = [&](const rdzv::Event& event) {
+    // Liveness is the lease's: every node whose key exists is alive now.
+    for (auto& [id, node] : s.job.nodes) node.last_seen = now;
+    rdzv::StepResult step = rdzv::step(std::move(s.job), event, now);
+    s.job = std::move(step.state);
+    for (auto& out : step.messages) s.messages.push_back(std::move(out));
+    r.wake_at = step.wake_at;
+    if (step.erase) {
+      if (s.job.phase == rdzv::JobPhase::Closed) r.erase = true;
+      // [none] -> [forgotten]: a refused first join leaves no job, as on the server.
+      s.job = rdzv::new_job(s.job.run_id, now);
+    }
+  };
+
+  // Nodes whose key is gone: their lease expired or was revoked.
+  std::vector<std::string> gone;
+  for (const auto& [id, a] : s.applied)
+    if (!view.nodes.count(id)) gone.push_back(id);
+  for (const auto& [id, node] : s.job.nodes)
+    if (!view.nodes.count(id) && !s.applied.count(id)) gone.push_back(id);
+  for (const std::string& id : gone) {
+    s.applied.erase(id);
+    run(rdzv::Disconnected{id});
+  }
+
+  // Puts not yet applied, in the order etcd made them.
+  struct Pending {
+    std::int64_t revision;
+    std::string id;
+    bool is_join;
+    const KeyValue* kv;
+  };
+  std::vector<Pending> pending;
+  for (const auto& [id, kv] : view.nodes) {
+    auto it = s.applied.find(id);
+    if (it == s.applied.end() || it->second.join != kv.mod_revision)
+      pending.push_back({kv.mod_revision, id, true, &kv});
+  }
+  for (const auto& [id, kv] : view.reports) {
+    if (!view.nodes.count(id)) continue;  // its node is gone; the delete follows
+    auto it = s.applied.find(id);
+    if (it == s.applied.end() || it->second.report != kv.mod_revision)
+      pending.push_back({kv.mod_revision, id, false, &kv});
+  }
+  std::sort(pending.begin(), pending.end(), [](const Pending& a, const Pending& b) {
+    return std::tie(a.revision, a.is_join) < std::tie(b.revision, b.is_join);
+  });
+  for (const Pending& p : pending) {
+    Applied& applied = s.applied[p.id];
+    (p.is_join ? applied.join : applied.report) = p.kv->mod_revision;
+    const std::string where = p.kv->key;
+    json body = json::parse(p.kv->value, nullptr, false);
+    std::string problem;
+    std::optional<rdzv::AgentMessage> message;
+    if (body.is_discarded()) {
+      problem = "not JSON";
+    } else {
+      auto parsed = rdzv::parse_agent_message(body);
+      if (const auto* why = std::get_if<std::string>(&parsed))
+        problem = *why;
+      else
+        message = std::get<0>(std::move(parsed));
+    }
+    if (message) {
+      const auto* join = std::get_if<rdzv::Join>(&*message);
+      if (p.is_join && (!join || join->node_id != p.id || join->run_id != s.job.run_id))
+        problem = "not a join of node " + p.id + " for job " + s.job.run_id;
+      if (!p.is_join && !std::holds_alternative<rdzv::WorkersFailed>(*message) &&
+          !std::holds_alternative<rdzv::WorkersSucceeded>(*message) &&
+          !std::holds_alternative<rdzv::Leave>(*message))
+        problem = "not a report (workers_failed, workers_succeeded or leave)";
+    }
+    if (!problem.empty()) {
+      s.messages.push_back(rdzv::Outgoing{
+          p.id,
+          rdzv::Refused{rdzv::RefusalKind::Protocol, "the rendezvous cannot read " + where +
+                                                         " in etcd: " + problem +
+                                                         " (every node must run the same ddprun)"},
+          true});
+      continue;
+    }
+    run(rdzv::FromNode{p.id, std::move(*message)});
+  }
+  run(rdzv::Tick{});
+
+  // The anchor does not matter for the comparison, only that both sides use the same one.
+  r.changed = !s.messages.empty() || s.applied != applied_before ||
+              job_to_json(s.job, TimeAnchor{}) != job_before;
+  return r;
+}
+
+}  // namespace ddprun::etcd

@@ -1,0 +1,109 @@
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/result.h"
+#include "etcd/codec.h"
+#include "rendezvous/rdzv_state.h"
+
+// The rendezvous on etcd v3 without sockets (docs/design.md#rendezvous-on-etcd-v3): the keys of
+// a job, the job's state as etcd stores it, and the driver's work, drive(), which turns what the
+// prefix holds into events for the rendezvous server's own step() (rdzv_state.h). The one
+// policy stays step(); this file only decides which events the keys mean.
+//
+//   nodes/<id> put (new mod revision) --> FromNode{Join}      --+
+//   reports/<id> put (new mod revision) -> FromNode{report}     --+--> step() --> `state` value:
+//   nodes/<id> gone -------------------> Disconnected           --+    {job, applied, messages}
+//   a deadline inside the job ---------> Tick                   --+
+//
+// `applied` remembers the mod revision of each key already fed to step(), so a new driver (or the
+// same one after a failed compare) feeds each change exactly once, whatever it saw before.
+// `messages` are what step() sent to nodes in the transition that wrote the value; every agent
+// reads those addressed to it from the watch, as the TCP client reads frames.
+
+namespace ddprun::etcd {
+
+/// "/ddprun/<run_id>/": every key of one job lies under it.
+std::string job_prefix(const std::string& run_id);
+std::string state_key(const std::string& prefix);
+std::string node_key(const std::string& prefix, const std::string& node_id);
+std::string report_key(const std::string& prefix, const std::string& node_id);
+
+/// Deadlines are stored as wall-clock times (milliseconds since the Unix epoch) so that another
+/// host, whose steady clock has another origin, reads them right. The anchor pairs one steady
+/// time with the wall-clock time it was; conversions through one anchor round-trip exactly.
+struct TimeAnchor {
+  common::TimePoint steady;
+  std::int64_t wall_ms = 0;
+  std::int64_t to_wall(common::TimePoint t) const;
+  common::TimePoint to_steady(std::int64_t wall) const;
+};
+
+/// What step() has consumed of one node's keys.
+struct Applied {
+  std::int64_t join = 0;    ///< mod revision of nodes/<id> last fed as a Join
+  std::int64_t report = 0;  ///< mod revision of reports/<id> last fed as a report
+  bool operator==(const Applied&) const = default;
+};
+
+/// The value of `state`.
+struct StoredState {
+  rdzv::JobState job;
+  std::map<std::string, Applied> applied;
+  std::vector<rdzv::Outgoing> messages;  ///< sent by the transition that wrote this value
+};
+
+/// Bounds on what a `state` value may hold (etcd refuses requests over 1.5 MiB).
+inline constexpr std::size_t kMaxStateBytes = 1'400'000;
+inline constexpr std::size_t kMaxNodesInState = 4'096;
+inline constexpr std::size_t kMaxMessagesInState = 3 * kMaxNodesInState;
+
+std::string encode_state(const StoredState& state, const TimeAnchor& anchor);
+/// The value read back; anything malformed is an error naming `key` and what is wrong (never
+/// throws). Node records get last_seen = `now`: liveness is the lease's business.
+common::Result<StoredState> decode_state(const std::string& value, const std::string& key,
+                                         const TimeAnchor& anchor, common::TimePoint now);
+
+/// The job's keys as this agent knows them (a range read, then the watch's events).
+struct View {
+  std::string prefix;
+  std::optional<KeyValue> state;
+  std::map<std::string, KeyValue> nodes;    ///< by node id
+  std::map<std::string, KeyValue> reports;  ///< by node id
+};
+
+/// Applies one key's put or delete; keys outside the job's layout are ignored.
+void apply_event(View& view, const Event& event);
+/// Replaces the view by a range read of the prefix.
+void load_range(View& view, const std::vector<KeyValue>& kvs);
+
+/// The node that drives: the one whose nodes/ key has the lowest create revision (etcd's
+/// election recipe), or none when no node has joined.
+std::optional<std::string> driver_of(const View& view);
+
+/// What one pass of the driver decided.
+struct DriveResult {
+  StoredState next;
+  /// Whether `state` must be written: the job, what was applied, or messages changed.
+  bool changed = false;
+  std::optional<common::TimePoint> wake_at;  ///< run drive() again then (a deadline)
+  bool erase = false;  ///< the closed job's tombstone expired: delete the prefix
+};
+
+/// The driver's pass at `now`: nodes that are gone first (Disconnected), then every put not yet
+/// applied in revision order, then a Tick. `current` is the decoded `state` (or a new job when
+/// there is none). A node key whose value is not a join for that id gets a Refused(Protocol)
+/// naming the key.
+DriveResult drive(StoredState current, const View& view, common::TimePoint now);
+
+/// The value of nodes/<id>: the node's Join. Of reports/<id>: WorkersFailed, WorkersSucceeded or
+/// Leave. Both are the TCP protocol's JSON (protocol.h).
+std::string encode_message(const rdzv::AgentMessage& message);
+
+}  // namespace ddprun::etcd

@@ -1,0 +1,257 @@
+#include "etcd/rdzv_store.h"
+
+#include <catch2/catch.hpp>
+
+using namespace ddprun;
+using namespace ddprun::etcd;
+using Catch::Matchers::Contains;
+using common::TimePoint;
+using std::chrono::seconds;
+
+namespace {
+
+/// A job's keys in a pretend etcd: revisions count up, and the driver's passes are applied as
+/// the executor applies them (a put of `state` when changed).
+struct Keys {
+  View view;
+  std::int64_t revision = 1;
+  TimePoint now = TimePoint{} + seconds(1000);
+  TimeAnchor anchor{TimePoint{}, 1'700'000'000'000};
+  std::vector<rdzv::Outgoing> delivered;  ///< messages of every state put so far
+
+  explicit Keys(const std::string& run_id = "job") { view.prefix = job_prefix(run_id); }
+
+  void put(const std::string& key, const std::string& value) {
+    KeyValue kv;
+    kv.key = key;
+    kv.value = value;
+    kv.mod_revision = ++revision;
+    auto existing = key == state_key(view.prefix) ? view.state : std::optional<KeyValue>{};
+    for (auto* map : {&view.nodes, &view.reports})
+      for (const auto& [id, old] : *map)
+        if (old.key == key) existing = old;
+    kv.create_revision = existing ? existing->create_revision : kv.mod_revision;
+    apply_event(view, Event{Event::Type::Put, kv, std::nullopt});
+  }
+  void remove(const std::string& key) {
+    KeyValue kv;
+    kv.key = key;
+    kv.mod_revision = ++revision;
+    apply_event(view, Event{Event::Type::Delete, kv, std::nullopt});
+  }
+
+  rdzv::Join join_of(const std::string& id, int min, int max, int max_restarts = 3) {
+    rdzv::Join j;
+    j.run_id = "job";
+    j.node_id = id;
+    j.name = "host-" + id;
+    j.addr = "10.0.0." + id;
+    j.master_port = 29500;
+    j.settings.min_nodes = min;
+    j.settings.max_nodes = max;
+    j.settings.max_restarts = max_restarts;
+    return j;
+  }
+  void join(const std::string& id, int min, int max) {
+    put(node_key(view.prefix, id), encode_message(join_of(id, min, max)));
+  }
+  void leave(const std::string& id) {
+    remove(node_key(view.prefix, id));
+    remove(report_key(view.prefix, id));
+  }
+
+  StoredState current() {
+    if (!view.state) return StoredState{rdzv::new_job("job", now), {}, {}};
+    auto decoded = decode_state(view.state->value, view.state->key, anchor, now);
+    REQUIRE(decoded.ok());
+    decoded->messages.clear();
+    return *decoded;
+  }
+
+  /// One driver pass; its state written when it changed. Returns the pass.
+  DriveResult drive_once() {
+    DriveResult r = drive(current(), view, now);
+    if (r.changed) {
+      put(state_key(view.prefix), encode_state(r.next, anchor));
+      for (const auto& m : r.next.messages) delivered.push_back(m);
+    }
+    return r;
+  }
+
+  template <typename M>
+  std::vector<M> to(const std::string& id) {
+    std::vector<M> out;
+    for (const auto& m : delivered)
+      if (m.node_id == id)
+        if (const auto* msg = std::get_if<M>(&m.message)) out.push_back(*msg);
+    return out;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("two nodes joining a job of two get ranks from the state written to etcd",
+          "[etcd][unit]") {
+  Keys k;
+  k.join("1", 2, 2);
+  CHECK(k.drive_once().changed);
+  CHECK(k.to<rdzv::RoundReady>("1").empty());
+  k.join("2", 2, 2);
+  k.drive_once();
+  REQUIRE(k.to<rdzv::RoundReady>("1").size() == 1);
+  REQUIRE(k.to<rdzv::RoundReady>("2").size() == 1);
+  const auto a = k.to<rdzv::RoundReady>("1")[0];
+  const auto b = k.to<rdzv::RoundReady>("2")[0];
+  CHECK(a.group_world_size == 2);
+  CHECK(b.group_world_size == 2);
+  CHECK(a.group_rank + b.group_rank == 1);
+  CHECK(a.master_addr == b.master_addr);
+  CHECK(k.current().job.phase == rdzv::JobPhase::Running);
+}
+
+TEST_CASE("a driver pass with nothing new writes nothing", "[etcd][unit]") {
+  Keys k;
+  k.join("1", 2, 2);
+  k.join("2", 2, 2);
+  REQUIRE(k.drive_once().changed);
+  const auto revision = k.revision;
+  CHECK_FALSE(k.drive_once().changed);
+  k.now += seconds(30);
+  CHECK_FALSE(k.drive_once().changed);
+  CHECK(k.revision == revision);
+}
+
+TEST_CASE("a node whose key is deleted is lost and the survivors restart counted", "[etcd][unit]") {
+  Keys k;
+  for (const char* id : {"1", "2", "3"}) k.join(id, 2, 3);
+  k.drive_once();
+  REQUIRE(k.current().job.phase == rdzv::JobPhase::Running);
+  k.leave("3");
+  k.drive_once();
+  const auto restarts = k.to<rdzv::Restart>("1");
+  REQUIRE(restarts.size() == 1);
+  CHECK(restarts[0].counted);
+  CHECK(restarts[0].restart_count == 1);
+  CHECK(k.to<rdzv::Restart>("2").size() == 1);
+  CHECK(k.current().job.restart_count == 1);
+  CHECK(k.current().applied.count("3") == 0);
+}
+
+TEST_CASE("a failure report restarts every participant once", "[etcd][unit]") {
+  Keys k;
+  k.join("1", 2, 2);
+  k.join("2", 2, 2);
+  k.drive_once();
+  rdzv::WorkersFailed failed;
+  failed.round = k.current().job.round;
+  failed.description = "worker rank 0 exited with code 3";
+  failed.exit_code = 3;
+  k.put(report_key(k.view.prefix, "2"), encode_message(failed));
+  k.drive_once();
+  REQUIRE(k.to<rdzv::Restart>("1").size() == 1);
+  CHECK_THAT(k.to<rdzv::Restart>("1")[0].reason, Contains("exited with code 3"));
+  // The same report seen again (a new driver, a second pass) is not applied twice.
+  k.drive_once();
+  CHECK(k.to<rdzv::Restart>("1").size() == 1);
+  CHECK(k.current().job.restart_count == 1);
+}
+
+TEST_CASE("both nodes succeeding close the job", "[etcd][unit]") {
+  Keys k;
+  k.join("1", 2, 2);
+  k.join("2", 2, 2);
+  k.drive_once();
+  const int round = k.current().job.round;
+  k.put(report_key(k.view.prefix, "1"), encode_message(rdzv::WorkersSucceeded{round}));
+  k.put(report_key(k.view.prefix, "2"), encode_message(rdzv::WorkersSucceeded{round}));
+  k.drive_once();
+  REQUIRE(k.to<rdzv::Closed>("1").size() == 1);
+  CHECK(k.to<rdzv::Closed>("1")[0].outcome == rdzv::JobOutcomeKind::Succeeded);
+  CHECK(k.current().job.phase == rdzv::JobPhase::Closed);
+  // Closed -> [erased] once close_timeout has passed: the driver deletes the prefix.
+  k.now += seconds(31);
+  CHECK(k.drive_once().erase);
+}
+
+TEST_CASE("a node key that is not a join is refused naming the key", "[etcd][unit]") {
+  Keys k;
+  k.put(node_key(k.view.prefix, "1"), "{not json");
+  k.join("2", 1, 2);
+  k.drive_once();
+  const auto refused = k.to<rdzv::Refused>("1");
+  REQUIRE(refused.size() == 1);
+  CHECK_THAT(refused[0].message, Contains("/ddprun/job/nodes/1"));
+  CHECK_THAT(refused[0].message, Contains("not JSON"));
+  // A join naming another node under this id is refused too.
+  k.put(node_key(k.view.prefix, "3"), encode_message(k.join_of("4", 1, 2)));
+  k.drive_once();
+  CHECK(k.to<rdzv::Refused>("3").size() == 1);
+}
+
+TEST_CASE("the driver is the node with the lowest create revision", "[etcd][unit]") {
+  Keys k;
+  CHECK_FALSE(driver_of(k.view));
+  k.join("b", 2, 2);
+  k.join("a", 2, 2);
+  CHECK(driver_of(k.view) == "b");
+  k.join("b", 2, 2);  // a second join keeps the create revision
+  CHECK(driver_of(k.view) == "b");
+  k.leave("b");
+  CHECK(driver_of(k.view) == "a");
+}
+
+TEST_CASE("the state round-trips through its etcd value", "[etcd][unit]") {
+  Keys k;
+  k.join("1", 1, 3);
+  k.join("2", 1, 3);
+  k.drive_once();  // Joining with a last call deadline
+  const StoredState before = k.current();
+  REQUIRE(before.job.last_call);
+  const std::string value = encode_state(before, k.anchor);
+  auto back = decode_state(value, "/ddprun/job/state", k.anchor, k.now);
+  REQUIRE(back.ok());
+  CHECK(encode_state(*back, k.anchor) == value);
+  CHECK(*back->job.last_call == *before.job.last_call);
+  // Read on another host whose steady clock started elsewhere: the same wall-clock deadline.
+  TimeAnchor other{TimePoint{} + seconds(5000), k.anchor.wall_ms};
+  auto there = decode_state(value, "/ddprun/job/state", other, k.now);
+  REQUIRE(there.ok());
+  CHECK(*there->job.last_call - *before.job.last_call == seconds(5000));
+}
+
+TEST_CASE("a malformed state value is an error naming the key", "[etcd][unit]") {
+  Keys k;
+  const std::string key = "/ddprun/job/state";
+  const auto error = [&](const std::string& value) {
+    auto r = decode_state(value, key, k.anchor, k.now);
+    REQUIRE_FALSE(r.ok());
+    CHECK_THAT(r.error().message, Contains(key));
+    return r.error().message;
+  };
+  CHECK_THAT(error("not json"), Contains("not JSON"));
+  CHECK_THAT(error("[1,2]"), Contains("state must be an object"));
+  CHECK_THAT(error(R"({"format":2})"), Contains("format 2"));
+  k.join("1", 2, 2);
+  k.drive_once();
+  auto j = nlohmann::json::parse(k.view.state->value);
+  j["job"]["phase"] = "dancing";
+  CHECK_THAT(error(j.dump()), Contains("job.phase has the unknown value \"dancing\""));
+  j = nlohmann::json::parse(k.view.state->value);
+  j["job"]["round"] = "7";
+  CHECK_THAT(error(j.dump()), Contains("job.round must be an integer"));
+  j = nlohmann::json::parse(k.view.state->value);
+  j["job"]["round_started_ms"] = 1;
+  CHECK_THAT(error(j.dump()), Contains("more than ten years from now"));
+  j = nlohmann::json::parse(k.view.state->value);
+  j["job"]["nodes"]["1"]["join"] = {{"type", "join"}};
+  CHECK_THAT(error(j.dump()), Contains("job.nodes[1].join"));
+  CHECK_THAT(error(std::string(kMaxStateBytes + 1, ' ')), Contains("more than"));
+}
+
+TEST_CASE("keys outside the job's layout do not change the view", "[etcd][unit]") {
+  Keys k;
+  k.put("/ddprun/job/other", "x");
+  k.put("/ddprun/jobs/nodes/1", "x");
+  CHECK(k.view.nodes.empty());
+  CHECK_FALSE(k.view.state);
+}
