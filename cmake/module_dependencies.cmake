@@ -2,7 +2,7 @@
 # only through common/log.h):
 #
 #   launcher -> agent -> rendezvous -> metrics -> common        worker_sdk -> common
-#   launcher -> store -> common     etcd -> rendezvous (its TLS context), common
+#   launcher -> store -> common     launcher -> etcd -> rendezvous (its TLS context), common
 #
 # Included by the top-level CMakeLists.txt, it fails the configure step on an include that points
 # the wrong way; run as a script (cmake -DDDPRUN_SOURCE_DIR=... -P cmake/module_dependencies.cmake,
@@ -12,7 +12,7 @@ set(_ddprun_allowed_common "common")
 set(_ddprun_allowed_metrics "common;metrics")
 set(_ddprun_allowed_rendezvous "common;metrics;rendezvous")
 set(_ddprun_allowed_agent "common;metrics;rendezvous;agent")
-set(_ddprun_allowed_launcher "common;metrics;rendezvous;store;agent;launcher")
+set(_ddprun_allowed_launcher "common;metrics;rendezvous;store;etcd;agent;launcher")
 set(_ddprun_allowed_store "common;store")
 set(_ddprun_allowed_etcd "common;rendezvous;etcd")
 set(_ddprun_allowed_worker_sdk "common;ddprun;worker_sdk")

@@ -15,6 +15,7 @@
 #include "common/signals.h"
 #include "common/strings.h"
 #include "common/version.h"
+#include "etcd/client.h"
 #include "launcher/slurm.h"
 #include "rendezvous/endpoint.h"
 #include "rendezvous/limits.h"
@@ -81,10 +82,12 @@ constexpr OptionSpec kOptions[] = {
     {"standalone", "", true, "", "", kRendezvous,
      "Single-node job with a local c10d rendezvous on a free port; sets --rdzv_backend, "
      "--rdzv_endpoint and --rdzv_id for you."},
-    {"rdzv_backend", "", false, "static|c10d", "static", kRendezvous,
-     "Rendezvous backend (default static: fixed nodes meeting at --master_addr)."},
+    {"rdzv_backend", "", false, "static|c10d|etcd-v3", "static", kRendezvous,
+     "Rendezvous backend (default static: fixed nodes meeting at --master_addr; etcd-v3: the "
+     "rendezvous held in an etcd v3 cluster)."},
     {"rdzv_endpoint", "", false, "HOST[:PORT]", "", kRendezvous,
-     "Rendezvous address, e.g. head:29400 or [fd00::1]:29400."},
+     "Rendezvous address, e.g. head:29400 or [fd00::1]:29400; for etcd-v3 every member, "
+     "host:port[,host:port...]."},
     {"rdzv_id", "", false, "ID", "none", kRendezvous,
      "Job id; every node of one job passes the same id (default none)."},
     {"rdzv_conf", "", false, "K=V,...", "", kRendezvous,
@@ -92,7 +95,7 @@ constexpr OptionSpec kOptions[] = {
      "keep_alive_interval (5), connect_timeout (60) in seconds; keep_alive_max_attempt (3); "
      "is_host (0/1); secret_file (the rendezvous's shared secret, also "
      "$DDPRUN_RDZV_SECRET_FILE); tls_ca, tls_cert, tls_key (PEM files: TLS to the "
-     "rendezvous)."},
+     "rendezvous); etcd_user, etcd_password_file (etcd-v3: etcd's authentication)."},
     {"master_addr", "", false, "HOST", "127.0.0.1", kRendezvous,
      "Address of the node with rank 0 (static rendezvous); workers get it as MASTER_ADDR "
      "(default 127.0.0.1)."},
@@ -407,16 +410,12 @@ Check parse_backend(const RawValue& v, LaunchConfig& config) {
   // drops; ddprun's etcd backend is etcd-v3 (docs/design.md#rendezvous-on-etcd-v3).
   if (lowered == "etcd" || lowered == "etcd-v2") {
     return common::Error{describe(v) +
-                         ": etcd's v2 API is not supported; ddprun's etcd backend is etcd-v3 "
-                         "(not yet available in this version: use c10d)"};
+                         ": etcd's v2 API is not supported (etcd 3.4 serves it only with "
+                         "--enable-v2, 3.6 not at all); use --rdzv_backend etcd-v3, ddprun's "
+                         "backend on etcd's v3 API, with the same --rdzv_endpoint"};
   }
-  if (lowered == "etcd-v3") {
-    return common::Error{describe(v) +
-                         ": not yet available in this version of ddprun; use c10d (an agent or "
-                         "ddprun-rdzvd at --rdzv_endpoint) or static"};
-  }
-  if (lowered != "static" && lowered != "c10d")
-    return common::Error{describe(v) + ": expected static or c10d"};
+  if (lowered != "static" && lowered != "c10d" && lowered != "etcd-v3")
+    return common::Error{describe(v) + ": expected static, c10d or etcd-v3"};
   config.rdzv_backend = lowered;
   return std::nullopt;
 }
@@ -437,6 +436,15 @@ bool valid_host(std::string_view host) {
 Check parse_endpoint(const RawValue& v, LaunchConfig& config) {
   if (!v.given) return std::nullopt;
   const std::string endpoint = trim(v.text);
+  if (config.rdzv_backend == "etcd-v3") {
+    // Every etcd member's client URL, host:port[,host:port...]; the client fails over.
+    auto members = etcd::parse_members(endpoint);
+    if (!members)
+      return common::Error{describe(v) + ": " + members.error().message +
+                           "; expected host:port[,host:port...], each etcd member's client URL"};
+    config.rdzv_endpoint = endpoint;
+    return std::nullopt;
+  }
   const std::string fix = ": expected host:port, [ipv6]:port or host, e.g. head:29400";
   auto split = rdzv::split_endpoint(endpoint);
   if (auto* error = std::get_if<rdzv::EndpointError>(&split)) {
@@ -504,6 +512,24 @@ Check parse_rdzv_conf(const RawValue& v, LaunchConfig& config) {
     }
     config.rdzv_conf[key] = value;
   }
+  const bool etcd = config.rdzv_backend == "etcd-v3";
+  const bool user = config.rdzv_conf.count("etcd_user") > 0;
+  const bool password = config.rdzv_conf.count("etcd_password_file") > 0;
+  if ((user || password) && !etcd)
+    return common::Error{describe(v) + ": " + (user ? "etcd_user" : "etcd_password_file") +
+                         " is for --rdzv_backend etcd-v3 only"};
+  if (user != password)
+    return common::Error{describe(v) +
+                         ": etcd_user and etcd_password_file go together (the "
+                         "etcd user and a file holding its password)"};
+  if (etcd && config.rdzv_conf.count("secret_file"))
+    return common::Error{describe(v) +
+                         ": secret_file is the c10d rendezvous's; with etcd-v3 etcd checks "
+                         "who may join: give etcd_user and etcd_password_file"};
+  if (etcd && config.rdzv_conf.count("is_host"))
+    return common::Error{describe(v) +
+                         ": is_host means nothing with etcd-v3 (no node hosts "
+                         "the rendezvous; etcd holds it): drop it"};
   return std::nullopt;
 }
 
@@ -859,6 +885,9 @@ ParseResult build_config(const std::map<std::string_view, RawValue>& raw,
     if (config.rdzv_id.size() > rdzv::kMaxIdentifierBytes)
       return UsageError{"--rdzv_id of " + std::to_string(config.rdzv_id.size()) +
                         " bytes: at most " + std::to_string(rdzv::kMaxIdentifierBytes)};
+    if (config.rdzv_backend == "etcd-v3" && config.rdzv_endpoint.empty())
+      return UsageError{describe(get("rdzv_backend")) +
+                        " needs --rdzv_endpoint host:port[,host:port...] (the etcd members)"};
     if (config.rdzv_backend == "c10d" && config.max_nodes > 1 && config.rdzv_endpoint.empty()) {
       return UsageError{describe(get("rdzv_backend")) + " with " + describe(get("nnodes")) +
                         " needs --rdzv_endpoint host:port"};

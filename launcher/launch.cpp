@@ -29,6 +29,7 @@
 #include "common/log.h"
 #include "common/signals.h"
 #include "common/strings.h"
+#include "etcd/etcd_rendezvous.h"
 #include "launcher/agent_store.h"
 #include "launcher/rdzv_plan.h"
 #include "launcher/slurm.h"
@@ -253,7 +254,8 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
     return common::kExitUsage;
   }
   RendezvousPlan plan = *std::move(planned);
-  if (!plan.single_node) {
+  const bool on_etcd = !plan.etcd_members.empty();
+  if (!plan.single_node && !on_etcd) {
     // The shared secret of the rendezvous: --rdzv_conf secret_file, else the environment.
     std::string secret_file = env_or(env, rdzv::kSecretFileVariable, "");
     if (auto it = config.rdzv_conf.find("secret_file"); it != config.rdzv_conf.end())
@@ -301,6 +303,18 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
         hosted_tls = *std::move(server_side);
       }
     }
+  }
+
+  // etcd's authentication: --rdzv_conf etcd_user and etcd_password_file (checked together by
+  // the command line).
+  std::optional<etcd::Credentials> etcd_credentials;
+  if (auto user = config.rdzv_conf.find("etcd_user"); on_etcd && user != config.rdzv_conf.end()) {
+    auto read = etcd::read_credentials(user->second, config.rdzv_conf.at("etcd_password_file"));
+    if (!read) {
+      spdlog::error("{}", read.error().message);
+      return common::kExitUsage;
+    }
+    etcd_credentials = *std::move(read);
   }
 
   if (auto why = check_script(config, env)) {
@@ -412,8 +426,25 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
   opt.spec.use_agent_store = store_plan.use_agent_store;
   std::unique_ptr<rdzv::RendezvousServer> server;
   std::unique_ptr<rdzv::RendezvousHandler> rdzv;
-  rdzv::NetworkRendezvous* network = nullptr;  ///< rdzv, when it is the networked one
-  if (plan.single_node) {
+  rdzv::NetworkRendezvous* network = nullptr;    ///< rdzv, when it is the networked one
+  etcd::EtcdRendezvous* on_etcd_rdzv = nullptr;  ///< rdzv, when it is held in etcd
+  if (on_etcd) {
+    etcd::EtcdRendezvousOptions e;
+    e.run_id = plan.client.run_id;
+    e.client.members = plan.etcd_members;
+    e.client.credentials = etcd_credentials;
+    e.client.tls = plan.client.tls;
+    e.name = plan.client.name;
+    e.local_addr = plan.client.local_addr;
+    e.node_rank = plan.client.node_rank;
+    e.master_port = plan.client.master_port;
+    e.settings = plan.client.settings;
+    e.connect_timeout = plan.client.connect_timeout;
+    e.status_interval = plan.client.status_interval;
+    auto handler = std::make_unique<etcd::EtcdRendezvous>(io, clock, std::move(e));
+    on_etcd_rdzv = handler.get();
+    rdzv = std::move(handler);
+  } else if (plan.single_node) {
     const std::string master_addr =
         config.local_addr.empty() ? config.master_addr : config.local_addr;
     rdzv = std::make_unique<rdzv::LocalRendezvous>(
@@ -481,7 +512,7 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
     metrics_http.shutdown();
     agent_store.shutdown();
     if (plan.single_node) return;
-    draining = (server ? 1 : 0) + (network ? 1 : 0);
+    draining = (server ? 1 : 0) + (network ? 1 : 0) + (on_etcd_rdzv ? 1 : 0);
     if (draining == 0) return io.stop();
     linger.expires_after(kLinger);
     linger.async_wait([&io](const boost::system::error_code& ec) {
@@ -489,6 +520,7 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
     });
     if (server) server->shutdown(kLinger, drained);
     if (network) network->when_flushed(drained);
+    if (on_etcd_rdzv) on_etcd_rdzv->when_flushed(drained);
   };
   agent::PosixProcessLauncher launcher;
   // Each join of a round clears the store: the next group finds none of the last one's keys.

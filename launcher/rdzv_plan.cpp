@@ -80,6 +80,22 @@ common::Result<RendezvousPlan> plan_rendezvous(
     }
     plan.hosting = is_host.value_or(*config.node_rank == 0) ? Hosting::Always : Hosting::Never;
   }
+  if (c.backend == "etcd-v3") {
+    // The rendezvous lives in etcd: every member is listed, no node hosts anything.
+    auto members = etcd::parse_members(config.rdzv_endpoint);
+    if (!members)
+      return common::Error{"--rdzv_endpoint " + config.rdzv_endpoint + ": " +
+                           members.error().message};
+    plan.etcd_members = *std::move(members);
+    c.endpoint_host = config.rdzv_endpoint;
+    if (config.node_rank && *config.node_rank >= config.max_nodes)
+      return common::Error{"--node_rank " + std::to_string(*config.node_rank) +
+                           " is out of range for --nnodes " + std::to_string(config.min_nodes) +
+                           ":" + std::to_string(config.max_nodes) + " (0.." +
+                           std::to_string(config.max_nodes - 1) + ")"};
+    plan.hosting = Hosting::Never;
+    return plan;
+  }
   if (!config.rdzv_endpoint.empty()) {
     auto endpoint = rdzv::parse_endpoint(config.rdzv_endpoint, rdzv::kDefaultPort);
     if (!endpoint)

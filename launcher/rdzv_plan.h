@@ -3,6 +3,7 @@
 #include <variant>
 
 #include "common/result.h"
+#include "etcd/client.h"
 #include "launcher/launch_config.h"
 #include "rendezvous/network_rendezvous.h"
 
@@ -21,6 +22,8 @@ struct RendezvousPlan {
   rdzv::NetworkRendezvousOptions client;  ///< everything but before_connect
   Hosting hosting = Hosting::Never;
   int listen_port = 0;
+  /// --rdzv_backend etcd-v3: the etcd members (client.backend is "etcd-v3"); nobody hosts.
+  std::vector<etcd::Member> etcd_members;
 };
 
 /// Default --master_port of the static backend (torchrun's).

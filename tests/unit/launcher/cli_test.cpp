@@ -379,18 +379,45 @@ TEST_CASE("the option --standalone with more than one node is an error", "[launc
   CHECK(parse_ok({"--standalone", "--nnodes", "1", "train.py"}).max_nodes == 1);
 }
 
-TEST_CASE("the rendezvous backend is static or c10d; etcd is refused", "[launcher][unit]") {
-  CHECK(parse_error({"--rdzv_backend", "etcd", "train.py"}) ==
-        "--rdzv_backend etcd: etcd's v2 API is not supported; ddprun's etcd backend is etcd-v3 "
-        "(not yet available in this version: use c10d)");
-  CHECK(parse_error({"--rdzv_backend", "etcd-v2", "train.py"}) ==
-        "--rdzv_backend etcd-v2: etcd's v2 API is not supported; ddprun's etcd backend is "
-        "etcd-v3 (not yet available in this version: use c10d)");
-  CHECK(parse_error({"--rdzv_backend", "ETCD-V3", "train.py"}) ==
-        "--rdzv_backend ETCD-V3: not yet available in this version of ddprun; use c10d (an agent "
-        "or ddprun-rdzvd at --rdzv_endpoint) or static");
+TEST_CASE("the rendezvous backend is static or c10d or etcd-v3 and etcd v2 is refused",
+          "[launcher][unit]") {
+  const std::string v2 =
+      ": etcd's v2 API is not supported (etcd 3.4 serves it only with --enable-v2, 3.6 not at "
+      "all); use --rdzv_backend etcd-v3, ddprun's backend on etcd's v3 API, with the same "
+      "--rdzv_endpoint";
+  CHECK(parse_error({"--rdzv_backend", "etcd", "train.py"}) == "--rdzv_backend etcd" + v2);
+  CHECK(parse_error({"--rdzv_backend", "etcd-v2", "train.py"}) == "--rdzv_backend etcd-v2" + v2);
   CHECK(parse_error({"--rdzv_backend", "zookeeper", "train.py"}) ==
-        "--rdzv_backend zookeeper: expected static or c10d");
+        "--rdzv_backend zookeeper: expected static, c10d or etcd-v3");
+  const auto config = parse_ok({"--rdzv_backend", "ETCD-V3", "--rdzv_endpoint",
+                                "e1:2379,e2:2379,e3", "--nnodes", "2", "train.py"});
+  CHECK(config.rdzv_backend == "etcd-v3");
+  CHECK(config.rdzv_endpoint == "e1:2379,e2:2379,e3");
+}
+
+TEST_CASE("etcd-v3 needs its members and takes etcd_user with etcd_password_file",
+          "[launcher][unit]") {
+  CHECK(parse_error({"--rdzv_backend", "etcd-v3", "train.py"}) ==
+        "--rdzv_backend etcd-v3 needs --rdzv_endpoint host:port[,host:port...] (the etcd "
+        "members)");
+  CHECK_THAT(
+      parse_error({"--rdzv_backend", "etcd-v3", "--rdzv_endpoint", "e1:2379,e2:x", "train.py"}),
+      StartsWith("--rdzv_endpoint e1:2379,e2:x: "));
+  const std::vector<std::string> etcd{"--rdzv_backend", "etcd-v3", "--rdzv_endpoint", "e1"};
+  auto with = [&](const std::string& conf) {
+    std::vector<std::string> args = etcd;
+    args.insert(args.end(), {"--rdzv_conf", conf, "train.py"});
+    return args;
+  };
+  CHECK(parse_error(with("etcd_user=ddp")) ==
+        "--rdzv_conf etcd_user=ddp: etcd_user and etcd_password_file go together (the etcd user "
+        "and a file holding its password)");
+  CHECK(parse_ok(with("etcd_user=ddp,etcd_password_file=/p")).rdzv_conf.at("etcd_user") == "ddp");
+  CHECK_THAT(parse_error(with("secret_file=/s")),
+             Contains("secret_file is the c10d rendezvous's; with etcd-v3"));
+  CHECK_THAT(parse_error({"--rdzv_backend", "c10d", "--rdzv_endpoint", "h:1", "--rdzv_conf",
+                          "etcd_user=u,etcd_password_file=/p", "train.py"}),
+             Contains("etcd_user is for --rdzv_backend etcd-v3 only"));
 }
 
 TEST_CASE("c10d across several nodes needs an endpoint", "[launcher][unit]") {

@@ -107,3 +107,24 @@ TEST_CASE("impossible rendezvous settings are refused naming the values", "[laun
   CHECK(error_of(far).find("--node_rank 5 is out of range for --nnodes 2:2") != std::string::npos);
   CHECK(error_of(c10d(2, 2, "head:0")).find("port 0") != std::string::npos);
 }
+
+TEST_CASE("an etcd-v3 job lists every member and hosts nothing", "[launcher][unit]") {
+  LaunchConfig config = c10d(2, 3, "head:2379,10.0.0.2,[fd00::1]:2380");
+  config.rdzv_backend = "etcd-v3";
+  config.rdzv_conf["keep_alive_interval"] = "1";
+  const RendezvousPlan plan = plan_of(config);
+  CHECK_FALSE(plan.single_node);
+  CHECK(plan.hosting == Hosting::Never);
+  REQUIRE(plan.etcd_members.size() == 3);
+  CHECK(plan.etcd_members[0].text() == "head:2379");
+  CHECK(plan.etcd_members[1].port == 2379);
+  CHECK(plan.etcd_members[2].port == 2380);
+  CHECK(plan.client.backend == "etcd-v3");
+  CHECK(plan.client.settings.keep_alive_interval == 1s);
+  // One node of an etcd job still meets in etcd: its restarts are counted there.
+  LaunchConfig one = c10d(1, 1, "head:2379");
+  one.rdzv_backend = "etcd-v3";
+  CHECK(plan_of(one).etcd_members.size() == 1);
+  config.node_rank = 3;
+  CHECK(error_of(config) == "--node_rank 3 is out of range for --nnodes 2:3 (0..2)");
+}
