@@ -326,7 +326,9 @@ const std::set<std::string> kForeignFlags = {
     // systemctl, apt-get
     "--now", "--no-install-recommends",
     // usage.md's "--flag value" and the stand-ins' own arguments
-    "--flag", "--lr", "--epochs"};
+    "--flag", "--lr", "--epochs",
+    // etcd and etcdctl (operations.md#the-rendezvous-on-etcd)
+    "--enable-v2", "--endpoints"};
 
 /// The man pages, relative to the source root.
 const std::vector<const char*> kManPages = {"docs/ddprun.1", "docs/ddprun-rdzvd.1",
@@ -369,7 +371,7 @@ std::map<std::string, std::string> flags_named_in_docs() {
 /// cut at the format placeholders {} and %s.
 std::vector<std::string> source_literals() {
   std::vector<std::string> literals;
-  for (const char* dir : {"common", "rendezvous", "launcher", "agent"}) {
+  for (const char* dir : {"common", "rendezvous", "launcher", "agent", "etcd"}) {
     for (const auto& entry : fs::directory_iterator(kSource / dir)) {
       const auto ext = entry.path().extension();
       if (ext != ".cpp" && ext != ".h") continue;
@@ -486,6 +488,7 @@ std::vector<std::pair<std::string, std::string>> rendezvous_log_formats() {
     if (entry.path().extension() == ".cpp")
       scan(entry.path(), {"spdlog::info(", "spdlog::warn(", "spdlog::error("});
   scan(kSource / "launcher/launch.cpp", {"spdlog::warn(", "spdlog::error("});
+  scan(kSource / "etcd/etcd_rendezvous.cpp", {"spdlog::info(", "spdlog::warn(", "spdlog::error("});
   // The client machine returns its info and warning lines as data (NetworkRendezvous prints
   // them); each is written with fmt::format.
   scan(kSource / "rendezvous/rdzv_client.cpp", {"fmt::format("});
@@ -784,7 +787,7 @@ TEST_CASE("the bash completion completes flags, their values and subcommands", "
   };
   CHECK(complete({"ddprun", "--nproc"}) == "--nproc_per_node");
   CHECK(complete({"ddprun", "--nproc-p"}) == "--nproc-per-node");
-  CHECK(complete({"ddprun", "--rdzv_backend", ""}) == "static c10d");
+  CHECK(complete({"ddprun", "--rdzv_backend", ""}) == "static c10d etcd-v3");
   CHECK(complete({"ddprun", "--standby_workers=a"}) == "--standby_workers=auto");
   CHECK(complete({"ddprun", "st"}) == "status");
   CHECK(complete({"ddprun", "status", "--rdzv_e"}) == "--rdzv_endpoint");
