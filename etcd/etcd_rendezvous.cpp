@@ -196,62 +196,77 @@ void EtcdRendezvous::connect() {
   const std::uint64_t generation = generation_;
   // Connecting: a lease (unless this node holds one), a read of the job's keys, a watch from the
   // revision after the read; then the link is ready and the join goes out.
-  auto read_and_watch = [this, generation, alive = alive_] {
-    RangeOp all{prefix_, prefix_end(prefix_)};
-    client_->call_as<RangeResponse>(
-        range(all), decode_range, [this, generation, alive](common::Result<RangeResponse> read) {
-          if (!*alive || generation != generation_) return;
-          if (!read) return step(ConnectionLost{read.error().message});
-          load_range(view_, read->kvs);
-          WatchOptions options;
-          options.key = prefix_;
-          options.range_end = prefix_end(prefix_);
-          options.start_revision = read->header.revision + 1;
-          watch_ = client_->watch(
-              options,
-              [this, generation, alive](const WatchResponse& response) {
-                if (*alive) on_watch(generation, response);
-              },
-              [this, generation, alive](const common::Error& error) {
-                if (!*alive || generation != generation_) return;
-                step(ConnectionLost{"the watch of " + prefix_ + " ended: " + error.message});
-              });
-          linked_ = true;
-          step(Connected{true});
-          step(Greeted{});
-          if (unsent_report_ && linked_) {
-            auto report = std::move(*unsent_report_);
-            unsent_report_.reset();
-            send_report(report);
-          }
-          maybe_drive();
-        });
-  };
   if (lease_ != 0) {
     // The lease outlived an outage of etcd (leases are extended when a new leader is elected):
     // renew it again; if etcd says it is gone, this node joins again as a new one.
     if (!keeper_) keep_lease_alive();
-    return read_and_watch();
+    return read_and_watch(generation);
   }
-  client_->call_as<LeaseGrantResponse>(lease_grant(lease_ttl_.count()), decode_lease_grant,
-                                       [this, generation, alive = alive_, read_and_watch](
-                                           common::Result<LeaseGrantResponse> granted) {
-                                         if (!*alive) return;
-                                         if (!granted) {
-                                           if (generation == generation_)
-                                             step(ConnectionLost{granted.error().message});
-                                           return;
-                                         }
-                                         if (lease_ != 0 || generation != generation_) {
-                                           // Not needed any more (a newer connect holds one); let
-                                           // it go.
-                                           client_->call(lease_revoke(granted->id), [](Reply) {});
-                                           return;
-                                         }
-                                         lease_ = granted->id;
-                                         keep_lease_alive();
-                                         read_and_watch();
-                                       });
+  client_->call_as<LeaseGrantResponse>(
+      lease_grant(lease_ttl_.count()), decode_lease_grant,
+      [this, generation, alive = alive_](common::Result<LeaseGrantResponse> granted) {
+        if (*alive) on_lease_granted(generation, std::move(granted));
+      });
+}
+
+void EtcdRendezvous::on_lease_granted(std::uint64_t generation,
+                                      common::Result<LeaseGrantResponse> granted) {
+  if (!granted) {
+    if (generation == generation_) step(ConnectionLost{granted.error().message});
+    return;
+  }
+  if (lease_ != 0 || generation != generation_) {
+    // Not needed any more (a newer connect holds one, or the link was dropped): let it go.
+    spdlog::debug("etcd: lease {} not needed any more; revoking it", granted->id);
+    client_->call(lease_revoke(granted->id), [](Reply) {});
+    return;
+  }
+  lease_ = granted->id;
+  spdlog::debug("etcd: lease {} granted for {} s", lease_, granted->ttl);
+  keep_lease_alive();
+  read_and_watch(generation);
+}
+
+void EtcdRendezvous::read_and_watch(std::uint64_t generation) {
+  RangeOp all{prefix_, prefix_end(prefix_)};
+  client_->call_as<RangeResponse>(
+      range(all), decode_range,
+      [this, generation, alive = alive_](common::Result<RangeResponse> read) {
+        if (*alive) on_read(generation, std::move(read));
+      });
+}
+
+void EtcdRendezvous::on_read(std::uint64_t generation, common::Result<RangeResponse> read) {
+  if (generation != generation_) {
+    spdlog::debug("etcd: a read of job '{}' from an older connection is dropped", opt_.run_id);
+    return;
+  }
+  if (!read) return step(ConnectionLost{read.error().message});
+  load_range(view_, read->kvs);
+  spdlog::debug("etcd: read {} key(s) of job '{}' at revision {}", read->kvs.size(), opt_.run_id,
+                read->header.revision);
+  WatchOptions options;
+  options.key = prefix_;
+  options.range_end = prefix_end(prefix_);
+  options.start_revision = read->header.revision + 1;
+  watch_ = client_->watch(
+      options,
+      [this, generation, alive = alive_](const WatchResponse& response) {
+        if (*alive) on_watch(generation, response);
+      },
+      [this, generation, alive = alive_](const common::Error& error) {
+        if (!*alive || generation != generation_) return;
+        step(ConnectionLost{"the watch of " + prefix_ + " ended: " + error.message});
+      });
+  linked_ = true;
+  step(Connected{true});
+  step(Greeted{});
+  if (unsent_report_ && linked_) {
+    auto report = std::move(*unsent_report_);
+    unsent_report_.reset();
+    send_report(report);
+  }
+  maybe_drive();
 }
 
 void EtcdRendezvous::keep_lease_alive() {
@@ -285,7 +300,10 @@ void EtcdRendezvous::on_lease_lost(std::int64_t lease, const std::string& why, b
 }
 
 void EtcdRendezvous::send_join(Join join, bool second_try) {
-  if (!linked_ || lease_ == 0) return;
+  if (!linked_ || lease_ == 0) {
+    spdlog::debug("etcd: no join sent: {}", linked_ ? "no lease" : "not connected");
+    return;
+  }
   join.node_id = node_id_;
   if (!opt_.local_addr.empty()) {
     join.addr = opt_.local_addr;
@@ -314,7 +332,9 @@ void EtcdRendezvous::send_join(Join join, bool second_try) {
         if (!answer) return step(ConnectionLost{answer.error().message});
         if (answer->succeeded) {
           if (my_create_revision_ == 0) my_create_revision_ = answer->header.revision;
-          return;
+          spdlog::debug("etcd: joined as {} at revision {}", key, answer->header.revision);
+          // The watch may have shown this put before its answer came: drive now if first.
+          return maybe_drive();
         }
         std::optional<KeyValue> found;
         if (!answer->responses.empty())

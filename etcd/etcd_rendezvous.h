@@ -70,6 +70,9 @@ class EtcdRendezvous final : public rdzv::RendezvousHandler {
   void step(const rdzv::ClientEvent& event);
   void apply(const rdzv::ClientEffect& effect);
   void connect();
+  void on_lease_granted(std::uint64_t generation, common::Result<LeaseGrantResponse> granted);
+  void read_and_watch(std::uint64_t generation);
+  void on_read(std::uint64_t generation, common::Result<RangeResponse> read);
   void on_watch(std::uint64_t generation, const WatchResponse& response);
   void on_lease_lost(std::int64_t lease, const std::string& why, bool gone);
   void keep_lease_alive();
