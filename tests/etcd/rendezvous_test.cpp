@@ -1,0 +1,278 @@
+// The rendezvous on etcd v3 (--rdzv_backend etcd-v3) with real ddprun agents and fake workers
+// against a real three-member etcd on 127.0.0.1 (tests/etcd/etcd_cluster.h): ranks, world sizes
+// and restart counts as with c10d, the etcd leader killed while the job trains, an agent killed
+// and its lease expiring, and a finished job's keys deleted.
+
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <memory>
+#include <set>
+
+#include "tests/etcd/etcd_cluster.h"
+#include "tests/integration/ddprun_runs.h"
+
+using namespace ddprun::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// Fast keep-alive: a lease of 3 s, so a killed agent is lost quickly.
+const std::string kEtcdConf =
+    "join_timeout=60,last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3,"
+    "connect_timeout=30,close_timeout=5";
+
+/// One agent of job "job" on the etcd cluster, advertising 127.0.0.(i+2).
+std::unique_ptr<Subprocess> start_node(const EtcdCluster& etcd, int i,
+                                       const std::vector<std::string>& flags,
+                                       const std::vector<std::string>& actions) {
+  std::vector<std::string> all{
+      "--rdzv_backend", "etcd-v3", "--rdzv_endpoint", etcd.endpoints(),
+      "--rdzv_id",      "job",     "--local_addr",    loopback_node_addr(i),
+      "--rdzv_conf",    kEtcdConf};
+  all.insert(all.end(), flags.begin(), flags.end());
+  return std::make_unique<Subprocess>(ddprun_fake(all, actions));
+}
+
+/// What the agents printed so far and the job's keys, for a failed wait's message.
+std::string err_of(const std::vector<std::unique_ptr<Subprocess>>& nodes,
+                   const EtcdCluster* etcd = nullptr) {
+  std::string out;
+  if (etcd) out += "--- keys\n" + etcd->etcdctl({"get", "--prefix", "/ddprun/job/"}).out;
+  for (std::size_t i = 0; i < nodes.size(); ++i)
+    out += "--- node " + std::to_string(i) + "\n" + nodes[i]->err_so_far();
+  return out;
+}
+
+/// Every "RANK=" a node's workers printed.
+std::set<int> ranks_printed(const std::string& out) {
+  std::set<int> ranks;
+  for (const std::string& line : lines_of(out)) {
+    const auto at = line.find("]:RANK=");
+    if (at != std::string::npos) ranks.insert(std::stoi(line.substr(at + 7)));
+  }
+  return ranks;
+}
+
+/// The keys under /ddprun/job/ (etcdctl's key lines).
+std::string job_keys(const EtcdCluster& etcd) {
+  auto r = etcd.etcdctl({"get", "--prefix", "--keys-only", "/ddprun/job/"});
+  return r.out;
+}
+
+}  // namespace
+
+TEST_CASE("three agents on etcd get unique ranks and one master and leave no keys",
+          "[etcd][rdzv]") {
+  EtcdCluster etcd;
+  REQUIRE(etcd.wait_ready());
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int i = 0; i < 3; ++i)
+    nodes.push_back(start_node(etcd, i, {"--nnodes", "3", "--nproc_per_node", "2"},
+                               {"env=RANK,GROUP_RANK,WORLD_SIZE,MASTER_ADDR,MASTER_PORT"}));
+  std::set<int> all_ranks;
+  std::set<std::string> masters;
+  std::set<std::string> group_ranks;
+  for (auto& node : nodes) {
+    auto r = node->wait(kJobLimit);
+    INFO(r.out << r.err);
+    CHECK(r.exit_code == 0);
+    for (int local = 0; local < 2; ++local) {
+      auto env = env_printed_by(r.out, "[default" + std::to_string(local) + "]:");
+      CHECK(env["WORLD_SIZE"] == "6");
+      masters.insert(env["MASTER_ADDR"] + ":" + env["MASTER_PORT"]);
+      group_ranks.insert(env["GROUP_RANK"]);
+    }
+    for (int rank : ranks_printed(r.out)) CHECK(all_ranks.insert(rank).second);
+  }
+  CHECK(all_ranks == std::set<int>{0, 1, 2, 3, 4, 5});
+  CHECK(group_ranks == std::set<std::string>{"0", "1", "2"});
+  CHECK(masters.size() == 1);
+  // A finished job's keys are deleted.
+  CHECK(wait_until([&] { return job_keys(etcd).empty(); }, 10s));
+  INFO(job_keys(etcd));
+}
+
+TEST_CASE("a worker failure on one node of an etcd job restarts both with one restart count",
+          "[etcd][rdzv]") {
+  EtcdCluster etcd;
+  REQUIRE(etcd.wait_ready());
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int i = 0; i < 2; ++i)
+    nodes.push_back(start_node(
+        etcd, i,
+        {"--nnodes", "2", "--nproc_per_node", "2", "--max_restarts", "2", "--node_rank",
+         std::to_string(i)},
+        // Attempt 0: rank 3 (node 1) fails, the others wait to be stopped. Attempt 1: all pass.
+        {"env=TORCHELASTIC_RESTART_COUNT,GROUP_RANK,WORLD_SIZE", "exit_if_restart=1:0",
+         "exit_if_rank=3:5", "hang"}));
+  for (int i = 0; i < 2; ++i) {
+    auto r = nodes[i]->wait(kJobLimit);
+    INFO(r.out << r.err);
+    CHECK(r.exit_code == 0);
+    // --node_rank is honoured and ranks are stable across the restart.
+    CHECK(count_of(r.out, "GROUP_RANK=" + std::to_string(i)) >= 2);
+    CHECK(count_of(r.out, "GROUP_RANK=" + std::to_string(1 - i)) == 0);
+    CHECK(count_of(r.out, "WORLD_SIZE=4") >= 2);
+    CHECK(count_of(r.out, "TORCHELASTIC_RESTART_COUNT=1") == 2);
+    CHECK(count_of(r.err, "restarting workers: restart 1 of 2") == 1);
+  }
+}
+
+TEST_CASE("the etcd leader killed while an etcd job trains causes no restart", "[etcd][rdzv]") {
+  EtcdCluster etcd;
+  REQUIRE(etcd.wait_ready());
+  TempDir dir;
+  const std::string pids = dir.path() + "/pids";
+  const std::string gate = dir.path() + "/gate";
+  WorkerSweeper sweeper(pids);
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int i = 0; i < 2; ++i)
+    nodes.push_back(start_node(etcd, i, {"--nnodes", "2", "--max_restarts", "1"},
+                               {"pidfile=" + pids, "env=TORCHELASTIC_RESTART_COUNT",
+                                "wait_lines=" + gate + ":1", "print=finished"}));
+  if (!wait_until([&] { return read_pids(pids).size() == 2; }, kJobLimit))
+    FAIL(err_of(nodes, &etcd));
+  const int leader = etcd.leader();
+  REQUIRE(leader >= 0);
+  etcd.kill(leader);
+  // Longer than the lease's TTL: the keep-alives must fail over for the nodes to stay.
+  std::this_thread::sleep_for(4s);
+  std::ofstream(gate) << "go\n";
+  for (auto& node : nodes) {
+    auto r = node->wait(kJobLimit);
+    INFO(r.out << r.err);
+    CHECK(r.exit_code == 0);
+    CHECK(count_of(r.out, "finished") == 1);
+    CHECK(count_of(r.out, "TORCHELASTIC_RESTART_COUNT=0") == 1);
+    CHECK_FALSE(contains(r.err, "restarting workers"));
+  }
+}
+
+TEST_CASE("an agent of an etcd job killed with SIGKILL leaves survivors that re-form",
+          "[etcd][rdzv]") {
+  EtcdCluster etcd;
+  REQUIRE(etcd.wait_ready());
+  TempDir dir;
+  const std::string pids = dir.path() + "/pids";
+  WorkerSweeper sweeper(pids);
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int i = 0; i < 3; ++i)
+    nodes.push_back(start_node(
+        etcd, i, {"--nnodes", "2:3", "--max_restarts", "1", "--node_rank", std::to_string(i)},
+        // Round 0 (3 nodes) runs until the loss; the re-formed round of 2 nodes finishes.
+        {"pidfile=" + pids, "env=GROUP_WORLD_SIZE", "hang_unless=GROUP_WORLD_SIZE=2", "exit=0"}));
+  if (!wait_until([&] { return read_pids(pids).size() == 3; }, kJobLimit))
+    FAIL(err_of(nodes, &etcd));
+  // Kill the agent that joined last, so that the driver survives; the driver's own loss is
+  // the next test's.
+  nodes[2]->send(SIGKILL);
+  nodes[2]->wait(10s);
+  for (int i = 0; i < 2; ++i) {
+    auto r = nodes[i]->wait(kJobLimit);
+    INFO(r.out << r.err);
+    CHECK(r.exit_code == 0);
+    CHECK(contains(r.out, "GROUP_WORLD_SIZE=3"));
+    CHECK(contains(r.out, "GROUP_WORLD_SIZE=2"));
+    CHECK(contains(r.err, "restarting workers: restart 1 of 1"));
+    CHECK(contains(r.err, loopback_node_addr(2)));
+  }
+  for (const auto& [rank, pid] : read_pids(pids)) CHECK(wait_gone(pid));
+}
+
+TEST_CASE("the driving agent of an etcd job killed with SIGKILL is replaced by a survivor",
+          "[etcd][rdzv]") {
+  EtcdCluster etcd;
+  REQUIRE(etcd.wait_ready());
+  TempDir dir;
+  const std::string pids = dir.path() + "/pids";
+  WorkerSweeper sweeper(pids);
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  // The first node starts alone and drives; the others come once it does.
+  nodes.push_back(start_node(
+      etcd, 0, {"--nnodes", "2:3", "--max_restarts", "1", "--node_rank", "0"},
+      {"pidfile=" + pids, "env=GROUP_WORLD_SIZE", "hang_unless=GROUP_WORLD_SIZE=2", "exit=0"}));
+  if (!wait_until([&] { return contains(nodes[0]->err_so_far(), "drives the rendezvous"); },
+                  kJobLimit))
+    FAIL(err_of(nodes, &etcd));
+  for (int i = 1; i < 3; ++i)
+    nodes.push_back(start_node(
+        etcd, i, {"--nnodes", "2:3", "--max_restarts", "1", "--node_rank", std::to_string(i)},
+        {"pidfile=" + pids, "env=GROUP_WORLD_SIZE", "hang_unless=GROUP_WORLD_SIZE=2", "exit=0"}));
+  if (!wait_until([&] { return read_pids(pids).size() == 3; }, kJobLimit))
+    FAIL(err_of(nodes, &etcd));
+  nodes[0]->send(SIGKILL);
+  nodes[0]->wait(10s);
+  for (int i = 1; i < 3; ++i) {
+    auto r = nodes[i]->wait(kJobLimit);
+    INFO(r.out << r.err);
+    CHECK(r.exit_code == 0);
+    CHECK(contains(r.out, "GROUP_WORLD_SIZE=2"));
+    CHECK(contains(r.err, "restarting workers: restart 1 of 1"));
+  }
+}
+
+TEST_CASE("the etcd leader killed while a round forms delays nothing and restarts nothing",
+          "[etcd][rdzv]") {
+  EtcdCluster etcd;
+  REQUIRE(etcd.wait_ready());
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  nodes.push_back(start_node(etcd, 0, {"--nnodes", "2"}, {"env=TORCHELASTIC_RESTART_COUNT"}));
+  REQUIRE(
+      wait_until([&] { return contains(nodes[0]->err_so_far(), "waiting for nodes"); }, kJobLimit));
+  const int leader = etcd.leader();
+  REQUIRE(leader >= 0);
+  etcd.kill(leader);
+  nodes.push_back(start_node(etcd, 1, {"--nnodes", "2"}, {"env=TORCHELASTIC_RESTART_COUNT"}));
+  for (auto& node : nodes) {
+    auto r = node->wait(kJobLimit);
+    INFO(r.out << r.err);
+    CHECK(r.exit_code == 0);
+    CHECK(count_of(r.out, "TORCHELASTIC_RESTART_COUNT=0") == 1);
+    CHECK_FALSE(contains(r.err, "restarting workers"));
+  }
+}
+
+TEST_CASE("every etcd member down for a while leaves an etcd job training until etcd is back",
+          "[etcd][rdzv]") {
+  EtcdCluster etcd;
+  REQUIRE(etcd.wait_ready());
+  TempDir dir;
+  const std::string pids = dir.path() + "/pids";
+  const std::string gate = dir.path() + "/gate";
+  WorkerSweeper sweeper(pids);
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int i = 0; i < 2; ++i)
+    nodes.push_back(start_node(etcd, i, {"--nnodes", "2", "--max_restarts", "1"},
+                               {"pidfile=" + pids, "env=TORCHELASTIC_RESTART_COUNT",
+                                "wait_lines=" + gate + ":1", "print=finished"}));
+  if (!wait_until([&] { return read_pids(pids).size() == 2; }, kJobLimit))
+    FAIL(err_of(nodes, &etcd));
+  for (int i = 0; i < etcd.size(); ++i) etcd.kill(i);
+  // Longer than the lease's TTL (3 s): the agents notice and warn; the workers run on.
+  REQUIRE(wait_until(
+      [&] {
+        return contains(nodes[0]->err_so_far(), "lost the etcd cluster") &&
+               contains(nodes[1]->err_so_far(), "lost the etcd cluster");
+      },
+      20s));
+  for (int i = 0; i < etcd.size(); ++i) etcd.start(i);
+  REQUIRE(etcd.wait_ready());
+  REQUIRE(wait_until(
+      [&] {
+        return count_of(nodes[0]->err_so_far() + nodes[1]->err_so_far(),
+                        "reconnected to the rendezvous") == 2;
+      },
+      30s));
+  for (const auto& [rank, pid] : read_pids(pids)) CHECK(process_alive(pid));
+  std::ofstream(gate) << "go\n";
+  for (auto& node : nodes) {
+    auto r = node->wait(kJobLimit);
+    INFO(r.out << r.err);
+    CHECK(r.exit_code == 0);
+    CHECK(count_of(r.out, "finished") == 1);
+    CHECK(count_of(r.out, "TORCHELASTIC_RESTART_COUNT=0") == 1);
+    CHECK_FALSE(contains(r.err, "restarting workers"));
+  }
+}
