@@ -393,6 +393,19 @@ DriveResult drive(StoredState current, const View& view, common::TimePoint now) 
     }
   };
 
+  // Closed -> [erased] before a join: a job whose tombstone expired while no agent ran (every
+  // node exited before close_timeout) is forgotten, so a new job under the same run id starts
+  // afresh instead of being refused as closed. Without a join, the Tick below erases it.
+  const bool newcomer = std::any_of(view.nodes.begin(), view.nodes.end(), [&](const auto& node) {
+    auto it = s.applied.find(node.first);
+    return it == s.applied.end() || it->second.join != node.second.mod_revision;
+  });
+  if (newcomer && s.job.phase == rdzv::JobPhase::Closed && s.job.closed_at &&
+      now >= *s.job.closed_at + s.job.settings.close_timeout) {
+    s.job = rdzv::new_job(s.job.run_id, now);
+    s.applied.clear();
+  }
+
   // Nodes whose key is gone: their lease expired or was revoked.
   std::vector<std::string> gone;
   for (const auto& [id, a] : s.applied)

@@ -255,3 +255,22 @@ TEST_CASE("keys outside the job's layout do not change the view", "[etcd][unit]"
   CHECK(k.view.nodes.empty());
   CHECK_FALSE(k.view.state);
 }
+
+TEST_CASE("a closed job left in etcd past its close timeout does not refuse a new job",
+          "[etcd][unit]") {
+  Keys k;
+  k.join("1", 1, 1);
+  k.drive_once();
+  const int round = k.current().job.round;
+  k.put(report_key(k.view.prefix, "1"), encode_message(rdzv::WorkersSucceeded{round}));
+  k.drive_once();
+  REQUIRE(k.current().job.phase == rdzv::JobPhase::Closed);
+  // Every node went away without deleting the keys; later a new node uses the run id.
+  k.leave("1");
+  k.now += seconds(60);
+  k.join("2", 1, 1);
+  k.drive_once();
+  CHECK(k.to<rdzv::Refused>("2").empty());
+  REQUIRE(k.to<rdzv::RoundReady>("2").size() == 1);
+  CHECK(k.to<rdzv::RoundReady>("2")[0].restart_count == 0);
+}
