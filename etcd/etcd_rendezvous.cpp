@@ -246,8 +246,11 @@ void EtcdRendezvous::on_read(std::uint64_t generation, common::Result<RangeRespo
   spdlog::debug("etcd: read {} key(s) of job '{}' at revision {}", read->kvs.size(), opt_.run_id,
                 read->header.revision);
   WatchOptions options;
-  options.key = prefix_;
-  options.range_end = prefix_end(prefix_);
+  // Every key of the job but `state`: [messages, state) holds messages, nodes/ and reports/.
+  // `state` grows with the job and is put on every change; only the driver needs it, and it
+  // reads it when its compare fails.
+  options.key = messages_key(prefix_);
+  options.range_end = state_key(prefix_);
   options.start_revision = read->header.revision + 1;
   watch_ = client_->watch(
       options,
@@ -387,8 +390,23 @@ void EtcdRendezvous::on_watch(std::uint64_t generation, const WatchResponse& res
   for (const Event& event : response.events) {
     if (generation != generation_) return;  // a callback below reconnected
     apply_event(view_, event);
-    if (event.kv.key != state_key(prefix_)) continue;
-    if (event.type == Event::Type::Delete) {
+    if (event.kv.key == messages_key(prefix_) && event.type == Event::Type::Put) {
+      auto decoded = decode_notices(event.kv.value, event.kv.key, node_id_);
+      if (!decoded) {
+        if (state_.phase != ClientPhase::Done)
+          step(
+              ServerUnusable{RendezvousError{RendezvousErrorKind::State, decoded.error().message}});
+        continue;
+      }
+      last_phase_ = decoded->phase;
+      last_messages_revision_ = event.kv.mod_revision;
+      for (const ServerMessage& message : decoded->messages) {
+        step(FrameReceived{message});
+        if (generation != generation_) return;
+      }
+      continue;
+    }
+    if (event.kv.key == messages_key(prefix_) && event.type == Event::Type::Delete) {
       // The job's keys were deleted: the job ended (its Closed came before) or someone
       // removed them by hand.
       if (last_phase_ != JobPhase::Closed && state_.phase != ClientPhase::Done)
@@ -396,20 +414,6 @@ void EtcdRendezvous::on_watch(std::uint64_t generation, const WatchResponse& res
                                             "the rendezvous state of job '" + opt_.run_id +
                                                 "' was deleted from etcd (" + state_key(prefix_) +
                                                 ") while the job ran"}});
-      continue;
-    }
-    auto decoded = decode_state(event.kv.value, event.kv.key, anchor_, clock_.now());
-    if (!decoded) {
-      if (state_.phase != ClientPhase::Done)
-        step(ServerUnusable{RendezvousError{RendezvousErrorKind::State, decoded.error().message}});
-      continue;
-    }
-    last_phase_ = decoded->job.phase;
-    last_state_revision_ = event.kv.mod_revision;
-    for (const Outgoing& out : decoded->messages) {
-      if (out.node_id != node_id_) continue;
-      step(FrameReceived{out.message});
-      if (generation != generation_) return;
     }
   }
   maybe_drive();
@@ -484,6 +488,9 @@ void EtcdRendezvous::write_state(const DriveResult& result) {
       return;
     }
     ops.push_back(PutOp{key, value, 0, false});
+    if (!result.next.messages.empty())
+      ops.push_back(PutOp{messages_key(prefix_),
+                          encode_notices(result.next.job.phase, result.next.messages), 0, false});
   }
   writing_ = true;
   const std::uint64_t generation = generation_;
@@ -513,12 +520,40 @@ void EtcdRendezvous::write_state(const DriveResult& result) {
               view_.state ? view_.state->create_revision : answer->header.revision;
           view_.state = written;
         }
-        // A failed compare: another driver wrote, or this one's view lags; the watch brings
-        // the newer state and drives again.
-        if (drive_again_ || answer->succeeded) {
+        if (!answer->succeeded) {
+          // A failed compare: another driver wrote (this one's copy of `state` is old), or this
+          // node's key is gone (the watch shows the delete).
+          drive_again_ = false;
+          return refresh_state();
+        }
+        if (drive_again_) {
           drive_again_ = false;
           maybe_drive();
         }
+      });
+}
+
+void EtcdRendezvous::refresh_state() {
+  const std::uint64_t generation = generation_;
+  const std::int64_t had = view_.state ? view_.state->mod_revision : 0;
+  client_->call_as<RangeResponse>(
+      range({state_key(prefix_), {}, 0, 0, false}), decode_range,
+      [this, generation, had, alive = alive_](common::Result<RangeResponse> read) {
+        if (!*alive || generation != generation_) return;
+        std::int64_t now_at = had;
+        if (read) {
+          if (read->kvs.empty())
+            view_.state.reset();
+          else
+            view_.state = read->kvs[0];
+          now_at = view_.state ? view_.state->mod_revision : 0;
+        }
+        if (read && now_at != had) return maybe_drive();
+        // Nothing newer (or etcd did not answer): the watch or a short wait brings the change.
+        drive_timer_.expires_after(std::chrono::milliseconds(200));
+        drive_timer_.async_wait([this, alive](error_code ec) {
+          if (!ec && *alive) maybe_drive();
+        });
       });
 }
 
@@ -539,12 +574,13 @@ void EtcdRendezvous::revoke_lease(std::function<void()> done) {
 
 void EtcdRendezvous::when_flushed(std::function<void()> done) {
   drop_link();
-  if (last_phase_ != JobPhase::Closed || last_state_revision_ == 0)
+  if (last_phase_ != JobPhase::Closed || last_messages_revision_ == 0)
     return revoke_lease(std::move(done));
   // The job is over and every node heard so (its Closed came before, in revision order): its
-  // keys go now, unless the state changed since (then it is not the job this node saw end).
-  const std::string key = state_key(prefix_);
-  Compare same{key, CompareTarget::ModRevision, CompareResult::Equal, last_state_revision_, {}};
+  // keys go now, unless the driver sent messages since (then it is not the job this node saw
+  // end).
+  const std::string key = messages_key(prefix_);
+  Compare same{key, CompareTarget::ModRevision, CompareResult::Equal, last_messages_revision_, {}};
   client_->call(txn({same}, {DeleteOp{prefix_, prefix_end(prefix_), false}}, {}),
                 [this, alive = alive_, done = std::move(done)](Reply) mutable {
                   if (!*alive) return;

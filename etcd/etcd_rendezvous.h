@@ -38,7 +38,7 @@ struct EtcdRendezvousOptions {
 ///
 ///   agent --next_rendezvous/report--> rdzv_client_step --SendJoin/Send--> put nodes/ reports/
 ///                                                                             |
-///   etcd --prefix watch--> View --state put: messages for this node--> FrameReceived
+///   etcd --watch of all but `state`--> View --messages put: those for this node--> FrameReceived
 ///                            |
 ///                            +--this node has the lowest create revision--> drive()
 ///                                    --> txn: if mod_revision(state) == R put state
@@ -81,6 +81,7 @@ class EtcdRendezvous final : public rdzv::RendezvousHandler {
   void send_report(const rdzv::AgentMessage& message);
   void maybe_drive();
   void write_state(const DriveResult& result);
+  void refresh_state();
   void revoke_lease(std::function<void()> done);
   boost::asio::steady_timer& timer_for(rdzv::ClientTimer timer);
 
@@ -109,7 +110,7 @@ class EtcdRendezvous final : public rdzv::RendezvousHandler {
   bool drive_again_ = false;
   boost::asio::steady_timer drive_timer_;
   std::optional<rdzv::JobPhase> last_phase_;  ///< of the last state seen
-  std::int64_t last_state_revision_ = 0;
+  std::int64_t last_messages_revision_ = 0;   ///< of the last `messages` put seen
   std::function<void(rdzv::RendezvousResult)> done_;
   std::function<void(rdzv::Notice)> on_notice_;
   boost::asio::steady_timer retry_timer_;

@@ -245,6 +245,7 @@ std::optional<std::string> id_under(const std::string& key, const std::string& p
 
 std::string job_prefix(const std::string& run_id) { return "/ddprun/" + run_id + "/"; }
 std::string state_key(const std::string& prefix) { return prefix + "state"; }
+std::string messages_key(const std::string& prefix) { return prefix + "messages"; }
 std::string node_key(const std::string& prefix, const std::string& node_id) {
   return prefix + "nodes/" + node_id;
 }
@@ -263,37 +264,85 @@ common::TimePoint TimeAnchor::to_steady(std::int64_t wall) const {
 std::string encode_state(const StoredState& state, const TimeAnchor& anchor) {
   json applied = json::object();
   for (const auto& [id, a] : state.applied) applied[id] = {a.join, a.report};
-  json messages = json::array();
-  for (const rdzv::Outgoing& out : state.messages)
-    messages.push_back({{"node", out.node_id}, {"message", rdzv::to_json(out.message)}});
   return json{{"format", kStateFormat},
               {"job", job_to_json(state.job, anchor)},
-              {"applied", std::move(applied)},
-              {"messages", std::move(messages)}}
+              {"applied", std::move(applied)}}
       .dump();
+}
+
+std::string encode_notices(rdzv::JobPhase phase, const std::vector<rdzv::Outgoing>& messages) {
+  json list = json::array();
+  for (const rdzv::Outgoing& out : messages)
+    list.push_back({{"node", out.node_id}, {"message", rdzv::to_json(out.message)}});
+  return json{{"format", kStateFormat},
+              {"phase", std::string(common::name_of(phase, rdzv::kJobPhaseNames))},
+              {"messages", std::move(list)}}
+      .dump();
+}
+
+namespace {
+
+common::Error malformed(const std::string& key, const std::string& why) {
+  return common::Error{"the rendezvous state in etcd at " + key + " is malformed: " + why +
+                       "; delete the job's keys (etcdctl del --prefix " +
+                       key.substr(0, key.rfind('/') + 1) + ") or pick another --rdzv_id"};
+}
+
+/// The value as JSON with its format checked, or the error naming the key.
+common::Result<json> parse_state(const std::string& value, const std::string& key) {
+  if (value.size() > kMaxStateBytes)
+    return malformed(
+        key, std::to_string(value.size()) + " bytes, more than " + std::to_string(kMaxStateBytes));
+  json j = json::parse(value, nullptr, false);
+  if (j.is_discarded()) return malformed(key, "not JSON");
+  std::optional<std::string> error;
+  Fields f(j, "state", error);
+  const auto format = f.integer("format", 0, 1'000'000);
+  if (error) return malformed(key, *error);
+  if (format != kStateFormat)
+    return malformed(key, "format " + std::to_string(format) + ", this ddprun reads format " +
+                              std::to_string(kStateFormat) +
+                              " (every node must run the same ddprun)");
+  return j;
+}
+
+}  // namespace
+
+common::Result<Notices> decode_notices(const std::string& value, const std::string& key,
+                                       const std::string& node_id) {
+  auto parsed = parse_state(value, key);
+  if (!parsed) return parsed.error();
+  const json& j = *parsed;
+  std::optional<std::string> error;
+  Notices out;
+  Fields f(j, "state", error);
+  out.phase = f.name("phase", rdzv::kJobPhaseNames);
+  if (const json* messages = f.container("messages", false, kMaxMessagesInState)) {
+    for (const json& m : *messages) {
+      Fields mf(m, "messages[]", error);
+      if (mf.text("node") != node_id) continue;
+      if (const json* body = mf.get("message")) {
+        auto message = rdzv::parse_server_message(*body);
+        if (const auto* why = std::get_if<std::string>(&message))
+          mf.fail("messages[]: " + *why);
+        else
+          out.messages.push_back(std::get<0>(std::move(message)));
+      }
+      if (!mf.ok()) break;
+    }
+  }
+  if (error) return malformed(key, *error);
+  return out;
 }
 
 common::Result<StoredState> decode_state(const std::string& value, const std::string& key,
                                          const TimeAnchor& anchor, common::TimePoint now) {
-  const auto bad = [&key](const std::string& why) {
-    return common::Error{"the rendezvous state in etcd at " + key + " is malformed: " + why +
-                         "; delete the job's keys (etcdctl del --prefix " +
-                         key.substr(0, key.rfind('/') + 1) + ") or pick another --rdzv_id"};
-  };
-  if (value.size() > kMaxStateBytes)
-    return bad(std::to_string(value.size()) + " bytes, more than " +
-               std::to_string(kMaxStateBytes));
-  json j = json::parse(value, nullptr, false);
-  if (j.is_discarded()) return bad("not JSON");
+  auto parsed = parse_state(value, key);
+  if (!parsed) return parsed.error();
+  const json& j = *parsed;
   std::optional<std::string> error;
   StoredState out;
   Fields f(j, "state", error);
-  if (f.ok()) {
-    const auto format = f.integer("format", 0, 1'000'000);
-    if (f.ok() && format != kStateFormat)
-      return bad("format " + std::to_string(format) + ", this ddprun reads format " +
-                 std::to_string(kStateFormat) + " (every node must run the same ddprun)");
-  }
   if (const json* job = f.get("job")) out.job = job_from_json(*job, anchor, now, error);
   if (const json* applied = f.container("applied", true, 2 * kMaxNodesInState)) {
     for (const auto& [id, pair] : applied->items()) {
@@ -305,23 +354,7 @@ common::Result<StoredState> decode_state(const std::string& value, const std::st
       out.applied[id] = Applied{pair[0].get<std::int64_t>(), pair[1].get<std::int64_t>()};
     }
   }
-  if (const json* messages = f.container("messages", false, kMaxMessagesInState)) {
-    for (const json& m : *messages) {
-      Fields mf(m, "state.messages[]", error);
-      rdzv::Outgoing out_message;
-      out_message.node_id = mf.text("node");
-      if (const json* body = mf.get("message")) {
-        auto parsed = rdzv::parse_server_message(*body);
-        if (const auto* why = std::get_if<std::string>(&parsed))
-          mf.fail("state.messages[]: " + *why);
-        else
-          out_message.message = std::get<0>(std::move(parsed));
-      }
-      if (!mf.ok()) break;
-      out.messages.push_back(std::move(out_message));
-    }
-  }
-  if (error) return bad(*error);
+  if (error) return malformed(key, *error);
   return out;
 }
 

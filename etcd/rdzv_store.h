@@ -19,19 +19,22 @@
 //
 //   nodes/<id> put (new mod revision) --> FromNode{Join}      --+
 //   reports/<id> put (new mod revision) -> FromNode{report}     --+--> step() --> `state` value:
-//   nodes/<id> gone -------------------> Disconnected           --+    {job, applied, messages}
+//   nodes/<id> gone -------------------> Disconnected           --+    {job, applied}; `messages`
 //   a deadline inside the job ---------> Tick                   --+
 //
 // `applied` remembers the mod revision of each key already fed to step(), so a new driver (or the
 // same one after a failed compare) feeds each change exactly once, whatever it saw before.
-// `messages` are what step() sent to nodes in the transition that wrote the value; every agent
-// reads those addressed to it from the watch, as the TCP client reads frames.
+// `messages` (its own key, put in the same txn) are what step() sent to nodes in that pass; every
+// agent reads those addressed to it from the watch, as the TCP client reads frames, without
+// decoding `state` (which only the driver needs: at N nodes it is O(N) and is put O(N) times).
 
 namespace ddprun::etcd {
 
 /// "/ddprun/<run_id>/": every key of one job lies under it.
 std::string job_prefix(const std::string& run_id);
 std::string state_key(const std::string& prefix);
+/// What the driver's last transition sent to nodes, put in the same txn as `state`.
+std::string messages_key(const std::string& prefix);
 std::string node_key(const std::string& prefix, const std::string& node_id);
 std::string report_key(const std::string& prefix, const std::string& node_id);
 
@@ -56,7 +59,7 @@ struct Applied {
 struct StoredState {
   rdzv::JobState job;
   std::map<std::string, Applied> applied;
-  std::vector<rdzv::Outgoing> messages;  ///< sent by the transition that wrote this value
+  std::vector<rdzv::Outgoing> messages;  ///< sent by the pass (stored under `messages`)
 };
 
 /// Bounds on what a `state` value may hold (etcd refuses requests over 1.5 MiB).
@@ -64,11 +67,23 @@ inline constexpr std::size_t kMaxStateBytes = 1'400'000;
 inline constexpr std::size_t kMaxNodesInState = 4'096;
 inline constexpr std::size_t kMaxMessagesInState = 3 * kMaxNodesInState;
 
+/// The value of `state`: the job and `applied` (the messages go to encode_notices).
 std::string encode_state(const StoredState& state, const TimeAnchor& anchor);
+/// The value of `messages`: the job's phase after the pass and what it sent.
+std::string encode_notices(rdzv::JobPhase phase, const std::vector<rdzv::Outgoing>& messages);
 /// The value read back; anything malformed is an error naming `key` and what is wrong (never
 /// throws). Node records get last_seen = `now`: liveness is the lease's business.
 common::Result<StoredState> decode_state(const std::string& value, const std::string& key,
                                          const TimeAnchor& anchor, common::TimePoint now);
+
+/// What a node reads of a `messages` value: the phase, and the messages addressed to it.
+struct Notices {
+  rdzv::JobPhase phase = rdzv::JobPhase::Joining;
+  std::vector<rdzv::ServerMessage> messages;
+};
+/// Errors as decode_state's, naming the key.
+common::Result<Notices> decode_notices(const std::string& value, const std::string& key,
+                                       const std::string& node_id);
 
 /// The job's keys as this agent knows them (a range read, then the watch's events).
 struct View {

@@ -17,7 +17,8 @@ struct Keys {
   std::int64_t revision = 1;
   TimePoint now = TimePoint{} + seconds(1000);
   TimeAnchor anchor{TimePoint{}, 1'700'000'000'000};
-  std::vector<rdzv::Outgoing> delivered;  ///< messages of every state put so far
+  std::vector<rdzv::Outgoing> delivered;  ///< messages of every pass so far
+  std::string notices;                    ///< the value of `messages` after the last pass
 
   explicit Keys(const std::string& run_id = "job") { view.prefix = job_prefix(run_id); }
 
@@ -73,6 +74,7 @@ struct Keys {
     DriveResult r = drive(current(), view, now);
     if (r.changed) {
       put(state_key(view.prefix), encode_state(r.next, anchor));
+      if (!r.next.messages.empty()) notices = encode_notices(r.next.job.phase, r.next.messages);
       for (const auto& m : r.next.messages) delivered.push_back(m);
     }
     return r;
@@ -273,4 +275,27 @@ TEST_CASE("a closed job left in etcd past its close timeout does not refuse a ne
   CHECK(k.to<rdzv::Refused>("2").empty());
   REQUIRE(k.to<rdzv::RoundReady>("2").size() == 1);
   CHECK(k.to<rdzv::RoundReady>("2")[0].restart_count == 0);
+}
+
+TEST_CASE("a node reads only its own messages and the phase from the messages key",
+          "[etcd][unit]") {
+  Keys k;
+  k.join("1", 2, 2);
+  k.join("2", 2, 2);
+  k.drive_once();
+  const std::string key = messages_key(k.view.prefix);
+  auto notices = decode_notices(k.notices, key, "2");
+  REQUIRE(notices.ok());
+  CHECK(notices->phase == rdzv::JobPhase::Running);
+  REQUIRE(notices->messages.size() == 1);
+  CHECK(std::holds_alternative<rdzv::RoundReady>(notices->messages[0]));
+  CHECK(decode_notices(k.notices, key, "3")->messages.empty());
+  auto j = nlohmann::json::parse(k.notices);
+  j["messages"][0]["message"] = {{"type", "round"}};
+  auto bad = decode_notices(j.dump(), key, j["messages"][0]["node"].get<std::string>());
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.error().message, Contains(key));
+  CHECK_THAT(decode_notices("{}", key, "1").error().message, Contains("state.format is missing"));
+  // The state value holds no messages: nodes other than the driver never decode it.
+  CHECK_FALSE(nlohmann::json::parse(k.view.state->value).contains("messages"));
 }
