@@ -327,8 +327,8 @@ const std::set<std::string> kForeignFlags = {
     "--now", "--no-install-recommends",
     // usage.md's "--flag value" and the stand-ins' own arguments
     "--flag", "--lr", "--epochs",
-    // etcd and etcdctl (operations.md#the-rendezvous-on-etcd)
-    "--enable-v2", "--endpoints"};
+    // etcd and etcdctl (operations.md#the-rendezvous-on-etcd), etcd_rdzv_bench (benchmarks.md)
+    "--enable-v2", "--endpoints", "--rdzvd", "--timeout"};
 
 /// The man pages, relative to the source root.
 const std::vector<const char*> kManPages = {"docs/ddprun.1", "docs/ddprun-rdzvd.1",
