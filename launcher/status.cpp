@@ -16,10 +16,12 @@
 #include <thread>
 
 #include "common/exit_codes.h"
+#include "etcd/rdzv_store.h"
 #include "rendezvous/auth.h"
 #include "rendezvous/connection.h"
 #include "rendezvous/endpoint.h"
 #include "rendezvous/framing.h"
+#include "rendezvous/job_status.h"
 #include "rendezvous/protocol.h"
 
 namespace ddprun::launcher {
@@ -101,6 +103,10 @@ std::variant<StatusRequest, InfoRequest, UsageError> parse_status_args(
   app.add_option("--rdzv_endpoint,--rdzv-endpoint", endpoint,
                  "host:port of the server (an agent's embedded one or ddprun-rdzvd)");
   app.add_option("--rdzv_id,--rdzv-id", run_id, "show this job only");
+  std::string backend = "c10d";
+  app.add_option("--rdzv_backend,--rdzv-backend", backend,
+                 "c10d (default) or etcd-v3: read the jobs from etcd, --rdzv_endpoint listing "
+                 "its members");
   app.add_flag("--json", as_json, "print the server's JSON instead of tables");
   app.add_option("--timeout", timeout_s, "seconds to wait for the answer (default 5)");
   bool watch = false;
@@ -143,6 +149,17 @@ std::variant<StatusRequest, InfoRequest, UsageError> parse_status_args(
     return UsageError{
         "ddprun status needs --rdzv_endpoint host:port (the address every node "
         "of the job was given)"};
+  std::vector<etcd::Member> etcd_members;
+  if (backend == "etcd-v3") {
+    auto members = etcd::parse_members(endpoint);
+    if (!members)
+      return UsageError{"ddprun status --rdzv_endpoint " + endpoint + ": " +
+                        members.error().message};
+    etcd_members = *std::move(members);
+    endpoint = etcd_members.front().text();
+  } else if (backend != "c10d") {
+    return UsageError{"ddprun status --rdzv_backend " + backend + ": expected c10d or etcd-v3"};
+  }
   auto parsed = rdzv::parse_endpoint(endpoint, rdzv::kDefaultPort);
   if (!parsed || parsed->second == 0)
     return UsageError{"ddprun status --rdzv_endpoint " + endpoint +
@@ -166,6 +183,10 @@ std::variant<StatusRequest, InfoRequest, UsageError> parse_status_args(
   request.watch = watch;
   request.interval = std::chrono::milliseconds(static_cast<long long>(interval_s * 1000));
   request.iterations = iterations;
+  request.etcd_members = std::move(etcd_members);
+  if (!request.etcd_members.empty() && request.secret_file)
+    return UsageError{
+        "ddprun status --secret_file is the c10d rendezvous's; etcd-v3 has no shared secret"};
   return request;
 }
 
@@ -322,6 +343,49 @@ common::Result<json> fetch_status(const StatusRequest& request,
   return common::Error{error.empty() ? "no answer within the --timeout" : error};
 }
 
+/// The jobs held in etcd (--rdzv_backend etcd-v3): every `/ddprun/<run_id>/state`, or the one
+/// of --rdzv_id, described as the server describes its jobs. Nodes were seen "now": their keys
+/// exist, and their leases say they are alive.
+common::Result<json> fetch_etcd_status(const StatusRequest& request,
+                                       const std::optional<rdzv::TlsRole>& tls,
+                                       const std::function<bool()>& stop) {
+  asio::io_context io;
+  etcd::ClientSettings settings;
+  settings.members = request.etcd_members;
+  settings.request_timeout = request.timeout;
+  if (tls) settings.tls = tls->context;
+  auto client = std::make_shared<etcd::Client>(io, settings);
+  const std::string prefix = request.run_id ? etcd::job_prefix(*request.run_id) : "/ddprun/";
+  std::optional<common::Result<etcd::RangeResponse>> answer;
+  client->call_as<etcd::RangeResponse>(
+      etcd::range({prefix, etcd::prefix_end(prefix), 0, 0, false}), etcd::decode_range,
+      [&answer](common::Result<etcd::RangeResponse> r) { answer = std::move(r); });
+  while (!answer && !stop() && !io.stopped()) io.run_for(std::chrono::milliseconds(100));
+  client->close();
+  if (!answer) return common::Error{"interrupted"};
+  if (!*answer) return answer->error();
+  const common::TimePoint now = std::chrono::steady_clock::now();
+  etcd::TimeAnchor anchor{now, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count()};
+  json jobs = json::array();
+  for (const etcd::KeyValue& kv : (*answer)->kvs) {
+    // /ddprun/<run_id>/state, where a run id holds no '/'.
+    const std::string head = "/ddprun/";
+    const std::string tail = "/state";
+    if (kv.key.size() <= head.size() + tail.size() ||
+        kv.key.compare(kv.key.size() - tail.size(), tail.size(), tail) != 0)
+      continue;
+    const std::string run_id =
+        kv.key.substr(head.size(), kv.key.size() - head.size() - tail.size());
+    if (run_id.find('/') != std::string::npos) continue;
+    auto state = etcd::decode_state(kv.value, kv.key, anchor, now);
+    if (!state) return state.error();
+    jobs.push_back(rdzv::describe_job(state->job, now));
+  }
+  return jobs;
+}
+
 /// What one answer prints (the tables, the JSON, or "no jobs").
 std::string render(const StatusRequest& request, const json& jobs, const std::string& where) {
   if (request.json) return jobs.dump(request.watch ? -1 : 2) + "\n";
@@ -361,7 +425,8 @@ int watch_status(const StatusRequest& request, const std::optional<rdzv::Secret>
             next - std::chrono::steady_clock::now(), std::chrono::milliseconds(50)));
       if (stop()) break;
     }
-    auto jobs = fetch_status(request, secret, tls, stop);
+    auto jobs = request.etcd_members.empty() ? fetch_status(request, secret, tls, stop)
+                                             : fetch_etcd_status(request, tls, stop);
     if (!jobs && stop()) break;
     std::string frame;
     if (!request.json) {
@@ -394,7 +459,12 @@ int watch_status(const StatusRequest& request, const std::optional<rdzv::Secret>
 }  // namespace
 
 int run_status(const StatusRequest& request) {
-  const std::string where = rdzv::format_endpoint(request.host, request.port);
+  std::string where = rdzv::format_endpoint(request.host, request.port);
+  if (!request.etcd_members.empty()) {
+    where = "etcd";
+    for (std::size_t i = 0; i < request.etcd_members.size(); ++i)
+      where += (i ? "," : " ") + request.etcd_members[i].text();
+  }
   std::optional<rdzv::Secret> secret;
   if (request.secret_file) {
     auto read = rdzv::read_secret_file(*request.secret_file);
@@ -414,7 +484,9 @@ int run_status(const StatusRequest& request) {
     tls = rdzv::TlsRole{*made, false, request.host};
   }
   if (request.watch) return watch_status(request, secret, tls, where);
-  auto jobs = fetch_status(request, secret, tls, [] { return false; });
+  const auto never = [] { return false; };
+  auto jobs = request.etcd_members.empty() ? fetch_status(request, secret, tls, never)
+                                           : fetch_etcd_status(request, tls, never);
   if (!jobs) {
     std::fprintf(stderr, "ddprun status: cannot get the status from %s: %s\n", where.c_str(),
                  jobs.error().message.c_str());

@@ -6,6 +6,7 @@
 #include <variant>
 #include <vector>
 
+#include "etcd/client.h"
 #include "launcher/cli.h"
 #include "rendezvous/endpoint.h"
 #include "rendezvous/tls.h"
@@ -28,6 +29,8 @@ struct StatusRequest {
   bool watch = false;
   std::chrono::milliseconds interval{2000};
   int iterations = 0;
+  /// --rdzv_backend etcd-v3: read the jobs' `state` keys from these etcd members instead.
+  std::vector<etcd::Member> etcd_members;
 };
 
 /// Parses the arguments after "status" (PET_RDZV_ENDPOINT and PET_RDZV_ID as fallbacks).

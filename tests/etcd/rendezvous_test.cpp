@@ -276,3 +276,33 @@ TEST_CASE("every etcd member down for a while leaves an etcd job training until 
     CHECK_FALSE(contains(r.err, "restarting workers"));
   }
 }
+
+TEST_CASE("ddprun status reads a running etcd job's nodes and ranks from etcd", "[etcd][rdzv]") {
+  EtcdCluster etcd;
+  REQUIRE(etcd.wait_ready());
+  TempDir dir;
+  const std::string pids = dir.path() + "/pids";
+  const std::string gate = dir.path() + "/gate";
+  WorkerSweeper sweeper(pids);
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int i = 0; i < 2; ++i)
+    nodes.push_back(start_node(etcd, i, {"--nnodes", "2", "--node_rank", std::to_string(i)},
+                               {"pidfile=" + pids, "wait_lines=" + gate + ":1"}));
+  if (!wait_until([&] { return read_pids(pids).size() == 2; }, kJobLimit))
+    FAIL(err_of(nodes, &etcd));
+  auto status = run_command({DDPRUN_BIN, "status", "--rdzv_backend", "etcd-v3", "--rdzv_endpoint",
+                             etcd.endpoints(), "--rdzv_id", "job"},
+                            {}, 30s);
+  INFO(status.out << status.err);
+  CHECK(status.exit_code == 0);
+  CHECK(contains(status.out, "job job: running, round 0, restarts 0 of 0, --nnodes 2:2"));
+  CHECK(contains(status.out, loopback_node_addr(0)));
+  CHECK(contains(status.out, loopback_node_addr(1)));
+  auto missing = run_command({DDPRUN_BIN, "status", "--rdzv_backend", "etcd-v3", "--rdzv_endpoint",
+                              etcd.endpoints(), "--rdzv_id", "other"},
+                             {}, 30s);
+  CHECK(missing.exit_code == 1);
+  CHECK(contains(missing.out, "no job 'other' at etcd 127.0.0.1:"));
+  std::ofstream(gate) << "go\n";
+  for (auto& node : nodes) CHECK(node->wait(kJobLimit).exit_code == 0);
+}

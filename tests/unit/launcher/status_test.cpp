@@ -105,3 +105,24 @@ TEST_CASE("ddprun status --watch takes an interval and a number of iterations",
   CHECK(std::holds_alternative<UsageError>(
       parse_status_args({"--rdzv_endpoint", "h:1", "--watch", "--interval", "0.01"}, no_env)));
 }
+
+TEST_CASE("ddprun status --rdzv_backend etcd-v3 takes every etcd member", "[launcher][unit]") {
+  auto parsed = parse_status_args(
+      {"--rdzv_backend", "etcd-v3", "--rdzv_endpoint", "e1:2379,e2,e3:2381", "--rdzv_id", "j"},
+      no_env);
+  REQUIRE(std::holds_alternative<StatusRequest>(parsed));
+  const auto& request = std::get<StatusRequest>(parsed);
+  REQUIRE(request.etcd_members.size() == 3);
+  CHECK(request.etcd_members[1].text() == "e2:2379");
+  CHECK(request.run_id == "j");
+  // The c10d default keeps one endpoint; a list is not one.
+  CHECK(std::get<StatusRequest>(parse_status_args({"--rdzv_endpoint", "h:1"}, no_env))
+            .etcd_members.empty());
+  auto bad = parse_status_args({"--rdzv_backend", "zk", "--rdzv_endpoint", "h:1"}, no_env);
+  REQUIRE(std::holds_alternative<UsageError>(bad));
+  CHECK(std::get<UsageError>(bad).message ==
+        "ddprun status --rdzv_backend zk: expected c10d or etcd-v3");
+  auto secret = parse_status_args(
+      {"--rdzv_backend", "etcd-v3", "--rdzv_endpoint", "e1", "--secret_file", "/s"}, no_env);
+  REQUIRE(std::holds_alternative<UsageError>(secret));
+}
