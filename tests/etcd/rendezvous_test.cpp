@@ -4,6 +4,7 @@
 // and its lease expiring, and a finished job's keys deleted.
 
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <catch2/catch.hpp>
 #include <fstream>
@@ -305,4 +306,52 @@ TEST_CASE("ddprun status reads a running etcd job's nodes and ranks from etcd", 
   CHECK(contains(missing.out, "no job 'other' at etcd 127.0.0.1:"));
   std::ofstream(gate) << "go\n";
   for (auto& node : nodes) CHECK(node->wait(kJobLimit).exit_code == 0);
+}
+
+TEST_CASE("agents log in to an etcd with authentication with etcd_user and etcd_password_file",
+          "[etcd][rdzv]") {
+  EtcdCluster etcd;
+  REQUIRE(etcd.wait_ready());
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"user", "add", "root:rootpw"},
+           {"user", "add", "ann:annpw"},
+           {"role", "add", "trainer"},
+           {"role", "grant-permission", "trainer", "--prefix=true", "readwrite", "/ddprun/"},
+           {"user", "grant-role", "ann", "trainer"},
+           {"auth", "enable"}}) {
+    auto r = etcd.etcdctl(args);
+    INFO(args[0] << " " << args[1] << ": " << r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+  }
+  TempDir dir;
+  const auto password_file = [&](const std::string& name, const std::string& password) {
+    const std::string path = dir.path() + "/" + name;
+    std::ofstream(path) << password << "\n";
+    ::chmod(path.c_str(), 0600);
+    return path;
+  };
+  const std::string good = password_file("good", "annpw");
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int i = 0; i < 2; ++i)
+    nodes.push_back(start_node(
+        etcd, i,
+        {"--nnodes", "2", "--rdzv_conf", kEtcdConf + ",etcd_user=ann,etcd_password_file=" + good},
+        {"env=WORLD_SIZE"}));
+  for (auto& node : nodes) {
+    auto r = node->wait(kJobLimit);
+    INFO(r.out << r.err);
+    CHECK(r.exit_code == 0);
+    CHECK(contains(r.out, "WORLD_SIZE=2"));
+  }
+  // A wrong password ends the agent with etcd's answer, once connect_timeout has passed.
+  const std::string wrong = password_file("wrong", "not her password");
+  auto refused =
+      start_node(etcd, 0,
+                 {"--nnodes", "2", "--rdzv_conf",
+                  kEtcdConf + ",connect_timeout=2,etcd_user=ann,etcd_password_file=" + wrong},
+                 {"env=WORLD_SIZE"});
+  auto r = refused->wait(kJobLimit);
+  INFO(r.err);
+  CHECK(r.exit_code == 69);
+  CHECK(contains(r.err, "authentication failed"));
 }
