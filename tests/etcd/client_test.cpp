@@ -436,41 +436,11 @@ TEST_CASE("every member down: the client says so and recovers when they are back
   client->close();
 }
 
-namespace {
-
-/// A CA, a member certificate for 127.0.0.1, a client certificate of the same CA and a second
-/// CA that signed nothing here; keys of mode 600.
-struct Pki {
-  testing::TempDir dir;
-  std::string path(const std::string& name) const { return dir.path() + "/" + name; }
-  Pki() {
-    const std::string script = R"(set -e
-umask 077
-key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
-key ca.key; key other-ca.key; key server.key; key client.key
-openssl req -x509 -new -key ca.key -out ca.pem -days 2 -subj "/CN=ddprun etcd test CA"
-openssl req -x509 -new -key other-ca.key -out other-ca.pem -days 2 -subj "/CN=another CA"
-printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n' > server.ext
-printf 'extendedKeyUsage=clientAuth\n' > client.ext
-openssl req -new -key server.key -subj "/CN=etcd" -out server.csr
-openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
-  -extfile server.ext -out server.pem 2>/dev/null
-openssl req -new -key client.key -subj "/CN=node" -out client.csr
-openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
-  -extfile client.ext -out client.pem 2>/dev/null
-chmod 644 ca.pem other-ca.pem server.pem client.pem
-)";
-    auto r = testing::run_command({"/bin/bash", "-c", "cd '" + dir.path() + "' && " + script});
-    INFO(r.out << r.err);
-    REQUIRE(r.exit_code == 0);
-  }
-};
-
-}  // namespace
+using testing::EtcdPki;
 
 TEST_CASE("over TLS with client certificates the client works and wrong peers are refused",
           "[etcd]") {
-  Pki pki;
+  EtcdPki pki;
   EtcdCluster cluster(
       3, testing::EtcdTls{pki.path("server.pem"), pki.path("server.key"), pki.path("ca.pem"),
                           pki.path("ca.pem"), pki.path("client.pem"), pki.path("client.key")});

@@ -216,4 +216,26 @@ etcd::Reply call_sync(asio::io_context& io, etcd::Client& client, etcd::Request 
   return std::move(**out);
 }
 
+EtcdPki::EtcdPki() {
+  const std::string script = R"(set -e
+umask 077
+key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
+key ca.key; key other-ca.key; key server.key; key client.key
+openssl req -x509 -new -key ca.key -out ca.pem -days 2 -subj "/CN=ddprun etcd test CA"
+openssl req -x509 -new -key other-ca.key -out other-ca.pem -days 2 -subj "/CN=another CA"
+printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n' > server.ext
+printf 'extendedKeyUsage=clientAuth\n' > client.ext
+openssl req -new -key server.key -subj "/CN=etcd" -out server.csr
+openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
+  -extfile server.ext -out server.pem 2>/dev/null
+openssl req -new -key client.key -subj "/CN=node" -out client.csr
+openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
+  -extfile client.ext -out client.pem 2>/dev/null
+chmod 644 ca.pem other-ca.pem server.pem client.pem
+)";
+  auto r = run_command({"/bin/bash", "-c", "cd '" + dir.path() + "' && " + script});
+  if (r.exit_code != 0)
+    throw std::runtime_error("cannot make the test certificates with openssl: " + r.out + r.err);
+}
+
 }  // namespace ddprun::testing

@@ -25,6 +25,19 @@ struct EtcdTls {
   std::string client_key;
 };
 
+/// A CA, a member certificate for 127.0.0.1, a client certificate of the same CA and a second
+/// CA that signed nothing here, made with openssl in a temporary directory; keys of mode 600.
+struct EtcdPki {
+  TempDir dir;
+  std::string path(const std::string& name) const { return dir.path() + "/" + name; }
+  EtcdPki();
+  /// The members' TLS with client certificates required, as EtcdCluster takes it.
+  EtcdTls tls() const {
+    return EtcdTls{path("server.pem"), path("server.key"), path("ca.pem"),
+                   path("ca.pem"),     path("client.pem"), path("client.key")};
+  }
+};
+
 class EtcdCluster {
  public:
   /// `flags`: more etcd flags for every member ("--auth-token-ttl", "1").

@@ -355,3 +355,21 @@ TEST_CASE("agents log in to an etcd with authentication with etcd_user and etcd_
   CHECK(r.exit_code == 69);
   CHECK(contains(r.err, "authentication failed"));
 }
+
+TEST_CASE("agents speak TLS to etcd members that require client certificates", "[etcd][rdzv]") {
+  EtcdPki pki;
+  EtcdCluster etcd(3, pki.tls());
+  REQUIRE(etcd.wait_ready());
+  const std::string tls = ",tls_ca=" + pki.path("ca.pem") + ",tls_cert=" + pki.path("client.pem") +
+                          ",tls_key=" + pki.path("client.key");
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int i = 0; i < 2; ++i)
+    nodes.push_back(
+        start_node(etcd, i, {"--nnodes", "2", "--rdzv_conf", kEtcdConf + tls}, {"env=WORLD_SIZE"}));
+  for (auto& node : nodes) {
+    auto r = node->wait(kJobLimit);
+    INFO(r.out << r.err);
+    CHECK(r.exit_code == 0);
+    CHECK(contains(r.out, "WORLD_SIZE=2"));
+  }
+}
