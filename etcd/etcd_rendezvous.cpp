@@ -336,6 +336,12 @@ void EtcdRendezvous::send_join(Join join, bool second_try) {
         if (answer->succeeded) {
           if (my_create_revision_ == 0) my_create_revision_ = answer->header.revision;
           spdlog::debug("etcd: joined as {} at revision {}", key, answer->header.revision);
+          if (unsent_report_) {
+            // A report that waited for this node's key (a reconnect or a new id).
+            auto report = std::move(*unsent_report_);
+            unsent_report_.reset();
+            send_report(report);
+          }
           // The watch may have shown this put before its answer came: drive now if first.
           return maybe_drive();
         }
