@@ -76,6 +76,9 @@ EtcdRendezvous::EtcdRendezvous(asio::io_context& io, const common::Clock& clock,
   const auto window = std::chrono::duration_cast<std::chrono::seconds>(
       opt_.settings.keep_alive_window() + std::chrono::milliseconds(999));
   lease_ttl_ = std::max(window, std::chrono::seconds(2));
+  // Long enough for the next driver to take the job's lease over after a driver died (its own
+  // lease must expire first), short enough that a dead job does not linger.
+  job_lease_ttl_ = 2 * lease_ttl_ + std::chrono::seconds(10);
   anchor_.steady = clock_.now();
   anchor_.wall_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                         std::chrono::system_clock::now().time_since_epoch())
@@ -86,6 +89,7 @@ EtcdRendezvous::EtcdRendezvous(asio::io_context& io, const common::Clock& clock,
 EtcdRendezvous::~EtcdRendezvous() {
   *alive_ = false;
   if (keeper_) keeper_->stop();
+  if (job_keeper_) job_keeper_->stop();
   if (watch_) watch_->cancel();
   client_->close();
 }
@@ -435,11 +439,20 @@ void EtcdRendezvous::maybe_drive() {
     else
       drive_timer_.cancel();
   }
-  if (!driving_) return;
-  if (writing_) {
+  if (!driving_) {
+    if (job_keeper_) job_keeper_->stop();
+    job_keeper_.reset();
+    return;
+  }
+  if (writing_ || granting_job_lease_) {
     drive_again_ = true;
     return;
   }
+  // The job's own lease: `state` and `messages` live on it, and the driver keeps it alive, so a
+  // job whose every agent died disappears from etcd when it runs out.
+  const std::int64_t job_lease = view_.state ? view_.state->lease : 0;
+  if (job_lease != 0 && job_lease != job_lease_) keep_job_lease(job_lease);
+  if (job_lease == 0 && job_lease_ == 0) return grant_job_lease();
   StoredState current;
   if (view_.state) {
     auto decoded = decode_state(view_.state->value, view_.state->key, anchor_, clock_.now());
@@ -462,6 +475,46 @@ void EtcdRendezvous::maybe_drive() {
     });
   }
   if (result.changed || result.erase) write_state(result);
+}
+
+void EtcdRendezvous::grant_job_lease() {
+  granting_job_lease_ = true;
+  const std::uint64_t generation = generation_;
+  client_->call_as<LeaseGrantResponse>(
+      lease_grant(job_lease_ttl_.count()), decode_lease_grant,
+      [this, generation, alive = alive_](common::Result<LeaseGrantResponse> granted) {
+        if (!*alive) return;
+        granting_job_lease_ = false;
+        drive_again_ = false;
+        if (!granted) {
+          spdlog::warn("could not write the rendezvous state of job '{}' to etcd: {}", opt_.run_id,
+                       granted.error().message);
+        } else if (generation == generation_ && driving_) {
+          keep_job_lease(granted->id);
+          return maybe_drive();
+        } else {
+          client_->call(lease_revoke(granted->id), [](Reply) {});
+        }
+        drive_timer_.expires_after(std::chrono::milliseconds(200));
+        drive_timer_.async_wait([this, alive](error_code ec) {
+          if (!ec && *alive) maybe_drive();
+        });
+      });
+}
+
+void EtcdRendezvous::keep_job_lease(std::int64_t lease) {
+  if (job_keeper_) job_keeper_->stop();
+  job_lease_ = lease;
+  job_keeper_ = std::make_shared<LeaseKeeper>(
+      client_, lease, job_lease_ttl_, [this, alive = alive_, lease](const common::Error& error) {
+        if (!*alive || lease != job_lease_) return;
+        // Gone: `state` went with it (the next pass starts the job afresh); unreachable: the
+        // next pass, once etcd answers, keeps it again.
+        spdlog::debug("etcd: the job's lease {}: {}", lease, error.message);
+        job_keeper_.reset();
+        job_lease_ = 0;
+      });
+  job_keeper_->start();
 }
 
 void EtcdRendezvous::write_state(const DriveResult& result) {
@@ -493,10 +546,11 @@ void EtcdRendezvous::write_state(const DriveResult& result) {
           opt_.run_id, value.size(), kMaxStateBytes);
       return;
     }
-    ops.push_back(PutOp{key, value, 0, false});
+    ops.push_back(PutOp{key, value, job_lease_, false});
     if (!result.next.messages.empty())
       ops.push_back(PutOp{messages_key(prefix_),
-                          encode_notices(result.next.job.phase, result.next.messages), 0, false});
+                          encode_notices(result.next.job.phase, result.next.messages), job_lease_,
+                          false});
   }
   writing_ = true;
   const std::uint64_t generation = generation_;
@@ -522,6 +576,7 @@ void EtcdRendezvous::write_state(const DriveResult& result) {
           written.key = state_key(prefix_);
           written.value = value;
           written.mod_revision = answer->header.revision;
+          written.lease = job_lease_;
           written.create_revision =
               view_.state ? view_.state->create_revision : answer->header.revision;
           view_.state = written;
@@ -580,6 +635,8 @@ void EtcdRendezvous::revoke_lease(std::function<void()> done) {
 
 void EtcdRendezvous::when_flushed(std::function<void()> done) {
   drop_link();
+  if (job_keeper_) job_keeper_->stop();
+  job_keeper_.reset();
   if (last_phase_ != JobPhase::Closed || last_messages_revision_ == 0)
     return revoke_lease(std::move(done));
   // The job is over and every node heard so (its Closed came before, in revision order): its

@@ -80,6 +80,8 @@ class EtcdRendezvous final : public rdzv::RendezvousHandler {
   void send_join(rdzv::Join join, bool second_try = false);
   void send_report(const rdzv::AgentMessage& message);
   void maybe_drive();
+  void grant_job_lease();
+  void keep_job_lease(std::int64_t lease);
   void write_state(const DriveResult& result);
   void refresh_state();
   void revoke_lease(std::function<void()> done);
@@ -106,6 +108,10 @@ class EtcdRendezvous final : public rdzv::RendezvousHandler {
   std::string advertised_addr_;
   std::optional<rdzv::AgentMessage> unsent_report_;  ///< a report whose put failed
   bool driving_ = false;
+  std::chrono::seconds job_lease_ttl_{0};
+  std::int64_t job_lease_ = 0;  ///< the lease `state` and `messages` live on (driver only)
+  std::shared_ptr<LeaseKeeper> job_keeper_;
+  bool granting_job_lease_ = false;
   bool writing_ = false;  ///< a state txn is in flight
   bool drive_again_ = false;
   boost::asio::steady_timer drive_timer_;

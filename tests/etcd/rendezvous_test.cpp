@@ -373,3 +373,26 @@ TEST_CASE("agents speak TLS to etcd members that require client certificates", "
     CHECK(contains(r.out, "WORLD_SIZE=2"));
   }
 }
+
+TEST_CASE("the keys of an etcd job whose agents all died expire with their leases",
+          "[etcd][rdzv]") {
+  EtcdCluster etcd;
+  REQUIRE(etcd.wait_ready());
+  TempDir dir;
+  const std::string pids = dir.path() + "/pids";
+  WorkerSweeper sweeper(pids);
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int i = 0; i < 2; ++i)
+    nodes.push_back(start_node(etcd, i, {"--nnodes", "2"}, {"pidfile=" + pids, "hang"}));
+  if (!wait_until([&] { return read_pids(pids).size() == 2; }, kJobLimit))
+    FAIL(err_of(nodes, &etcd));
+  CHECK(contains(job_keys(etcd), "/ddprun/job/state"));
+  for (auto& node : nodes) {
+    node->send(SIGKILL);
+    node->wait(10s);
+  }
+  // The nodes' leases (3 s) go first; the job's lease (2 x 3 s + 10 s) takes `state` with it.
+  CHECK(wait_until([&] { return job_keys(etcd).empty(); }, 40s));
+  INFO(job_keys(etcd));
+  for (const auto& [rank, pid] : read_pids(pids)) CHECK(wait_gone(pid));
+}
