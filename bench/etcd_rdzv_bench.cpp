@@ -9,8 +9,6 @@
 #include <signal.h>
 #include <sys/resource.h>
 
-#include <spdlog/spdlog.h>
-
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -19,6 +17,7 @@
 #include <set>
 
 #include "common/clock.h"
+#include "common/log.h"
 #include "etcd/etcd_rendezvous.h"
 #include "rendezvous/free_port.h"
 #include "rendezvous/network_rendezvous.h"

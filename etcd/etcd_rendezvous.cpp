@@ -1,11 +1,11 @@
 #include "etcd/etcd_rendezvous.h"
 
-#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <boost/asio/ip/udp.hpp>
 #include <boost/asio/post.hpp>
 
+#include "common/log.h"
 #include "common/strings.h"
 #include "rendezvous/auth.h"
 #include "rendezvous/free_port.h"
