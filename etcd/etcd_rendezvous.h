@@ -11,6 +11,7 @@
 #include "common/clock.h"
 #include "etcd/client.h"
 #include "etcd/rdzv_store.h"
+#include "rendezvous/client_timers.h"
 #include "rendezvous/rdzv_client.h"
 #include "rendezvous/rendezvous_handler.h"
 
@@ -85,7 +86,6 @@ class EtcdRendezvous final : public rdzv::RendezvousHandler {
   void write_state(const DriveResult& result);
   void refresh_state();
   void revoke_lease(std::function<void()> done);
-  boost::asio::steady_timer& timer_for(rdzv::ClientTimer timer);
 
   boost::asio::io_context& io_;
   const common::Clock& clock_;
@@ -119,9 +119,7 @@ class EtcdRendezvous final : public rdzv::RendezvousHandler {
   std::int64_t last_messages_revision_ = 0;   ///< of the last `messages` put seen
   std::function<void(rdzv::RendezvousResult)> done_;
   std::function<void(rdzv::Notice)> on_notice_;
-  boost::asio::steady_timer retry_timer_;
-  boost::asio::steady_timer heartbeat_timer_;
-  boost::asio::steady_timer status_timer_;
+  rdzv::ClientTimers timers_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

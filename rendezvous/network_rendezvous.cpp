@@ -30,13 +30,7 @@ std::string new_node_id() {
 
 NetworkRendezvous::NetworkRendezvous(asio::io_context& io, const common::Clock& clock,
                                      NetworkRendezvousOptions options)
-    : io_(io),
-      clock_(clock),
-      opt_(std::move(options)),
-      node_id_(new_node_id()),
-      retry_timer_(io),
-      heartbeat_timer_(io),
-      status_timer_(io) {
+    : io_(io), clock_(clock), opt_(std::move(options)), node_id_(new_node_id()), timers_(io) {
   spec_.run_id = opt_.run_id;
   spec_.endpoint = format_endpoint(opt_.endpoint_host, opt_.endpoint_port);
   spec_.name = opt_.name;
@@ -106,43 +100,14 @@ void NetworkRendezvous::apply(const ClientEffect& effect) {
     done_ = nullptr;
     on_notice_ = nullptr;
   } else if (const auto* arm = std::get_if<ArmClientTimer>(&effect)) {
-    auto& timer = timer_for(arm->timer);
-    timer.expires_after(arm->after);
-    timer.async_wait([this, alive = alive_, which = arm->timer](error_code ec) {
-      if (ec || !*alive) return;
-      switch (which) {
-        case ClientTimer::Retry:
-          return step(RetryDue{});
-        case ClientTimer::Heartbeat:
-          return step(HeartbeatDue{});
-        case ClientTimer::Status:
-          return step(StatusDue{});
-      }
+    timers_.arm(*arm, [this, alive = alive_](const ClientEvent& due) {
+      if (*alive) step(due);
     });
   } else if (const auto* disarm = std::get_if<DisarmClientTimer>(&effect)) {
-    timer_for(disarm->timer).cancel();
+    timers_.disarm(disarm->timer);
   } else if (const auto* line = std::get_if<ClientLog>(&effect)) {
-    switch (line->level) {
-      case ClientLogLevel::Debug:
-        return spdlog::debug("{}", line->text);
-      case ClientLogLevel::Info:
-        return spdlog::info("{}", line->text);
-      case ClientLogLevel::Warn:
-        return spdlog::warn("{}", line->text);
-    }
+    log_client_line(*line);
   }
-}
-
-asio::steady_timer& NetworkRendezvous::timer_for(ClientTimer timer) {
-  switch (timer) {
-    case ClientTimer::Retry:
-      return retry_timer_;
-    case ClientTimer::Heartbeat:
-      return heartbeat_timer_;
-    case ClientTimer::Status:
-      break;
-  }
-  return status_timer_;
 }
 
 void NetworkRendezvous::connect() {

@@ -10,6 +10,7 @@
 
 #include "common/clock.h"
 #include "rendezvous/auth.h"
+#include "rendezvous/client_timers.h"
 #include "rendezvous/connection.h"
 #include "rendezvous/endpoint.h"
 #include "rendezvous/rdzv_client.h"
@@ -89,7 +90,6 @@ class NetworkRendezvous final : public RendezvousHandler {
   void on_message(const nlohmann::json& body);
   void send_join(Join join);
   void send(const AgentMessage& message);
-  boost::asio::steady_timer& timer_for(ClientTimer timer);
 
   boost::asio::io_context& io_;
   const common::Clock& clock_;
@@ -103,9 +103,7 @@ class NetworkRendezvous final : public RendezvousHandler {
   bool greeted_ = false;
   std::function<void(RendezvousResult)> done_;
   std::function<void(Notice)> on_notice_;
-  boost::asio::steady_timer retry_timer_;
-  boost::asio::steady_timer heartbeat_timer_;
-  boost::asio::steady_timer status_timer_;
+  ClientTimers timers_;
   std::uint64_t frames_received_ = 0;
   /// Guards callbacks that may run after this object is gone.
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
