@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -77,5 +78,36 @@ inline std::map<std::string, std::string> env_printed_by(const std::string& out,
   }
   return env;
 }
+
+/// Every "RANK=" a node's workers printed.
+inline std::set<int> worker_ranks(const std::string& out) {
+  std::set<int> ranks;
+  for (const std::string& line : lines_of(out)) {
+    const auto at = line.find("]:RANK=");
+    if (at != std::string::npos) ranks.insert(std::stoi(line.substr(at + 7)));
+  }
+  return ranks;
+}
+
+/// The worker action that prints what JobLayout reads.
+inline const std::string kPrintLayout = "env=RANK,GROUP_RANK,WORLD_SIZE,MASTER_ADDR,MASTER_PORT";
+
+/// What the nodes of one job printed with kPrintLayout, gathered node by node.
+struct JobLayout {
+  std::multiset<int> ranks;  ///< a rank printed twice shows twice
+  std::set<std::string> group_ranks;
+  std::set<std::string> world_sizes;
+  std::set<std::string> masters;  ///< MASTER_ADDR:MASTER_PORT
+
+  void add(const std::string& out, int nproc_per_node) {
+    for (int local = 0; local < nproc_per_node; ++local) {
+      auto env = env_printed_by(out, "[default" + std::to_string(local) + "]:");
+      world_sizes.insert(env["WORLD_SIZE"]);
+      masters.insert(env["MASTER_ADDR"] + ":" + env["MASTER_PORT"]);
+      group_ranks.insert(env["GROUP_RANK"]);
+    }
+    for (int rank : worker_ranks(out)) ranks.insert(rank);
+  }
+};
 
 }  // namespace ddprun::testing

@@ -34,16 +34,6 @@ std::unique_ptr<Subprocess> start_node(const std::string& endpoint, const std::s
 
 std::string node_addr(int i) { return loopback_node_addr(i); }
 
-/// Every "RANK=" a node's workers printed.
-std::set<int> ranks_printed(const std::string& out) {
-  std::set<int> ranks;
-  for (const std::string& line : lines_of(out)) {
-    const auto at = line.find("]:RANK=");
-    if (at != std::string::npos) ranks.insert(std::stoi(line.substr(at + 7)));
-  }
-  return ranks;
-}
-
 }  // namespace
 
 TEST_CASE("three agents with an embedded server get unique ranks and one master",
@@ -52,25 +42,18 @@ TEST_CASE("three agents with an embedded server get unique ranks and one master"
   std::vector<std::unique_ptr<Subprocess>> nodes;
   for (int i = 0; i < 3; ++i)
     nodes.push_back(start_node(endpoint, node_addr(i), {"--nnodes", "3", "--nproc_per_node", "2"},
-                               {"env=RANK,GROUP_RANK,WORLD_SIZE,MASTER_ADDR,MASTER_PORT"}));
-  std::set<int> all_ranks;
-  std::set<std::string> masters;
-  std::set<std::string> group_ranks;
+                               {kPrintLayout}));
+  JobLayout layout;
   for (auto& node : nodes) {
     auto r = node->wait(kJobLimit);
     INFO(r.out << r.err);
     CHECK(r.exit_code == 0);
-    for (int local = 0; local < 2; ++local) {
-      auto env = env_printed_by(r.out, "[default" + std::to_string(local) + "]:");
-      CHECK(env["WORLD_SIZE"] == "6");
-      masters.insert(env["MASTER_ADDR"] + ":" + env["MASTER_PORT"]);
-      group_ranks.insert(env["GROUP_RANK"]);
-    }
-    for (int rank : ranks_printed(r.out)) CHECK(all_ranks.insert(rank).second);
+    layout.add(r.out, 2);
   }
-  CHECK(all_ranks == std::set<int>{0, 1, 2, 3, 4, 5});
-  CHECK(group_ranks == std::set<std::string>{"0", "1", "2"});
-  CHECK(masters.size() == 1);
+  CHECK(layout.ranks == std::multiset<int>{0, 1, 2, 3, 4, 5});
+  CHECK(layout.group_ranks == std::set<std::string>{"0", "1", "2"});
+  CHECK(layout.world_sizes == std::set<std::string>{"6"});
+  CHECK(layout.masters.size() == 1);
 }
 
 TEST_CASE("the standalone daemon hosts a job and nodes honour --node_rank",
