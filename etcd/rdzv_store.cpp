@@ -7,6 +7,7 @@
 
 #include "common/enum_names.h"
 #include "rendezvous/limits.h"
+#include "rendezvous/protocol.h"
 
 namespace ddprun::etcd {
 
@@ -109,18 +110,6 @@ class Fields {
   std::optional<std::string>& error_;
 };
 
-json settings_to_json(const rdzv::RdzvSettings& s) {
-  return {{"min_nodes", s.min_nodes},
-          {"max_nodes", s.max_nodes},
-          {"nproc_per_node", s.nproc_per_node},
-          {"max_restarts", s.max_restarts},
-          {"join_timeout_ms", s.join_timeout.count()},
-          {"last_call_timeout_ms", s.last_call_timeout.count()},
-          {"close_timeout_ms", s.close_timeout.count()},
-          {"keep_alive_interval_ms", s.keep_alive_interval.count()},
-          {"keep_alive_max_attempt", s.keep_alive_max_attempt}};
-}
-
 rdzv::RdzvSettings settings_from_json(Fields f) {
   rdzv::RdzvSettings s;
   s.min_nodes = f.int32("min_nodes");
@@ -143,7 +132,7 @@ json job_to_json(const JobState& s, const TimeAnchor& a) {
                  {"group_rank", node.group_rank}};
   }
   json j = {{"run_id", s.run_id},
-            {"settings", settings_to_json(s.settings)},
+            {"settings", rdzv::settings_json(s.settings)},
             {"settings_from", s.settings_from},
             {"phase", std::string(common::name_of(s.phase, rdzv::kJobPhaseNames))},
             {"round", s.round},

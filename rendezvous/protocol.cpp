@@ -6,6 +6,18 @@ namespace ddprun::rdzv {
 
 using nlohmann::json;
 
+json settings_json(const RdzvSettings& s) {
+  return {{"min_nodes", s.min_nodes},
+          {"max_nodes", s.max_nodes},
+          {"nproc_per_node", s.nproc_per_node},
+          {"max_restarts", s.max_restarts},
+          {"join_timeout_ms", s.join_timeout.count()},
+          {"last_call_timeout_ms", s.last_call_timeout.count()},
+          {"close_timeout_ms", s.close_timeout.count()},
+          {"keep_alive_interval_ms", s.keep_alive_interval.count()},
+          {"keep_alive_max_attempt", s.keep_alive_max_attempt}};
+}
+
 namespace {
 
 // ---- reading fields without exceptions ------------------------------------------------------
@@ -115,18 +127,6 @@ class Reader {
   std::string type_;
   std::optional<std::string> error_;
 };
-
-json settings_json(const RdzvSettings& s) {
-  return {{"min_nodes", s.min_nodes},
-          {"max_nodes", s.max_nodes},
-          {"nproc_per_node", s.nproc_per_node},
-          {"max_restarts", s.max_restarts},
-          {"join_timeout_ms", s.join_timeout.count()},
-          {"last_call_timeout_ms", s.last_call_timeout.count()},
-          {"close_timeout_ms", s.close_timeout.count()},
-          {"keep_alive_interval_ms", s.keep_alive_interval.count()},
-          {"keep_alive_max_attempt", s.keep_alive_max_attempt}};
-}
 
 RdzvSettings read_settings(Reader& r) {
   RdzvSettings s;

@@ -198,6 +198,9 @@ using ServerMessage = std::variant<Waiting, RoundReady, Restart, Closed, Refused
 // ---- JSON ---------------------------------------------------------------------------------
 
 /// The message as a JSON object with a "type" field.
+/// A job's settings as every node sends them with its join (and etcd keeps them in `state`).
+nlohmann::json settings_json(const RdzvSettings& settings);
+
 nlohmann::json to_json(const AgentMessage& message);
 nlohmann::json to_json(const ServerMessage& message);
 
