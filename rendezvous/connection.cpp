@@ -8,6 +8,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/ssl/error.hpp>
 #include <boost/asio/ssl/stream.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
 
 namespace ddprun::rdzv {
@@ -93,7 +94,8 @@ void FramedConnection::start(MessageHandler on_message, CloseHandler on_close) {
           const long verified = ::SSL_get_verify_result(self->tls_->stream.native_handle());
           if (self->tls_failed_ && verified != X509_V_OK)
             why += " (" + std::string(::X509_verify_cert_error_string(verified)) + ")";
-          return self->end("TLS handshake with " + self->peer_ + " failed: " + why);
+          return self->end("TLS handshake with " + self->peer_ + " failed: " + why,
+                           self->tls_->server);
         }
         self->handshaken_ = true;
         self->read_more();
@@ -218,7 +220,9 @@ void FramedConnection::account(std::size_t before) {
   budget_->used = budget_->used + after - before;  // unsigned wrap-around cancels out
 }
 
-void FramedConnection::close() {
+void FramedConnection::close() { shut(false); }
+
+void FramedConnection::shut(bool linger) {
   if (!open_) return;
   open_ = false;
   writes_.clear();
@@ -226,7 +230,10 @@ void FramedConnection::close() {
   if (budget_) budget_->used -= decoder_.buffered_bytes();
   budget_ = nullptr;
   error_code ignored;
-  socket_.close(ignored);
+  if (linger)
+    linger_then_close();
+  else
+    socket_.close(ignored);
   // Handlers may hold their owner (or this connection): drop them to break any cycle. The
   // message handler may be the caller; it is destroyed once the read handler returns.
   on_close_ = nullptr;
@@ -238,12 +245,41 @@ void FramedConnection::close() {
   on_closed_after_writes_ = nullptr;
 }
 
-void FramedConnection::end(const std::string& why) {
+void FramedConnection::end(const std::string& why, bool linger) {
   if (!open_) return;
   auto handler = std::move(on_close_);
   on_close_ = nullptr;
-  close();
+  shut(linger);
   if (handler) handler(why);
+}
+
+void FramedConnection::linger_then_close() {
+  // TLS 1.3 clients finish their side of the handshake before the server checks their
+  // certificate, so their first frames may already be on the way when the server refuses
+  // them. Closing with those bytes unread would reset the connection, and the reset can
+  // overtake the alert that tells the client why. Instead: send FIN, read and drop what still
+  // comes until the peer closes, for at most kLingerTime and kLingerBytes, then close.
+  error_code ignored;
+  socket_.shutdown(asio::ip::tcp::socket::shutdown_send, ignored);
+  auto timer = std::make_shared<asio::steady_timer>(socket_.get_executor());
+  timer->expires_after(kLingerTime);
+  timer->async_wait([self = shared_from_this()](error_code) {
+    error_code ignored_too;
+    self->socket_.close(ignored_too);
+  });
+  drain(std::move(timer), 0);
+}
+
+void FramedConnection::drain(std::shared_ptr<boost::asio::steady_timer> timer,
+                             std::size_t drained) {
+  socket_.async_read_some(asio::buffer(chunk_), [self = shared_from_this(), timer, drained](
+                                                    error_code ec, std::size_t n) {
+    if (ec || drained + n > kLingerBytes) {
+      timer->cancel();  // its handler closes the socket
+      return;
+    }
+    self->drain(timer, drained + n);
+  });
 }
 
 void tune_socket(asio::ip::tcp::socket& socket, std::chrono::milliseconds user_timeout) {

@@ -1,6 +1,8 @@
 #pragma once
 #include <array>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -93,7 +95,16 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   void read_more();
   void on_read(boost::system::error_code ec, std::size_t n);
   void write_next();
-  void end(const std::string& why);
+  /// Ends the connection and tells the close handler why. `linger`: as shut().
+  void end(const std::string& why, bool linger = false);
+  /// Closes; with `linger` the socket is closed only after linger_then_close().
+  void shut(bool linger);
+  /// After a refused TLS handshake on the server's side: drains the peer's input, bounded,
+  /// before closing, so the peer reads the TLS alert instead of a reset.
+  void linger_then_close();
+  void drain(std::shared_ptr<boost::asio::steady_timer> timer, std::size_t drained);
+  static constexpr std::chrono::milliseconds kLingerTime{1000};
+  static constexpr std::size_t kLingerBytes = 1 << 20;
   /// Moves the budget's count by this connection's change in buffered bytes since `before`.
   void account(std::size_t before);
 

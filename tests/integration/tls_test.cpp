@@ -105,15 +105,17 @@ TEST_CASE("peers without TLS or with the wrong certificates are refused saying w
   const std::string endpoint = "127.0.0.1:" + std::to_string(daemon.port);
 
   auto plain = status_at(endpoint, {});
+  auto other_ca = status_at(endpoint, {"--tls_ca", pki.other_ca});
+  auto no_cert = status_at(endpoint, {"--tls_ca", pki.ca});
+  INFO("no TLS: " << plain.err << "\nanother CA: " << other_ca.err
+                  << "\nno certificate: " << no_cert.err);
   CHECK(plain.exit_code == 69);
   CHECK(contains(plain.err,
                  "without a hello (a server with TLS does so to a client without: "
                  "give --tls_ca)"));
-  auto other_ca = status_at(endpoint, {"--tls_ca", pki.other_ca});
   CHECK(other_ca.exit_code == 69);
   CHECK(contains(other_ca.err, "certificate verify failed"));
   CHECK(contains(other_ca.err, "check --tls_ca, --tls_cert and --tls_key"));
-  auto no_cert = status_at(endpoint, {"--tls_ca", pki.ca});
   CHECK(no_cert.exit_code == 69);
   CHECK(contains(no_cert.err, "certificate required"));
 
