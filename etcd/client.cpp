@@ -20,6 +20,7 @@
 #include <sstream>
 
 #include "rendezvous/endpoint.h"
+#include "rendezvous/openssl_loader.h"
 
 namespace ddprun::etcd {
 
@@ -35,6 +36,8 @@ using common::Error;
 std::string Member::text() const { return rdzv::format_endpoint(host, port); }
 
 common::Result<std::vector<Member>> parse_members(const std::string& endpoints) {
+  // The gateway's keys and values are base64, OpenSSL's.
+  if (auto error = rdzv::load_openssl("the etcd backend")) return *error;
   std::vector<Member> out;
   std::size_t start = 0;
   while (start <= endpoints.size()) {

@@ -1,5 +1,7 @@
 #include "rendezvous/auth.h"
 
+#include "rendezvous/openssl_loader.h"
+
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -63,6 +65,8 @@ std::string type_of(const json& body) {
 }  // namespace
 
 common::Result<Secret> read_secret_file(const std::string& path) {
+  // The handshake's HMAC and nonces are OpenSSL's.
+  if (auto error = load_openssl("the secret file " + path)) return *error;
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0)
     return common::Error{"secret file " + path + ": " + std::strerror(errno) + "; " + kHowToCreate};

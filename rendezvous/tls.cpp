@@ -1,5 +1,7 @@
 #include "rendezvous/tls.h"
 
+#include "rendezvous/openssl_loader.h"
+
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
@@ -98,6 +100,7 @@ std::optional<std::string> load_identity(ssl::context& context, const std::strin
 }  // namespace
 
 common::Result<TlsContext> make_server_tls(const TlsFiles& files, const std::string& flag) {
+  if (auto error = load_openssl("TLS (" + flag + "cert)")) return *error;
   if (files.cert.empty() || files.key.empty())
     return common::Error{
         "TLS needs both " + flag + "cert and " + flag +
@@ -115,6 +118,7 @@ common::Result<TlsContext> make_server_tls(const TlsFiles& files, const std::str
 }
 
 common::Result<TlsContext> make_client_tls(const TlsFiles& files, const std::string& flag) {
+  if (auto error = load_openssl("TLS (" + flag + "ca)")) return *error;
   if (files.ca.empty())
     return common::Error{"TLS needs " + flag +
                          "ca (the CA that signed the rendezvous server's certificate)" +

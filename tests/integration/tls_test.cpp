@@ -232,3 +232,49 @@ TEST_CASE("bad TLS files are refused before anything starts naming the file and 
   CHECK(status.exit_code == 64);
   CHECK(contains(status.err, "TLS needs --tls_ca"));
 }
+
+namespace {
+
+/// The shared objects of OpenSSL the process `pid` has mapped, and whether its maps could be
+/// read at all (libc is always there).
+struct OpenSslMapped {
+  bool read = false;
+  bool openssl = false;
+};
+
+OpenSslMapped openssl_mapped(pid_t pid) {
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  OpenSslMapped out;
+  for (std::string line; std::getline(maps, line);) {
+    if (contains(line, "/libc.so")) out.read = true;
+    if (contains(line, "/libssl.so") || contains(line, "/libcrypto.so")) out.openssl = true;
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("an agent loads OpenSSL only when its job uses TLS or a secret",
+          "[integration][security][tls]") {
+  // Without: the worker reads its agent's maps (the agent is its parent).
+  auto plain = run_command(
+      {DDPRUN_BIN, "--standalone", "--nproc_per_node", "1", "--no_python", "/bin/sh", "-c",
+       "echo libc=$(grep -c /libc.so /proc/$PPID/maps) "
+       "openssl=$(grep -c -e /libssl.so -e /libcrypto.so /proc/$PPID/maps)"},
+      {}, kJobLimit);
+  INFO(plain.out << plain.err);
+  REQUIRE(plain.exit_code == 0);
+  CHECK_FALSE(contains(plain.out, "libc=0"));
+  CHECK(contains(plain.out, "openssl=0\n"));
+
+  // With TLS and a secret: loaded, and the job trains.
+  Pki pki;
+  TempDir dir;
+  const std::string secret = secret_file(dir, "secret", "s3cret-0123456789abcdef");
+  HostingAgent agent(
+      {"--rdzv_conf", "secret_file=" + secret + pki.agent_conf(pki.server_cert, pki.server_key)});
+  const auto mapped = openssl_mapped(agent.process->pid());
+  CHECK(mapped.read);
+  CHECK(mapped.openssl);
+  agent.finish();
+}
