@@ -5,7 +5,7 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
-#include <openssl/rand.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 
 #include <cctype>
@@ -91,11 +91,21 @@ common::Result<Secret> read_secret_file(const std::string& path) {
 }
 
 std::string make_nonce() {
+  // The kernel's generator, which OpenSSL's seeds itself from: a node id needs a nonce too, and
+  // a job without a secret or TLS then never loads OpenSSL (openssl_loader.h).
   unsigned char bytes[32];
-  if (RAND_bytes(bytes, sizeof bytes) != 1) {
-    // OpenSSL's generator seeds itself from the kernel; failing here means no entropy at all,
-    // and a predictable nonce would defeat the handshake: stop loudly.
-    std::fprintf(stderr, "ddprun: OpenSSL's random generator failed\n");
+  std::size_t filled = 0;
+  for (int attempt = 0; attempt < 100 && filled < sizeof bytes; ++attempt) {
+    const ssize_t n = ::getrandom(bytes + filled, sizeof bytes - filled, 0);
+    if (n > 0)
+      filled += static_cast<std::size_t>(n);
+    else if (n < 0 && errno != EINTR)
+      break;
+  }
+  if (filled < sizeof bytes) {
+    // No entropy at all; a predictable nonce would defeat the handshake: stop loudly.
+    std::fprintf(stderr, "ddprun: the kernel's random generator failed: %s\n",
+                 std::strerror(errno));
     std::abort();
   }
   return hex(bytes, sizeof bytes);

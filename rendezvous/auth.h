@@ -36,7 +36,7 @@ struct Secret {
 /// 400) and hold at least 16 bytes. The error names the file and the fix.
 common::Result<Secret> read_secret_file(const std::string& path);
 
-/// A fresh random nonce (32 bytes from OpenSSL's generator, as 64 hex digits).
+/// A fresh random nonce (32 bytes from the kernel's generator, getrandom(2), as 64 hex digits).
 std::string make_nonce();
 
 /// HMAC-SHA256 (hex) binding the secret to one connection: who proves (`side`: "client" or

@@ -6,7 +6,6 @@
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
-#include <openssl/rand.h>
 #include <openssl/sha.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
@@ -111,7 +110,6 @@ DDPRUN_OPENSSL(unsigned char*, HMAC,
                (const EVP_MD* evp_md, const void* key, int key_len, const unsigned char* data,
                 size_t data_len, unsigned char* md, unsigned int* md_len),
                (evp_md, key, key_len, data, data_len, md, md_len))
-DDPRUN_OPENSSL(int, RAND_bytes, (unsigned char* buf, int num), (buf, num))
 DDPRUN_OPENSSL(unsigned char*, SHA256, (const unsigned char* d, size_t n, unsigned char* md),
                (d, n, md))
 DDPRUN_OPENSSL(int, X509_VERIFY_PARAM_set1_ip_asc, (X509_VERIFY_PARAM * param, const char* ipasc),

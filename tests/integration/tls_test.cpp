@@ -267,6 +267,15 @@ TEST_CASE("an agent loads OpenSSL only when its job uses TLS or a secret",
   CHECK_FALSE(contains(plain.out, "libc=0"));
   CHECK(contains(plain.out, "openssl=0\n"));
 
+  // Nor does a c10d job hosting its rendezvous (its node id is random too).
+  {
+    HostingAgent c10d;
+    const auto mapped = openssl_mapped(c10d.process->pid());
+    CHECK(mapped.read);
+    CHECK_FALSE(mapped.openssl);
+    c10d.finish();
+  }
+
   // With TLS and a secret: loaded, and the job trains.
   Pki pki;
   TempDir dir;
