@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 #include <fstream>
+#include <set>
 
 #include "rendezvous/framing.h"
 #include "rendezvous/protocol.h"
@@ -149,4 +150,15 @@ TEST_CASE("a secret file readable by others, missing or short is refused with th
              Catch::Contains("holds 3 bytes; at least 16") && Catch::Contains("openssl rand"));
   CHECK_THAT(read_secret_file(dir.path() + "/none").error().message,
              Catch::Contains("No such file"));
+}
+
+TEST_CASE("nonces are 64 hex digits and differ from call to call", "[rdzv][unit]") {
+  std::set<std::string> seen;
+  for (int i = 0; i < 100; ++i) {
+    const std::string nonce = make_nonce();
+    CHECK(nonce.size() == 64);
+    CHECK(nonce.find_first_not_of("0123456789abcdef") == std::string::npos);
+    seen.insert(nonce);
+  }
+  CHECK(seen.size() == 100);
 }
