@@ -4,6 +4,7 @@
 // name the certificate does not carry is refused with a message that says which, on both sides.
 #include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <fstream>
@@ -286,4 +287,26 @@ TEST_CASE("an agent loads OpenSSL only when its job uses TLS or a secret",
   CHECK(mapped.read);
   CHECK(mapped.openssl);
   agent.finish();
+}
+
+TEST_CASE("without libssl3 a job without TLS runs and TLS is refused naming the package",
+          "[integration][security][tls]") {
+  if (::geteuid() != 0) {
+    WARN("skipped: hiding libssl.so.3 in a mount namespace needs root");
+    return;
+  }
+  // libssl.so.3 made unloadable (/dev/null over it) in a mount namespace of this test's own.
+  const std::string script =
+      "set -e; lib=$(/sbin/ldconfig -p | awk '/libssl\\.so\\.3 /{print $NF; exit}'); "
+      "test -n \"$lib\"; mount --bind /dev/null \"$lib\"; "
+      "\"$0\" --standalone --nproc_per_node 1 --no_python /bin/echo ran-without-openssl; "
+      "\"$0\" status --rdzv_endpoint 127.0.0.1:1 --tls_ca /etc/hostname || echo status-exit=$?";
+  auto r = run_command({"/usr/bin/unshare", "--mount", "/bin/sh", "-c", script, DDPRUN_BIN}, {},
+                       kJobLimit);
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(contains(r.out, "ran-without-openssl"));
+  CHECK(contains(r.out, "status-exit=64"));
+  CHECK(contains(r.err, "cannot load OpenSSL (libssl.so.3), which TLS (--tls_ca) needs"));
+  CHECK(contains(r.err, "install Debian's libssl3 package"));
 }
