@@ -289,7 +289,10 @@ void Client::attempt(const std::shared_ptr<Call>& call) {
     return finish(call, Error{why});
   }
   const std::size_t member = current_;
-  const auto attempt_deadline = std::min(call->deadline, now + settings_.attempt_timeout);
+  const auto attempt_time = call->request.attempt_timeout.count() > 0
+                                ? std::min(call->request.attempt_timeout, settings_.attempt_timeout)
+                                : settings_.attempt_timeout;
+  const auto attempt_deadline = std::min(call->deadline, now + attempt_time);
 
   auto send = [this, self = shared_from_this(), call, member, attempt_deadline](
                   std::shared_ptr<Connection> connection, bool reused) {
@@ -320,10 +323,9 @@ void Client::attempt(const std::shared_ptr<Call>& call) {
             if (ec) {
               // Nothing was answered; a reused connection the member closed while idle is
               // the usual case, and the request was not read: safe to send elsewhere.
+              const bool late = call->timer->expiry() <= Clock::now();
               return on_attempt_failed(call, member, false,
-                                       call->timer->expiry() <= Clock::now()
-                                           ? "timed out sending the request"
-                                           : describe(ec));
+                                       late ? "timed out sending the request" : describe(ec), late);
             }
             auto parser = std::make_shared<http::response_parser<http::string_body>>();
             parser->body_limit(settings_.max_response_bytes);
@@ -334,14 +336,13 @@ void Client::attempt(const std::shared_ptr<Call>& call) {
                   if (ec) {
                     // Sent: a put or a txn may have been applied even on a reused connection
                     // (idle ones the member closed were dropped before sending).
-                    std::string why = call->timer->expiry() <= Clock::now()
-                                          ? "no answer within the attempt's time"
-                                          : describe(ec);
+                    const bool late = call->timer->expiry() <= Clock::now();
+                    std::string why = late ? "no answer within the attempt's time" : describe(ec);
                     // etcd closes a plain connection to its TLS port without a byte.
                     if (!settings_.tls && !reused && !parser->got_some() &&
                         ec == http::error::end_of_stream)
                       why += " without answering (if the member serves TLS, give tls_ca)";
-                    return on_attempt_failed(call, member, true, why);
+                    return on_attempt_failed(call, member, true, why, late);
                   }
                   call->timer->cancel();
                   auto& response = parser->get();
@@ -360,18 +361,25 @@ void Client::attempt(const std::shared_ptr<Call>& call) {
               if (c) c->close();
               return;
             }
-            if (!c) return on_attempt_failed(call, member, false, why);
+            if (!c)
+              return on_attempt_failed(call, member, false, why, why == "connection timed out");
             send(std::move(c), false);
           });
 }
 
 void Client::on_attempt_failed(const std::shared_ptr<Call>& call, std::size_t member, bool sent,
-                               const std::string& why) {
+                               const std::string& why, bool timed_out) {
   if (closed_) return finish(call, Error{"etcd client: closed"});
   if (call->connection) call->connection->close();
   call->connection.reset();
   if (call->timer) call->timer->cancel();
   const std::string text = settings_.members[member].text() + ": " + why;
+  if (timed_out) {
+    // A member that holds requests silently (stopped, overloaded): the next call, and every
+    // watch stream on it, go to the next member, even when this call cannot be sent again.
+    if (current_ == member) current_ = (member + 1) % settings_.members.size();
+    leave_member(member, why);
+  }
   if (sent && !call->request.idempotent) {
     // It may have been applied: sending it again could apply it twice (a txn would then fail
     // its compare and report the wrong outcome).
@@ -470,6 +478,7 @@ std::shared_ptr<Watch> Client::watch(WatchOptions options,
                                      std::function<void(const std::string&)> on_notice) {
   auto w = std::make_shared<Watch>(shared_from_this(), std::move(options), std::move(on_response),
                                    std::move(on_end), std::move(on_notice));
+  std::erase_if(watches_, [](const std::weak_ptr<Watch>& old) { return old.expired(); });
   watches_.push_back(w);
   w->start();
   return w;
@@ -490,6 +499,17 @@ struct Watch::Stream {
   std::unique_ptr<asio::steady_timer> created_deadline;  ///< until etcd confirms the watch
   bool closed = false;
 };
+
+void Client::leave_member(std::size_t member, const std::string& why) {
+  const auto watches = watches_;  // on_broken's notice may open another watch
+  for (const auto& weak : watches) {
+    auto watch = weak.lock();
+    if (!watch || watch->ended_ || watch->member_ != member || !watch->stream_ ||
+        watch->stream_->closed)
+      continue;
+    watch->on_broken("a request to the same member failed: " + why);
+  }
+}
 
 Watch::Watch(std::shared_ptr<Client> client, WatchOptions options,
              std::function<void(const WatchResponse&)> on_response,
@@ -743,7 +763,13 @@ void LeaseKeeper::stop() {
 
 void LeaseKeeper::tick() {
   if (stopped_) return;
-  client_->call(lease_keepalive(lease_), [self = shared_from_this()](Reply reply) {
+  Request renew = lease_keepalive(lease_);
+  // A member that holds the keep-alive silently must not outlast the lease: a third of the TTL
+  // per attempt leaves time to renew on another member.
+  renew.attempt_timeout = std::max<std::chrono::milliseconds>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(ttl_) / 3,
+      std::chrono::milliseconds(500));
+  client_->call(std::move(renew), [self = shared_from_this()](Reply reply) {
     if (self->stopped_) return;
     std::optional<std::string> lost;
     if (reply) {
@@ -766,9 +792,12 @@ void LeaseKeeper::tick() {
       if (self->on_lost_) self->on_lost_(Error{*lost});
       return;
     }
-    self->timer_.expires_after(std::max<std::chrono::milliseconds>(
+    // A renewal that failed (every member tried, or no leader during an election) is tried
+    // again soon: waiting another third of the TTL could let the lease run out.
+    const auto third = std::max<std::chrono::milliseconds>(
         std::chrono::duration_cast<std::chrono::milliseconds>(self->ttl_) / 3,
-        std::chrono::milliseconds(100)));
+        std::chrono::milliseconds(100));
+    self->timer_.expires_after(reply ? third : std::min(third, std::chrono::milliseconds(200)));
     self->timer_.async_wait([self](error_code ec) {
       if (!ec) self->tick();
     });

@@ -116,7 +116,11 @@ class Client : public std::enable_shared_from_this<Client> {
   void start(const std::shared_ptr<Call>& call);
   void attempt(const std::shared_ptr<Call>& call);
   void on_attempt_failed(const std::shared_ptr<Call>& call, std::size_t member, bool sent,
-                         const std::string& why);
+                         const std::string& why, bool timed_out);
+  /// Moves every watch stream open on `member` to the next member (from its revision): a
+  /// member that held a request past its attempt's time (stopped, overloaded, cut off) would
+  /// hold them silently too.
+  void leave_member(std::size_t member, const std::string& why);
   void on_answer(const std::shared_ptr<Call>& call, std::size_t member,
                  std::shared_ptr<Connection> connection, unsigned status, const std::string& body,
                  bool keep_alive);
@@ -155,8 +159,11 @@ class Watch : public std::enable_shared_from_this<Watch> {
   void cancel();
   /// The revision the watch would resume from (0 until known).
   std::int64_t next_revision() const { return next_revision_; }
+  /// The member its stream is (or will be) on.
+  std::size_t member() const { return member_; }
 
  private:
+  friend class Client;  // leave_member() moves streams off a member that stopped answering
   struct Stream;
   void open();
   void renew_token_and_open();

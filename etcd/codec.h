@@ -1,4 +1,5 @@
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -33,6 +34,9 @@ struct Request {
   /// Whether sending it twice does no harm, so a broken connection after sending may be
   /// retried on another member (a range, a keep-alive); a put or a txn may not.
   bool idempotent = false;
+  /// One attempt on one member at most this long; 0: the client's attempt_timeout. A lease's
+  /// keep-alive uses a third of its TTL, so a member that holds it silently cannot outlast it.
+  std::chrono::milliseconds attempt_timeout{0};
 };
 
 /// What a txn compares (etcd's Compare.CompareTarget).
