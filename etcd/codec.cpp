@@ -100,6 +100,12 @@ json range_json(const RangeOp& op) {
   if (op.limit != 0) j["limit"] = int_text(op.limit);
   if (op.revision != 0) j["revision"] = int_text(op.revision);
   if (op.count_only) j["count_only"] = true;
+  if (op.keys_only) j["keys_only"] = true;
+  if (op.sort != RangeSort::ByKey) {
+    j["sort_target"] = "CREATE";
+    j["sort_order"] = op.sort == RangeSort::OldestCreatedFirst ? "ASCEND" : "DESCEND";
+  }
+  if (op.max_create_revision != 0) j["max_create_revision"] = int_text(op.max_create_revision);
   return j;
 }
 

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -53,13 +54,27 @@ struct Compare {
   std::string value;        ///< the operand for Value
 };
 
+/// The order of a range's answer (etcd's SortOrder with SortTarget CREATE; none: by key).
+enum class RangeSort { ByKey, OldestCreatedFirst, NewestCreatedFirst };
+
 /// Reads `key`, or every key in [key, range_end) when range_end is not empty.
 struct RangeOp {
+  RangeOp() = default;
+  RangeOp(std::string key_, std::string range_end_ = {}, std::int64_t limit_ = 0,
+          std::int64_t revision_ = 0, bool count_only_ = false)
+      : key(std::move(key_)),
+        range_end(std::move(range_end_)),
+        limit(limit_),
+        revision(revision_),
+        count_only(count_only_) {}
   std::string key;
   std::string range_end;
   std::int64_t limit = 0;     ///< 0: no limit
   std::int64_t revision = 0;  ///< 0: the newest
   bool count_only = false;
+  bool keys_only = false;  ///< leave the values out
+  RangeSort sort = RangeSort::ByKey;
+  std::int64_t max_create_revision = 0;  ///< not 0: only keys created at or before it
 };
 /// Writes `key`, attached to `lease` when not 0.
 struct PutOp {

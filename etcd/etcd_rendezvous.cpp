@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/ip/udp.hpp>
 #include <boost/asio/post.hpp>
 
@@ -89,6 +90,7 @@ EtcdRendezvous::~EtcdRendezvous() {
   if (keeper_) keeper_->stop();
   if (job_keeper_) job_keeper_->stop();
   if (watch_) watch_->cancel();
+  if (role_watch_) role_watch_->cancel();
   client_->close();
 }
 
@@ -156,10 +158,23 @@ void EtcdRendezvous::apply(const ClientEffect& effect) {
 void EtcdRendezvous::drop_link() {
   ++generation_;
   linked_ = false;
-  driving_ = false;
-  drive_timer_.cancel();
+  reset_role();
   if (watch_) {
     auto watch = std::move(watch_);
+    watch->cancel();
+  }
+}
+
+void EtcdRendezvous::reset_role() {
+  ++role_generation_;
+  role_ = Role::Unknown;
+  view_ready_ = false;
+  drive_timer_.cancel();
+  if (job_keeper_) job_keeper_->stop();
+  job_keeper_.reset();
+  job_lease_ = 0;
+  if (role_watch_) {
+    auto watch = std::move(role_watch_);
     watch->cancel();
   }
 }
@@ -201,9 +216,13 @@ void EtcdRendezvous::on_lease_granted(std::uint64_t generation,
 }
 
 void EtcdRendezvous::read_and_watch(std::uint64_t generation) {
-  RangeOp all{prefix_, prefix_end(prefix_)};
+  // This node's messages key: the revision now, then a watch from the next one. The join goes
+  // out after, so no message answering it can be missed.
+  inbox_key_ = messages_key(prefix_, node_id_);
+  RangeOp now{inbox_key_};
+  now.count_only = true;
   client_->call_as<RangeResponse>(
-      range(all), decode_range,
+      range(now), decode_range,
       [this, generation, alive = alive_](common::Result<RangeResponse> read) {
         if (*alive) on_read(generation, std::move(read));
       });
@@ -215,15 +234,10 @@ void EtcdRendezvous::on_read(std::uint64_t generation, common::Result<RangeRespo
     return;
   }
   if (!read) return step(ConnectionLost{read.error().message});
-  load_range(view_, read->kvs);
-  spdlog::debug("etcd: read {} key(s) of job '{}' at revision {}", read->kvs.size(), opt_.run_id,
-                read->header.revision);
   WatchOptions options;
-  // Every key of the job but `state`: [messages, state) holds messages, nodes/ and reports/.
-  // `state` grows with the job and is put on every change; only the driver needs it, and it
-  // reads it when its compare fails.
-  options.key = messages_key(prefix_);
-  options.range_end = state_key(prefix_);
+  // Only this node's messages key: it carries the messages to about N / kMessageKeys nodes.
+  // Joins, reports and `state` reach the driver only.
+  options.key = inbox_key_;
   options.start_revision = read->header.revision + 1;
   watch_ = client_->watch(
       options,
@@ -232,7 +246,7 @@ void EtcdRendezvous::on_read(std::uint64_t generation, common::Result<RangeRespo
       },
       [this, generation, alive = alive_](const common::Error& error) {
         if (!*alive || generation != generation_) return;
-        step(ConnectionLost{"the watch of " + prefix_ + " ended: " + error.message});
+        step(ConnectionLost{"the watch of " + inbox_key_ + " ended: " + error.message});
       });
   linked_ = true;
   step(Connected{true});
@@ -242,7 +256,7 @@ void EtcdRendezvous::on_read(std::uint64_t generation, common::Result<RangeRespo
     unsent_report_.reset();
     send_report(report);
   }
-  maybe_drive();
+  elect();
 }
 
 void EtcdRendezvous::keep_lease_alive() {
@@ -315,8 +329,8 @@ void EtcdRendezvous::send_join(Join join, bool second_try) {
             unsent_report_.reset();
             send_report(report);
           }
-          // The watch may have shown this put before its answer came: drive now if first.
-          return maybe_drive();
+          // Which node drives: known once this node's key has its create revision.
+          return elect();
         }
         std::optional<KeyValue> found;
         if (!answer->responses.empty())
@@ -368,8 +382,8 @@ void EtcdRendezvous::on_watch(std::uint64_t generation, const WatchResponse& res
   if (generation != generation_) return;
   for (const Event& event : response.events) {
     if (generation != generation_) return;  // a callback below reconnected
-    apply_event(view_, event);
-    if (event.kv.key == messages_key(prefix_) && event.type == Event::Type::Put) {
+    if (event.kv.key != inbox_key_) continue;
+    if (event.type == Event::Type::Put) {
       auto decoded = decode_notices(event.kv.value, event.kv.key, node_id_);
       if (!decoded) {
         if (state_.phase != ClientPhase::Done)
@@ -385,42 +399,119 @@ void EtcdRendezvous::on_watch(std::uint64_t generation, const WatchResponse& res
       }
       continue;
     }
-    if (event.kv.key == messages_key(prefix_) && event.type == Event::Type::Delete) {
-      // The job's keys were deleted: the job ended (its Closed came before) or someone
-      // removed them by hand.
-      if (last_phase_ != JobPhase::Closed && state_.phase != ClientPhase::Done)
-        step(ServerUnusable{RendezvousError{RendezvousErrorKind::Closed,
-                                            "the rendezvous state of job '" + opt_.run_id +
-                                                "' was deleted from etcd (" + state_key(prefix_) +
-                                                ") while the job ran"}});
-    }
+    // The job's keys were deleted: the job ended (its Closed came before) or someone removed
+    // them by hand.
+    if (last_phase_ != JobPhase::Closed && state_.phase != ClientPhase::Done)
+      step(ServerUnusable{RendezvousError{RendezvousErrorKind::Closed,
+                                          "the rendezvous state of job '" + opt_.run_id +
+                                              "' was deleted from etcd (" + inbox_key_ +
+                                              ") while the job ran"}});
   }
+}
+
+void EtcdRendezvous::elect() {
+  if (!linked_ || my_create_revision_ == 0 || role_ != Role::Unknown) return;
+  role_ = Role::Electing;
+  const std::uint64_t generation = ++role_generation_;
+  // etcd's election recipe: the node key created last before this node's. None: this node's
+  // is the oldest, it drives. Keys only, one at most: a few hundred bytes whatever N.
+  RangeOp before{nodes_dir(prefix_), prefix_end(nodes_dir(prefix_))};
+  before.limit = 1;
+  before.keys_only = true;
+  before.sort = RangeSort::NewestCreatedFirst;
+  before.max_create_revision = std::max<std::int64_t>(1, my_create_revision_ - 1);
+  client_->call_as<RangeResponse>(
+      range(before), decode_range,
+      [this, generation, alive = alive_](common::Result<RangeResponse> read) {
+        if (!*alive || generation != role_generation_) return;
+        role_ = Role::Unknown;
+        if (!read) return step(ConnectionLost{read.error().message});
+        if (read->kvs.empty()) return become_driver();
+        follow(read->kvs[0].key, read->header.revision);
+      });
+}
+
+void EtcdRendezvous::follow(const std::string& key, std::int64_t revision) {
+  role_ = Role::Follower;
+  const std::uint64_t generation = role_generation_;
+  spdlog::debug("etcd: {} waits for {} to go before it may drive", node_id_, key);
+  WatchOptions options;
+  options.key = key;
+  options.start_revision = revision + 1;
+  role_watch_ = client_->watch(
+      options,
+      [this, generation, alive = alive_](const WatchResponse& response) {
+        if (!*alive || generation != role_generation_) return;
+        for (const Event& event : response.events) {
+          if (event.type != Event::Type::Delete) continue;
+          // The node before this one is gone: this one may be the oldest now.
+          reset_role();
+          return elect();
+        }
+      },
+      [this, generation, key, alive = alive_](const common::Error& error) {
+        if (!*alive || generation != role_generation_) return;
+        step(ConnectionLost{"the watch of " + key + " ended: " + error.message});
+      });
+}
+
+void EtcdRendezvous::become_driver() {
+  role_ = Role::Driver;
+  const std::uint64_t generation = role_generation_;
+  spdlog::info("this node drives the rendezvous of job '{}' in etcd", opt_.run_id);
+  // `state`, nodes/ and reports/ at one revision: the range from nodes/ to just after `state`
+  // (messages/ sorts before it).
+  RangeOp all{nodes_dir(prefix_), state_key(prefix_) + std::string(1, '\0')};
+  client_->call_as<RangeResponse>(
+      range(all), decode_range,
+      [this, generation, alive = alive_](common::Result<RangeResponse> read) {
+        if (*alive) on_driver_read(generation, std::move(read));
+      });
+}
+
+void EtcdRendezvous::on_driver_read(std::uint64_t generation, common::Result<RangeResponse> read) {
+  if (generation != role_generation_) return;
+  if (!read) return step(ConnectionLost{read.error().message});
+  load_range(view_, read->kvs);
+  spdlog::debug("etcd: the driver read {} key(s) of job '{}' at revision {}", read->kvs.size(),
+                opt_.run_id, read->header.revision);
+  WatchOptions options;
+  // Joins and reports, not `state`: it grows with the job and is put on every change; the
+  // driver keeps what it wrote and reads it again when its compare fails.
+  options.key = nodes_dir(prefix_);
+  options.range_end = reports_end(prefix_);
+  options.start_revision = read->header.revision + 1;
+  role_watch_ = client_->watch(
+      options,
+      [this, generation, alive = alive_](const WatchResponse& response) {
+        if (!*alive || generation != role_generation_) return;
+        for (const Event& event : response.events) apply_event(view_, event);
+        maybe_drive();
+      },
+      [this, generation, alive = alive_](const common::Error& error) {
+        if (!*alive || generation != role_generation_) return;
+        step(ConnectionLost{"the watch of " + nodes_dir(prefix_) + " ended: " + error.message});
+      });
+  view_ready_ = true;
   maybe_drive();
 }
 
 void EtcdRendezvous::maybe_drive() {
-  if (!linked_ || my_create_revision_ == 0) return;
-  const bool first = driver_of(view_) == node_id_;
-  if (first != driving_) {
-    driving_ = first;
-    if (first)
-      spdlog::info("this node drives the rendezvous of job '{}' in etcd", opt_.run_id);
-    else
-      drive_timer_.cancel();
-  }
-  if (!driving_) {
-    if (job_keeper_) job_keeper_->stop();
-    job_keeper_.reset();
-    return;
+  if (role_ != Role::Driver || !view_ready_) return;
+  if (driver_of(view_) != node_id_) {
+    // This node's key is gone (its lease expired): it drives no more, and joins again under a
+    // new id once its lease's loss is known.
+    spdlog::debug("etcd: {} is no longer the oldest node of job '{}'", node_id_, opt_.run_id);
+    return reset_role();
   }
   if (writing_ || granting_job_lease_) {
     drive_again_ = true;
     return;
   }
-  // The job's own lease: `state` and `messages` live on it, and the driver keeps it alive, so a
+  // The job's own lease: `state` and `messages/` live on it, and the driver keeps it alive, so a
   // job whose every agent died disappears from etcd when it runs out.
   const std::int64_t job_lease = view_.state ? view_.state->lease : 0;
-  if (job_lease != 0 && job_lease != job_lease_) keep_job_lease(job_lease);
+  if (job_lease != 0 && (job_lease != job_lease_ || !job_keeper_)) keep_job_lease(job_lease);
   if (job_lease == 0 && job_lease_ == 0) return grant_job_lease();
   StoredState current;
   if (view_.state) {
@@ -458,7 +549,7 @@ void EtcdRendezvous::grant_job_lease() {
         if (!granted) {
           spdlog::warn("could not write the rendezvous state of job '{}' to etcd: {}", opt_.run_id,
                        granted.error().message);
-        } else if (generation == generation_ && driving_) {
+        } else if (generation == generation_ && role_ == Role::Driver) {
           keep_job_lease(granted->id);
           return maybe_drive();
         } else {
@@ -516,10 +607,10 @@ void EtcdRendezvous::write_state(const DriveResult& result) {
       return;
     }
     ops.push_back(PutOp{key, value, job_lease_, false});
-    if (!result.next.messages.empty())
-      ops.push_back(PutOp{messages_key(prefix_),
-                          encode_notices(result.next.job.phase, result.next.messages), job_lease_,
-                          false});
+    // Each message goes to its node's messages key: a node's watch carries only its own key.
+    for (auto& [messages, notices] :
+         notices_by_key(prefix_, result.next.job.phase, result.next.messages))
+      ops.push_back(PutOp{messages, std::move(notices), job_lease_, false});
   }
   writing_ = true;
   const std::uint64_t generation = generation_;
@@ -606,13 +697,13 @@ void EtcdRendezvous::when_flushed(std::function<void()> done) {
   drop_link();
   if (job_keeper_) job_keeper_->stop();
   job_keeper_.reset();
-  if (last_phase_ != JobPhase::Closed || last_messages_revision_ == 0)
+  if (last_phase_ != JobPhase::Closed || last_messages_revision_ == 0 || inbox_key_.empty())
     return revoke_lease(std::move(done));
-  // The job is over and every node heard so (its Closed came before, in revision order): its
-  // keys go now, unless the driver sent messages since (then it is not the job this node saw
-  // end).
-  const std::string key = messages_key(prefix_);
-  Compare same{key, CompareTarget::ModRevision, CompareResult::Equal, last_messages_revision_, {}};
+  // The job is over and every node heard so (every node's Closed was put in the same txn, so
+  // each watch delivers it before the delete): its keys go now, unless the driver sent messages
+  // to this node's key since (then it is not the job this node saw end).
+  Compare same{
+      inbox_key_, CompareTarget::ModRevision, CompareResult::Equal, last_messages_revision_, {}};
   client_->call(txn({same}, {DeleteOp{prefix_, prefix_end(prefix_), false}}, {}),
                 [this, alive = alive_, done = std::move(done)](Reply) mutable {
                   if (!*alive) return;

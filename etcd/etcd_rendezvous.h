@@ -34,15 +34,17 @@ struct EtcdRendezvousOptions {
 /// The agent's side of the rendezvous on etcd v3 (docs/design.md#rendezvous-on-etcd-v3). What the
 /// node does is decided by the TCP client's pure machine, rdzv_client_step() (rdzv_client.h);
 /// what the job does by the server's step(), run by whichever node drives (rdzv_store.h's
-/// drive()). This class is the executor of both: it holds the lease, the prefix watch, the
-/// requests and the timers.
+/// drive()). This class is the executor of both: it holds the lease, the watches, the requests
+/// and the timers. Each node watches two keys or ranges, so what etcd sends grows linearly with N:
 ///
 ///   agent --next_rendezvous/report--> rdzv_client_step --SendJoin/Send--> put nodes/ reports/
-///                                                                             |
-///   etcd --watch of all but `state`--> View --messages put: those for this node--> FrameReceived
-///                            |
-///                            +--this node has the lowest create revision--> drive()
-///                                    --> txn: if mod_revision(state) == R put state
+///
+///   etcd --watch of messages/NN (its own)--> the messages for this node --> FrameReceived
+///
+///   after its join: a read of the node created just before it (etcd's election recipe)
+///     +-- one found: watch its nodes/ key; deleted --> read again
+///     +-- none: this node drives: read state, nodes/, reports/; watch nodes/ and reports/
+///               --> View --> drive() --> txn: if mod_revision(state) == R put state, messages/NN
 ///   LeaseKeeper: lost --> Refused(Dropped): a new id, join again
 class EtcdRendezvous final : public rdzv::RendezvousHandler {
  public:
@@ -65,7 +67,7 @@ class EtcdRendezvous final : public rdzv::RendezvousHandler {
   /// This node's id ("host:pid:random"); a new one after its lease was lost.
   const std::string& node_id() const { return node_id_; }
   /// Whether this node drives the job now (lowest create revision).
-  bool driving() const { return driving_; }
+  bool driving() const { return role_ == Role::Driver; }
 
  private:
   void step(const rdzv::ClientEvent& event);
@@ -75,6 +77,11 @@ class EtcdRendezvous final : public rdzv::RendezvousHandler {
   void read_and_watch(std::uint64_t generation);
   void on_read(std::uint64_t generation, common::Result<RangeResponse> read);
   void on_watch(std::uint64_t generation, const WatchResponse& response);
+  void elect();
+  void follow(const std::string& key, std::int64_t revision);
+  void become_driver();
+  void on_driver_read(std::uint64_t role_generation, common::Result<RangeResponse> read);
+  void reset_role();
   void on_lease_lost(std::int64_t lease, const std::string& why, bool gone);
   void keep_lease_alive();
   void drop_link();
@@ -99,15 +106,23 @@ class EtcdRendezvous final : public rdzv::RendezvousHandler {
   std::chrono::seconds lease_ttl_{0};
   std::int64_t lease_ = 0;
   std::shared_ptr<LeaseKeeper> keeper_;
-  std::shared_ptr<Watch> watch_;
+  std::string inbox_key_;         ///< the messages key of this node's id (messages/NN)
+  std::shared_ptr<Watch> watch_;  ///< of inbox_key_
   /// Bumped on every connect and drop: callbacks of an older watch or read are ignored.
   std::uint64_t generation_ = 0;
-  bool linked_ = false;  ///< the view is current (range read, watch running)
-  View view_;
+  bool linked_ = false;  ///< the messages key is watched
+  /// Follower: watching the nodes/ key created just before this node's; Driver: this node's key
+  /// is the oldest, it watches nodes/ and reports/.
+  enum class Role { Unknown, Electing, Follower, Driver };
+  Role role_ = Role::Unknown;
+  /// Bumped on every change of role: callbacks of an older election or watch are ignored.
+  std::uint64_t role_generation_ = 0;
+  std::shared_ptr<Watch> role_watch_;    ///< the predecessor's key, or (driver) nodes/ and reports/
+  bool view_ready_ = false;              ///< (driver) view_ read and watched
+  View view_;                            ///< (driver) state, nodes/, reports/
   std::int64_t my_create_revision_ = 0;  ///< of nodes/<node_id_>; 0 before the first join
   std::string advertised_addr_;
   std::optional<rdzv::AgentMessage> unsent_report_;  ///< a report whose put failed
-  bool driving_ = false;
   std::chrono::seconds job_lease_ttl_{0};
   std::int64_t job_lease_ = 0;  ///< the lease `state` and `messages` live on (driver only)
   std::shared_ptr<LeaseKeeper> job_keeper_;
@@ -116,7 +131,7 @@ class EtcdRendezvous final : public rdzv::RendezvousHandler {
   bool drive_again_ = false;
   boost::asio::steady_timer drive_timer_;
   std::optional<rdzv::JobPhase> last_phase_;  ///< of the last state seen
-  std::int64_t last_messages_revision_ = 0;   ///< of the last `messages` put seen
+  std::int64_t last_messages_revision_ = 0;   ///< of the last put of inbox_key_ seen
   std::function<void(rdzv::RendezvousResult)> done_;
   std::function<void(rdzv::Notice)> on_notice_;
   rdzv::ClientTimers timers_;

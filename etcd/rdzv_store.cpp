@@ -234,9 +234,18 @@ std::optional<std::string> id_under(const std::string& key, const std::string& p
 
 std::string job_prefix(const std::string& run_id) { return "/ddprun/" + run_id + "/"; }
 std::string state_key(const std::string& prefix) { return prefix + "state"; }
-std::string messages_key(const std::string& prefix) { return prefix + "messages"; }
 std::string node_key(const std::string& prefix, const std::string& node_id) {
-  return prefix + "nodes/" + node_id;
+  return nodes_dir(prefix) + node_id;
+}
+std::string nodes_dir(const std::string& prefix) { return prefix + "nodes/"; }
+std::string reports_end(const std::string& prefix) { return prefix_end(prefix + "reports/"); }
+
+std::string messages_key(const std::string& prefix, const std::string& node_id) {
+  std::uint32_t hash = 2166136261u;  // FNV-1a, 32 bits: the same on every host and build
+  for (unsigned char c : node_id) hash = (hash ^ c) * 16777619u;
+  const unsigned bucket = hash % static_cast<unsigned>(kMessageKeys);
+  const char digits[] = "0123456789";
+  return prefix + "messages/" + digits[bucket / 10] + digits[bucket % 10];
 }
 std::string report_key(const std::string& prefix, const std::string& node_id) {
   return prefix + "reports/" + node_id;
@@ -269,12 +278,26 @@ std::string encode_notices(rdzv::JobPhase phase, const std::vector<rdzv::Outgoin
       .dump();
 }
 
+std::map<std::string, std::string> notices_by_key(const std::string& prefix, rdzv::JobPhase phase,
+                                                  const std::vector<rdzv::Outgoing>& messages) {
+  std::map<std::string, std::vector<rdzv::Outgoing>> grouped;
+  for (const rdzv::Outgoing& out : messages)
+    grouped[messages_key(prefix, out.node_id)].push_back(out);
+  std::map<std::string, std::string> values;
+  for (const auto& [key, list] : grouped) values[key] = encode_notices(phase, list);
+  return values;
+}
+
 namespace {
 
 common::Error malformed(const std::string& key, const std::string& why) {
+  // The job's prefix "/ddprun/<run_id>/" of a key that may lie deeper (messages/NN).
+  const std::size_t run_id_end = key.find('/', job_prefix("").size());
+  const std::string prefix = run_id_end == std::string::npos ? key.substr(0, key.rfind('/') + 1)
+                                                             : key.substr(0, run_id_end + 1);
   return common::Error{"the rendezvous state in etcd at " + key + " is malformed: " + why +
-                       "; delete the job's keys (etcdctl del --prefix " +
-                       key.substr(0, key.rfind('/') + 1) + ") or pick another --rdzv_id"};
+                       "; delete the job's keys (etcdctl del --prefix " + prefix +
+                       ") or pick another --rdzv_id"};
 }
 
 /// The value as JSON with its format checked, or the error naming the key.

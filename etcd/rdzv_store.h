@@ -24,19 +24,32 @@
 //
 // `applied` remembers the mod revision of each key already fed to step(), so a new driver (or the
 // same one after a failed compare) feeds each change exactly once, whatever it saw before.
-// `messages` (its own key, put in the same txn) are what step() sent to nodes in that pass; every
-// agent reads those addressed to it from the watch, as the TCP client reads frames, without
-// decoding `state` (which only the driver needs: at N nodes it is O(N) and is put O(N) times).
+// `messages/NN` (put in the same txn) are what step() sent to nodes in that pass, spread over
+// kMessageKeys keys by node id; every agent watches only its own messages key and reads those
+// addressed to it, as the TCP client reads frames. Only the driver reads `state` (O(N)) and
+// watches the joins and reports, so what etcd sends per round grows linearly with N.
 
 namespace ddprun::etcd {
 
 /// "/ddprun/<run_id>/": every key of one job lies under it.
 std::string job_prefix(const std::string& run_id);
 std::string state_key(const std::string& prefix);
-/// What the driver's last transition sent to nodes, put in the same txn as `state`.
-std::string messages_key(const std::string& prefix);
 std::string node_key(const std::string& prefix, const std::string& node_id);
 std::string report_key(const std::string& prefix, const std::string& node_id);
+/// "<prefix>nodes/": the joins; the range [nodes_dir, reports_end) holds nodes/ and reports/,
+/// what the driver watches (and nothing else of the job: messages/ sorts before, state after).
+std::string nodes_dir(const std::string& prefix);
+std::string reports_end(const std::string& prefix);
+
+/// Messages to nodes go into kMessageKeys keys, each node's to the one its id hashes to, so a
+/// node watches one key that carries its own messages and those of about N / kMessageKeys
+/// others, and the driver's txn writes at most kMessageKeys + 1 keys (etcd's --max-txn-ops
+/// is 128 by default).
+inline constexpr int kMessageKeys = 64;
+static_assert(kMessageKeys <= 100, "messages keys are named with two digits");
+/// The key that carries the messages to `node_id`: "<prefix>messages/NN" (FNV-1a of the id,
+/// the same on every host).
+std::string messages_key(const std::string& prefix, const std::string& node_id);
 
 /// Deadlines are stored as wall-clock times (milliseconds since the Unix epoch) so that another
 /// host, whose steady clock has another origin, reads them right. The anchor pairs one steady
@@ -69,8 +82,13 @@ inline constexpr std::size_t kMaxMessagesInState = 3 * kMaxNodesInState;
 
 /// The value of `state`: the job and `applied` (the messages go to encode_notices).
 std::string encode_state(const StoredState& state, const TimeAnchor& anchor);
-/// The value of `messages`: the job's phase after the pass and what it sent.
+/// The value of one `messages/NN` key: the job's phase after the pass and what it sent to the
+/// nodes of that key.
 std::string encode_notices(rdzv::JobPhase phase, const std::vector<rdzv::Outgoing>& messages);
+/// The puts of one pass's messages: for each messages key that a message goes to, that key and
+/// its value (encode_notices of the messages to its nodes, in the order step() sent them).
+std::map<std::string, std::string> notices_by_key(const std::string& prefix, rdzv::JobPhase phase,
+                                                  const std::vector<rdzv::Outgoing>& messages);
 /// The value read back; anything malformed is an error naming `key` and what is wrong (never
 /// throws). Node records get last_seen = `now`: liveness is the lease's business.
 common::Result<StoredState> decode_state(const std::string& value, const std::string& key,
@@ -85,7 +103,8 @@ struct Notices {
 common::Result<Notices> decode_notices(const std::string& value, const std::string& key,
                                        const std::string& node_id);
 
-/// The job's keys as this agent knows them (a range read, then the watch's events).
+/// The job's keys as the driver knows them (a read of `state`, nodes/ and reports/, then the
+/// watch's events).
 struct View {
   std::string prefix;
   std::optional<KeyValue> state;

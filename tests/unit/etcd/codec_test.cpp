@@ -102,6 +102,24 @@ TEST_CASE("a watch asks for a prefix from a revision with progress notices", "[e
 constexpr const char* kHeader =
     R"({"cluster_id":"15118495548433857066","member_id":"13668033151171901709","revision":"2","raft_term":"2"})";
 
+TEST_CASE("a range of the key created just before another asks etcd to sort by create revision",
+          "[etcd][unit]") {
+  RangeOp before{"/j/nodes/", prefix_end("/j/nodes/")};
+  before.limit = 1;
+  before.keys_only = true;
+  before.sort = RangeSort::NewestCreatedFirst;
+  before.max_create_revision = 41;
+  CHECK(json::parse(range(before).body) == json{{"key", base64_encode("/j/nodes/")},
+                                                {"range_end", base64_encode("/j/nodes0")},
+                                                {"limit", "1"},
+                                                {"keys_only", true},
+                                                {"sort_target", "CREATE"},
+                                                {"sort_order", "DESCEND"},
+                                                {"max_create_revision", "41"}});
+  before.sort = RangeSort::OldestCreatedFirst;
+  CHECK(json::parse(range(before).body)["sort_order"] == "ASCEND");
+}
+
 TEST_CASE("a range answer reads int64 strings and left-out fields", "[etcd][unit]") {
   const json body = json::parse(
       std::string(R"({"header":)") + kHeader +

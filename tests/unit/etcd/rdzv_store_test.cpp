@@ -1,6 +1,7 @@
 #include "etcd/rdzv_store.h"
 
 #include <catch2/catch.hpp>
+#include <set>
 
 using namespace ddprun;
 using namespace ddprun::etcd;
@@ -17,8 +18,8 @@ struct Keys {
   std::int64_t revision = 1;
   TimePoint now = TimePoint{} + seconds(1000);
   TimeAnchor anchor{TimePoint{}, 1'700'000'000'000};
-  std::vector<rdzv::Outgoing> delivered;  ///< messages of every pass so far
-  std::string notices;                    ///< the value of `messages` after the last pass
+  std::vector<rdzv::Outgoing> delivered;       ///< messages of every pass so far
+  std::map<std::string, std::string> notices;  ///< the messages keys put by the last pass
 
   explicit Keys(const std::string& run_id = "job") { view.prefix = job_prefix(run_id); }
 
@@ -74,7 +75,8 @@ struct Keys {
     DriveResult r = drive(current(), view, now);
     if (r.changed) {
       put(state_key(view.prefix), encode_state(r.next, anchor));
-      if (!r.next.messages.empty()) notices = encode_notices(r.next.job.phase, r.next.messages);
+      if (!r.next.messages.empty())
+        notices = notices_by_key(view.prefix, r.next.job.phase, r.next.messages);
       for (const auto& m : r.next.messages) delivered.push_back(m);
     }
     return r;
@@ -277,25 +279,76 @@ TEST_CASE("a closed job left in etcd past its close timeout does not refuse a ne
   CHECK(k.to<rdzv::RoundReady>("2")[0].restart_count == 0);
 }
 
-TEST_CASE("a node reads only its own messages and the phase from the messages key",
+TEST_CASE("a node reads only its own messages and the phase from its messages key",
           "[etcd][unit]") {
   Keys k;
   k.join("1", 2, 2);
   k.join("2", 2, 2);
   k.drive_once();
-  const std::string key = messages_key(k.view.prefix);
-  auto notices = decode_notices(k.notices, key, "2");
+  const std::string key = messages_key(k.view.prefix, "2");
+  REQUIRE(k.notices.count(key) == 1);
+  const std::string value = k.notices[key];
+  auto notices = decode_notices(value, key, "2");
   REQUIRE(notices.ok());
   CHECK(notices->phase == rdzv::JobPhase::Running);
   REQUIRE(notices->messages.size() == 1);
   CHECK(std::holds_alternative<rdzv::RoundReady>(notices->messages[0]));
-  CHECK(decode_notices(k.notices, key, "3")->messages.empty());
-  auto j = nlohmann::json::parse(k.notices);
+  CHECK(decode_notices(value, key, "3")->messages.empty());
+  auto j = nlohmann::json::parse(value);
   j["messages"][0]["message"] = {{"type", "round"}};
   auto bad = decode_notices(j.dump(), key, j["messages"][0]["node"].get<std::string>());
   REQUIRE_FALSE(bad.ok());
   CHECK_THAT(bad.error().message, Contains(key));
   CHECK_THAT(decode_notices("{}", key, "1").error().message, Contains("state.format is missing"));
+  CHECK_THAT(decode_notices("{}", key, "1").error().message,
+             Contains("etcdctl del --prefix /ddprun/job/)"));
   // The state value holds no messages: nodes other than the driver never decode it.
   CHECK_FALSE(nlohmann::json::parse(k.view.state->value).contains("messages"));
+}
+
+TEST_CASE("a node's messages key is the same on every host and is one of kMessageKeys",
+          "[etcd][unit]") {
+  // FNV-1a of "a" is 0xe40c292c; 0x2c is 44.
+  CHECK(messages_key("/ddprun/j/", "a") == "/ddprun/j/messages/44");
+  std::set<std::string> keys;
+  for (int i = 0; i < 1000; ++i)
+    keys.insert(messages_key("/ddprun/j/", "host:1:" + std::to_string(i)));
+  CHECK(keys.size() == static_cast<std::size_t>(kMessageKeys));
+  // The driver's watch range holds the joins and reports, neither `state` nor messages.
+  const std::string p = "/ddprun/j/";
+  for (const std::string& inside : {node_key(p, "x"), report_key(p, "x")}) {
+    CHECK(inside >= nodes_dir(p));
+    CHECK(inside < reports_end(p));
+  }
+  for (const std::string& outside : {state_key(p), messages_key(p, "x")})
+    CHECK_FALSE((outside >= nodes_dir(p) && outside < reports_end(p)));
+}
+
+TEST_CASE("a round of 200 nodes puts each node's message only in its own messages key",
+          "[etcd][unit]") {
+  Keys k;
+  for (int i = 1; i <= 200; ++i) k.join(std::to_string(i), 200, 200);
+  k.drive_once();
+  REQUIRE(k.to<rdzv::RoundReady>("200").size() == 1);
+  // At most kMessageKeys puts besides `state` (etcd's --max-txn-ops is 128 by default).
+  CHECK(k.notices.size() <= static_cast<std::size_t>(kMessageKeys));
+  std::size_t messages = 0;
+  for (const auto& [key, value] : k.notices) {
+    const auto j = nlohmann::json::parse(value);
+    for (const auto& m : j["messages"]) {
+      const std::string id = m["node"].get<std::string>();
+      CHECK(messages_key(k.view.prefix, id) == key);
+      ++messages;
+    }
+  }
+  CHECK(messages == k.delivered.size());
+  for (int i = 1; i <= 200; ++i) {
+    const std::string id = std::to_string(i);
+    const std::string key = messages_key(k.view.prefix, id);
+    auto notices = decode_notices(k.notices[key], key, id);
+    REQUIRE(notices.ok());
+    // Its Waiting (the join's answer) and its RoundReady, in the order step() sent them.
+    REQUIRE_FALSE(notices->messages.empty());
+    CHECK(std::holds_alternative<rdzv::RoundReady>(notices->messages.back()));
+  }
 }
