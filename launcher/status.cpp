@@ -14,8 +14,10 @@
 #include <iomanip>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "common/exit_codes.h"
+#include "common/strings.h"
 #include "etcd/rdzv_store.h"
 #include "rendezvous/auth.h"
 #include "rendezvous/connection.h"
@@ -131,6 +133,11 @@ std::variant<StatusRequest, InfoRequest, UsageError> parse_status_args(
   app.add_option("--tls_cert,--tls-cert", tls.cert,
                  "with --tls_ca: this client's certificate, for a server started with --tls_ca");
   app.add_option("--tls_key,--tls-key", tls.key, "the private key of --tls_cert");
+  std::string rdzv_conf;
+  app.add_option("--rdzv_conf,--rdzv-conf", rdzv_conf,
+                 "K=V,... as the agents were given it: with etcd-v3, etcd_user and "
+                 "etcd_password_file log in to etcd, tls_ca, tls_cert and tls_key speak TLS to it; "
+                 "other keys are ignored");
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   try {
     app.parse(reversed);
@@ -184,6 +191,31 @@ std::variant<StatusRequest, InfoRequest, UsageError> parse_status_args(
   request.interval = std::chrono::milliseconds(static_cast<long long>(interval_s * 1000));
   request.iterations = iterations;
   request.etcd_members = std::move(etcd_members);
+  // The agents' --rdzv_conf, so that it can be pasted: what reaches etcd is read, the rest
+  // (timeouts, keep-alive) means nothing to a status query.
+  for (const std::string& piece : common::split(rdzv_conf, ',')) {
+    const std::string pair = common::trim(piece);
+    if (pair.empty()) continue;
+    const std::size_t eq = pair.find('=');
+    const std::string key = eq == std::string::npos ? "" : common::trim(pair.substr(0, eq));
+    const std::string value = eq == std::string::npos ? "" : common::trim(pair.substr(eq + 1));
+    if (key.empty() || value.empty())
+      return UsageError{"ddprun status --rdzv_conf: malformed pair '" + pair +
+                        "'; expected key=value,key2=value2"};
+    if ((key == "etcd_user" || key == "etcd_password_file") && request.etcd_members.empty())
+      return UsageError{"ddprun status --rdzv_conf: " + key +
+                        " is for --rdzv_backend etcd-v3 only"};
+    if (key == "etcd_user") request.etcd_user = value;
+    if (key == "etcd_password_file") request.etcd_password_file = value;
+    for (auto [name, file] :
+         {std::pair{"tls_ca", &request.tls.ca}, std::pair{"tls_cert", &request.tls.cert},
+          std::pair{"tls_key", &request.tls.key}})
+      if (key == name && file->empty()) *file = value;  // a --tls_ flag wins
+  }
+  if (request.etcd_user.empty() != request.etcd_password_file.empty())
+    return UsageError{
+        "ddprun status --rdzv_conf: etcd_user and etcd_password_file go together (the etcd "
+        "user and a file holding its password)"};
   if (!request.etcd_members.empty() && request.secret_file)
     return UsageError{
         "ddprun status --secret_file is the c10d rendezvous's; etcd-v3 has no shared secret"};
@@ -348,11 +380,13 @@ common::Result<json> fetch_status(const StatusRequest& request,
 /// exist, and their leases say they are alive.
 common::Result<json> fetch_etcd_status(const StatusRequest& request,
                                        const std::optional<rdzv::TlsRole>& tls,
+                                       const std::optional<etcd::Credentials>& credentials,
                                        const std::function<bool()>& stop) {
   asio::io_context io;
   etcd::ClientSettings settings;
   settings.members = request.etcd_members;
   settings.request_timeout = request.timeout;
+  settings.credentials = credentials;
   if (tls) settings.tls = tls->context;
   auto client = std::make_shared<etcd::Client>(io, settings);
   const std::string prefix = request.run_id ? etcd::job_prefix(*request.run_id) : "/ddprun/";
@@ -405,7 +439,8 @@ std::string clock_time() {
 
 /// --watch: ask, draw, wait --interval; until a signal or --iterations answers.
 int watch_status(const StatusRequest& request, const std::optional<rdzv::Secret>& secret,
-                 const std::optional<rdzv::TlsRole>& tls, const std::string& where) {
+                 const std::optional<rdzv::TlsRole>& tls,
+                 const std::optional<etcd::Credentials>& credentials, const std::string& where) {
   struct sigaction action {};
   action.sa_handler = on_watch_signal;
   sigemptyset(&action.sa_mask);
@@ -426,7 +461,7 @@ int watch_status(const StatusRequest& request, const std::optional<rdzv::Secret>
       if (stop()) break;
     }
     auto jobs = request.etcd_members.empty() ? fetch_status(request, secret, tls, stop)
-                                             : fetch_etcd_status(request, tls, stop);
+                                             : fetch_etcd_status(request, tls, credentials, stop);
     if (!jobs && stop()) break;
     std::string frame;
     if (!request.json) {
@@ -483,10 +518,19 @@ int run_status(const StatusRequest& request) {
     }
     tls = rdzv::TlsRole{*made, false, request.host};
   }
-  if (request.watch) return watch_status(request, secret, tls, where);
+  std::optional<etcd::Credentials> credentials;
+  if (!request.etcd_user.empty()) {
+    auto read = etcd::read_credentials(request.etcd_user, request.etcd_password_file);
+    if (!read) {
+      std::fprintf(stderr, "ddprun status: %s\n", read.error().message.c_str());
+      return common::kExitUsage;
+    }
+    credentials = *std::move(read);
+  }
+  if (request.watch) return watch_status(request, secret, tls, credentials, where);
   const auto never = [] { return false; };
   auto jobs = request.etcd_members.empty() ? fetch_status(request, secret, tls, never)
-                                           : fetch_etcd_status(request, tls, never);
+                                           : fetch_etcd_status(request, tls, credentials, never);
   if (!jobs) {
     std::fprintf(stderr, "ddprun status: cannot get the status from %s: %s\n", where.c_str(),
                  jobs.error().message.c_str());

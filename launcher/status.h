@@ -31,6 +31,10 @@ struct StatusRequest {
   int iterations = 0;
   /// --rdzv_backend etcd-v3: read the jobs' `state` keys from these etcd members instead.
   std::vector<etcd::Member> etcd_members;
+  /// --rdzv_conf etcd_user=...,etcd_password_file=... (as the agents take them): log in to an
+  /// etcd with authentication on; both empty: no login.
+  std::string etcd_user;
+  std::string etcd_password_file;
 };
 
 /// Parses the arguments after "status" (PET_RDZV_ENDPOINT and PET_RDZV_ID as fallbacks).

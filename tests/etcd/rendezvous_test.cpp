@@ -52,6 +52,31 @@ std::string job_keys(const EtcdCluster& etcd) {
   return r.out;
 }
 
+/// Turns etcd's authentication on: user root, and user "ann" (password "annpw") who may read
+/// and write /ddprun/.
+void enable_etcd_auth(const EtcdCluster& etcd) {
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"user", "add", "root:rootpw"},
+           {"user", "add", "ann:annpw"},
+           {"role", "add", "trainer"},
+           {"role", "grant-permission", "trainer", "--prefix=true", "readwrite", "/ddprun/"},
+           {"user", "grant-role", "ann", "trainer"},
+           {"auth", "enable"}}) {
+    auto r = etcd.etcdctl(args);
+    INFO(args[0] << " " << args[1] << ": " << r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+  }
+}
+
+/// A password file of mode 600 named `name` in `dir`.
+std::string password_file(const TempDir& dir, const std::string& name,
+                          const std::string& password) {
+  const std::string path = dir.path() + "/" + name;
+  std::ofstream(path) << password << "\n";
+  ::chmod(path.c_str(), 0600);
+  return path;
+}
+
 }  // namespace
 
 TEST_CASE("three agents on etcd get unique ranks and one master and leave no keys",
@@ -295,25 +320,9 @@ TEST_CASE("agents log in to an etcd with authentication with etcd_user and etcd_
           "[etcd][rdzv]") {
   EtcdCluster etcd;
   REQUIRE(etcd.wait_ready());
-  for (const auto& args : std::vector<std::vector<std::string>>{
-           {"user", "add", "root:rootpw"},
-           {"user", "add", "ann:annpw"},
-           {"role", "add", "trainer"},
-           {"role", "grant-permission", "trainer", "--prefix=true", "readwrite", "/ddprun/"},
-           {"user", "grant-role", "ann", "trainer"},
-           {"auth", "enable"}}) {
-    auto r = etcd.etcdctl(args);
-    INFO(args[0] << " " << args[1] << ": " << r.out << r.err);
-    REQUIRE(r.exit_code == 0);
-  }
+  enable_etcd_auth(etcd);
   TempDir dir;
-  const auto password_file = [&](const std::string& name, const std::string& password) {
-    const std::string path = dir.path() + "/" + name;
-    std::ofstream(path) << password << "\n";
-    ::chmod(path.c_str(), 0600);
-    return path;
-  };
-  const std::string good = password_file("good", "annpw");
+  const std::string good = password_file(dir, "good", "annpw");
   std::vector<std::unique_ptr<Subprocess>> nodes;
   for (int i = 0; i < 2; ++i)
     nodes.push_back(start_node(
@@ -327,7 +336,7 @@ TEST_CASE("agents log in to an etcd with authentication with etcd_user and etcd_
     CHECK(contains(r.out, "WORLD_SIZE=2"));
   }
   // A wrong password ends the agent with etcd's answer, once connect_timeout has passed.
-  const std::string wrong = password_file("wrong", "not her password");
+  const std::string wrong = password_file(dir, "wrong", "not her password");
   auto refused =
       start_node(etcd, 0,
                  {"--nnodes", "2", "--rdzv_conf",
@@ -337,6 +346,56 @@ TEST_CASE("agents log in to an etcd with authentication with etcd_user and etcd_
   INFO(r.err);
   CHECK(r.exit_code == 69);
   CHECK(contains(r.err, "authentication failed"));
+}
+
+TEST_CASE("ddprun status logs in to an etcd with authentication as the agents do", "[etcd][rdzv]") {
+  EtcdCluster etcd;
+  REQUIRE(etcd.wait_ready());
+  enable_etcd_auth(etcd);
+  TempDir dir;
+  const std::string login =
+      ",etcd_user=ann,etcd_password_file=" + password_file(dir, "good", "annpw");
+  const std::string pids = dir.path() + "/pids";
+  const std::string gate = dir.path() + "/gate";
+  WorkerSweeper sweeper(pids);
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int i = 0; i < 2; ++i)
+    nodes.push_back(start_node(
+        etcd, i,
+        {"--nnodes", "2", "--node_rank", std::to_string(i), "--rdzv_conf", kEtcdConf + login},
+        {"pidfile=" + pids, "wait_lines=" + gate + ":1"}));
+  if (!wait_until([&] { return read_pids(pids).size() == 2; }, kJobLimit)) FAIL(err_of(nodes));
+  const auto status = [&](const std::string& conf) {
+    std::vector<std::string> args{DDPRUN_BIN,        "status",         "--rdzv_backend", "etcd-v3",
+                                  "--rdzv_endpoint", etcd.endpoints(), "--rdzv_id",      "job"};
+    if (!conf.empty()) {
+      args.push_back("--rdzv_conf");
+      args.push_back(conf);
+    }
+    return run_command(args, {}, 30s);
+  };
+  // The agents' own --rdzv_conf, pasted: the keys that do not reach etcd are ignored.
+  auto in = status(kEtcdConf + login);
+  INFO(in.out << in.err);
+  CHECK(in.exit_code == 0);
+  CHECK(contains(in.out, "job job: running, round 0, restarts 0 of 0, --nnodes 2:2"));
+  CHECK(contains(in.out, loopback_node_addr(0)));
+  CHECK(contains(in.out, loopback_node_addr(1)));
+  // Without a login etcd refuses the read; with a wrong password the login fails.
+  auto anonymous = status("");
+  INFO(anonymous.out << anonymous.err);
+  CHECK(anonymous.exit_code == 69);
+  CHECK(contains(anonymous.err, "cannot get the status from etcd"));
+  auto wrong =
+      status("etcd_user=ann,etcd_password_file=" + password_file(dir, "wrong", "not her password"));
+  INFO(wrong.out << wrong.err);
+  CHECK(wrong.exit_code == 69);
+  CHECK(contains(wrong.err, "authentication failed"));
+  auto half = status("etcd_user=ann");
+  CHECK(half.exit_code == 64);
+  CHECK(contains(half.err, "etcd_user and etcd_password_file go together"));
+  std::ofstream(gate) << "go\n";
+  for (auto& node : nodes) CHECK(node->wait(kJobLimit).exit_code == 0);
 }
 
 TEST_CASE("agents speak TLS to etcd members that require client certificates", "[etcd][rdzv]") {

@@ -126,3 +126,30 @@ TEST_CASE("ddprun status --rdzv_backend etcd-v3 takes every etcd member", "[laun
       {"--rdzv_backend", "etcd-v3", "--rdzv_endpoint", "e1", "--secret_file", "/s"}, no_env);
   REQUIRE(std::holds_alternative<UsageError>(secret));
 }
+
+TEST_CASE("ddprun status takes the agents' rdzv_conf for etcd's login and TLS",
+          "[launcher][unit]") {
+  auto parsed = parse_status_args(
+      {"--rdzv_backend", "etcd-v3", "--rdzv_endpoint", "e1", "--rdzv_conf",
+       "join_timeout=60, etcd_user=ann,etcd_password_file=/p,tls_ca=/ca.pem", "--tls_cert", "/c"},
+      no_env);
+  REQUIRE(std::holds_alternative<StatusRequest>(parsed));
+  const auto& request = std::get<StatusRequest>(parsed);
+  CHECK(request.etcd_user == "ann");
+  CHECK(request.etcd_password_file == "/p");
+  CHECK(request.tls.ca == "/ca.pem");
+  CHECK(request.tls.cert == "/c");
+  const auto error_of = [](std::vector<std::string> args) {
+    auto r = parse_status_args(args, no_env);
+    REQUIRE(std::holds_alternative<UsageError>(r));
+    return std::get<UsageError>(r).message;
+  };
+  CHECK(error_of({"--rdzv_backend", "etcd-v3", "--rdzv_endpoint", "e1", "--rdzv_conf",
+                  "etcd_user=ann"}) ==
+        "ddprun status --rdzv_conf: etcd_user and etcd_password_file go together (the etcd user "
+        "and a file holding its password)");
+  CHECK(error_of({"--rdzv_endpoint", "h:1", "--rdzv_conf", "etcd_user=ann"}) ==
+        "ddprun status --rdzv_conf: etcd_user is for --rdzv_backend etcd-v3 only");
+  CHECK(error_of({"--rdzv_backend", "etcd-v3", "--rdzv_endpoint", "e1", "--rdzv_conf", "x"}) ==
+        "ddprun status --rdzv_conf: malformed pair 'x'; expected key=value,key2=value2");
+}
