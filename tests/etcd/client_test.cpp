@@ -320,16 +320,10 @@ TEST_CASE("a user and password authenticate and the token goes with every reques
   EtcdCluster cluster;
   INFO(cluster.logs());
   REQUIRE(cluster.wait_ready());
-  for (const auto& args : std::vector<std::vector<std::string>>{
-           {"user", "add", "root:rootpw"},
-           {"user", "add", "ann:annpw"},
-           {"role", "add", "trainer"},
-           {"role", "grant-permission", "trainer", "--prefix=true", "readwrite", "/ddprun/"},
-           {"user", "grant-role", "ann", "trainer"},
-           {"auth", "enable"}}) {
-    auto r = cluster.etcdctl(args);
-    INFO(args[0] << " " << args[1] << ": " << r.out << r.err);
-    REQUIRE(r.exit_code == 0);
+  {
+    auto auth = cluster.enable_auth();
+    INFO(auth.out << auth.err);
+    REQUIRE(auth.exit_code == 0);
   }
   boost::asio::io_context io;
 

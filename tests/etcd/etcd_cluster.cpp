@@ -143,6 +143,24 @@ CommandResult EtcdCluster::etcdctl(const std::vector<std::string>& args) const {
   return run_command(argv, {{"ETCDCTL_API", "3"}}, 30s);
 }
 
+CommandResult EtcdCluster::enable_auth() const {
+  CommandResult r;
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"user", "add", "root:rootpw"},
+           {"user", "add", "ann:annpw"},
+           {"role", "add", "trainer"},
+           {"role", "grant-permission", "trainer", "--prefix=true", "readwrite", "/ddprun/"},
+           {"user", "grant-role", "ann", "trainer"},
+           {"auth", "enable"}}) {
+    r = etcdctl(args);
+    if (r.exit_code != 0) {
+      r.err = args[0] + " " + args[1] + ": " + r.err;
+      return r;
+    }
+  }
+  return r;
+}
+
 int EtcdCluster::leader(std::chrono::milliseconds limit) const {
   const auto until = std::chrono::steady_clock::now() + limit;
   for (int attempt = 0; attempt < 1000 && std::chrono::steady_clock::now() < until; ++attempt) {

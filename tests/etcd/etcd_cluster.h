@@ -63,6 +63,9 @@ class EtcdCluster {
   bool running(int i) const { return processes_[i] != nullptr; }
   /// Runs etcdctl against the cluster with `args`; its stdout, or a failed check.
   CommandResult etcdctl(const std::vector<std::string>& args) const;
+  /// Turns authentication on: user root, and user "ann" (password "annpw") who may read and
+  /// write /ddprun/. The first etcdctl command that failed, or the last one.
+  CommandResult enable_auth() const;
   /// The index of the member that leads now, or -1 when none answers within `limit`.
   int leader(std::chrono::milliseconds limit = std::chrono::seconds(20)) const;
   /// True once every running member answers and one leads, within `limit`.

@@ -55,20 +55,24 @@ std::string job_keys(const EtcdCluster& etcd) {
   return r.out;
 }
 
-/// Turns etcd's authentication on: user root, and user "ann" (password "annpw") who may read
-/// and write /ddprun/.
-void enable_etcd_auth(const EtcdCluster& etcd) {
-  for (const auto& args : std::vector<std::vector<std::string>>{
-           {"user", "add", "root:rootpw"},
-           {"user", "add", "ann:annpw"},
-           {"role", "add", "trainer"},
-           {"role", "grant-permission", "trainer", "--prefix=true", "readwrite", "/ddprun/"},
-           {"user", "grant-role", "ann", "trainer"},
-           {"auth", "enable"}}) {
-    auto r = etcd.etcdctl(args);
-    INFO(args[0] << " " << args[1] << ": " << r.out << r.err);
-    REQUIRE(r.exit_code == 0);
+/// Each node ends with 0, its workers printed "finished" once, in attempt 0, and no restart.
+void check_finished_without_restart(std::vector<std::unique_ptr<Subprocess>>& nodes) {
+  for (auto& node : nodes) {
+    auto r = node->wait(kJobLimit);
+    INFO(r.out << r.err);
+    CHECK(r.exit_code == 0);
+    CHECK(count_of(r.out, "finished") == 1);
+    CHECK(count_of(r.out, "TORCHELASTIC_RESTART_COUNT=0") == 1);
+    CHECK_FALSE(contains(r.err, "restarting workers"));
   }
+}
+
+/// Waits for the cluster, then turns its authentication on (EtcdCluster::enable_auth).
+void ready_with_auth(const EtcdCluster& etcd) {
+  REQUIRE(etcd.wait_ready());
+  auto auth = etcd.enable_auth();
+  INFO(auth.out << auth.err);
+  REQUIRE(auth.exit_code == 0);
 }
 
 /// A password file of mode 600 named `name` in `dir`.
@@ -152,14 +156,7 @@ TEST_CASE("the etcd leader killed while an etcd job trains causes no restart", "
   // Longer than the lease's TTL: the keep-alives must fail over for the nodes to stay.
   std::this_thread::sleep_for(4s);
   std::ofstream(gate) << "go\n";
-  for (auto& node : nodes) {
-    auto r = node->wait(kJobLimit);
-    INFO(r.out << r.err);
-    CHECK(r.exit_code == 0);
-    CHECK(count_of(r.out, "finished") == 1);
-    CHECK(count_of(r.out, "TORCHELASTIC_RESTART_COUNT=0") == 1);
-    CHECK_FALSE(contains(r.err, "restarting workers"));
-  }
+  check_finished_without_restart(nodes);
 }
 
 TEST_CASE("an agent of an etcd job killed with SIGKILL leaves survivors that re-form",
@@ -286,14 +283,7 @@ TEST_CASE("an etcd follower paused while a round forms and while the job trains 
   REQUIRE(etcd.wait_ready());
   for (const auto& [rank, pid] : read_pids(pids)) CHECK(process_alive(pid));
   std::ofstream(gate) << "go\n";
-  for (auto& node : nodes) {
-    auto r = node->wait(kJobLimit);
-    INFO(r.out << r.err);
-    CHECK(r.exit_code == 0);
-    CHECK(count_of(r.out, "finished") == 1);
-    CHECK(count_of(r.out, "TORCHELASTIC_RESTART_COUNT=0") == 1);
-    CHECK_FALSE(contains(r.err, "restarting workers"));
-  }
+  check_finished_without_restart(nodes);
 }
 
 TEST_CASE("every etcd member down for a while leaves an etcd job training until etcd is back",
@@ -329,14 +319,7 @@ TEST_CASE("every etcd member down for a while leaves an etcd job training until 
       30s));
   for (const auto& [rank, pid] : read_pids(pids)) CHECK(process_alive(pid));
   std::ofstream(gate) << "go\n";
-  for (auto& node : nodes) {
-    auto r = node->wait(kJobLimit);
-    INFO(r.out << r.err);
-    CHECK(r.exit_code == 0);
-    CHECK(count_of(r.out, "finished") == 1);
-    CHECK(count_of(r.out, "TORCHELASTIC_RESTART_COUNT=0") == 1);
-    CHECK_FALSE(contains(r.err, "restarting workers"));
-  }
+  check_finished_without_restart(nodes);
 }
 
 TEST_CASE("ddprun status reads a running etcd job's nodes and ranks from etcd", "[etcd][rdzv]") {
@@ -372,8 +355,7 @@ TEST_CASE("ddprun status reads a running etcd job's nodes and ranks from etcd", 
 TEST_CASE("agents log in to an etcd with authentication with etcd_user and etcd_password_file",
           "[etcd][rdzv]") {
   EtcdCluster etcd;
-  REQUIRE(etcd.wait_ready());
-  enable_etcd_auth(etcd);
+  ready_with_auth(etcd);
   TempDir dir;
   const std::string good = password_file(dir, "good", "annpw");
   std::vector<std::unique_ptr<Subprocess>> nodes;
@@ -403,8 +385,7 @@ TEST_CASE("agents log in to an etcd with authentication with etcd_user and etcd_
 
 TEST_CASE("ddprun status logs in to an etcd with authentication as the agents do", "[etcd][rdzv]") {
   EtcdCluster etcd;
-  REQUIRE(etcd.wait_ready());
-  enable_etcd_auth(etcd);
+  ready_with_auth(etcd);
   TempDir dir;
   const std::string login =
       ",etcd_user=ann,etcd_password_file=" + password_file(dir, "good", "annpw");
