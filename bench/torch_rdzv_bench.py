@@ -8,9 +8,15 @@ ddprun-rdzvd does for ddprun-rdzv-bench. As there: N-1 agents call next_rendezvo
 once the shared state lists N-1 participants, the N-th agent calls next_rendezvous(), and the
 figure is the time from that call until every agent's call has returned its rank.
 
+With --backend etcd-v2 the handlers are torch's etcd-v2 backend instead (Debian's
+python3-etcd, etcd's v2 API), against a three-member etcd that this script starts on 127.0.0.1
+with --enable-v2 (50 ms heartbeats, 500 ms elections, as ddprun's etcd benchmark), every handler
+talking to the first member.
+
 Prints one JSON object per repetition on stdout. Run with Debian's /usr/bin/python3.
 
     /usr/bin/python3 bench/torch_rdzv_bench.py --nodes 64 --reps 3
+    /usr/bin/python3 bench/torch_rdzv_bench.py --backend etcd-v2 --nodes 8 --reps 3
 """
 
 import argparse
@@ -18,9 +24,11 @@ import json
 import os
 import pickle
 import signal
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -67,7 +75,43 @@ def stop_store(proc):
             proc.wait()
 
 
-def one_round(n, port, run_id, timeout_s):
+def start_etcd_v2(directory):
+    """A three-member etcd with the v2 API on 127.0.0.1; its processes and the first client
+    port. The caller ends them with stop_etcd."""
+    client = [free_port() for _ in range(3)]
+    peer = [free_port() for _ in range(3)]
+    cluster = ",".join(f"m{i}=http://127.0.0.1:{peer[i]}" for i in range(3))
+    procs = []
+    for i in range(3):
+        url = f"http://127.0.0.1:{client[i]}"
+        procs.append(subprocess.Popen(
+            ["etcd", "--name", f"m{i}", "--data-dir", os.path.join(directory, f"m{i}"),
+             "--enable-v2", "--listen-client-urls", url, "--advertise-client-urls", url,
+             "--listen-peer-urls", f"http://127.0.0.1:{peer[i]}",
+             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer[i]}",
+             "--initial-cluster", cluster, "--initial-cluster-state", "new",
+             "--initial-cluster-token", f"torch-bench-{os.getpid()}",
+             "--heartbeat-interval", "50", "--election-timeout", "500"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    import etcd as python_etcd
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            python_etcd.Client(host="127.0.0.1", port=client[0]).write("/torch-bench-ready", "1")
+            return procs, client[0]
+        except Exception:  # not up yet: a bounded wait
+            time.sleep(0.1)
+    stop_etcd(procs)
+    raise RuntimeError("etcd (--enable-v2) did not start within 30 s")
+
+
+def stop_etcd(procs):
+    for proc in procs:
+        stop_store(proc)
+
+
+def one_round(n, port, run_id, timeout_s, backend="c10d"):
     from datetime import timedelta
 
     from torch.distributed import TCPStore
@@ -76,11 +120,13 @@ def one_round(n, port, run_id, timeout_s):
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import \
         C10dRendezvousBackend
 
-    def make_handler():
-        params = RendezvousParameters(
-            backend="c10d", endpoint=f"127.0.0.1:{port}", run_id=run_id, min_nodes=n,
+    def params():
+        return RendezvousParameters(
+            backend=backend, endpoint=f"127.0.0.1:{port}", run_id=run_id, min_nodes=n,
             max_nodes=n, is_host=False, join_timeout=str(int(timeout_s)), read_timeout="300")
-        return rendezvous_handler_registry.create_handler(params)
+
+    def make_handler():
+        return rendezvous_handler_registry.create_handler(params())
 
     # Handlers (and their store connections) are made before the clock starts, as a torchrun
     # agent makes its handler at start-up.
@@ -104,14 +150,19 @@ def one_round(n, port, run_id, timeout_s):
                 finished.set()
 
     # Reads the shared state the way every handler does: the participants of the round.
-    observer = C10dRendezvousBackend(
-        TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=300)), run_id)
+    if backend == "etcd-v2":
+        from torch.distributed.elastic.rendezvous.etcd_rendezvous_backend import create_backend
+
+        observer, _ = create_backend(params())
+    else:
+        observer = C10dRendezvousBackend(
+            TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=300)), run_id)
 
     def participants():
         got = observer.get_state()
         return 0 if got is None else len(pickle.loads(got[0]).participants)
 
-    out = {"n": n, "run_id": run_id, "handler_setup_s": setup_s}
+    out = {"n": n, "backend": backend, "run_id": run_id, "handler_setup_s": setup_s}
     first_join_at = time.monotonic()
     threads = [threading.Thread(target=agent, args=(i,), daemon=True) for i in range(n)]
     for t in threads[:-1]:
@@ -152,6 +203,8 @@ def main():
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=120,
                     help="give up on a round after this many seconds (default 120)")
+    ap.add_argument("--backend", choices=["c10d", "etcd-v2"], default="c10d",
+                    help="torch's rendezvous backend (default c10d)")
     ap.add_argument("--serve-store", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_store:
@@ -160,18 +213,28 @@ def main():
     import torch
 
     rc = 0
+    etcd_dir = tempfile.mkdtemp(prefix="torch-rdzv-bench-") if args.backend == "etcd-v2" else None
+    etcd_procs, etcd_port = start_etcd_v2(etcd_dir) if etcd_dir else ([], 0)
     for rep in range(args.reps):
-        # A fresh store per repetition: its state and connections do not carry over.
-        proc, port = start_store()
-        try:
-            out = one_round(args.nodes, port, f"torch-bench-{os.getpid()}-{rep}", args.timeout)
-        finally:
-            stop_store(proc)
+        run_id = f"torch-bench-{os.getpid()}-{rep}"
+        if args.backend == "etcd-v2":
+            # One etcd for every repetition; each round has its own run id.
+            out = one_round(args.nodes, etcd_port, run_id, args.timeout, "etcd-v2")
+        else:
+            # A fresh store per repetition: its state and connections do not carry over.
+            proc, port = start_store()
+            try:
+                out = one_round(args.nodes, port, run_id, args.timeout)
+            finally:
+                stop_store(proc)
         out["torch"] = torch.__version__
         print(json.dumps(out), flush=True)
         if "error" in out or not out.get("ranks_ok"):
             rc = 1
             break
+    stop_etcd(etcd_procs)
+    if etcd_dir:
+        shutil.rmtree(etcd_dir, ignore_errors=True)
     # Agent threads (and torch's keep-alive timers) may still run after a failed round.
     sys.stdout.flush()
     os._exit(rc)

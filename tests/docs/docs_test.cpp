@@ -327,8 +327,9 @@ const std::set<std::string> kForeignFlags = {
     "--now", "--no-install-recommends",
     // usage.md's "--flag value" and the stand-ins' own arguments
     "--flag", "--lr", "--epochs",
-    // etcd and etcdctl (operations.md#the-rendezvous-on-etcd), etcd_rdzv_bench (benchmarks.md)
-    "--enable-v2", "--endpoints", "--rdzvd", "--timeout"};
+    // etcd and etcdctl (operations.md#the-rendezvous-on-etcd), etcd_rdzv_bench and
+    // bench/torch_rdzv_bench.py --backend etcd-v2 (benchmarks.md)
+    "--enable-v2", "--endpoints", "--rdzvd", "--timeout", "--backend"};
 
 /// The man pages, relative to the source root.
 const std::vector<const char*> kManPages = {"docs/ddprun.1", "docs/ddprun-rdzvd.1",
