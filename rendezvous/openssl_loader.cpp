@@ -11,7 +11,6 @@
 #include <openssl/x509.h>
 #include <openssl/x509_vfy.h>
 
-#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -30,8 +29,6 @@ struct Loaded {
   std::string error;  ///< dlerror()'s text when the load failed
 };
 
-std::atomic<bool> g_loaded{false};
-
 const Loaded& loaded() {
   static const Loaded library = [] {
     Loaded l;
@@ -39,8 +36,6 @@ const Loaded& loaded() {
     if (l.handle == nullptr) {
       const char* why = ::dlerror();
       l.error = why ? why : "unknown error";
-    } else {
-      g_loaded.store(true);
     }
     return l;
   }();
@@ -77,8 +72,6 @@ std::optional<common::Error> load_openssl(const std::string& what) {
   if (library.handle == nullptr) return common::Error{failure(what, library.error)};
   return std::nullopt;
 }
-
-bool openssl_loaded() { return g_loaded.load(); }
 
 }  // namespace ddprun::rdzv
 

@@ -17,7 +17,4 @@ namespace ddprun::rdzv {
 /// needs it and the package to install; `what` says what needs it (e.g. "--rdzv_conf tls_ca").
 std::optional<common::Error> load_openssl(const std::string& what);
 
-/// Whether OpenSSL is loaded in this process (tests; `ddprun --version`-style diagnostics).
-bool openssl_loaded();
-
 }  // namespace ddprun::rdzv
