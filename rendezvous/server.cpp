@@ -139,6 +139,7 @@ void RendezvousServer::on_accepted(tcp::socket socket) {
   conn->set_input_budget(&input_budget_);
   conn->set_write_limit(kSessionWriteLimit);
   Session& session = sessions_[id];
+  session.id = id;
   session.conn = conn;
   session.handshake.emplace(secret_, secret_ ? make_nonce() : std::string());
   session.opened_at = session.progress_at = clock_.now();
@@ -280,7 +281,16 @@ void RendezvousServer::refuse(Session& session, const std::string& message, Refu
   if (metrics_) metrics_->refused(kind);
   warn_peer(session.conn->peer(), message);
   session.conn->send(to_json(ServerMessage{Refused{kind, message}}));
-  session.conn->close_after_writes();
+  close_after_writes(session);
+}
+
+void RendezvousServer::close_after_writes(Session& session) {
+  // The connection's close handler does not run for a close this side asked for, so the
+  // session is forgotten here once its last frame is out (or the connection ended otherwise):
+  // a refused stranger, or a node done with its job, must not hold memory after its socket.
+  session.conn->close_after_writes([this, id = session.id, alive = std::weak_ptr<bool>(alive_)] {
+    if (alive.lock() && !stopped_) on_closed(id, "");
+  });
 }
 
 void RendezvousServer::on_message(std::uint64_t id, const json& body) {
@@ -395,7 +405,7 @@ void RendezvousServer::deliver(const std::string& run_id, const Outgoing& out) {
   if (out.close_after) {
     // The node is done with this job: its disconnect is no longer news.
     routes_.erase(route);
-    session->second.conn->close_after_writes();
+    close_after_writes(session->second);
   }
 }
 

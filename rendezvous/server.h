@@ -79,6 +79,7 @@ class RendezvousServer {
 
  private:
   struct Session {
+    std::uint64_t id = 0;  ///< its key in sessions_
     std::shared_ptr<FramedConnection> conn;
     std::optional<ServerHandshake> handshake;  ///< until the hello (and proof) is done
     bool greeted = false;
@@ -108,6 +109,8 @@ class RendezvousServer {
   void on_closed(std::uint64_t id, const std::string& why);
   void refuse(Session& session, const std::string& message,
               RefusalKind kind = RefusalKind::Protocol);
+  /// Ends the session once its queued frames are written, and then forgets it.
+  void close_after_writes(Session& session);
   void apply(const std::string& run_id, const Event& event);
   void deliver(const std::string& run_id, const Outgoing& out);
   void arm_timer();

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <fstream>
 
+#include "rendezvous/protocol.h"
 #include "tests/integration/rdzv_fixtures.h"
 #include "tests/metrics/http_client.h"
 #include "tests/support/raw_peer.h"
@@ -103,6 +104,57 @@ TEST_CASE("a node killed mid-round counts as a lost node on the daemon", "[metri
   CHECK(sample(text, "ddprun_rdzv_restarts_total") == 1);
   nodes[0]->send(SIGTERM);
   nodes[0]->wait(kJobLimit);
+}
+
+TEST_CASE("refused strangers and the nodes of finished jobs leave no connection on the daemon",
+          "[metrics][integration][security]") {
+  TempDir dir;
+  const std::string secret = secret_file(dir, "secret", "s3cret-0123456789abcdef");
+  const int daemon_metrics = free_port();
+  Daemon daemon({"--secret_file", secret, "--metrics_port", std::to_string(daemon_metrics)});
+  // 300 strangers without the secret: each says hello, is refused, and the server closes.
+  for (int i = 0; i < 300; ++i) {
+    RawPeer stranger(daemon.port);
+    stranger.reset_on_close();
+    stranger.send_json(ddprun::rdzv::make_hello("agent"));
+    auto refused = stranger.read_frame(10s);
+    REQUIRE(refused);
+    REQUIRE((*refused)["type"] == "refused");
+    REQUIRE(stranger.closed_by_server(10s));
+  }
+  // Each refused connection's session is gone with its socket (they used to stay for good).
+  std::string text;
+  CHECK(wait_until(
+      [&] {
+        text = http_get(daemon_metrics, "/metrics").body;
+        return sample(text, "ddprun_rdzv_connections") == 0;
+      },
+      10s));
+  INFO(text);
+  CHECK(sample(text, "ddprun_rdzv_authentication_failures_total") == 300);
+
+  // Two jobs of two nodes each run to the end: none of their four connections stays.
+  for (const std::string job : {"a", "b"}) {
+    std::vector<std::unique_ptr<Subprocess>> nodes;
+    for (int i = 0; i < 2; ++i)
+      nodes.push_back(std::make_unique<Subprocess>(ddprun_fake(
+          {"--nnodes", "2", "--nproc_per_node", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint",
+           "127.0.0.1:" + std::to_string(daemon.port), "--rdzv_id", job, "--local_addr",
+           loopback_node_addr(i), "--rdzv_conf", kFastRdzvConf + ",secret_file=" + secret},
+          {"exit=0"})));
+    for (auto& node : nodes) {
+      const auto r = node->wait(kJobLimit);
+      INFO(r.out << r.err);
+      CHECK(r.exit_code == 0);
+    }
+  }
+  CHECK(wait_until(
+      [&] {
+        text = http_get(daemon_metrics, "/metrics").body;
+        return sample(text, "ddprun_rdzv_connections") == 0;
+      },
+      10s));
+  CHECK(sample(text, "ddprun_rdzv_connections") == 0);
 }
 
 TEST_CASE("the daemon's metrics port survives garbage and a silent client",
