@@ -52,6 +52,9 @@ struct StoreLimits {
   std::size_t max_connections = 4096;                 ///< open at once, all clients together
   /// Replies queued for one connection that does not read them.
   std::size_t max_queued_reply_bytes = 256 * 1024 * 1024;
+  /// Replies queued for all connections together, each counted for every connection it waits
+  /// for: over it, the connections holding the most are closed until it is met again.
+  std::size_t max_total_queued_reply_bytes = 512 * 1024 * 1024;
 };
 
 /// One decoded request: the fields each op uses, in wire order.
@@ -74,6 +77,10 @@ struct Decoded {
   Request request;       ///< set when Complete
   std::size_t used = 0;  ///< bytes the request took, when Complete
   std::string error;     ///< names the bad field, when Bad
+  /// When NeedMore: decoding cannot progress before the input holds this many bytes (the end
+  /// of the field it stopped in), so a caller feeding a big request in pieces decodes it again
+  /// only when a piece completes a field, not at every read.
+  std::size_t need = 0;
 };
 
 /// The validation magic of the 2.x dialect (`00 CE F7 85 3C` opens every 2.x connection).
@@ -90,7 +97,8 @@ struct Detected {
 /// VALIDATE and its magic; a 1.13 client with an opcode, where SET is 0 and a key length follows.
 Detected detect_dialect(std::string_view bytes);
 
-/// Decodes the first request in `bytes` in `dialect`.
+/// Decodes the first request in `bytes` in `dialect`. Linear in the request's size: an
+/// unfinished request is only measured (its length fields walked, nothing copied).
 Decoded decode_request(Dialect dialect, std::string_view bytes, const StoreLimits& limits);
 
 /// Reply encoders: the same layouts in both dialects.

@@ -76,6 +76,7 @@ void StoreServer::shutdown() {
   for (auto& [id, session] : sessions_) session->socket.close(ec);
   // The handlers still queued find their session gone (or stopped_) and return.
   sessions_.clear();
+  queued_total_ = 0;
 }
 
 void StoreServer::on_accepted(tcp::socket socket) {
@@ -93,7 +94,7 @@ void StoreServer::on_accepted(tcp::socket socket) {
   full_logged_ = false;
   close_on_exec(socket.native_handle());
   socket.set_option(tcp::no_delay(true), ignored);
-  auto session = std::make_shared<Session>(Session{std::move(socket), {}, {}, {}, {}, 0, {}});
+  auto session = std::make_shared<Session>(std::move(socket));
   auto remote = session->socket.remote_endpoint(ignored);
   session->peer = ignored ? std::string("?")
                           : remote.address().to_string() + ":" + std::to_string(remote.port());
@@ -120,24 +121,36 @@ void StoreServer::read_next(ConnId id) {
 }
 
 void StoreServer::consume(ConnId id) {
+  // Requests are taken from the front of the input at `done`; what they used is erased once,
+  // at the end, so many small requests in one read cost one move of the rest, not one each.
+  std::size_t done = 0;
+  // Session::need counts from the start of what is kept: it is set only by the request at
+  // `done`, and cleared by every request that completes.
+  auto keep_rest = [&](Session& s) { s.input.erase(0, done); };
   for (;;) {
     auto it = sessions_.find(id);
     if (it == sessions_.end()) return;
     Session& s = *it->second;
-    std::string_view input(s.input);
+    std::string_view input = std::string_view(s.input).substr(done);
     if (!s.dialect) {
       const Detected d = detect_dialect(input);
-      if (d.status == DecodeStatus::NeedMore) return;
+      if (d.status == DecodeStatus::NeedMore) return keep_rest(s);
       s.dialect = d.dialect;
-      s.input.erase(0, d.used);
+      done += d.used;
       spdlog::debug("store: {} speaks the torch {} dialect", s.peer,
                     d.dialect == Dialect::V2 ? "2.x" : "1.13");
       continue;
     }
+    // A request still arriving is decoded again only once the field it stopped in is whole.
+    if (input.size() < s.need) return keep_rest(s);
     const Decoded decoded = decode_request(*s.dialect, input, limits_);
-    if (decoded.status == DecodeStatus::NeedMore) return;
+    if (decoded.status == DecodeStatus::NeedMore) {
+      s.need = decoded.need;
+      return keep_rest(s);
+    }
     if (decoded.status == DecodeStatus::Bad) return close(id, decoded.error);
-    s.input.erase(0, decoded.used);
+    done += decoded.used;
+    s.need = 0;
     const Effects effects = state_.apply(id, decoded.request);
     deliver(effects, id);
     if (effects.close)
@@ -149,30 +162,49 @@ void StoreServer::deliver(const Effects& effects, ConnId) {
   for (const auto& [to, bytes] : effects.sends) send(to, bytes);
 }
 
-void StoreServer::send(ConnId id, std::string bytes) {
+void StoreServer::send(ConnId id, SharedBytes bytes) {
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return;
   Session& s = *it->second;
-  s.queued_bytes += bytes.size();
-  if (s.queued_bytes > limits_.max_queued_reply_bytes)
+  if (s.queued_bytes + bytes->size() > limits_.max_queued_reply_bytes)
     return close(id, "more than " + std::to_string(limits_.max_queued_reply_bytes) +
                          " bytes of replies wait for it to read them");
+  s.queued_bytes += bytes->size();
+  queued_total_ += bytes->size();
   s.output.push_back(std::move(bytes));
   if (s.output.size() == 1) write_next(id);
+  if (queued_total_ > limits_.max_total_queued_reply_bytes) shed_largest_queues();
+}
+
+void StoreServer::shed_largest_queues() {
+  // Bounded: each pass closes one connection that holds queued replies.
+  while (queued_total_ > limits_.max_total_queued_reply_bytes) {
+    auto largest = sessions_.end();
+    for (auto it = sessions_.begin(); it != sessions_.end(); ++it)
+      if (largest == sessions_.end() || it->second->queued_bytes > largest->second->queued_bytes)
+        largest = it;
+    if (largest == sessions_.end() || largest->second->queued_bytes == 0) return;
+    close(largest->first,
+          std::to_string(largest->second->queued_bytes) +
+              " bytes of replies wait for it to read them, the most of any connection, and "
+              "all connections' replies went over the store's limit of " +
+              std::to_string(limits_.max_total_queued_reply_bytes) + " bytes");
+  }
 }
 
 void StoreServer::write_next(ConnId id) {
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return;
   Session& s = *it->second;
-  asio::async_write(s.socket, asio::buffer(s.output.front()),
+  asio::async_write(s.socket, asio::buffer(*s.output.front()),
                     [this, id, keep = it->second](error_code ec, std::size_t) {
                       if (stopped_) return;
                       auto it = sessions_.find(id);
                       if (it == sessions_.end()) return;
                       if (ec) return close(id, "");
                       Session& s = *it->second;
-                      s.queued_bytes -= s.output.front().size();
+                      s.queued_bytes -= s.output.front()->size();
+                      queued_total_ -= s.output.front()->size();
                       s.output.pop_front();
                       if (!s.output.empty()) write_next(id);
                     });
@@ -185,6 +217,7 @@ void StoreServer::close(ConnId id, const std::string& why) {
     spdlog::warn("store: closing the connection from {}: {}", it->second->peer, why);
   error_code ignored;
   it->second->socket.close(ignored);
+  queued_total_ -= it->second->queued_bytes;
   // The socket's pending handlers keep the session's buffers; they find its id gone.
   sessions_.erase(it);
   state_.disconnect(id);

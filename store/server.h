@@ -51,13 +51,18 @@ class StoreServer {
   /// Open connections.
   std::size_t connections() const { return sessions_.size(); }
 
+  /// Bytes of replies queued for all connections (StoreLimits::max_total_queued_reply_bytes).
+  std::size_t queued_bytes() const { return queued_total_; }
+
  private:
   struct Session {
+    explicit Session(boost::asio::ip::tcp::socket s) : socket(std::move(s)) {}
     boost::asio::ip::tcp::socket socket;
     std::string peer;
     std::optional<Dialect> dialect;
     std::string input;               ///< bytes read, not yet a whole request
-    std::deque<std::string> output;  ///< replies queued; the front one is being written
+    std::size_t need = 0;            ///< input's size before decoding can progress
+    std::deque<SharedBytes> output;  ///< replies queued; the front one is being written
     std::size_t queued_bytes = 0;
     std::array<char, 64 * 1024> buffer{};
   };
@@ -67,7 +72,9 @@ class StoreServer {
   /// Decodes and applies every whole request in the session's input.
   void consume(ConnId id);
   void deliver(const Effects& effects, ConnId from);
-  void send(ConnId id, std::string bytes);
+  void send(ConnId id, SharedBytes bytes);
+  /// Over the total reply budget: closes the connections holding the most queued replies.
+  void shed_largest_queues();
   void write_next(ConnId id);
   void close(ConnId id, const std::string& why);
 
@@ -79,6 +86,7 @@ class StoreServer {
   /// Shared with the socket's pending handlers, which keep its buffers alive after a close.
   std::map<ConnId, std::shared_ptr<Session>> sessions_;
   ConnId next_id_ = 1;
+  std::size_t queued_total_ = 0;  ///< Session::queued_bytes, summed
   int port_ = 0;
   bool stopped_ = false;
   bool full_logged_ = false;

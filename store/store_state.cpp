@@ -25,7 +25,7 @@ std::optional<std::int64_t> parse_counter(const std::string& text) {
 
 Effects StoreState::apply(ConnId conn, const Request& q) {
   Effects out;
-  auto reply = [&out, conn](std::string bytes) { out.sends.emplace_back(conn, std::move(bytes)); };
+  auto reply = [&out, conn](std::string bytes) { out.send(conn, std::move(bytes)); };
   switch (q.op) {
     case Op::Validate:
       break;  // no reply: the 2.x client does not read one
@@ -108,10 +108,11 @@ Effects StoreState::apply(ConnId conn, const Request& q) {
       if (found) {
         const std::string old_value = it->second;
         erase_key(it);
-        if (auto w = watchers_.find(q.keys[0]); w != watchers_.end())
-          for (ConnId c : w->second)
-            out.sends.emplace_back(
-                c, encode_watch_push(WatchEvent::Deleted, q.keys[0], old_value, ""));
+        if (auto w = watchers_.find(q.keys[0]); w != watchers_.end()) {
+          const SharedBytes push = std::make_shared<const std::string>(
+              encode_watch_push(WatchEvent::Deleted, q.keys[0], old_value, ""));
+          for (ConnId c : w->second) out.sends.emplace_back(c, push);
+        }
       }
       reply(encode_i64(found ? 1 : 0));
       break;
@@ -226,8 +227,9 @@ void StoreState::changed(const std::string& key, const std::optional<std::string
   auto w = watchers_.find(key);
   if (w == watchers_.end()) return;
   const WatchEvent event = old_value ? WatchEvent::Updated : WatchEvent::Created;
-  const std::string push =
-      encode_watch_push(event, key, old_value.value_or(std::string()), data_.at(key));
+  // One buffer for every watcher (a big value pushed to many watchers is held once).
+  const SharedBytes push = std::make_shared<const std::string>(
+      encode_watch_push(event, key, old_value.value_or(std::string()), data_.at(key)));
   for (ConnId c : w->second) out.sends.emplace_back(c, push);
 }
 
@@ -243,7 +245,7 @@ void StoreState::wake(const std::string& key, Effects& out) {
     if (!p->second.empty()) continue;
     // The last missing key of c's WAIT appeared: it stops waiting.
     pending_.erase(p);
-    out.sends.emplace_back(c, encode_u8(kStopWaiting));
+    out.send(c, encode_u8(kStopWaiting));
   }
 }
 

@@ -2,6 +2,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -17,11 +18,20 @@ namespace ddprun::store {
 /// A connection, named by the server.
 using ConnId = std::uint64_t;
 
+/// Bytes to write to a connection, shared: a watch push goes to every watcher of a key as one
+/// buffer, so N watchers of a big value cost one copy of it, not N.
+using SharedBytes = std::shared_ptr<const std::string>;
+
 /// What one request or disconnect leads to.
 struct Effects {
   /// Bytes to write, in order, each to its connection (the requester's reply, a waiter woken,
   /// a watcher's push).
-  std::vector<std::pair<ConnId, std::string>> sends;
+  std::vector<std::pair<ConnId, SharedBytes>> sends;
+
+  /// Queues `bytes` for `conn`.
+  void send(ConnId conn, std::string bytes) {
+    sends.emplace_back(conn, std::make_shared<const std::string>(std::move(bytes)));
+  }
   /// Set when the requesting connection must be closed, with why (the request was invalid).
   std::optional<std::string> close;
 };

@@ -82,6 +82,33 @@ TEST_CASE("a request split at every byte needs more until its last byte", "[stor
   CHECK(r.request == wait);
 }
 
+TEST_CASE("an unfinished request says how many bytes complete the field it stopped in",
+          "[store][unit]") {
+  // A MULTI_SET of two keys, the second value 1 MiB: fed only when a field is whole, it is
+  // decoded eleven times, not once per 64 KiB read.
+  const Request set{Op::MultiSet, {"/a", "/b"}, {"x", std::string(1 << 20, 'v')}, 0, 0};
+  const std::string bytes = encode_request(Dialect::Legacy, set);
+  std::size_t have = 0;
+  int passes = 0;
+  Decoded r;
+  while (passes < 100) {
+    ++passes;
+    r = decode(Dialect::Legacy, bytes.substr(0, have));
+    if (r.status != DecodeStatus::NeedMore) break;
+    REQUIRE(r.need > have);  // never asks for what it has
+    REQUIRE(r.need <= bytes.size());
+    // One byte short of the need is still not enough.
+    CHECK(decode(Dialect::Legacy, bytes.substr(0, r.need - 1)).status == DecodeStatus::NeedMore);
+    have = r.need;
+  }
+  REQUIRE(r.status == DecodeStatus::Complete);
+  CHECK(r.request == set);
+  CHECK(r.used == bytes.size());
+  // Opcode, count, 2 x (key length, key, value length, value): each need ends one field; then
+  // the pass that completes the request.
+  CHECK(passes == 1 + 1 + 4 * 2 + 1);
+}
+
 TEST_CASE("every op round-trips through its encoder in both dialects", "[store][unit]") {
   const std::vector<Request> both = {
       {Op::Set, {"/k"}, {"v"}, 0, 0},

@@ -1,6 +1,7 @@
 #include "store/store_state.h"
 
 #include <catch2/catch.hpp>
+#include <set>
 #include <string>
 
 using namespace ddprun::store;
@@ -16,7 +17,7 @@ Request req(Op op, std::vector<std::string> keys = {}, std::vector<std::string> 
 std::string to(const Effects& e, ConnId conn) {
   std::string out;
   for (const auto& [c, bytes] : e.sends)
-    if (c == conn) out += bytes;
+    if (c == conn) out += *bytes;
   return out;
 }
 
@@ -102,6 +103,24 @@ TEST_CASE("a 1.13 watcher gets created updated and deleted pushes", "[store][uni
         encode_watch_push(WatchEvent::Deleted, "/wk", "b", ""));
   s.disconnect(9);
   CHECK(to(s.apply(1, req(Op::Set, {"/wk"}, {"c"})), 9).empty());
+}
+
+TEST_CASE("a change pushed to forty watchers is held once, not forty times", "[store][unit]") {
+  StoreState s;
+  for (ConnId w = 10; w < 50; ++w) s.apply(w, req(Op::WatchKey, {"/big"}));
+  const std::string value(1 << 20, 'v');
+  for (const Op op : {Op::Set, Op::Set, Op::DeleteKey}) {
+    const Effects e = s.apply(1, op == Op::Set ? req(op, {"/big"}, {value}) : req(op, {"/big"}));
+    std::set<const std::string*> buffers;
+    std::size_t pushes = 0;
+    for (const auto& [c, bytes] : e.sends) {
+      if (c < 10) continue;
+      ++pushes;
+      buffers.insert(bytes.get());
+    }
+    CHECK(pushes == 40);
+    CHECK(buffers.size() == 1);  // one buffer, shared by the forty sends
+  }
 }
 
 TEST_CASE("cancel_wait always answers 1 and a cancelled wait is never answered", "[store][unit]") {
