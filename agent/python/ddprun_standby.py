@@ -97,21 +97,148 @@ def _listdir(path):
         return []
 
 
-def preload(names, local_dir):
-    """Imports what can be imported from installed locations; anything else is left to the
-    script, which then imports it as a fresh interpreter would."""
-    import importlib
+# Variables a worker gets that its standby (or the zygote) has not, or has with another value:
+# agent/worker_env.cpp's build_worker_env, plus LOCAL_RANK and CUDA_VISIBLE_DEVICES, which differ
+# between ranks (the zygote has rank 0's). tests/unit/agent/worker_env_test.cpp checks this list
+# against what build_worker_env sets.
+WORKER_VARIABLES = frozenset({
+    "RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "GROUP_WORLD_SIZE",
+    "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE", "DDPRUN_AGENT_SOCKET",
+    "DDPRUN_CHECKPOINT_REQUESTED", "CUDA_VISIBLE_DEVICES",
+})
+
+
+def installed_roots():
+    """The directories Python installs into (the standard library, site-packages and
+    dist-packages, the user's site-packages), resolved: only modules found there are
+    pre-imported. The script's own directory, the current directory and PYTHONPATH hold the
+    user's own code, which a fresh worker imports with its own environment."""
+    import site
+    import sysconfig
+
+    roots = set()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        try:
+            roots.add(sysconfig.get_path(key))
+        except KeyError:
+            pass
+    try:
+        roots.update(site.getsitepackages())
+    except AttributeError:  # an old virtualenv's site module
+        pass
+    if site.ENABLE_USER_SITE:
+        roots.add(site.getusersitepackages())
+    return tuple(os.path.realpath(r) + os.sep for r in roots if r)
+
+
+def is_installed(name, roots):
+    """True when the top-level package or module `name` would be loaded from under `roots`."""
     import importlib.util
 
-    for name in names:
-        if not name or is_local(name, local_dir):
-            continue
-        try:
-            if importlib.util.find_spec(name.split(".")[0]) is None:
+    spec = importlib.util.find_spec(name.split(".")[0])
+    if spec is None:
+        return False
+    places = list(spec.submodule_search_locations or [])
+    if spec.origin and spec.origin not in ("built-in", "frozen"):
+        places.append(spec.origin)
+    elif not places:
+        return True  # built into the interpreter
+    return all(os.path.realpath(p).startswith(roots) for p in places)
+
+
+class _TracedEnviron(os._Environ):
+    """os.environ while the zygote pre-imports: notes which variables are read (iterating the
+    environment reads them all). Assigned as os.environ's class, so `from os import environ`
+    and os.getenv see the same object."""
+
+    read = set()
+    everything = False
+
+    def __getitem__(self, key):
+        _TracedEnviron.read.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key):
+        _TracedEnviron.read.add(key)
+        return super().__contains__(key)
+
+    def __iter__(self):
+        _TracedEnviron.everything = True
+        return super().__iter__()
+
+
+def _numpy_random_state():
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is None:
+        return None
+    try:
+        kind, keys, pos, has_gauss, gauss = numpy_random.get_state()
+        return (kind, keys.tobytes(), pos, has_gauss, gauss)
+    except Exception:  # noqa: BLE001 - an unusual numpy: nothing to compare
+        return None
+
+
+def import_if_safe(name):
+    """Imports `name` and keeps it only if nothing it imported observed what a fresh worker sees
+    differently: a worker variable (WORKER_VARIABLES, or the whole environment iterated) or the
+    random state (a number drawn from `random` or numpy's global generator would be the same in
+    every rank forked from here). Otherwise every module the import added is forgotten again, and
+    the script imports it afresh as the worker, as a fresh interpreter would. Returns why not, or
+    None."""
+    import importlib
+    import random
+
+    before = set(sys.modules)
+    random_state = random.getstate()
+    numpy_state = _numpy_random_state()
+    _TracedEnviron.read = set()
+    _TracedEnviron.everything = False
+    environ_class = os.environ.__class__
+    os.environ.__class__ = _TracedEnviron
+    try:
+        importlib.import_module(name)
+        why = None
+    except Exception:  # noqa: BLE001 - the script will meet the same error itself
+        why = "its import failed"
+    finally:
+        os.environ.__class__ = environ_class
+    if why is None:
+        seen = sorted(_TracedEnviron.read & WORKER_VARIABLES)
+        if _TracedEnviron.everything:
+            why = "it read the whole environment"
+        elif seen:
+            why = "it read " + ", ".join(seen)
+        elif random.getstate() != random_state or (
+                numpy_state is not None and _numpy_random_state() != numpy_state):
+            why = "it drew random numbers"
+    if why is not None:
+        for added in set(sys.modules) - before:
+            del sys.modules[added]
+        random.setstate(random_state)
+    return why
+
+
+def preload(names, local_dir, argv):
+    """Imports what is safe to share between ranks: installed modules (installed_roots) that
+    observe nothing a fresh worker sees differently (import_if_safe), with sys.argv already the
+    script's. Anything else is left to the script, which then imports it as a fresh interpreter
+    would (docs/design.md#python-standbys says how to extend this)."""
+    roots = installed_roots()
+    saved_argv = sys.argv
+    sys.argv = argv
+    try:
+        for name in names:
+            if not name or is_local(name, local_dir):
                 continue
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - the script will meet the same error itself
-            pass
+            try:
+                if not is_installed(name, roots):
+                    continue
+            except (ImportError, ValueError):
+                continue
+            import_if_safe(name)
+    finally:
+        sys.argv = saved_argv
 
 
 def serve_forks(control_fd):
@@ -366,7 +493,9 @@ def main():
         names += top_level_imports(os.path.join(local_dir, *target.split(".")) + ".py")
     else:
         names += top_level_imports(target)
-    preload(names, local_dir)
+    # What the script's imports see in sys.argv: as `python script.py args` has it; `python -m`
+    # has "-m" there until runpy finds the module.
+    preload(names, local_dir, (["-m"] if is_module else [target]) + list(args))
     if zygote:
         fd = serve_forks(fd)  # returns in each forked standby
 

@@ -355,3 +355,68 @@ TEST_CASE(
   CHECK_FALSE(contains(r.err, "cannot import torch"));
   CHECK(contains(r.out, "[default1]:rank 1 of 2 joined"));
 }
+
+TEST_CASE(
+    "modules a script imports see each rank's own environment, argv and random numbers in "
+    "standbys forked from the zygote",
+    "[python][integration][standby][security]") {
+  require_torch();
+  TempDir dir;
+  // An installed module (the user's site-packages, under HOME) that reads LOCAL_RANK, RANK and
+  // sys.argv at import, one that draws random numbers at import, one that reads nothing a worker
+  // sees differently, and a module on PYTHONPATH that reads LOCAL_RANK.
+  const std::string home = dir.path() + "/home";
+  auto site =
+      run_command({"/usr/bin/python3", "-c", "import site; print(site.getusersitepackages())"},
+                  {{"HOME", home}});
+  REQUIRE(site.exit_code == 0);
+  const std::string user_site = lines_of(site.out).at(0);
+  std::filesystem::create_directories(user_site);
+  std::filesystem::create_directories(dir.path() + "/path");
+  std::ofstream(user_site + "/rank_reader.py")
+      << "import os, sys\nRANKS = (os.environ.get('LOCAL_RANK'), os.getenv('RANK'))\n"
+         "ARGV = list(sys.argv)\nPID = os.getpid()\n";
+  std::ofstream(user_site + "/number_drawer.py")
+      << "import random, numpy\nDRAWS = [random.random(), float(numpy.random.random())]\n";
+  std::ofstream(user_site + "/innocent.py")
+      << "import os\nHOME = os.environ.get('HOME')\nPID = os.getpid()\n";
+  std::ofstream(dir.path() + "/path/path_reader.py")
+      << "import os\nLOCAL = 'LOCAL_RANK' in os.environ and os.environ['LOCAL_RANK']\n";
+  const std::string script = dir.path() + "/train.py";
+  std::ofstream(script)
+      << "import json, os, sys\nimport torch\n"
+         "import rank_reader, number_drawer, innocent, path_reader\n"
+         "print('SEEN', json.dumps({'own': [os.environ['LOCAL_RANK'], os.environ['RANK']],\n"
+         "    'module': list(rank_reader.RANKS),\n"
+         "    'reader_preloaded': rank_reader.PID != os.getpid(), 'argv': rank_reader.ARGV,\n"
+         "    'draws': number_drawer.DRAWS, 'path': path_reader.LOCAL,\n"
+         "    'innocent_preloaded': innocent.PID != os.getpid()}),\n"
+         "    flush=True)\n";
+  const std::string events = dir.path() + "/events.jsonl";
+  auto r = run_command_diagnosed(
+      {DDPRUN_BIN, "--standalone", "--nproc_per_node", "2", "--event_log", events, script, "x"},
+      {{"PYTHON_EXEC", "/usr/bin/python3"}, {"HOME", home}, {"PYTHONPATH", dir.path() + "/path"}},
+      kLimit);
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  // Forked from the zygote, or this test compares nothing.
+  REQUIRE(from_standby(events) == std::vector<int>{2});
+  std::vector<nlohmann::json> seen;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string prefix = "[default" + std::to_string(rank) + "]:SEEN ";
+    for (const std::string& line : lines_of(r.out))
+      if (line.rfind(prefix, 0) == 0)
+        seen.push_back(nlohmann::json::parse(line.substr(prefix.size())));
+    REQUIRE(seen.size() == static_cast<std::size_t>(rank + 1));
+    const nlohmann::json& s = seen.back();
+    INFO("rank " << rank << ": " << s.dump());
+    CHECK(s["module"] == s["own"]);
+    CHECK(s["path"] == std::to_string(rank));
+    CHECK(s["argv"] == nlohmann::json::array({script, "x"}));
+    // What is safe is still pre-imported (in the zygote, another process); what is not, is not.
+    CHECK(s["innocent_preloaded"] == true);
+    CHECK(s["reader_preloaded"] == false);
+  }
+  CHECK(seen[0]["draws"][0] != seen[1]["draws"][0]);
+  CHECK(seen[0]["draws"][1] != seen[1]["draws"][1]);
+}

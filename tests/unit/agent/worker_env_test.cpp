@@ -1,6 +1,9 @@
 #include "agent/worker_env.h"
 
 #include <catch2/catch.hpp>
+#include <fstream>
+#include <iterator>
+#include <string>
 
 using namespace ddprun::agent;
 using ddprun::rdzv::RendezvousInfo;
@@ -119,4 +122,35 @@ TEST_CASE("workers get TORCHELASTIC_SIGNALS_TO_HANDLE as torchrun 2.x exports it
   spec.signals_to_handle = "SIGTERM,SIGUSR1";
   CHECK(build_standby_env({{"TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGINT"}}, spec, 0, "job")
             .at("TORCHELASTIC_SIGNALS_TO_HANDLE") == "SIGTERM,SIGUSR1");
+}
+
+TEST_CASE("the Python zygote knows every variable in which a worker differs from its standby",
+          "[agent][unit][standby]") {
+  // agent/python/ddprun_standby.py pre-imports no module that reads one of its WORKER_VARIABLES:
+  // each variable a worker gets beyond (or unlike) rank 0's standby must be in that list.
+  std::ifstream file(std::string(DDPRUN_UNIT_SOURCE_DIR) + "/agent/python/ddprun_standby.py");
+  const std::string source((std::istreambuf_iterator<char>(file)), {});
+  const auto start = source.find("WORKER_VARIABLES = frozenset({");
+  REQUIRE(start != std::string::npos);
+  const std::string list = source.substr(start, source.find("})", start) - start);
+  // With --virtual_local_rank CUDA_VISIBLE_DEVICES differs between ranks, without it LOCAL_RANK.
+  for (const bool virtual_local_rank : {false, true}) {
+    WorkerSpec spec;
+    spec.local_world_size = 2;
+    spec.virtual_local_rank = virtual_local_rank;
+    const EnvMap agent_env{{"PATH", "/usr/bin"}, {"CUDA_VISIBLE_DEVICES", "0,1"}};
+    const EnvMap standby = build_standby_env(agent_env, spec, 0, "job");
+    RendezvousInfo round{1, 2, "10.0.0.1", 29500, 2};
+    auto placements = place_workers(round, 2);
+    for (int local = 0; local < 2; ++local) {
+      WorkerEnvInputs in{&spec,         &round, placements.at(local),         "job", true,
+                         "/tmp/e.json", "/s",   /*checkpoint_requested=*/true};
+      for (const auto& [name, value] : build_worker_env(agent_env, in)) {
+        auto it = standby.find(name);
+        if (it != standby.end() && it->second == value) continue;
+        INFO(name);
+        CHECK(list.find("\"" + name + "\"") != std::string::npos);
+      }
+    }
+  }
 }
