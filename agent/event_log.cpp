@@ -6,16 +6,22 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/fd_write.h"
+#include "common/log.h"
+
 namespace ddprun::agent {
 
 EventLog::~EventLog() {
-  if (fd_ >= 0) ::close(fd_);
+  if (fd_ < 0) return;
+  if (lost_ > 0) spdlog::warn("{} event(s) could not be written to the event log {}", lost_, path_);
+  ::close(fd_);
 }
 
 std::optional<std::string> EventLog::open(const std::string& path, std::string node) {
   fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd_ < 0) return "cannot open the event log " + path + ": " + std::strerror(errno);
   node_ = std::move(node);
+  path_ = path;
   return std::nullopt;
 }
 
@@ -37,15 +43,12 @@ void EventLog::write(const std::string& event, const nlohmann::json& fields, com
   // One write() per line with O_APPEND: lines of several agents sharing a file do not mix.
   const std::string text =
       line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-  const char* p = text.data();
-  size_t left = text.size();
-  while (left > 0) {
-    ssize_t n = ::write(fd_, p, left);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;  // a full disk must not stop the job; the log is best effort
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
+  // A full disk must not stop the job: the event is lost, and the user told so once.
+  if (const int err = common::write_all(fd_, text); err != 0 && lost_++ == 0)
+    spdlog::warn(
+        "cannot write the event log {}: {}; the job goes on, and events are lost until "
+        "writes succeed again",
+        path_, std::strerror(err));
 }
 
 }  // namespace ddprun::agent

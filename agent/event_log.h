@@ -27,11 +27,18 @@ class EventLog {
   bool enabled() const { return fd_ >= 0; }
 
   /// Appends one event at monotonic time `at`; `fields` (an object) are merged into the line.
+  /// A failed write (a full disk) does not stop the job: the first is logged as a warning, and
+  /// the destructor says how many events were lost.
   void write(const std::string& event, const nlohmann::json& fields, common::TimePoint at);
+
+  /// Events that could not be written.
+  std::size_t lost() const { return lost_; }
 
  private:
   int fd_ = -1;
   std::string node_;
+  std::string path_;
+  std::size_t lost_ = 0;
 };
 
 /// Monotonic seconds of a steady-clock time point, as written in "t".

@@ -107,3 +107,15 @@ TEST_CASE("a worker that never reports is never touched by the watchdog", "[inte
   INFO(r.err);
   CHECK(r.exit_code == 0);
 }
+
+TEST_CASE("an event log that cannot be written warns and counts its lost events, and the job runs",
+          "[integration][events]") {
+  // /dev/full opens, and every write to it fails with ENOSPC, as on a full disk.
+  auto r = run_command(
+      ddprun_fake({"--nproc_per_node", "1", "--event_log", "/dev/full"}, {"print=ran", "exit=0"}));
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 0);
+  CHECK(contains(r.out, "ran"));
+  CHECK(count_of(r.err, "cannot write the event log /dev/full: No space left on device") == 1);
+  CHECK(contains(r.err, "event(s) could not be written to the event log /dev/full"));
+}
