@@ -4,10 +4,12 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -49,6 +51,23 @@ std::vector<char*> to_c_array(const std::vector<std::string>& items) {
   return out;
 }
 
+/// In the forked child: every descriptor from 3 up closes at exec, so a worker inherits only
+/// its stdin, stdout, stderr and the one descriptor the spec passes, as torchrun's workers
+/// (Python's subprocess closes the rest). Not only the agent's own descriptors opened without
+/// O_CLOEXEC by a library: also whatever the shell that started ddprun left open.
+void close_on_exec_from_3() {
+  if (::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) == 0) return;
+  // Before Linux 5.11: one fcntl per possible descriptor (system calls, async-signal-safe).
+  rlimit limit{};
+  const rlim_t count = ::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY
+                           ? std::min<rlim_t>(limit.rlim_cur, 1 << 20)
+                           : 1 << 16;
+  for (int fd = 3; fd < static_cast<int>(count); ++fd) {
+    const int flags = ::fcntl(fd, F_GETFD);
+    if (flags >= 0 && (flags & FD_CLOEXEC) == 0) ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+  }
+}
+
 /// Runs in the forked child: only async-signal-safe calls until execve.
 [[noreturn]] void exec_child(const char* exe, char* const* argv, char* const* envp, pid_t parent,
                              int out_w, int err_w, int report_w, int inherit_fd,
@@ -84,6 +103,7 @@ std::vector<char*> to_c_array(const std::vector<std::string>& items) {
   if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
   ::dup2(out_w, STDOUT_FILENO);
   ::dup2(err_w, STDERR_FILENO);
+  close_on_exec_from_3();
   if (inherit_fd >= 0) ::fcntl(inherit_fd, F_SETFD, 0);
   ::execve(exe, argv, envp);
   int err = errno;

@@ -24,8 +24,10 @@
 //   spam=N            print N numbered lines of 100 bytes as fast as possible
 //   wait_lines=PATH:N wait until PATH has N lines (e.g. every rank wrote its pidfile line);
 //                     exit 96 after 60 s
+//   fds               print "fds=0,1,2": the descriptors this process holds, in order
 //   wait_usr1         catch SIGUSR1, print "waiting for SIGUSR1", then on its arrival print
 //                     "got SIGUSR1" and go on; exit 97 when none arrives within 60 s
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -37,6 +39,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -123,6 +126,18 @@ int main(int argc, char** argv) {
       }
     } else if (key == "sleep") {
       std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(val.c_str())));
+    } else if (key == "fds") {
+      // The directory's own descriptor, open while it is read, is not one we were given.
+      std::set<int> fds;
+      if (DIR* dir = ::opendir("/proc/self/fd")) {
+        while (const dirent* entry = ::readdir(dir))
+          if (entry->d_name[0] != '.' && std::atoi(entry->d_name) != ::dirfd(dir))
+            fds.insert(std::atoi(entry->d_name));
+        ::closedir(dir);
+      }
+      std::string list;
+      for (int fd : fds) list += (list.empty() ? "" : ",") + std::to_string(fd);
+      std::printf("fds=%s\n", list.c_str());
     } else if (key == "hang") {
       std::fflush(stdout);
       for (int s = 0; s < 600; ++s) ::sleep(1);

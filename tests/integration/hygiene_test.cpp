@@ -241,3 +241,16 @@ TEST_CASE("the failure report counts the output lost to failed log writes",
   CHECK(r.exit_code == 3);
   CHECK(contains(r.err, "Log writes: failed for 1 file(s), "));
 }
+
+TEST_CASE("a worker inherits stdin, stdout and stderr only, whatever ddprun was given",
+          "[agent][integration][security]") {
+  // Descriptors 7 and 9 are left open by the shell that starts ddprun; each worker lists its
+  // own.
+  std::vector<std::string> argv{"/bin/sh", "-c", "exec 7</dev/null 9>/dev/null; exec \"$@\"", "sh"};
+  for (const std::string& a : ddprun_fake({"--nproc_per_node", "2"}, {"fds"})) argv.push_back(a);
+  auto r = run_command(argv);
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(count_of(r.out, "fds=0,1,2\n") == 2);
+  CHECK_FALSE(contains(r.out, "fds=0,1,2,"));
+}
