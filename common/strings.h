@@ -19,6 +19,12 @@ std::optional<double> parse_double(std::string_view text);
 /// 1/0/true/false (any case, surrounding blanks ignored), as PET_ switches and --rdzv_conf
 /// is_host take them; nullopt for anything else.
 std::optional<bool> parse_bool(std::string_view text);
+/// The depth at which `text` (JSON, maybe malformed) first nests deeper than `limit` arrays and
+/// objects, or 0 when it never does: checked before parsing input that may come from anyone.
+int json_nesting_over(std::string_view text, int limit);
+/// `text` safe to print on a terminal: control characters (C0, DEL, and C1 as UTF-8) become
+/// "\xNN" or "\u00NN", so a name cannot move the cursor or recolour the screen.
+std::string printable(std::string_view text);
 /// Lower-cases ASCII letters.
 std::string to_lower(std::string_view text);
 

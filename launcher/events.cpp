@@ -1,13 +1,22 @@
 #include "launcher/events.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cmath>
 #include <cstdio>
-#include <fstream>
+#include <cstring>
 #include <iomanip>
+#include <map>
 #include <sstream>
 
 #include "common/exit_codes.h"
+#include "common/strings.h"
 
 namespace ddprun::launcher {
 
@@ -15,31 +24,79 @@ using nlohmann::json;
 
 namespace {
 
+/// Events nest no deeper than this; a deeper line is not an event (and is not parsed).
+constexpr int kMaxEventDepth = 32;
+
 struct Event {
   double t = 0;
   std::string name;
   json body;
 };
 
-/// The time of the last event named `name` in [from, to), if any.
-std::optional<double> last_of(const std::vector<Event>& events, const std::string& name,
-                              double from, double to) {
-  std::optional<double> last;
-  for (const Event& e : events)
-    if (e.name == name && e.t >= from && e.t < to) last = e.t;
-  return last;
+/// The events' times by name, sorted: a phase's end is a binary search, not a scan of the
+/// whole log per recovery.
+class EventIndex {
+ public:
+  explicit EventIndex(const std::vector<Event>& events) {
+    for (std::size_t i = 0; i < events.size(); ++i) by_name_[events[i].name].push_back(i);
+  }
+  /// The indices of the events named `name`, in time order.
+  const std::vector<std::size_t>& of(const std::string& name) const {
+    static const std::vector<std::size_t> none;
+    auto it = by_name_.find(name);
+    return it == by_name_.end() ? none : it->second;
+  }
+
+ private:
+  std::map<std::string, std::vector<std::size_t>> by_name_;
+};
+
+/// The index of the last event named `name` with a time in [from, to), if any.
+std::optional<std::size_t> last_of(const std::vector<Event>& events, const EventIndex& index,
+                                   const std::string& name, double from, double to) {
+  const auto& found = index.of(name);
+  auto end = std::lower_bound(found.begin(), found.end(), to,
+                              [&](std::size_t i, double t) { return events[i].t < t; });
+  if (end == found.begin() || events[*std::prev(end)].t < from) return std::nullopt;
+  return *std::prev(end);
+}
+
+/// The index of the first event named `name` after position `after`, if any.
+std::optional<std::size_t> first_after(const EventIndex& index, const std::string& name,
+                                       std::size_t after) {
+  const auto& found = index.of(name);
+  auto it = std::upper_bound(found.begin(), found.end(), after);
+  if (it == found.end()) return std::nullopt;
+  return *it;
+}
+
+/// A field as an integer when it is one and fits, else `fallback`: a log is read as it is,
+/// and a wrong-typed field (hand-edited, another tool's) must not abort the summary.
+long long int_field(const json& body, const char* key, long long fallback) {
+  auto it = body.find(key);
+  if (it == body.end()) return fallback;
+  if (it->is_number_unsigned())
+    return it->get<std::uint64_t>() <= static_cast<std::uint64_t>(LLONG_MAX)
+               ? static_cast<long long>(it->get<std::uint64_t>())
+               : fallback;
+  return it->is_number_integer() ? it->get<long long>() : fallback;
+}
+
+/// A string field, made safe to print, or `fallback`.
+std::string text_field(const json& body, const char* key, const std::string& fallback) {
+  auto it = body.find(key);
+  return it != body.end() && it->is_string() ? common::printable(it->get<std::string>()) : fallback;
 }
 
 std::string describe_failure(const json& body) {
   std::ostringstream out;
-  out << "rank " << body.value("rank", -1);
-  if (body.value("signal", 0) != 0)
-    out << " killed by signal " << body.value("signal", 0);
+  out << "rank " << int_field(body, "rank", -1);
+  if (const long long signal = int_field(body, "signal", 0); signal != 0)
+    out << " killed by signal " << signal;
   else
-    out << " exited with " << body.value("exit_code", 0);
-  out << " (" << body.value("how", std::string("exit")) << ")";
-  if (body.contains("node") && body["node"].is_string())
-    out << " on " << body["node"].get<std::string>();
+    out << " exited with " << int_field(body, "exit_code", 0);
+  out << " (" << text_field(body, "how", "exit") << ")";
+  if (std::string node = text_field(body, "node", ""); !node.empty()) out << " on " << node;
   return out.str();
 }
 
@@ -59,9 +116,12 @@ EventSummary summarize_events(const std::string& text) {
   for (std::string line; std::getline(in, line);) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     ++summary.lines;
-    json body = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    json body = common::json_nesting_over(line, kMaxEventDepth) != 0
+                    ? json()
+                    : json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (!body.is_object() || !body.contains("t") || !body["t"].is_number() ||
-        !body.contains("event") || !body["event"].is_string()) {
+        !std::isfinite(body["t"].get<double>()) || !body.contains("event") ||
+        !body["event"].is_string()) {
       ++summary.malformed_lines;
       continue;
     }
@@ -69,21 +129,18 @@ EventSummary summarize_events(const std::string& text) {
   }
   std::stable_sort(events.begin(), events.end(),
                    [](const Event& a, const Event& b) { return a.t < b.t; });
+  const EventIndex index(events);
 
   // A recovery starts at a failure_detected after the previous recovery's restarted workers
   // started; nodes that saw the same failure round report it within that window.
   std::vector<size_t> starts;
   double resumed_at = -1e300;
-  for (size_t i = 0; i < events.size(); ++i) {
-    if (events[i].name != "failure_detected" || events[i].t < resumed_at) continue;
+  for (const std::size_t i : index.of("failure_detected")) {
+    if (events[i].t < resumed_at) continue;
     starts.push_back(i);
     // The recovery ends with the next workers_started; later failures belong to the next one.
-    resumed_at = 1e300;
-    for (size_t j = i + 1; j < events.size(); ++j)
-      if (events[j].name == "workers_started") {
-        resumed_at = events[j].t;
-        break;
-      }
+    const auto next = first_after(index, "workers_started", i);
+    resumed_at = next ? events[*next].t : 1e300;
   }
   for (size_t k = 0; k < starts.size(); ++k) {
     const Event& failure = events[starts[k]];
@@ -91,18 +148,20 @@ EventSummary summarize_events(const std::string& text) {
     double end = k + 1 < starts.size() ? events[starts[k + 1]].t : 1e300;
     // A job stopped by a signal (or ended) after this recovery tears down again: its lines
     // belong to the stop, not to the recovery.
-    for (size_t j = starts[k] + 1; j < events.size() && events[j].t < end; ++j)
-      if (events[j].name == "signal" || events[j].name == "job_end") end = events[j].t;
+    for (const char* stop : {"signal", "job_end"})
+      if (auto s = first_after(index, stop, starts[k]); s && events[*s].t < end) end = events[*s].t;
     Recovery r;
     r.cause = describe_failure(failure.body);
-    auto fault = last_of(events, "fault_injected", begin - 60.0, begin + 1e-9);
+    std::optional<double> fault;
+    if (auto f = last_of(events, index, "fault_injected", begin - 60.0, begin + 1e-9))
+      fault = events[*f].t;
     if (fault) r.detect_ms = (begin - *fault) * 1000.0;
     double at = begin;
     auto phase = [&](const std::string& name, std::optional<double>& out) {
-      auto t = last_of(events, name, at, end);
-      if (!t) return;
-      out = (*t - at) * 1000.0;
-      at = *t;
+      auto i = last_of(events, index, name, at, end);
+      if (!i) return;
+      out = (events[*i].t - at) * 1000.0;
+      at = events[*i].t;
     };
     phase("teardown_done", r.teardown_ms);
     phase("rendezvous_complete", r.rendezvous_ms);
@@ -112,9 +171,8 @@ EventSummary summarize_events(const std::string& text) {
     phase("snapshot_loaded", r.snapshot_load_ms);
     phase("first_step", r.first_step_ms);
     r.total_ms = (at - (fault ? *fault : begin)) * 1000.0;
-    for (const Event& e : events)
-      if (e.name == "workers_started" && e.t >= begin && e.t < end)
-        r.restart_count = e.body.value("restart_count", 0);
+    if (auto started = last_of(events, index, "workers_started", begin, end))
+      r.restart_count = int_field(events[*started].body, "restart_count", 0);
     summary.recoveries.push_back(r);
   }
   return summary;
@@ -184,14 +242,31 @@ int run_events(const std::vector<std::string>& args) {
     std::fprintf(stderr, "ddprun: error: ddprun events: %s: see ddprun events --help\n", e.what());
     return common::kExitUsage;
   }
-  std::ifstream in(path);
-  if (!in) {
-    std::fprintf(stderr, "ddprun: error: cannot read the event log %s\n", path.c_str());
+  // Opened without blocking and read only if it is a regular file: a FIFO or a device given
+  // by mistake would wait for a writer, or never end.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  struct stat st {};
+  if (fd < 0 || ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const std::string why = fd < 0 ? std::strerror(errno) : "not a regular file";
+    if (fd >= 0) ::close(fd);
+    std::fprintf(stderr, "ddprun: error: cannot read the event log %s: %s\n",
+                 common::printable(path).c_str(), why.c_str());
     return common::kExitUsage;
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  const EventSummary summary = summarize_events(text.str());
+  std::string text;
+  char buf[65536];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      std::fprintf(stderr, "ddprun: error: cannot read the event log %s: %s\n",
+                   common::printable(path).c_str(), std::strerror(errno));
+      ::close(fd);
+      return common::kExitUsage;
+    }
+    text.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  const EventSummary summary = summarize_events(text);
   if (as_json)
     std::printf("%s\n", summary_json(summary).dump(2).c_str());
   else

@@ -15,7 +15,7 @@ namespace ddprun::launcher {
 /// participant (node or rank) is done, because the job waits for the slowest one. Phases whose
 /// events are absent (a program without the SDK reports no "pg_ready") are nullopt.
 struct Recovery {
-  int restart_count = 0;                   ///< of the restarted workers
+  long long restart_count = 0;             ///< of the restarted workers
   std::string cause;                       ///< the failure as the log tells it
   std::optional<double> detect_ms;         ///< fault_injected -> failure_detected
   std::optional<double> teardown_ms;       ///< failure_detected -> last teardown_done

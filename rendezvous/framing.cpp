@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include "common/check.h"
+#include "common/strings.h"
 
 namespace ddprun::rdzv {
 
@@ -9,33 +10,6 @@ namespace {
 
 /// Buffers grown past this by a large frame are shrunk once empty.
 constexpr std::size_t kShrinkAboveBytes = 64 * 1024;
-
-/// The depth at which `text` (JSON, maybe malformed) first nests deeper than `limit` arrays and
-/// objects, or 0 when it never does. One pass, no recursion: strings (with their escapes) are
-/// skipped, so brackets inside them do not count.
-int nesting_over(std::string_view text, int limit) {
-  int depth = 0;
-  bool in_string = false;
-  bool escaped = false;
-  for (const char c : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > limit) return depth;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return 0;
-}
 
 }  // namespace
 
@@ -75,7 +49,7 @@ DecodeResult FrameDecoder::next() {
   if (buffer_.size() - kFrameHeaderBytes < size) return DecodeResult{};
 
   const char* begin = buffer_.data() + kFrameHeaderBytes;
-  if (nesting_over(std::string_view(begin, size), kMaxJsonDepth) != 0) {
+  if (common::json_nesting_over(std::string_view(begin, size), kMaxJsonDepth) != 0) {
     return fail("frame body nests arrays or objects deeper than " + std::to_string(kMaxJsonDepth) +
                 " levels");
   }

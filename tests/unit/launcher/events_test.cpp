@@ -1,6 +1,10 @@
 #include "launcher/events.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <cstdlib>
 
 using namespace ddprun::launcher;
 
@@ -65,14 +69,66 @@ TEST_CASE("each failure round is its own recovery, and missing phases stay empty
 }
 
 TEST_CASE("a stop by signal after a recovery is not counted in it", "[launcher][unit]") {
-  const std::string log =
-      line(1.0, "failure_detected", "\"rank\":0,\"exit_code\":1") + line(1.1, "teardown_done") +
-      line(1.2, "rendezvous_complete") + line(1.3, "workers_started", "\"restart_count\":1") +
-      line(1.4, "first_step") + line(5.0, "signal", "\"signal\":\"SIGTERM\"") +
-      line(5.2, "teardown_done") + line(5.3, "job_end");
+  const std::string log = line(1.0, "failure_detected", "\"rank\":0,\"exit_code\":1") +
+                          line(1.1, "teardown_done") + line(1.2, "rendezvous_complete") +
+                          line(1.3, "workers_started", "\"restart_count\":1") +
+                          line(1.4, "first_step") + line(5.0, "signal", "\"signal\":\"SIGTERM\"") +
+                          line(5.2, "teardown_done") + line(5.3, "job_end");
   const EventSummary s = summarize_events(log);
   REQUIRE(s.recoveries.size() == 1);
   CHECK(*s.recoveries[0].teardown_ms == Approx(100.0));
   CHECK(*s.recoveries[0].first_step_ms == Approx(100.0));
   CHECK(s.recoveries[0].total_ms == Approx(400.0));
+}
+
+TEST_CASE("a line nested 100,000 deep is skipped as not an event, and the rest is summarized",
+          "[launcher][unit][security]") {
+  const std::string deep = std::string(100'000, '[') + std::string(100'000, ']');
+  const std::string log = line(10.0, "failure_detected", "\"rank\":1") +
+                          "{\"t\":10.1,\"event\":\"x\",\"deep\":" + deep + "}\n" +
+                          line(10.2, "workers_started", "\"restart_count\":1");
+  const EventSummary s = summarize_events(log);
+  CHECK(s.malformed_lines == 1);
+  REQUIRE(s.recoveries.size() == 1);
+  CHECK(s.recoveries[0].restart_count == 1);
+}
+
+TEST_CASE("wrong-typed and out-of-range fields read as absent instead of ending the summary",
+          "[launcher][unit][security]") {
+  const std::string log =
+      line(10.0, "failure_detected", "\"rank\":\"one\",\"signal\":[9],\"exit_code\":1e300") +
+      line(10.1, "workers_started", "\"restart_count\":1e300") +
+      line(20.0, "failure_detected", "\"rank\":2,\"how\":{},\"node\":5") +
+      line(20.1, "workers_started", "\"restart_count\":18446744073709551615") +
+      "{\"t\":1e999,\"event\":\"x\"}\n" + "{\"t\":\"soon\",\"event\":\"x\"}\n";
+  const EventSummary s = summarize_events(log);
+  REQUIRE(s.recoveries.size() == 2);
+  CHECK(s.recoveries[0].cause == "rank -1 exited with 0 (exit) on n1");
+  CHECK(s.recoveries[0].restart_count == 0);
+  CHECK(s.recoveries[1].cause == "rank 2 exited with 0 (exit)");
+  CHECK(s.recoveries[1].restart_count == 0);
+  CHECK(s.malformed_lines == 2);
+  CHECK_NOTHROW(format_summary(s));
+  CHECK_NOTHROW(summary_json(s).dump());
+}
+
+TEST_CASE("control characters in a node's name are printed escaped", "[launcher][unit][security]") {
+  const std::string log =
+      "{\"t\":10.0,\"event\":\"failure_detected\",\"rank\":1,\"node\":\"n\\u001b[2J\\u009bx\"}\n" +
+      line(10.1, "workers_started", "\"restart_count\":1");
+  const EventSummary s = summarize_events(log);
+  REQUIRE(s.recoveries.size() == 1);
+  CHECK(s.recoveries[0].cause == "rank 1 exited with 0 (exit) on n\\x1b[2J\\u009bx");
+  CHECK(format_summary(s).find('\x1b') == std::string::npos);
+}
+
+TEST_CASE("summarize refuses a FIFO at once instead of waiting for a writer",
+          "[launcher][unit][security]") {
+  char dir_template[] = "/tmp/ddprun-events-XXXXXX";
+  REQUIRE(::mkdtemp(dir_template) != nullptr);
+  const std::string fifo = std::string(dir_template) + "/fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK(run_events({"summarize", fifo}) == 64);
+  ::unlink(fifo.c_str());
+  ::rmdir(dir_template);
 }
