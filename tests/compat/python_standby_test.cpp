@@ -98,6 +98,18 @@ void check_same_probes(const CommandResult& fresh, const CommandResult& standby)
   }
 }
 
+/// The user's site-packages of /usr/bin/python3 with HOME=`home`, created: a place where a test
+/// installs a module as `pip install --user` would, which the zygote counts as installed.
+std::string user_site_packages(const std::string& home) {
+  auto site =
+      run_command({"/usr/bin/python3", "-c", "import site; print(site.getusersitepackages())"},
+                  {{"HOME", home}});
+  REQUIRE(site.exit_code == 0);
+  const std::string path = lines_of(site.out).at(0);
+  std::filesystem::create_directories(path);
+  return path;
+}
+
 }  // namespace
 
 TEST_CASE("a rank handed to a Python standby sees what a freshly started rank sees",
@@ -336,17 +348,17 @@ TEST_CASE(
     "[python][integration][standby]") {
   require_torch();
   TempDir dir;
-  // An installed module (on PYTHONPATH, outside the script's directory) that starts a thread
-  // when it is imported, preloaded by the zygote.
-  std::filesystem::create_directories(dir.path() + "/site");
-  std::ofstream(dir.path() + "/site/starts_a_thread.py")
+  // An installed module (the user's site-packages under a temporary HOME) that starts a
+  // thread when it is imported, preloaded by the zygote.
+  const std::string home = dir.path() + "/home";
+  std::ofstream(user_site_packages(home) + "/starts_a_thread.py")
       << "import threading, time\n"
          "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n";
   const std::string events = dir.path() + "/events.jsonl";
   auto r = run_command_diagnosed(
       {DDPRUN_BIN, "--standalone", "--nproc_per_node", "2", "--standby_preload", "starts_a_thread",
        "--event_log", events, kScripts + "/standby_first_start.py"},
-      {{"PYTHON_EXEC", "/usr/bin/python3"}, {"PYTHONPATH", dir.path() + "/site"}}, kLimit);
+      {{"PYTHON_EXEC", "/usr/bin/python3"}, {"HOME", home}}, kLimit);
   INFO(r.out << r.err);
   REQUIRE(r.exit_code == 0);
   CHECK(from_standby(events) == std::vector<int>{0});
@@ -366,12 +378,7 @@ TEST_CASE(
   // sys.argv at import, one that draws random numbers at import, one that reads nothing a worker
   // sees differently, and a module on PYTHONPATH that reads LOCAL_RANK.
   const std::string home = dir.path() + "/home";
-  auto site =
-      run_command({"/usr/bin/python3", "-c", "import site; print(site.getusersitepackages())"},
-                  {{"HOME", home}});
-  REQUIRE(site.exit_code == 0);
-  const std::string user_site = lines_of(site.out).at(0);
-  std::filesystem::create_directories(user_site);
+  const std::string user_site = user_site_packages(home);
   std::filesystem::create_directories(dir.path() + "/path");
   std::ofstream(user_site + "/rank_reader.py")
       << "import os, sys\nRANKS = (os.environ.get('LOCAL_RANK'), os.getenv('RANK'))\n"
