@@ -340,8 +340,10 @@ std::vector<std::string> prepare_for_cli11(const std::vector<std::string>& args)
 
 /// "--nnodes 4:2" or "PET_NNODES=4:2": how an error message names a value.
 std::string describe(const RawValue& value) {
-  if (value.from_env) return value.label + "=" + value.text;
-  return value.label + " " + (value.text.empty() ? std::string("\"\"") : value.text);
+  // Escaped: a value with control characters must not reach the terminal raw.
+  const std::string text = common::printable(value.text);
+  if (value.from_env) return value.label + "=" + text;
+  return value.label + " " + (text.empty() ? std::string("\"\"") : text);
 }
 
 /// A switch is named without its value when it came from the command line.
@@ -537,6 +539,9 @@ Check parse_master_addr(const RawValue& v, LaunchConfig& config) {
   const std::string addr = trim(v.text);
   if (addr.empty())
     return common::Error{describe(v) + ": needs a host name or address, e.g. 10.0.0.1"};
+  if (common::has_control_characters(addr) || addr.find(' ') != std::string::npos)
+    return common::Error{describe(v) +
+                         ": a host name or address has no spaces or control characters"};
   config.master_addr = addr;
   return std::nullopt;
 }
@@ -885,6 +890,13 @@ ParseResult build_config(const std::map<std::string_view, RawValue>& raw,
     if (config.rdzv_id.size() > rdzv::kMaxIdentifierBytes)
       return UsageError{"--rdzv_id of " + std::to_string(config.rdzv_id.size()) +
                         " bytes: at most " + std::to_string(rdzv::kMaxIdentifierBytes)};
+    // The id names a directory under --log_dir and keys of the rendezvous (etcd's among them).
+    if (common::has_control_characters(config.rdzv_id) ||
+        config.rdzv_id.find('/') != std::string::npos || config.rdzv_id == "." ||
+        config.rdzv_id == "..")
+      return UsageError{describe(get("rdzv_id")) +
+                        ": a job id names a directory under --log_dir and the job's keys: no '/', "
+                        "no control characters, not '.' or '..' (e.g. my_job-1)"};
     if (config.rdzv_backend == "etcd-v3" && config.rdzv_endpoint.empty())
       return UsageError{describe(get("rdzv_backend")) +
                         " needs --rdzv_endpoint host:port[,host:port...] (the etcd members)"};

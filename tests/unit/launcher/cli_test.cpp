@@ -899,3 +899,32 @@ TEST_CASE("the agent's store is on unless --agent_store off says otherwise", "[l
   CHECK_FALSE(parse_ok({"train.py"}, {{"PET_AGENT_STORE", "0"}}).agent_store);
   CHECK_THAT(parse_error({"--agent_store", "maybe", "train.py"}), Contains("expected on or off"));
 }
+
+TEST_CASE("a job id that would leave --log_dir or carries control characters is refused",
+          "[launcher][unit][security]") {
+  const Args rest{"--rdzv_backend", "c10d", "--rdzv_endpoint", "h:1", "train.py"};
+  for (const std::string& id : std::vector<std::string>{"../../x", "a/b", "..", ".", "job\x1b[2J",
+                                                        std::string("j\0b", 3)}) {
+    Args args{"--rdzv_id", id};
+    args.insert(args.end(), rest.begin(), rest.end());
+    const std::string message = parse_error(args);
+    CHECK(message.find("no '/', no control characters") != std::string::npos);
+    CHECK(message.find('\x1b') == std::string::npos);  // quoted escaped, not raw
+  }
+  CHECK(parse_error({"--rdzv_backend", "c10d", "--rdzv_endpoint", "h:1", "train.py"},
+                    {{"PET_RDZV_ID", "x\ny"}})
+            .find("PET_RDZV_ID=x\\x0ay") != std::string::npos);
+  Args fine{"--rdzv_id", "my_job-1.2:3"};
+  fine.insert(fine.end(), rest.begin(), rest.end());
+  CHECK(parse_ok(fine).rdzv_id == "my_job-1.2:3");
+}
+
+TEST_CASE("a master address with control characters or spaces is refused, escaped",
+          "[launcher][unit][security]") {
+  const std::string message =
+      parse_error({"train.py"}, {{"PET_MASTER_ADDR", "10.0.0.1\x1b]0;x\x07"}});
+  CHECK(message ==
+        "PET_MASTER_ADDR=10.0.0.1\\x1b]0;x\\x07: a host name or address has no spaces or control "
+        "characters");
+  CHECK(parse_error({"--master_addr", "a b", "train.py"}).find("no spaces") != std::string::npos);
+}
