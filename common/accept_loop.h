@@ -8,6 +8,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ip/v6_only.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <functional>
@@ -68,7 +69,12 @@ class AcceptLoop {
       if (!alive.lock() || stopped_ || ec == boost::asio::error::operation_aborted) return;
       if (!ec) {
         on_socket_(std::move(socket));
-        if (!stopped_) accept_next();
+        // The next accept waits its turn behind the handlers already due (reads of the
+        // connections accepted so far): a stream of new connections cannot starve them.
+        if (!stopped_)
+          boost::asio::post(acceptor_.get_executor(), [this, alive] {
+            if (alive.lock() && !stopped_) accept_next();
+          });
         return;
       }
       on_error_(ec);

@@ -1,6 +1,7 @@
 #include "rendezvous/server.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -120,6 +121,13 @@ std::optional<common::Error> RendezvousServer::listen(const std::string& host, i
     }
     port_ = acceptor.local_endpoint().port();
     acceptor_ = std::move(acceptor);
+    // A quarter of the descriptors for connections still to greet (at least 16): the rest
+    // stay free for the ones that did, however many strangers keep connecting.
+    rlimit files{};
+    if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY)
+      ungreeted_cap_ = std::max<std::size_t>(16, static_cast<std::size_t>(files.rlim_cur / 4));
+    else
+      ungreeted_cap_ = 16384;
     awake_at_ = clock_.now();
     accepts_.start();
     arm_housekeeping();
@@ -143,8 +151,22 @@ void RendezvousServer::on_accepted(tcp::socket socket) {
   session.conn = conn;
   session.handshake.emplace(secret_, secret_ ? make_nonce() : std::string());
   session.opened_at = session.progress_at = clock_.now();
+  silent_.insert(id);
   conn->start([this, id](const json& body) { on_message(id, body); },
               [this, id](const std::string& why) { on_closed(id, why); });
+  if (silent_.size() + greeting_.size() > ungreeted_cap_) evict_oldest_ungreeted();
+}
+
+void RendezvousServer::evict_oldest_ungreeted() {
+  const std::uint64_t id = silent_.empty() ? *greeting_.begin() : *silent_.begin();
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return forget_ungreeted(id);
+  const std::string why = "closed: it had not said hello when more than " +
+                          std::to_string(ungreeted_cap_) +
+                          " connections were waiting for theirs (the oldest goes first)";
+  warn_peer(it->second.conn->peer(), why);
+  it->second.conn->close();
+  on_closed(id, why);
 }
 
 void RendezvousServer::on_accept_failed(const error_code& ec) {
@@ -305,8 +327,11 @@ void RendezvousServer::on_message(std::uint64_t id, const json& body) {
       return refuse(session, *hs.error,
                     hs.unauthorized ? RefusalKind::Unauthorized : RefusalKind::Protocol);
     if (hs.send) session.conn->send(*hs.send);
+    // A hello was accepted: no longer among the first to go when too many wait.
+    if (silent_.erase(id) > 0 && !hs.done) greeting_.insert(id);
     if (hs.done) {
       session.greeted = true;
+      forget_ungreeted(id);
       session.handshake.reset();
     }
     return;
@@ -334,6 +359,7 @@ void RendezvousServer::on_message(std::uint64_t id, const json& body) {
       // The node reconnected: its old connection no longer speaks for it.
       if (auto old = sessions_.find(route->second); old != sessions_.end()) {
         old->second.conn->close();
+        forget_ungreeted(old->first);
         sessions_.erase(old);
       }
       route->second = id;
@@ -359,6 +385,7 @@ void RendezvousServer::on_closed(std::uint64_t id, const std::string& why) {
              why.find(" wait unread, over the limit of ") != std::string::npos) {
     warn_peer(it->second.conn->peer(), "closed: " + why);
   }
+  forget_ungreeted(id);
   sessions_.erase(it);
   if (node_id.empty()) return;
   auto route = routes_.find({run_id, node_id});

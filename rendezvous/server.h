@@ -145,6 +145,21 @@ class RendezvousServer {
   int port_ = 0;
   std::uint64_t next_session_ = 1;
   std::map<std::uint64_t, Session> sessions_;
+  /// Sessions that have not completed their hello, oldest first: `silent_` has sent no valid
+  /// message yet, `greeting_` has said hello and is in the secret's handshake. Over
+  /// ungreeted_cap_ together, the oldest silent one is closed (the oldest greeting one when
+  /// none is silent), so a flood of connections that never greet cannot take every descriptor
+  /// from the agents and `ddprun status`, which say hello at once.
+  std::set<std::uint64_t> silent_;
+  std::set<std::uint64_t> greeting_;
+  std::size_t ungreeted_cap_ = 16;
+  /// Closes the session that has waited longest without a word (see silent_).
+  void evict_oldest_ungreeted();
+  /// Forgets `id` in silent_ and greeting_.
+  void forget_ungreeted(std::uint64_t id) {
+    silent_.erase(id);
+    greeting_.erase(id);
+  }
   /// (run_id, node_id) -> the session that speaks for that node now.
   std::map<std::pair<std::string, std::string>, std::uint64_t> routes_;
   std::map<std::string, Job> jobs_;
