@@ -11,6 +11,12 @@ exist before it fills the job cap; the benchmark's warm-up (longer than the daem
 frame timeout with the short timeouts of a trial) lets the attack settle before the measurement window. The
 daemon's VmRSS is sampled from /proc every 100 ms; VmHWM is read at the end.
 
+With --refused-hellos N it measures a flood instead: a daemon with a shared secret (and, with
+--hosting-agent, an agent hosting the rendezvous for a one-node job) gets N connections that
+each send a hello without the secret, read the refusal and close, from --flood-threads threads;
+the process's VmRSS before, the peak during (100 ms samples) and 5 s after, side by side for
+each process flooded (docs/benchmarks.md#a-flood-of-refused-connections).
+
 Standard library only. Every process is started by this script and ended by its pid.
 """
 import argparse
@@ -181,6 +187,123 @@ def med(runs, key):
     return statistics.median(vals), min(vals), max(vals)
 
 
+def wait_listening(port, proc, what):
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("rdzv_attack_bench.py: %s did not start" % what)
+            time.sleep(0.05)
+
+
+def refused_hellos(port, count):
+    """`count` connections: a framed hello without the secret, the refusal read, close (reset, so
+    no TIME_WAIT is left on the client's side). Returns how many were refused as expected."""
+    hello = json.dumps({"type": "hello", "protocol": 1, "role": "agent"}).encode()
+    frame = len(hello).to_bytes(4, "big") + hello
+    refused = 0
+    for _ in range(count):
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
+                s.sendall(frame)
+                reply = b""
+                while True:
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    reply += chunk
+                refused += b'"refused"' in reply
+        except OSError:
+            pass
+    return refused
+
+
+def flood_run(a, target):
+    """One flood against a fresh daemon or hosting agent: RSS before, peak and after (kB)."""
+    log_dir = os.path.join("/tmp", "rdzv_attack_bench-%d" % os.getpid())
+    os.makedirs(log_dir, exist_ok=True)
+    secret = os.path.join(log_dir, "secret")
+    with open(secret, "w") as f:
+        f.write("flood-bench-secret-0123456789\n")
+    os.chmod(secret, 0o600)
+    port = free_port()
+    log = open(os.path.join(log_dir, "%s.log" % target), "w")
+    if target == "daemon":
+        proc = popen(["taskset", "-c", a.daemon_cpu, a.rdzvd, "--host", "127.0.0.1", "--port",
+                      str(port), "--secret_file", secret], stdout=log, stderr=subprocess.STDOUT)
+    else:
+        env = dict(os.environ, DDPRUN_RDZV_SECRET_FILE=secret)
+        proc = popen(["taskset", "-c", a.daemon_cpu, os.path.join(a.build, "bin", "ddprun"),
+                      "--nnodes", "1", "--nproc_per_node", "1", "--rdzv_backend", "c10d",
+                      "--rdzv_endpoint", "127.0.0.1:%d" % port, "--rdzv_id", "flood",
+                      "--no_python", "sleep", "3600"], stdout=log, stderr=subprocess.STDOUT,
+                     env=env)
+    wait_listening(port, proc, target)
+    time.sleep(1)
+    before = proc_status(proc.pid).get("VmRSS", 0)
+    peak = [before]
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], proc_status(proc.pid).get("VmRSS", 0))
+            time.sleep(0.1)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    per_thread = a.refused_hellos // a.flood_threads
+    counts = [0] * a.flood_threads
+    started_at = time.monotonic()
+
+    def flood(i):
+        counts[i] = refused_hellos(port, per_thread)
+
+    threads = [threading.Thread(target=flood, args=(i,)) for i in range(a.flood_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    took = time.monotonic() - started_at
+    time.sleep(5)
+    stop.set()
+    sampler.join()
+    after = proc_status(proc.pid).get("VmRSS", 0)
+    alive = proc.poll() is None
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        pass
+    return {"target": target, "hellos": per_thread * a.flood_threads, "refused": sum(counts),
+            "seconds": took, "rss_before_kb": before, "rss_peak_kb": peak[0],
+            "rss_after_kb": after, "alive": alive}
+
+
+def flood_main(a):
+    results = []
+    try:
+        for target in ["daemon"] + (["hosting agent"] if a.hosting_agent else []):
+            results.append(flood_run(a, target.replace(" ", "-")))
+    finally:
+        cleanup()
+    print("%d refused hellos (%d threads), one connection each; VmRSS in MiB" %
+          (a.refused_hellos, a.flood_threads))
+    print("| process | refused | flood (s) | RSS before | peak during | 5 s after |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in results:
+        print("| %s | %d of %d | %.1f | %.1f | %.1f | %.1f |" % (
+            r["target"], r["refused"], r["hellos"], r["seconds"], r["rss_before_kb"] / 1024,
+            r["rss_peak_kb"] / 1024, r["rss_after_kb"] / 1024))
+    if a.json_out:
+        with open(a.json_out, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0 if all(r["alive"] and r["refused"] == r["hellos"] for r in results) else 1
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -197,9 +320,17 @@ def main():
     ap.add_argument("--daemon-cpu", default="0")
     ap.add_argument("--client-cpu", default="1")
     ap.add_argument("--json-out", help="write every run's JSON here")
+    ap.add_argument("--refused-hellos", type=int, default=0,
+                    help="measure a flood of this many refused hellos instead (see above)")
+    ap.add_argument("--flood-threads", type=int, default=4)
+    ap.add_argument("--hosting-agent", action="store_true",
+                    help="with --refused-hellos: flood an agent hosting the rendezvous too")
     a = ap.parse_args()
     a.bench = os.path.join(a.build, "bin", "ddprun-rdzv-bench")
     a.rdzvd = os.path.join(a.build, "bin", "ddprun-rdzvd")
+    if a.refused_hellos:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        return flood_main(a)
     if a.rate is None:
         sys.path.insert(0, os.path.join(ROOT, "bench"))
         import rdzv_attacker
@@ -283,4 +414,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
