@@ -11,6 +11,8 @@
 #include <array>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -60,10 +62,41 @@ bool remove_cgroup(const std::string& dir) {
   return ::rmdir(dir.c_str()) == 0 || errno == ENOENT;
 }
 
+/// One record on the watcher's pipe: 'T' and a process group to kill if the agent dies, or
+/// 'F': forget every group told so far (they were killed).
+struct WatcherRecord {
+  char kind = 'F';
+  std::int32_t pgid = 0;
+};
+
+/// SIGKILLs every process in one of `groups` that is of session `sid` (a /proc walk: a
+/// group's leader may be gone while its members live; a process group id reused by someone
+/// else's session is left alone).
+void kill_groups(const std::set<pid_t>& groups, pid_t sid) {
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return;
+  while (dirent* e = ::readdir(proc)) {
+    if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+    const std::string stat = read_text(std::string("/proc/") + e->d_name + "/stat");
+    // "pid (comm) state ppid pgrp session ...": comm may hold spaces and parentheses.
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream fields(stat.substr(close + 1));
+    char state = 0;
+    long ppid = 0, pgrp = 0, session = 0;
+    if (!(fields >> state >> ppid >> pgrp >> session)) continue;
+    if (groups.count(static_cast<pid_t>(pgrp)) > 0 && session == sid)
+      ::kill(static_cast<pid_t>(std::atol(e->d_name)), SIGKILL);
+  }
+  ::closedir(proc);
+}
+
 /// The watcher: waits for the agent's end (EOF on the pipe, whether the agent exited or was
-/// SIGKILLed), then kills what is left in the node's cgroup and removes it. It runs in a fork
-/// of a process with one thread, so the calls below are safe; it holds nothing of the agent's.
+/// SIGKILLed), then kills what is left in the node's cgroup and removes it, or, without one,
+/// what is left in the process groups the agent told it of. It runs in a fork of a process
+/// with one thread, so the calls below are safe; it holds nothing of the agent's.
 [[noreturn]] void watch(int pipe_r, const std::string& node_dir) {
+  const pid_t agent_session = ::getsid(0);
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE, SIGTSTP})
     ::signal(sig, SIG_IGN);
   ::setsid();  // out of the terminal's process group: a Ctrl-C or kill -9 -<pgid> misses it
@@ -77,11 +110,22 @@ bool remove_cgroup(const std::string& dir) {
     for (int fd = 4; fd < 65536; ++fd) ::close(fd);
   if (::chdir("/") != 0) {
   }
-  char byte;
+  std::set<pid_t> groups;
+  WatcherRecord record;
+  std::size_t have = 0;
   while (true) {
-    const ssize_t n = ::read(pipe_r, &byte, 1);
+    const ssize_t n = ::read(pipe_r, reinterpret_cast<char*>(&record) + have, sizeof record - have);
     if (n == 0 || (n < 0 && errno != EINTR)) break;
+    if (n < 0) continue;
+    have += static_cast<std::size_t>(n);
+    if (have < sizeof record) continue;
+    have = 0;
+    if (record.kind == 'T') groups.insert(record.pgid);
+    if (record.kind == 'F') groups.clear();
   }
+  // A normal end told it to forget every group: nothing to do.
+  if (!groups.empty()) kill_groups(groups, agent_session);
+  if (node_dir.empty()) ::_exit(0);
   // A normal end removed the directory already: ENOENT, nothing to do.
   if (write_control(node_dir + "/cgroup.kill", "1") != ENOENT) {
     for (int waited = 0; waited < kRemoveWaitMs && !remove_cgroup(node_dir); waited += 20)
@@ -133,10 +177,41 @@ GroupCleanup::~GroupCleanup() {
   if (watcher_pipe_ >= 0) ::close(watcher_pipe_);
 }
 
+/// Forks the watcher of `node_dir` ("" without a cgroup): its pid and the pipe's write end,
+/// or why not.
+std::variant<std::pair<pid_t, int>, std::string> start_watcher(const std::string& node_dir) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return std::string("pipe: ") + std::strerror(errno);
+  const pid_t watcher = ::fork();
+  if (watcher == 0) {
+    ::close(fds[1]);
+    watch(fds[0], node_dir);
+  }
+  ::close(fds[0]);
+  if (watcher < 0) {
+    ::close(fds[1]);
+    return std::string("fork: ") + std::strerror(errno);
+  }
+  return std::make_pair(watcher, fds[1]);
+}
+
 std::variant<std::unique_ptr<GroupCleanup>, std::string> GroupCleanup::start(CleanupMode mode) {
   std::unique_ptr<GroupCleanup> cleanup(new GroupCleanup());
   if (std::string why = become_child_subreaper(); !why.empty()) return why;
-  if (mode == CleanupMode::Subreaper) return cleanup;
+  // Without a cgroup, a watcher that kills the workers' process groups should the agent die
+  // (a failure to start it leaves the /proc walk, which covers every end but a SIGKILL).
+  auto use_subreaper = [&cleanup] {
+    auto started = start_watcher("");
+    if (auto* w = std::get_if<std::pair<pid_t, int>>(&started)) {
+      cleanup->watcher_ = w->first;
+      cleanup->watcher_pipe_ = w->second;
+      cleanup->tracking_ = true;
+    }
+  };
+  if (mode == CleanupMode::Subreaper) {
+    use_subreaper();
+    return cleanup;
+  }
 
   // Why the cgroup path cannot be used here, or "".
   std::string unusable;
@@ -183,23 +258,12 @@ std::variant<std::unique_ptr<GroupCleanup>, std::string> GroupCleanup::start(Cle
     }
   }
   if (unusable.empty()) {
-    int fds[2];
-    if (::pipe2(fds, O_CLOEXEC) != 0) {
-      unusable = std::string("pipe: ") + std::strerror(errno);
+    auto started = start_watcher(node_dir);
+    if (auto* why = std::get_if<std::string>(&started)) {
+      unusable = *why;
     } else {
-      const pid_t watcher = ::fork();
-      if (watcher == 0) {
-        ::close(fds[1]);
-        watch(fds[0], node_dir);
-      }
-      ::close(fds[0]);
-      if (watcher < 0) {
-        ::close(fds[1]);
-        unusable = std::string("fork: ") + std::strerror(errno);
-      } else {
-        cleanup->watcher_ = watcher;
-        cleanup->watcher_pipe_ = fds[1];
-      }
+      cleanup->watcher_ = std::get<std::pair<pid_t, int>>(started).first;
+      cleanup->watcher_pipe_ = std::get<std::pair<pid_t, int>>(started).second;
     }
   }
   if (unusable.empty()) {
@@ -213,7 +277,8 @@ std::variant<std::unique_ptr<GroupCleanup>, std::string> GroupCleanup::start(Cle
            "; run ddprun where a cgroup v2 tree is delegated to its user (a systemd unit or "
            "scope with Delegate=yes), or pass --cleanup auto";
   cleanup->no_cgroup_ = unusable;
-  return cleanup;  // auto: the subreaper alone
+  use_subreaper();
+  return cleanup;  // auto: the subreaper
 }
 
 std::string GroupCleanup::describe() const {
@@ -236,7 +301,22 @@ int GroupCleanup::begin_group() {
   return group_fd_;
 }
 
+void GroupCleanup::tell_watcher(char kind, pid_t pgid) {
+  if (!tracking_ || watcher_pipe_ < 0) return;
+  const WatcherRecord record{kind, static_cast<std::int32_t>(pgid)};
+  // Smaller than PIPE_BUF: written whole or not at all. A watcher gone (EPIPE) tracks nothing.
+  ssize_t n;
+  do {
+    n = ::write(watcher_pipe_, &record, sizeof record);
+  } while (n < 0 && errno == EINTR);
+}
+
+void GroupCleanup::track(pid_t pgid) {
+  if (pgid > 0) tell_watcher('T', pgid);
+}
+
 void GroupCleanup::adopt(pid_t pid) {
+  track(pid);
   if (group_fd_ < 0) return;
   const std::string text = std::to_string(pid);
   if (::write(group_fd_, text.data(), text.size()) < 0) {
@@ -248,6 +328,8 @@ int GroupCleanup::end_group(const std::set<pid_t>& spared) {
   std::set<pid_t> keep = spared;
   if (watcher_ > 0) keep.insert(watcher_);
   const int killed = kill_descendants(keep);
+  // The group's processes are gone: a process group id the watcher holds could be reused.
+  tell_watcher('F', 0);
   if (!group_dir_.empty()) {
     write_control(group_dir_ + "/cgroup.kill", "1");
     ended_dirs_.push_back(group_dir_);
@@ -275,6 +357,7 @@ void GroupCleanup::finish() {
   std::set<pid_t> keep;
   if (watcher_ > 0) keep.insert(watcher_);
   kill_descendants(keep);
+  tell_watcher('F', 0);
   if (!node_dir_.empty()) write_control(node_dir_ + "/cgroup.kill", "1");
   // Killed children of ours are zombies until reaped; reap them rather than leave them to init.
   reap_children_except(keep, kRemoveWaitMs);

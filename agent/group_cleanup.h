@@ -15,8 +15,8 @@ namespace ddprun::agent {
 enum class CleanupMode {
   Auto,       ///< cgroup where a cgroup v2 tree is delegated to us, else subreaper
   Cgroup,     ///< a cgroup v2 per group, and a watcher that writes cgroup.kill if the agent dies
-  Subreaper,  ///< the /proc walk only: nothing survives a group or the agent's exit, but a
-              ///< SIGKILLed agent's setsid'd grandchildren do
+  Subreaper,  ///< the /proc walk, and a watcher that kills the workers' process groups if the
+              ///< agent dies: nothing survives but a SIGKILLed agent's setsid'd grandchildren
 };
 
 /// "auto", "cgroup", "subreaper": the one name table of CleanupMode (flag values and messages).
@@ -33,11 +33,15 @@ std::optional<std::string> cgroup2_own_path(const std::string& proc_self_cgroup)
 
 /// Kills what is left of each worker group, and everything at the end.
 ///
-///   agent (child subreaper) ----- pipe (write end, close-on-exec) -----> watcher (cgroup only)
+///   agent (child subreaper) ----- pipe (write end, close-on-exec) -----> watcher
 ///     |-- workers of group N  (in <own cgroup>/ddprun-<pid>/group-N)       read() blocks until
 ///     |     \-- setsid'd grandchildren (same cgroup; ours once orphaned)   the agent is gone,
 ///     \-- standbys            (in <own cgroup>/ddprun-<pid>/standby)       then cgroup.kill on
 ///                                                                          ddprun-<pid>, rmdir
+/// Without a cgroup (subreaper) the agent writes each worker's process group to the watcher's
+/// pipe as it starts, and "forget" once the group's processes are killed; if the agent dies
+/// first, the watcher SIGKILLs whatever is left in those process groups (the workers' own
+/// background children), checked to be of the agent's session.
 /// A group's end kills every descendant of the agent but the standbys (a /proc walk), and with
 /// a cgroup also writes the group's cgroup.kill.
 class GroupCleanup {
@@ -61,8 +65,11 @@ class GroupCleanup {
   int begin_group();
   /// The cgroup.procs descriptor for standbys (-1 without a cgroup).
   int standby_procs_fd() const { return standby_fd_; }
-  /// A standby handed over to the current group joins its cgroup.
+  /// A standby handed over to the current group joins its cgroup (and is tracked).
   void adopt(pid_t pid);
+  /// A worker of the current group leads process group `pgid`: without a cgroup, the watcher
+  /// kills what is left of it if the agent dies.
+  void track(pid_t pgid);
   /// The group has ended: SIGKILL every descendant of the agent except the `spared` pids and
   /// theirs (the standbys), and the group's cgroup. Returns how many processes the /proc walk
   /// signalled.
@@ -87,6 +94,9 @@ class GroupCleanup {
   int watcher_pipe_ = -1;  ///< the agent's end; the watcher reads EOF when the agent is gone
   pid_t watcher_ = -1;
   int groups_ = 0;
+  bool tracking_ = false;  ///< process groups are written to the watcher (subreaper)
+  /// Writes one record to the watcher: 'T' and a process group, or 'F' (forget them all).
+  void tell_watcher(char kind, pid_t pgid);
 };
 
 }  // namespace ddprun::agent

@@ -367,6 +367,7 @@ class LocalAgent::Impl {
         spec.cpus = opt_.cpus_by_local_rank[static_cast<size_t>(p.local_rank)];
       auto launched = launcher_.launch(spec);
       if (auto* process = std::get_if<LaunchedProcess>(&launched)) {
+        if (opt_.cleanup != nullptr) opt_.cleanup->track(process->pid);
         output_.add(p, process->stdout_fd, process->stderr_fd, attempt_.rank_dir(p.local_rank));
         return process->pid;
       }

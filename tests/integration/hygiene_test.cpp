@@ -141,6 +141,24 @@ TEST_CASE("setsid grandchildren are gone after a SIGKILL of the agent (--cleanup
   CHECK(none_left(dir.path()));
 }
 
+TEST_CASE("background children in a worker's process group are gone after a SIGKILL of the agent "
+          "(--cleanup subreaper)",
+          "[agent][integration]") {
+  TempDir dir;
+  const std::string pids = dir.path() + "/pids";
+  WorkerSweeper sweeper(pids);
+  // Each worker forks a child that stays in its process group (`sleep 3011 &` in a shell).
+  Subprocess job(ddprun_fake({"--nproc_per_node", "2", "--cleanup", "subreaper"},
+                             {"spawn_child=" + pids, "wait_lines=" + pids + ":2", "hang"}));
+  REQUIRE(wait_until([&] { return read_pids(pids).size() == 2; }, kJobLimit));
+  job.send(SIGKILL);
+  auto r = job.wait(kJobLimit);
+  CHECK(r.exit_code == 128 + SIGKILL);
+  // The workers die with the agent (PR_SET_PDEATHSIG); their children, which nothing
+  // signalled, are killed by the watcher (a zombie left for init to reap counts as gone).
+  CHECK(none_left(dir.path()));
+}
+
 TEST_CASE("forcing --cleanup cgroup where it cannot work exits 64 with the reason",
           "[agent][integration]") {
   if (::geteuid() != 0) {
