@@ -24,6 +24,12 @@ class HttpServer::Session : public std::enable_shared_from_this<Session> {
 
   void start() { read_next(); }
 
+  /// Since when it waits for a request (its first, or the next on a kept-alive connection);
+  /// nullopt while a request is answered.
+  std::optional<std::chrono::steady_clock::time_point> waiting_since() const {
+    return waiting_since_;
+  }
+
   /// Ends the session now: pending reads and writes complete with operation_aborted.
   void close() {
     error_code ignored;
@@ -38,6 +44,7 @@ class HttpServer::Session : public std::enable_shared_from_this<Session> {
     parser_->body_limit(0);  // a GET has no body; one with a body is a bad request
     // The deadline covers the whole request: a client sending a byte a minute is closed.
     stream_.expires_after(server_.limits_.io_timeout);
+    waiting_since_ = std::chrono::steady_clock::now();
     http::async_read(
         stream_, buffer_, *parser_,
         [self = shared_from_this()](error_code ec, std::size_t) { self->on_read(ec); });
@@ -45,6 +52,7 @@ class HttpServer::Session : public std::enable_shared_from_this<Session> {
 
   void on_read(error_code ec) {
     if (!alive_.lock()) return;
+    waiting_since_.reset();
     if (ec == http::error::end_of_stream || ec == beast::error::timeout ||
         ec == asio::error::operation_aborted || ec == asio::error::eof ||
         ec == asio::error::connection_reset) {
@@ -94,6 +102,7 @@ class HttpServer::Session : public std::enable_shared_from_this<Session> {
   std::optional<http::request_parser<http::empty_body>> parser_;
   http::response<http::string_body> response_;
   bool keep_alive_ = false;
+  std::optional<std::chrono::steady_clock::time_point> waiting_since_;
   HttpServer& server_;
   std::weak_ptr<bool> alive_;
   std::uint64_t id_;
@@ -134,10 +143,22 @@ std::optional<common::Error> HttpServer::listen(const std::string& host, int por
 
 void HttpServer::on_accepted(tcp::socket socket) {
   if (sessions_.size() >= limits_.max_sessions) {
-    // Over the limit: this connection is not served; those already open keep their turn.
-    error_code ignored;
-    socket.close(ignored);
-    return;
+    // At the limit, the connection that has waited longest for a request (a kept-alive client
+    // between scrapes, or one that never sent one) makes room: idle connections cannot lock
+    // out a scrape. When every session is busy answering, this one is not served.
+    auto oldest = sessions_.end();
+    for (auto it = sessions_.begin(); it != sessions_.end(); ++it)
+      if (it->second->waiting_since() &&
+          (oldest == sessions_.end() ||
+           *it->second->waiting_since() < *oldest->second->waiting_since()))
+        oldest = it;
+    if (oldest == sessions_.end()) {
+      error_code ignored;
+      socket.close(ignored);
+      return;
+    }
+    oldest->second->close();  // its read completes aborted and finds it forgotten
+    sessions_.erase(oldest);
   }
   const std::uint64_t id = next_session_++;
   auto session = std::make_shared<Session>(std::move(socket), *this, id);

@@ -40,7 +40,8 @@ struct HttpLimits {
   /// Time to send a whole request (and to read a whole response): a silent or slow client is
   /// closed then, so it holds one descriptor for that long at most.
   std::chrono::milliseconds io_timeout{10'000};
-  /// Connections served at once; one accepted beyond is closed at once.
+  /// Connections served at once; one accepted beyond takes the place of the one that has
+  /// waited longest for a request (it is closed), or is closed if every session is busy.
   std::size_t max_sessions = 64;
 };
 

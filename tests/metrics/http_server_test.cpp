@@ -129,23 +129,37 @@ TEST_CASE("a silent connection is closed at the deadline and does not block scra
   CHECK(e.answers());
 }
 
-TEST_CASE("connections beyond the limit are closed at once and the server goes on",
-          "[metrics][http]") {
+TEST_CASE("a connection beyond the limit takes the place of the one idle longest",
+          "[metrics][http][security]") {
   HttpLimits limits;
   limits.max_sessions = 4;
   Endpoint e(limits);
   std::vector<std::unique_ptr<HttpPeer>> idle;
   for (int i = 0; i < 4; ++i) {
     idle.push_back(std::make_unique<HttpPeer>(e.server.port()));
-    REQUIRE(idle.back()->send_bytes("G"));  // accepted and held
+    REQUIRE(idle.back()->send_bytes("G"));  // accepted and held, waiting for the rest
   }
-  // Accepted in order: once the fifth is refused, the four are the server's sessions.
-  HttpPeer extra(e.server.port());
+  // A scrape is served: the connection that waited longest was closed to make room.
+  CHECK(e.answers());
   bool closed = false;
-  extra.read_to_end(10s, &closed);
+  idle.front()->read_to_end(10s, &closed);
   CHECK(closed);
-  idle.clear();
-  CHECK(testing::wait_until([&] { return e.answers(); }, 10s));
+}
+
+TEST_CASE("keep-alive clients at the session limit do not lock out a scrape",
+          "[metrics][http][security]") {
+  HttpLimits limits;
+  limits.max_sessions = 4;
+  Endpoint e(limits);
+  // Four clients scrape once each and keep their connections open, as Prometheus does.
+  std::vector<std::unique_ptr<HttpPeer>> kept;
+  for (int i = 0; i < 4; ++i) {
+    kept.push_back(std::make_unique<HttpPeer>(e.server.port()));
+    REQUIRE(kept.back()->send_bytes("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"));
+    REQUIRE(testing::wait_until([&] { return e.scrapes == i + 1; }, 10s));
+  }
+  for (int i = 0; i < 3; ++i) CHECK(e.answers());
+  CHECK(e.scrapes == 7);
 }
 
 }  // namespace ddprun::metrics
