@@ -25,11 +25,12 @@ std::string rank_ranges(std::vector<int> ranks) {
 }
 
 LineDedup::LineDedup(common::Duration window, std::string prefix_template, std::string role,
-                     size_t max_pending)
+                     size_t max_pending, size_t max_pending_bytes)
     : window_(window),
       template_(std::move(prefix_template)),
       role_(std::move(role)),
-      max_pending_(std::max<size_t>(1, max_pending)) {}
+      max_pending_(std::max<size_t>(1, max_pending)),
+      max_pending_bytes_(max_pending_bytes) {}
 
 std::vector<ConsoleLine> LineDedup::offer(int fd, int rank, int local_rank, const std::string& line,
                                           common::TimePoint now) {
@@ -45,6 +46,8 @@ std::vector<ConsoleLine> LineDedup::offer(int fd, int rank, int local_rank, cons
     }
   }
   if (pending_.size() >= max_pending_) pop_front(out);
+  while (!pending_.empty() && pending_bytes_ + line.size() > max_pending_bytes_) pop_front(out);
+  pending_bytes_ += line.size();
   pending_.push_back(Pending{fd, line, {rank}, {local_rank}, now + window_});
   index_[key] = popped_ + pending_.size() - 1;
   return out;
@@ -72,6 +75,7 @@ void LineDedup::pop_front(std::vector<ConsoleLine>& out) {
   out.push_back(render(p));
   const auto key = std::make_pair(p.fd, p.line);
   if (auto it = index_.find(key); it != index_.end() && it->second == popped_) index_.erase(it);
+  pending_bytes_ -= p.line.size();
   pending_.pop_front();
   ++popped_;
 }

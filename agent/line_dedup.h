@@ -25,9 +25,10 @@ struct ConsoleLine {
 class LineDedup {
  public:
   /// `prefix_template` and `role` render prefixes as console_prefix does; at most
-  /// `max_pending` lines wait (older ones are shown early beyond that).
+  /// `max_pending` lines, and `max_pending_bytes` of them, wait (older ones are shown early
+  /// beyond that: long lines, which workers cut at 64 KiB, cannot make the agent hold more).
   LineDedup(common::Duration window, std::string prefix_template, std::string role,
-            size_t max_pending = 4096);
+            size_t max_pending = 4096, size_t max_pending_bytes = 4u << 20);
 
   /// A whole line of one rank at `now`. Joins a waiting identical line of another rank on the
   /// same stream, or waits `window` for others; returns the lines due to be shown now, in the
@@ -56,6 +57,8 @@ class LineDedup {
   std::string template_;
   std::string role_;
   size_t max_pending_;
+  size_t max_pending_bytes_;
+  size_t pending_bytes_ = 0;     ///< of the lines in pending_
   std::deque<Pending> pending_;  ///< in first-printed order, so deadlines ascend
   size_t popped_ = 0;            ///< entries popped from the front so far
   /// fd and text -> the sequence number (popped_ + index) of the newest waiting entry.

@@ -88,3 +88,17 @@ TEST_CASE("dedup: beyond its bound the oldest waiting line is shown early", "[ag
   d.offer(1, 1, 1, "a", t0);
   CHECK(texts(d.flush()) == std::vector<std::string>{"[default0]:c\n", "[default1]:a\n"});
 }
+
+TEST_CASE("dedup: long lines wait at most 4 MiB together, then the oldest are shown early",
+          "[agent][unit][security]") {
+  LineDedup d(60s, "", "default");
+  // 300 distinct lines of 64 KiB (the pieces a worker's 300 MB line is cut into) within the
+  // window: only the newest 4 MiB of them wait.
+  std::size_t shown = 0;
+  for (int i = 0; i < 300; ++i)
+    shown += d.offer(1, 0, 0, std::to_string(i) + std::string(64 * 1024 - 8, 'x'), t0).size();
+  CHECK(shown >= 300 - 64);
+  const auto rest = d.flush();
+  CHECK(shown + rest.size() == 300);
+  CHECK(rest.size() <= 64);
+}
