@@ -287,6 +287,36 @@ TEST_CASE("a snapshot whose content does not match its recorded checksum is refu
   CHECK(std::get<std::string>(read).find("checksum mismatch (corrupt)") == 0);
 }
 
+TEST_CASE("a snapshot with a field of the wrong type is refused naming the field",
+          "[sdk][snapshot][security]") {
+  TempDir dir;
+  Net net;
+  auto opt = make_sgd(net);
+  const std::string path = dir.path() + "/s.pt.000001";
+  sdk::write_snapshot_file(path, sdk::capture_snapshot(*net, opt, 4, 40, 1));
+  const std::string original = read_all(path);
+  auto rewrite = [&](const std::string& key, torch::IValue value) {
+    torch::IValue doc = torch::pickle_load(std::vector<char>(original.begin(), original.end()));
+    doc.toGenericDict().insert_or_assign(key, std::move(value));
+    const std::vector<char> out = torch::pickle_save(doc);
+    write_all(path, std::string(out.begin(), out.end()));
+    auto read = sdk::read_snapshot_file(path);
+    REQUIRE(std::holds_alternative<std::string>(read));
+    return std::get<std::string>(read);
+  };
+  // A tuple, as Python's pickle writes a list or tuple (a c10 int list is refused earlier, by
+  // the structure check, which allows no call of torch's list builders).
+  const std::string tuple =
+      rewrite("world_size",
+              c10::ivalue::Tuple::create({torch::IValue(int64_t{1}), torch::IValue(int64_t{2})}));
+  CHECK(tuple == "unreadable (torn or corrupt): its \"world_size\" entry is Tuple, not an integer");
+  CHECK(tuple.find("INTERNAL ASSERT") == std::string::npos);
+  CHECK(rewrite("checksum", torch::IValue(int64_t{7}))
+            .find("\"checksum\" entry is Int, not a string") != std::string::npos);
+  CHECK(rewrite("optimizer", torch::IValue("x"))
+            .find("\"optimizer\" entry is String, not a tensor") != std::string::npos);
+}
+
 TEST_CASE("Python's torch.load reads a snapshot as a dict of tensors", "[sdk][snapshot][python]") {
   TempDir dir;
   torch::manual_seed(4);

@@ -315,6 +315,25 @@ const torch::IValue& entry(const c10::impl::GenericDict& d, const std::string& k
   return it->value();
 }
 
+/// The named entry, checked to be of the kind `is` tests (`what` names it): a crafted or
+/// foreign file gets an error naming the field, not libtorch's internal assertion.
+const torch::IValue& typed_entry(const c10::impl::GenericDict& d, const std::string& key,
+                                 bool (torch::IValue::*is)() const, const char* what) {
+  const torch::IValue& v = entry(d, key);
+  if (!(v.*is)())
+    throw std::runtime_error("its \"" + key + "\" entry is " + v.tagKind() + ", not " + what);
+  return v;
+}
+int64_t int_entry(const c10::impl::GenericDict& d, const std::string& key) {
+  return typed_entry(d, key, &torch::IValue::isInt, "an integer").toInt();
+}
+const std::string& string_entry(const c10::impl::GenericDict& d, const std::string& key) {
+  return typed_entry(d, key, &torch::IValue::isString, "a string").toStringRef();
+}
+torch::Tensor tensor_entry(const c10::impl::GenericDict& d, const std::string& key) {
+  return typed_entry(d, key, &torch::IValue::isTensor, "a tensor").toTensor();
+}
+
 }  // namespace
 
 Snapshot capture_snapshot(const torch::nn::Module& module, torch::optim::Optimizer& optimizer,
@@ -596,21 +615,25 @@ std::variant<Snapshot, std::string> read_snapshot_file(const std::string& path) 
     const torch::IValue& format = entry(d, "format");
     if (!format.isString() || format.toStringRef() != kFormat)
       return std::string("not a ddprun snapshot (no format \"") + kFormat + "\")";
-    if (entry(d, "version").toInt() != kVersion)
-      return "snapshot version " + std::to_string(entry(d, "version").toInt()) +
+    if (int_entry(d, "version") != kVersion)
+      return "snapshot version " + std::to_string(int_entry(d, "version")) +
              " is not the supported " + std::to_string(kVersion);
-    s.meta.epoch = entry(d, "epoch").toInt();
-    s.meta.step = entry(d, "step").toInt();
+    s.meta.epoch = int_entry(d, "epoch");
+    s.meta.step = int_entry(d, "step");
     // Absent in files written before mid-epoch snapshots existed: an epoch boundary.
-    if (auto it = d.find(torch::IValue("epoch_step")); it != d.end())
-      s.meta.epoch_step = it->value().toInt();
-    s.meta.world_size = entry(d, "world_size").toInt();
-    s.meta.saved_at = entry(d, "saved_at").toInt();
-    s.meta.checksum = entry(d, "checksum").toStringRef();
-    for (const auto& item : entry(d, "model").toGenericDict())
+    if (d.contains(torch::IValue("epoch_step"))) s.meta.epoch_step = int_entry(d, "epoch_step");
+    s.meta.world_size = int_entry(d, "world_size");
+    s.meta.saved_at = int_entry(d, "saved_at");
+    s.meta.checksum = string_entry(d, "checksum");
+    for (const auto& item :
+         typed_entry(d, "model", &torch::IValue::isGenericDict, "a dict").toGenericDict()) {
+      if (!item.key().isString() || !item.value().isTensor())
+        throw std::runtime_error("its \"model\" entry maps " + item.key().tagKind() + " to " +
+                                 item.value().tagKind() + ", not names to tensors");
       s.model.emplace_back(item.key().toStringRef(), item.value().toTensor());
-    s.optimizer = entry(d, "optimizer").toTensor();
-    s.rng_state = entry(d, "rng_state").toTensor();
+    }
+    s.optimizer = tensor_entry(d, "optimizer");
+    s.rng_state = tensor_entry(d, "rng_state");
     actual = snapshot_checksum(s);
   } catch (const std::exception& e) {
     std::string what = e.what();
