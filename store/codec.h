@@ -55,6 +55,12 @@ struct StoreLimits {
   /// Replies queued for all connections together, each counted for every connection it waits
   /// for: over it, the connections holding the most are closed until it is met again.
   std::size_t max_total_queued_reply_bytes = 512 * 1024 * 1024;
+  /// Parked WAITs and watches of all connections together (StoreState::parked_bytes): a WAIT
+  /// or WATCH_KEY that would go over closes its connection.
+  std::size_t max_parked_bytes = 64 * 1024 * 1024;
+  /// Connections from one address: one host (a script that leaks stores in a loop, or a
+  /// hostile one) cannot take every connection from the job's other workers.
+  std::size_t max_connections_per_address = 1024;
 };
 
 /// One decoded request: the fields each op uses, in wire order.

@@ -33,7 +33,8 @@ StoreServer::StoreServer(asio::io_context& io, StoreLimits limits)
           [](const error_code& ec) {
             // Out of descriptors, most often: the loop tries again shortly.
             spdlog::warn("store: cannot accept a connection: {}", ec.message());
-          }) {}
+          }),
+      state_(limits.max_parked_bytes) {}
 
 StoreServer::~StoreServer() { shutdown(); }
 
@@ -77,6 +78,7 @@ void StoreServer::shutdown() {
   // The handlers still queued find their session gone (or stopped_) and return.
   sessions_.clear();
   queued_total_ = 0;
+  per_address_.clear();
 }
 
 void StoreServer::on_accepted(tcp::socket socket) {
@@ -92,12 +94,25 @@ void StoreServer::on_accepted(tcp::socket socket) {
     return;
   }
   full_logged_ = false;
+  const auto remote = socket.remote_endpoint(ignored);
+  const std::string address = ignored ? std::string("?") : remote.address().to_string();
+  std::size_t& from_address = per_address_[address];
+  if (from_address >= limits_.max_connections_per_address) {
+    // One host cannot take every connection: the job's other workers keep theirs.
+    if (per_address_logged_.insert(address).second)
+      spdlog::warn(
+          "store: {} connections are open from {}, the limit for one address; refusing more from "
+          "it until some close (a program that creates stores in a loop leaks them)",
+          from_address, address);
+    socket.close(ignored);
+    return;
+  }
+  ++from_address;
   close_on_exec(socket.native_handle());
   socket.set_option(tcp::no_delay(true), ignored);
   auto session = std::make_shared<Session>(std::move(socket));
-  auto remote = session->socket.remote_endpoint(ignored);
-  session->peer = ignored ? std::string("?")
-                          : remote.address().to_string() + ":" + std::to_string(remote.port());
+  session->address = address;
+  session->peer = ignored ? std::string("?") : address + ":" + std::to_string(remote.port());
   const ConnId id = next_id_++;
   sessions_.emplace(id, std::move(session));
   read_next(id);
@@ -218,6 +233,11 @@ void StoreServer::close(ConnId id, const std::string& why) {
   error_code ignored;
   it->second->socket.close(ignored);
   queued_total_ -= it->second->queued_bytes;
+  if (auto a = per_address_.find(it->second->address);
+      a != per_address_.end() && --a->second == 0) {
+    per_address_.erase(a);
+    per_address_logged_.erase(it->second->address);
+  }
   // The socket's pending handlers keep the session's buffers; they find its id gone.
   sessions_.erase(it);
   state_.disconnect(id);

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "common/accept_loop.h"
@@ -59,6 +60,7 @@ class StoreServer {
     explicit Session(boost::asio::ip::tcp::socket s) : socket(std::move(s)) {}
     boost::asio::ip::tcp::socket socket;
     std::string peer;
+    std::string address;  ///< the peer's address, as per_address_ counts it
     std::optional<Dialect> dialect;
     std::string input;               ///< bytes read, not yet a whole request
     std::size_t need = 0;            ///< input's size before decoding can progress
@@ -87,6 +89,10 @@ class StoreServer {
   std::map<ConnId, std::shared_ptr<Session>> sessions_;
   ConnId next_id_ = 1;
   std::size_t queued_total_ = 0;  ///< Session::queued_bytes, summed
+  /// Open connections by peer address (StoreLimits::max_connections_per_address), and the
+  /// addresses already warned about.
+  std::map<std::string, std::size_t> per_address_;
+  std::set<std::string> per_address_logged_;
   int port_ = 0;
   bool stopped_ = false;
   bool full_logged_ = false;

@@ -90,16 +90,34 @@ Effects StoreState::apply(ConnId conn, const Request& q) {
         reply(encode_u8(kStopWaiting));
         break;
       }
-      // Parked: answered by the change that makes the last missing key appear (wake).
-      for (const auto& key : missing) waiters_[key].insert(conn);
-      pending_[conn].insert(missing.begin(), missing.end());
+      std::size_t cost = 0;
+      for (const auto& key : missing) cost += 2 * entry_bytes(key);
+      if (parked_bytes_ + cost > max_parked_bytes_) {
+        out.close = "the store's parked waits and watches would take more than " +
+                    std::to_string(max_parked_bytes_) +
+                    " bytes (this wait: " + std::to_string(missing.size()) + " missing keys)";
+        return out;
+      }
+      // Parked: answered by the change that makes the last missing key appear (wake). A key
+      // this connection already waits on is not counted twice.
+      std::set<std::string>& mine = pending_[conn];
+      for (const auto& key : missing) {
+        if (!mine.insert(key).second) continue;
+        waiters_[key].insert(conn);
+        parked_bytes_ += 2 * entry_bytes(key);
+      }
       break;
     }
     case Op::NumKeys:
       reply(encode_i64(static_cast<std::int64_t>(data_.size())));
       break;
     case Op::WatchKey:
-      watchers_[q.keys[0]].insert(conn);
+      if (parked_bytes_ + entry_bytes(q.keys[0]) > max_parked_bytes_) {
+        out.close = "the store's parked waits and watches would take more than " +
+                    std::to_string(max_parked_bytes_) + " bytes";
+        return out;
+      }
+      if (watchers_[q.keys[0]].insert(conn).second) parked_bytes_ += entry_bytes(q.keys[0]);
       reply(encode_u8(static_cast<std::uint8_t>(WatchEvent::Registered)));
       break;
     case Op::DeleteKey: {
@@ -172,6 +190,7 @@ void StoreState::disconnect_waits(ConnId conn) {
   auto it = pending_.find(conn);
   if (it == pending_.end()) return;
   for (const auto& key : it->second) {
+    parked_bytes_ -= 2 * entry_bytes(key);
     auto w = waiters_.find(key);
     if (w == waiters_.end()) continue;
     w->second.erase(conn);
@@ -183,7 +202,7 @@ void StoreState::disconnect_waits(ConnId conn) {
 void StoreState::disconnect(ConnId conn) {
   disconnect_waits(conn);
   for (auto it = watchers_.begin(); it != watchers_.end();) {
-    it->second.erase(conn);
+    if (it->second.erase(conn) > 0) parked_bytes_ -= entry_bytes(it->first);
     it = it->second.empty() ? watchers_.erase(it) : std::next(it);
   }
 }
@@ -241,7 +260,7 @@ void StoreState::wake(const std::string& key, Effects& out) {
   for (ConnId c : conns) {
     auto p = pending_.find(c);
     if (p == pending_.end()) continue;
-    p->second.erase(key);
+    if (p->second.erase(key) > 0) parked_bytes_ -= 2 * entry_bytes(key);
     if (!p->second.empty()) continue;
     // The last missing key of c's WAIT appeared: it stops waiting.
     pending_.erase(p);

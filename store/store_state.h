@@ -39,6 +39,15 @@ struct Effects {
 /// Keys and values (opaque bytes, one map for both dialects), parked WAITs and 1.13 watches.
 class StoreState {
  public:
+  /// What one parked key of a WAIT, or one watch, is counted as beyond its key's bytes (the
+  /// map and set entries that hold it).
+  static constexpr std::size_t kParkedEntryBytes = 96;
+
+  /// `max_parked_bytes`: parked WAITs and watches of all connections together, counted as
+  /// parked_bytes() does; a WAIT or WATCH_KEY that would go over closes its connection.
+  explicit StoreState(std::size_t max_parked_bytes = 64u << 20)
+      : max_parked_bytes_(max_parked_bytes) {}
+
   /// Applies one request from `conn`. Replies come in request order; a WAIT on missing keys is
   /// parked and answered when the last of them appears.
   Effects apply(ConnId conn, const Request& request);
@@ -61,6 +70,11 @@ class StoreState {
   /// Connections with a parked WAIT.
   std::size_t parked() const { return pending_.size(); }
 
+  /// Memory held by parked WAITs and watches: each key a WAIT waits on counts twice (the key's
+  /// waiters, the connection's missing keys), each watch once, as its bytes and
+  /// kParkedEntryBytes.
+  std::size_t parked_bytes() const { return parked_bytes_; }
+
  private:
   /// A key got a value (created or changed): wakes its waiters; pushes to its watchers.
   void changed(const std::string& key, const std::optional<std::string>& old_value, Effects& out);
@@ -76,6 +90,9 @@ class StoreState {
   std::map<ConnId, std::set<std::string>> pending_;   ///< connection -> keys still missing
   std::map<std::string, std::set<ConnId>> watchers_;  ///< key -> 1.13 callback connections
   std::size_t bytes_ = 0;
+  std::size_t max_parked_bytes_;
+  std::size_t parked_bytes_ = 0;
+  static std::size_t entry_bytes(const std::string& key) { return key.size() + kParkedEntryBytes; }
 };
 
 }  // namespace ddprun::store

@@ -24,10 +24,16 @@ namespace {
 /// so a client that never reads holds little in its kernel buffer.
 class Client {
  public:
-  Client(int port, int receive_buffer = 0) {
+  Client(int port, int receive_buffer = 0, const char* from = nullptr) {
     fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (receive_buffer > 0)
       ::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof receive_buffer);
+    if (from != nullptr) {  // another loopback address as the source
+      sockaddr_in source{};
+      source.sin_family = AF_INET;
+      ::inet_pton(AF_INET, from, &source.sin_addr);
+      REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&source), sizeof source) == 0);
+    }
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_port = htons(static_cast<std::uint16_t>(port));
@@ -142,4 +148,29 @@ TEST_CASE("watchers that never read are closed, the largest first, at the store'
   CHECK(closed >= 7);
   CHECK(store.on_io([&] { return store.server.connections(); }) ==
         11 - static_cast<std::size_t>(closed));
+}
+
+TEST_CASE("one address cannot take every connection of the store", "[store][unit][security]") {
+  StoreLimits limits;
+  limits.max_connections_per_address = 4;
+  RunningServer store(limits);
+  const int port = store.server.port();
+  std::vector<std::unique_ptr<Client>> hog;
+  for (int i = 0; i < 6; ++i) hog.push_back(std::make_unique<Client>(port, 0, "127.0.0.2"));
+  // The fifth and sixth from 127.0.0.2 are closed; the first four stay open.
+  CHECK(hog[4]->closed_by_server(2s));
+  CHECK(hog[5]->closed_by_server(2s));
+  CHECK(store.on_io([&] { return store.server.connections(); }) == 4);
+  // A worker from another address is served.
+  Client worker(port, 0, "127.0.0.3");
+  worker.send(request(Op::Add, {"/n"}));
+  CHECK(worker.read(8) == encode_i64(0));
+  // Once the hog's connections close, it may connect again.
+  hog.clear();
+  bool served = false;
+  for (int tries = 0; tries < 100 && !served; ++tries) {
+    Client again(port, 0, "127.0.0.2");
+    served = !again.closed_by_server(20ms);
+  }
+  CHECK(served);
 }

@@ -178,3 +178,38 @@ TEST_CASE("a new round clears every key and a later wait parks again", "[store][
   CHECK(s.apply(2, req(Op::Wait, {"//worker/attempt_0/default_pg/0/0/rank_1"})).sends.empty());
   CHECK(to(s.apply(1, req(Op::QueueLen, {"/q"})), 1) == encode_i64(0));
 }
+
+TEST_CASE("waits and watches beyond the parked budget close their connection, and the rest stay",
+          "[store][unit][security]") {
+  StoreState s(1 << 20);  // 1 MiB
+  // A WAIT on 100,000 missing keys would hold about 20 MB: refused, nothing kept.
+  std::vector<std::string> keys;
+  for (int i = 0; i < 100'000; ++i) keys.push_back("/k" + std::to_string(i));
+  const Effects big = s.apply(7, req(Op::Wait, keys));
+  REQUIRE(big.close);
+  CHECK(big.close->find("parked waits and watches would take more than 1048576 bytes") !=
+        std::string::npos);
+  CHECK(s.parked_bytes() == 0);
+  CHECK(s.parked() == 0);
+  // Small waits and watches are kept and counted; they are released as keys appear, on
+  // cancel and on disconnect, down to nothing.
+  CHECK(s.apply(1, req(Op::Wait, {"/a", "/b"})).sends.empty());
+  CHECK(s.apply(2, req(Op::Wait, {"/a"})).sends.empty());
+  CHECK_FALSE(s.apply(3, req(Op::WatchKey, {"/a"})).close);
+  CHECK(s.parked_bytes() ==
+        3 * 2 * (2 + StoreState::kParkedEntryBytes) + (2 + StoreState::kParkedEntryBytes));
+  s.apply(9, req(Op::Set, {"/a"}, {"v"}));  // wakes 2, leaves 1 waiting on /b
+  CHECK(s.parked_bytes() ==
+        2 * (2 + StoreState::kParkedEntryBytes) + (2 + StoreState::kParkedEntryBytes));
+  s.apply(1, req(Op::CancelWait));
+  s.disconnect(3);
+  CHECK(s.parked_bytes() == 0);
+  // Watches count too: 20,000 distinct watched keys go over 1 MiB.
+  bool closed = false;
+  for (int i = 0; i < 20'000 && !closed; ++i)
+    closed = s.apply(4, req(Op::WatchKey, {"/w" + std::to_string(i)})).close.has_value();
+  CHECK(closed);
+  CHECK(s.parked_bytes() <= (1u << 20));
+  s.disconnect(4);
+  CHECK(s.parked_bytes() == 0);
+}
