@@ -477,7 +477,10 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
           why->message);
       return common::kExitRendezvous;
     }
-    plan.client.before_connect = [try_host] {
+    // A node that greeted the standalone daemon waits for it to come back (a service manager
+    // restarts it on its port) instead of taking the port itself.
+    plan.client.before_connect = [try_host, &network] {
+      if (network != nullptr && network->served_by_daemon()) return;
       if (auto why = try_host()) spdlog::debug("not hosting the rendezvous: {}", why->message);
     };
     auto client = std::make_unique<rdzv::NetworkRendezvous>(io, clock, plan.client);

@@ -158,6 +158,7 @@ int run_daemon(const DaemonConfig& config) {
   server.set_metrics(&server_metrics);
   JobHistory history;  // outlives the server, which records into it
   server.set_history(&history);
+  server.set_daemon(true);
   const TimePoint started = clock.now();
   // The status document (docs/operations.md#status-document): what the server holds, when.
   auto document = [&server, &clock, started] {

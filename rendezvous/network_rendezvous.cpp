@@ -206,6 +206,9 @@ void NetworkRendezvous::on_message(const nlohmann::json& body) {
     if (!hs.done) return;
     greeted_ = true;
     handshake_.reset();
+    // The server's hello (the last message of the handshake) says whether it is the daemon.
+    const auto daemon = body.find("daemon");
+    served_by_daemon_ = daemon != body.end() && daemon->is_boolean() && daemon->get<bool>();
     return step(Greeted{});
   }
   auto parsed = parse_server_message(body);

@@ -80,6 +80,11 @@ class NetworkRendezvous final : public RendezvousHandler {
   /// Frames received from the server so far, hellos included (bench/ counts messages per round).
   std::uint64_t frames_received() const { return frames_received_; }
 
+  /// The server this node last greeted is the standalone daemon (its hello says so): when it
+  /// goes away, this node waits for it to come back instead of hosting the rendezvous on its
+  /// port, which a restarted daemon (systemd) then could not take.
+  bool served_by_daemon() const { return served_by_daemon_; }
+
  private:
   /// Runs the pure client (rdzv_client.h) on `event` now and carries out its effects.
   void step(const ClientEvent& event);
@@ -101,6 +106,7 @@ class NetworkRendezvous final : public RendezvousHandler {
   std::vector<boost::asio::ip::tcp::endpoint> endpoints_;  ///< of the endpoint, being tried
   std::optional<ClientHandshake> handshake_;
   bool greeted_ = false;
+  bool served_by_daemon_ = false;
   std::function<void(RendezvousResult)> done_;
   std::function<void(Notice)> on_notice_;
   ClientTimers timers_;

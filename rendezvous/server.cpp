@@ -326,6 +326,7 @@ void RendezvousServer::on_message(std::uint64_t id, const json& body) {
     if (hs.error)
       return refuse(session, *hs.error,
                     hs.unauthorized ? RefusalKind::Unauthorized : RefusalKind::Protocol);
+    if (hs.send && hs.done && daemon_) (*hs.send)["daemon"] = true;
     if (hs.send) session.conn->send(*hs.send);
     // A hello was accepted: no longer among the first to go when too many wait.
     if (silent_.erase(id) > 0 && !hs.done) greeting_.insert(id);

@@ -60,6 +60,10 @@ class RendezvousServer {
   /// outlive the server.
   void set_metrics(ServerMetrics* metrics) { metrics_ = metrics; }
 
+  /// The server is the standalone daemon: its hello says so, and agents that greeted it never
+  /// take its port over when it goes away (NetworkRendezvous::served_by_daemon).
+  void set_daemon(bool daemon) { daemon_ = daemon; }
+
   /// Records each job's history into `history` from now on (the daemon's status page);
   /// nullptr: none. It must outlive the server.
   void set_history(JobHistory* history) { history_ = history; }
@@ -167,6 +171,7 @@ class RendezvousServer {
   std::set<std::pair<TimePoint, std::string>> deadlines_;
   std::optional<TimePoint> armed_at_;  ///< what the timer is set for now
   bool stopped_ = false;
+  bool daemon_ = false;
   ServerMetrics* metrics_ = nullptr;
   JobHistory* history_ = nullptr;
 };
