@@ -83,7 +83,7 @@ void StoreServer::shutdown() {
 
 void StoreServer::on_accepted(tcp::socket socket) {
   error_code ignored;
-  if (sessions_.size() >= limits_.max_connections) {
+  if (sessions_.size() >= limits_.max_connections && !make_room()) {
     if (!full_logged_)
       spdlog::warn(
           "store: {} connections are open, the limit; refusing more until some close (each "
@@ -118,6 +118,25 @@ void StoreServer::on_accepted(tcp::socket socket) {
   read_next(id);
 }
 
+bool StoreServer::make_room() {
+  // The newest connection that has not sent a byte goes. A torch 1.13 worker's callback
+  // connection is silent too, but the job's are as old as its workers; what a flood of idle
+  // connections opened since is newer, so the flood replaces itself and every new connection
+  // (a worker's first bytes come at once) gets in.
+  for (auto it = sessions_.rbegin(); it != sessions_.rend(); ++it) {
+    if (it->second->heard) continue;
+    if (!idle_closed_logged_)
+      spdlog::warn(
+          "store: {} connections are open, the limit; closing the newest that never sent a "
+          "request ({}) for each new one",
+          sessions_.size(), it->second->peer);
+    idle_closed_logged_ = true;
+    close(it->first, "");
+    return true;
+  }
+  return false;
+}
+
 void StoreServer::read_next(ConnId id) {
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return;
@@ -129,6 +148,7 @@ void StoreServer::read_next(ConnId id) {
                              auto it = sessions_.find(id);
                              if (it == sessions_.end()) return;
                              if (ec) return close(id, "");
+                             it->second->heard = true;
                              it->second->input.append(it->second->buffer.data(), n);
                              consume(id);
                              if (sessions_.count(id) > 0) read_next(id);

@@ -27,9 +27,11 @@ namespace ddprun::store {
 ///                   v
 ///                StoreState::apply(conn, request) --> Effects: bytes to any session, or close
 ///
-/// All on the io_context's thread. Idle connections are never closed: torch 1.13 keeps a silent
-/// callback connection open for the life of each worker. A malformed request closes its own
-/// connection only. Shutdown is cancellation: close the acceptor and every socket.
+/// All on the io_context's thread. Idle connections are not timed out: torch 1.13 keeps a silent
+/// callback connection open for the life of each worker. Only at the connection limit does the
+/// newest connection that never sent a byte make room for a new one (make_room). A malformed
+/// request closes its own connection only. Shutdown is cancellation: close the acceptor and
+/// every socket.
 class StoreServer {
  public:
   explicit StoreServer(boost::asio::io_context& io, StoreLimits limits = {});
@@ -64,6 +66,7 @@ class StoreServer {
     std::optional<Dialect> dialect;
     std::string input;               ///< bytes read, not yet a whole request
     std::size_t need = 0;            ///< input's size before decoding can progress
+    bool heard = false;              ///< it has sent at least one byte
     std::deque<SharedBytes> output;  ///< replies queued; the front one is being written
     std::size_t queued_bytes = 0;
     std::array<char, 64 * 1024> buffer{};
@@ -77,6 +80,9 @@ class StoreServer {
   void send(ConnId id, SharedBytes bytes);
   /// Over the total reply budget: closes the connections holding the most queued replies.
   void shed_largest_queues();
+  /// At the connection limit: closes the newest connection that never sent a byte; false
+  /// when every connection has.
+  bool make_room();
   void write_next(ConnId id);
   void close(ConnId id, const std::string& why);
 
@@ -96,6 +102,7 @@ class StoreServer {
   int port_ = 0;
   bool stopped_ = false;
   bool full_logged_ = false;
+  bool idle_closed_logged_ = false;
 };
 
 }  // namespace ddprun::store

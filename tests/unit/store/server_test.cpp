@@ -174,3 +174,29 @@ TEST_CASE("one address cannot take every connection of the store", "[store][unit
   }
   CHECK(served);
 }
+
+TEST_CASE("at the connection limit a flood of idle connections replaces itself and workers get in",
+          "[store][unit][security]") {
+  StoreLimits limits;
+  limits.max_connections = 8;
+  RunningServer store(limits);
+  const int port = store.server.port();
+  // An old worker: a connection that spoke, and a silent one (a torch 1.13 callback).
+  Client worker(port);
+  worker.send(request(Op::Add, {"/n"}));
+  REQUIRE(worker.read(8) == encode_i64(0));
+  Client callback(port);
+  // Twenty idle connections from elsewhere, more than the limit holds.
+  std::vector<std::unique_ptr<Client>> idle;
+  for (int i = 0; i < 20; ++i) idle.push_back(std::make_unique<Client>(port, 0, "127.0.0.2"));
+  // A new worker still gets in and is answered.
+  Client late(port);
+  late.send(request(Op::Add, {"/n"}));
+  CHECK(late.read(8) == encode_i64(0));
+  // The old worker's connections, the silent one included, are still served.
+  worker.send(request(Op::Add, {"/n"}));
+  CHECK(worker.read(8) == encode_i64(0));
+  callback.send(request(Op::Add, {"/n"}));
+  CHECK(callback.read(8) == encode_i64(0));
+  CHECK(store.on_io([&] { return store.server.connections(); }) <= 8);
+}
