@@ -90,15 +90,7 @@ def one_run(a, attack, log_dir, index):
     daemon = popen(["taskset", "-c", a.daemon_cpu, a.rdzvd, "--host", "127.0.0.1", "--port",
                     str(port)] + shlex.split(a.daemon_flags),
                    stdout=daemon_log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if daemon.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("rdzv_attack_bench.py: the daemon did not start (see %s)" % daemon_log.name)
-            time.sleep(0.05)
+    wait_listening(port, daemon, "the daemon (see %s)" % daemon_log.name)
     rss = {"base_kb": proc_status(daemon.pid).get("VmRSS", 0), "peak_kb": 0}
     stop_sampling = threading.Event()
 
