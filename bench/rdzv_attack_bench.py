@@ -192,8 +192,9 @@ def wait_listening(port, proc, what):
 
 
 def refused_hellos(port, count):
-    """`count` connections: a framed hello without the secret, the refusal read, close (reset, so
-    no TIME_WAIT is left on the client's side). Returns how many were refused as expected."""
+    """`count` connections: a framed hello without the secret, the reply read (a refusal, or
+    the server's hello when it has no secret), close (reset, so no TIME_WAIT is left on the
+    client's side). Returns how many were answered as expected."""
     hello = json.dumps({"type": "hello", "protocol": 1, "role": "agent"}).encode()
     frame = len(hello).to_bytes(4, "big") + hello
     refused = 0
@@ -203,12 +204,12 @@ def refused_hellos(port, count):
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
                 s.sendall(frame)
                 reply = b""
-                while True:
+                while b'"refused"' not in reply and b'"server"' not in reply:
                     chunk = s.recv(65536)
                     if not chunk:
                         break
                     reply += chunk
-                refused += b'"refused"' in reply
+                refused += b'"refused"' in reply or b'"server"' in reply
         except OSError:
             pass
     return refused
@@ -224,11 +225,14 @@ def flood_run(a, target):
     os.chmod(secret, 0o600)
     port = free_port()
     log = open(os.path.join(log_dir, "%s.log" % target), "w")
+    secret_flags = [] if a.no_secret else ["--secret_file", secret]
     if target == "daemon":
         proc = popen(["taskset", "-c", a.daemon_cpu, a.rdzvd, "--host", "127.0.0.1", "--port",
-                      str(port), "--secret_file", secret], stdout=log, stderr=subprocess.STDOUT)
+                      str(port)] + secret_flags, stdout=log, stderr=subprocess.STDOUT)
     else:
-        env = dict(os.environ, DDPRUN_RDZV_SECRET_FILE=secret)
+        env = dict(os.environ)
+        if not a.no_secret:
+            env["DDPRUN_RDZV_SECRET_FILE"] = secret
         proc = popen(["taskset", "-c", a.daemon_cpu, os.path.join(a.build, "bin", "ddprun"),
                       "--nnodes", "1", "--nproc_per_node", "1", "--rdzv_backend", "c10d",
                       "--rdzv_endpoint", "127.0.0.1:%d" % port, "--rdzv_id", "flood",
@@ -282,8 +286,9 @@ def flood_main(a):
             results.append(flood_run(a, target.replace(" ", "-")))
     finally:
         cleanup()
-    print("%d refused hellos (%d threads), one connection each; VmRSS in MiB" %
-          (a.refused_hellos, a.flood_threads))
+    print("%d hellos %s (%d threads), one connection each; VmRSS in MiB" %
+          (a.refused_hellos, "answered (no secret)" if a.no_secret else "refused (no secret sent)",
+           a.flood_threads))
     print("| process | refused | flood (s) | RSS before | peak during | 5 s after |")
     print("|---|---:|---:|---:|---:|---:|")
     for r in results:
@@ -317,6 +322,8 @@ def main():
     ap.add_argument("--flood-threads", type=int, default=4)
     ap.add_argument("--hosting-agent", action="store_true",
                     help="with --refused-hellos: flood an agent hosting the rendezvous too")
+    ap.add_argument("--no-secret", action="store_true",
+                    help="with --refused-hellos: no secret anywhere, so each hello is answered")
     a = ap.parse_args()
     a.bench = os.path.join(a.build, "bin", "ddprun-rdzv-bench")
     a.rdzvd = os.path.join(a.build, "bin", "ddprun-rdzvd")
