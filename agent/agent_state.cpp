@@ -191,6 +191,12 @@ class Stepper {
                                 {"counted", restart->counted},
                                 {"restart_count", restart->restart_count}}});
       s_.restart_count = restart->restart_count;
+      if (restart->counted) {
+        // A failure: one more in a row, unless the group had run long enough to call it fresh.
+        const bool ran_long =
+            s_.group_started && now_ - *s_.group_started >= spec_.restart_backoff_reset;
+        s_.failures_in_a_row = ran_long ? 1 : s_.failures_in_a_row + 1;
+      }
       log(LogLevel::Warn,
           restart->counted
               ? fmt::format("restarting workers: restart {} of {} ({})", restart->restart_count,
@@ -329,6 +335,11 @@ class Stepper {
         check_watchdog();
         arm_watchdog();
         return;
+      case AgentTimer::Backoff:
+        if (!s_.backing_off) return;
+        s_.backing_off = false;
+        s_.backoff_over = true;
+        return advance();
     }
   }
 
@@ -417,6 +428,7 @@ class Stepper {
                               {"pids", pids},
                               {"restart_count", s_.restart_count},
                               {"from_standby", s_.from_standby}}});
+    s_.group_started = now_;
     arm_watchdog();
     out_.push_back(ScheduleStandbys{});
     evaluate();
@@ -551,7 +563,29 @@ class Stepper {
     }
     if (s_.closed) return conclude(*s_.closed);
     if (s_.restart) {
+      if (s_.backing_off) return;  // the Backoff timer rejoins
+      const Duration pause = s_.backoff_over
+                                 ? Duration{0}
+                                 : restart_backoff(s_.failures_in_a_row, spec_.restart_backoff,
+                                                   spec_.restart_backoff_max);
+      if (pause > Duration{0}) {
+        // BetweenRounds (backing off): failures in a row; wait before the next round.
+        s_.backing_off = true;
+        const long long ms = std::chrono::duration_cast<std::chrono::milliseconds>(pause).count();
+        out_.push_back(EmitEvent{"restart_delayed",
+                                 {{"delay_ms", ms}, {"failures_in_a_row", s_.failures_in_a_row}}});
+        log(LogLevel::Info,
+            fmt::format(
+                "waiting {:.1f} s before the next round: {} failures in a row, each "
+                "within {} s of its start (--restart_backoff)",
+                ms / 1000.0, s_.failures_in_a_row,
+                std::chrono::duration_cast<std::chrono::seconds>(spec_.restart_backoff_reset)
+                    .count()));
+        out_.push_back(ArmTimer{AgentTimer::Backoff, now_ + pause});
+        return;
+      }
       // BetweenRounds -> Rendezvous: the rendezvous asked for a new round.
+      s_.backoff_over = false;
       s_.restart.reset();
       return join_round();
     }
@@ -577,6 +611,9 @@ class Stepper {
   }
 
   void finish(int code) {
+    // A stop signal, a closed job or a lost rendezvous during a pause: no round follows.
+    if (s_.backing_off) out_.push_back(CancelTimer{AgentTimer::Backoff});
+    s_.backing_off = false;
     s_.phase = AgentPhase::Finished;
     s_.exit_code = code;
     out_.push_back(Finish{code});
@@ -589,6 +626,13 @@ class Stepper {
 };
 
 }  // namespace
+
+Duration restart_backoff(int failures_in_a_row, Duration base, Duration max) {
+  if (failures_in_a_row < 2 || base <= Duration{0}) return Duration{0};
+  Duration pause = base;
+  for (int i = 2; i < failures_in_a_row && pause < max; ++i) pause *= 2;
+  return std::min(pause, std::max(max, base));
+}
 
 std::vector<AgentEffect> agent_step(AgentState& state, const AgentEvent& event, TimePoint now,
                                     const AgentSpec& spec) {

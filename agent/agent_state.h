@@ -115,9 +115,11 @@ enum class AgentTimer {
   Watchdog,      ///< the next look for workers that stopped reporting progress
   /// --traceback_grace after SIGABRT to hung Python workers: SIGKILL what still runs.
   TracebackDeadline,
+  /// --restart_backoff: the pause before rejoining after repeated failures is over.
+  Backoff,
 };
 /// How many AgentTimer values there are (the executor keeps one timer each).
-inline constexpr size_t kAgentTimers = 3;
+inline constexpr size_t kAgentTimers = 4;
 
 struct AgentState {
   AgentPhase phase = AgentPhase::Rendezvous;
@@ -149,8 +151,20 @@ struct AgentState {
   std::optional<rdzv::Restart> restart;
   std::optional<rdzv::Closed> closed;
   std::optional<rdzv::RendezvousError> lost;
+  /// When the current group's workers had all started (Running), for --restart_backoff_reset.
+  std::optional<TimePoint> group_started;
+  /// Counted restarts in a row, each after a group that ran shorter than restart_backoff_reset.
+  int failures_in_a_row = 0;
+  /// BetweenRounds: a restart waits for the Backoff timer (backing_off), or has waited
+  /// (backoff_over) and joins now.
+  bool backing_off = false;
+  bool backoff_over = false;
   int exit_code = 0;  ///< valid once Finished
 };
+
+/// --restart_backoff: the pause before the next round after `failures_in_a_row` counted
+/// failures in a row: none after the first, then `base`, doubling up to `max`.
+Duration restart_backoff(int failures_in_a_row, Duration base, Duration max);
 
 /// What agent_step needs besides the state: the job's fixed settings.
 struct AgentSpec {
@@ -163,6 +177,12 @@ struct AgentSpec {
   /// thread's traceback, and SIGKILL only after traceback_grace.
   bool python_tracebacks = false;
   Duration traceback_grace = std::chrono::seconds(2);
+  /// --restart_backoff BASE:MAX and --restart_backoff_reset: the pause between repeated
+  /// failures and the next round (restart_backoff()), and how long a group must have run for
+  /// its failure to start the schedule afresh. A zero base: no pause.
+  Duration restart_backoff = std::chrono::seconds(1);
+  Duration restart_backoff_max = std::chrono::seconds(30);
+  Duration restart_backoff_reset = std::chrono::seconds(60);
   std::string host;  ///< this node, as failure descriptions name it
 };
 

@@ -52,7 +52,8 @@ class LocalAgent::Impl {
         rdzv_(rdzv),
         launcher_(launcher),
         signals_(io),
-        timers_{asio::steady_timer(io), asio::steady_timer(io), asio::steady_timer(io)},
+        timers_{asio::steady_timer(io), asio::steady_timer(io), asio::steady_timer(io),
+                asio::steady_timer(io)},
         reports_(io),
         output_(io, clock_, opt_.output, [this](const LogWriteFailure& f) { on_log_failure(f); }),
         standbys_(io, launcher, clock_, standby_settings(),
@@ -63,6 +64,9 @@ class LocalAgent::Impl {
     spec_.max_restarts = opt_.spec.max_restarts;
     spec_.shutdown_timeout = opt_.spec.shutdown_timeout;
     spec_.watchdog_timeout = opt_.watchdog_timeout;
+    spec_.restart_backoff = opt_.restart_backoff;
+    spec_.restart_backoff_max = opt_.restart_backoff_max;
+    spec_.restart_backoff_reset = opt_.restart_backoff_reset;
     spec_.python_tracebacks = !opt_.interpreter_origin.empty();
     spec_.host = rdzv::local_host_name();
   }

@@ -38,6 +38,10 @@ struct AgentOptions {
   /// --watchdog_timeout: a worker that reported progress and then went silent this long is
   /// killed as hung (0: off).
   std::chrono::milliseconds watchdog_timeout{0};
+  /// --restart_backoff BASE:MAX and --restart_backoff_reset (AgentSpec says what they do).
+  std::chrono::milliseconds restart_backoff{1'000};
+  std::chrono::milliseconds restart_backoff_max{30'000};
+  std::chrono::milliseconds restart_backoff_reset{60'000};
   /// --standby_workers: keep a standby process per local rank for the next restart
   /// (agent/standby_pool.h).
   bool standby_workers = false;

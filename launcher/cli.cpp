@@ -121,6 +121,14 @@ constexpr OptionSpec kOptions[] = {
      "Kill a worker as hung when it made progress (a report through the ddprun SDK, or a line "
      "of output) and then none for this long, after logging its stacks; its group fails like "
      "a crash (default 0: off)."},
+    {"restart_backoff", "", false, "SECONDS[:MAX]", "1:30", kSupervision,
+     "Pause before the next round after failures in a row (each within "
+     "--restart_backoff_reset of its group's start): none after the first, then SECONDS, "
+     "doubling up to MAX; a stop signal during the pause ends the job at once (default 1:30; "
+     "0: no pause)."},
+    {"restart_backoff_reset", "", false, "SECONDS", "60", kSupervision,
+     "A group that ran this long before it failed starts the pause schedule afresh (default "
+     "60)."},
     {"standby_workers", "", true, "[=off|on|auto]", "", kSupervision,
      "Keep a standby process per local rank, with the program loaded (a Python script's: "
      "torch and its imports, forked from one interpreter per node that also starts the first "
@@ -590,6 +598,31 @@ Check parse_shutdown_timeout(const RawValue& v, LaunchConfig& config) {
   return std::nullopt;
 }
 
+Check parse_restart_backoff(const RawValue& v, LaunchConfig& config) {
+  const std::string fix = ": expected SECONDS or SECONDS:MAX, e.g. 1:30 (0: no pause)";
+  const std::vector<std::string> parts = split(trim(v.text), ':');
+  if (parts.size() > 2) return common::Error{describe(v) + fix};
+  auto base = parse_double(trim(parts.front()));
+  auto max = parts.size() == 2 ? parse_double(trim(parts.back())) : std::optional<double>(30.0);
+  if (!base || !max || *base < 0 || *max < 0) return common::Error{describe(v) + fix};
+  if (*base > 86400 || *max > 86400)
+    return common::Error{describe(v) + ": at most 86400 seconds (a day)"};
+  if (parts.size() == 2 && *max < *base)
+    return common::Error{describe(v) + ": the maximum (" + trim(parts.back()) +
+                         ") is shorter than the first pause (" + trim(parts.front()) + ")"};
+  config.restart_backoff = *base;
+  config.restart_backoff_max = std::max(*max, *base);
+  return std::nullopt;
+}
+
+Check parse_restart_backoff_reset(const RawValue& v, LaunchConfig& config) {
+  auto seconds = parse_double(trim(v.text));
+  if (!seconds || *seconds < 0 || *seconds > 30 * 86400)
+    return common::Error{describe(v) + ": expected a number of seconds, 0 to 2592000"};
+  config.restart_backoff_reset = *seconds;
+  return std::nullopt;
+}
+
 Check parse_watchdog_timeout(const RawValue& v, LaunchConfig& config) {
   auto seconds = parse_double(trim(v.text));
   if (!seconds || *seconds < 0)
@@ -918,6 +951,9 @@ ParseResult build_config(const std::map<std::string_view, RawValue>& raw,
     return UsageError{e->message};
   if (auto e = parse_signals(get("signals_to_handle"), config)) return UsageError{e->message};
   if (auto e = parse_watchdog_timeout(get("watchdog_timeout"), config))
+    return UsageError{e->message};
+  if (auto e = parse_restart_backoff(get("restart_backoff"), config)) return UsageError{e->message};
+  if (auto e = parse_restart_backoff_reset(get("restart_backoff_reset"), config))
     return UsageError{e->message};
   if (auto e = parse_start_method(get("start_method"), config)) return UsageError{e->message};
   if (auto e = parse_cleanup(get("cleanup"), config)) return UsageError{e->message};

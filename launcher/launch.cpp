@@ -399,8 +399,13 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
   if (!opt.interpreter_origin.empty()) opt.agent_env.emplace("PYTHONFAULTHANDLER", "1");
   opt.event_log = config.event_log;
   opt.node_name = config.local_addr.empty() ? rdzv::local_host_name() : config.local_addr;
-  opt.watchdog_timeout =
-      std::chrono::milliseconds(static_cast<long long>(config.watchdog_timeout * 1000.0));
+  auto ms = [](double seconds) {
+    return std::chrono::milliseconds(static_cast<long long>(seconds * 1000.0));
+  };
+  opt.watchdog_timeout = ms(config.watchdog_timeout);
+  opt.restart_backoff = ms(config.restart_backoff);
+  opt.restart_backoff_max = ms(config.restart_backoff_max);
+  opt.restart_backoff_reset = ms(config.restart_backoff_reset);
   configure_standbys(config, req, opt);
   opt.cleanup = cleanup.get();
 

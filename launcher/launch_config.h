@@ -64,6 +64,10 @@ struct LaunchConfig {
   std::string start_method = "spawn";  ///< accepted for compatibility; workers are always fork+exec
   std::vector<int> signals_to_handle;  ///< signal numbers, default SIGTERM,SIGINT,SIGHUP,SIGQUIT
   double watchdog_timeout = 0.0;       ///< seconds; 0 = off (ddprun's own flag)
+  /// --restart_backoff BASE[:MAX] and --restart_backoff_reset, seconds (ddprun's own flags).
+  double restart_backoff = 1.0;
+  double restart_backoff_max = 30.0;
+  double restart_backoff_reset = 60.0;
   StandbyMode standby_workers = StandbyMode::Auto;  ///< a standby per local rank (ddprun's own)
   bool standby_workers_given = false;        ///< by the flag or PET_STANDBY_WORKERS, not by default
   std::vector<std::string> standby_preload;  ///< --standby_preload: modules to import

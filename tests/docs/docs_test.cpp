@@ -319,6 +319,7 @@ const std::set<std::string> kForeignFlags = {
     "--torch-reps", "--loss-reps",
     // bench/rdzv_attack_bench.py, bench/rdzv_attacker.py, ddprun-rdzv-bench (benchmarks.md)
     "--mode", "--jobs", "--round-gap-ms", "--duration", "--warmup", "--rate", "--hold", "--repeats",
+    "--refused-hellos", "--hosting-agent", "--no-secret", "--flood-threads",
     // bench/recovery_bench.py and bench/python_launch_bench.py (benchmarks.md)
     "--series",
     // ddprun's Python bootstrap, agent/python/ddprun_standby.py (design.md#standby-workers)

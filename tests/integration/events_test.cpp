@@ -2,6 +2,7 @@
 #include <signal.h>
 
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "tests/integration/ddprun_runs.h"
@@ -118,4 +119,74 @@ TEST_CASE("an event log that cannot be written warns and counts its lost events,
   CHECK(contains(r.out, "ran"));
   CHECK(count_of(r.err, "cannot write the event log /dev/full: No space left on device") == 1);
   CHECK(contains(r.err, "event(s) could not be written to the event log /dev/full"));
+}
+
+namespace {
+
+/// The event log's lines named `name`, parsed, in order.
+std::vector<nlohmann::json> events_named(const std::string& path, const std::string& name) {
+  std::vector<nlohmann::json> found;
+  std::istringstream in(read_file(path));
+  for (std::string line; std::getline(in, line);) {
+    auto e = nlohmann::json::parse(line, nullptr, false);
+    if (e.is_object() && e.value("event", "") == name) found.push_back(e);
+  }
+  return found;
+}
+
+}  // namespace
+
+TEST_CASE("failures in a row pause 0, then 1, then 2 s before the next round",
+          "[integration][events][backoff]") {
+  TempDir dir;
+  const std::string log = dir.path() + "/events.jsonl";
+  auto r = run_command(ddprun_fake({"--nproc_per_node", "1", "--max_restarts", "3", "--event_log",
+                                    log, "--restart_backoff", "1:30"},
+                                   {"exit=3"}),
+                       {}, kJobLimit);
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 75);
+  const auto delayed = events_named(log, "restart_delayed");
+  REQUIRE(delayed.size() == 2);  // none after the first failure; none after the last
+  CHECK(delayed[0]["delay_ms"] == 1000);
+  CHECK(delayed[0]["failures_in_a_row"] == 2);
+  CHECK(delayed[1]["delay_ms"] == 2000);
+  CHECK(contains(r.err, "waiting 1.0 s before the next round: 2 failures in a row"));
+  // Each pause is kept: the round after it starts no earlier than it says.
+  const auto starts = events_named(log, "rendezvous_start");
+  REQUIRE(starts.size() == 4);
+  for (std::size_t i = 0; i < delayed.size(); ++i)
+    CHECK(starts[i + 2]["t"].get<double>() - delayed[i]["t"].get<double>() >=
+          delayed[i]["delay_ms"].get<double>() / 1000.0);
+}
+
+TEST_CASE("a SIGTERM during the pause before the next round ends the job at once",
+          "[integration][events][backoff]") {
+  TempDir dir;
+  const std::string log = dir.path() + "/events.jsonl";
+  Subprocess job(ddprun_fake({"--nproc_per_node", "1", "--max_restarts", "5", "--event_log", log,
+                              "--restart_backoff", "30:60"},
+                             {"exit=3"}));
+  REQUIRE(wait_until([&] { return !events_named(log, "restart_delayed").empty(); }, kJobLimit));
+  job.send(SIGTERM);
+  const auto r = job.wait(std::chrono::seconds(20));  // far less than the 30 s pause
+  INFO(r.out << r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code == 143);
+  CHECK(events_named(log, "workers_started").size() == 2);  // no round after the pause
+}
+
+TEST_CASE("a --restart_backoff value ddprun cannot use is refused, naming it",
+          "[integration][backoff]") {
+  for (const auto& [value, says] : std::vector<std::pair<std::string, std::string>>{
+           {"-1", "expected SECONDS or SECONDS:MAX"},
+           {"5:2", "the maximum (2) is shorter than the first pause (5)"},
+           {"1:2:3", "expected SECONDS or SECONDS:MAX"},
+           {"99999", "at most 86400 seconds"}}) {
+    auto r = run_command(ddprun_fake({"--restart_backoff", value}, {"print=ran"}), {}, kJobLimit);
+    INFO(value << ": " << r.err);
+    CHECK(r.exit_code == 64);
+    CHECK(contains(r.err, "--restart_backoff " + value + ": " + says));
+    CHECK_FALSE(contains(r.out, "ran"));
+  }
 }

@@ -624,3 +624,113 @@ TEST_CASE("agent: a hung Python worker gets SIGABRT for its traceback and SIGKIL
     CHECK(a.effects<SignalWorkers>().at(0).sig == SIGKILL);
   }
 }
+
+// ---- --restart_backoff ----------------------------------------------------------------------
+
+namespace {
+
+/// A one-worker group that runs `ran` and fails; the rendezvous asks for restart `count`; the
+/// group is drained. Leaves the agent between rounds (or rejoining), with that step's effects.
+void fail_and_restart(Agent& a, int count, std::chrono::milliseconds ran) {
+  auto pids = a.running_group(count - 1);
+  a.now += ran;
+  a.on(WorkerExited{pids[0], {1, 0}, true});
+  a.on(NoticeReceived{rdzv::Restart{count, "worker failed", true, count}});
+  a.on(OutputDrained{});
+}
+
+}  // namespace
+
+TEST_CASE("back-off: the pause doubles from the base up to the maximum", "[agent][unit]") {
+  CHECK(restart_backoff(0, 1s, 30s) == 0s);
+  CHECK(restart_backoff(1, 1s, 30s) == 0s);  // the first failure restarts at once
+  CHECK(restart_backoff(2, 1s, 30s) == 1s);
+  CHECK(restart_backoff(3, 1s, 30s) == 2s);
+  CHECK(restart_backoff(4, 1s, 30s) == 4s);
+  CHECK(restart_backoff(6, 1s, 30s) == 16s);
+  CHECK(restart_backoff(7, 1s, 30s) == 30s);
+  CHECK(restart_backoff(1000, 1s, 30s) == 30s);
+  CHECK(restart_backoff(5, 0s, 30s) == 0s);  // 0: never
+  CHECK(restart_backoff(3, 5s, 2s) == 5s);   // a maximum under the base is the base
+}
+
+TEST_CASE("back-off: the first failure rejoins at once, the second after the base pause",
+          "[agent][unit]") {
+  Agent a(1, 10);
+  fail_and_restart(a, 1, 100ms);
+  CHECK(a.has<JoinRound>());
+  CHECK_FALSE(a.emitted("restart_delayed"));
+  fail_and_restart(a, 2, 100ms);
+  // BetweenRounds (backing off): no join yet, a timer for a second from now.
+  CHECK_FALSE(a.has<JoinRound>());
+  CHECK(a.state.phase == AgentPhase::BetweenRounds);
+  CHECK(a.event("restart_delayed")["delay_ms"] == 1000);
+  CHECK(a.event("restart_delayed")["failures_in_a_row"] == 2);
+  CHECK(a.logged("waiting 1.0 s before the next round: 2 failures in a row"));
+  const auto arm = a.effects<ArmTimer>();
+  REQUIRE(arm.size() == 1);
+  CHECK(arm[0].timer == AgentTimer::Backoff);
+  CHECK(arm[0].at == a.now + 1s);
+  a.now += 1s;
+  a.on(TimerFired{AgentTimer::Backoff});
+  CHECK(a.has<JoinRound>());
+  CHECK(a.state.phase == AgentPhase::Rendezvous);
+  // The third in a row waits twice as long.
+  fail_and_restart(a, 3, 100ms);
+  CHECK(a.event("restart_delayed")["delay_ms"] == 2000);
+}
+
+TEST_CASE("back-off: a group that ran past the reset period starts the schedule afresh",
+          "[agent][unit]") {
+  Agent a(1, 10);
+  a.spec.restart_backoff_reset = 60s;
+  fail_and_restart(a, 1, 100ms);
+  fail_and_restart(a, 2, 100ms);
+  a.now += 1s;
+  a.on(TimerFired{AgentTimer::Backoff});
+  REQUIRE(a.has<JoinRound>());
+  fail_and_restart(a, 3, 61s);  // healthy for a minute: a fresh failure, no pause
+  CHECK(a.has<JoinRound>());
+  CHECK_FALSE(a.emitted("restart_delayed"));
+  CHECK(a.state.failures_in_a_row == 1);
+}
+
+TEST_CASE("back-off: a stop signal during the pause ends the job at once", "[agent][unit]") {
+  Agent a(1, 10);
+  fail_and_restart(a, 1, 100ms);
+  fail_and_restart(a, 2, 100ms);
+  REQUIRE(a.state.backing_off);
+  a.on(SignalReceived{SIGTERM});
+  CHECK(a.state.phase == AgentPhase::Finished);
+  CHECK(a.state.exit_code == 143);
+  CHECK(a.has<Leave>());
+  const auto cancel = a.effects<CancelTimer>();
+  REQUIRE(cancel.size() == 1);
+  CHECK(cancel[0].timer == AgentTimer::Backoff);
+  CHECK_FALSE(a.has<JoinRound>());
+  // The timer, had it fired anyway, does nothing.
+  a.on(TimerFired{AgentTimer::Backoff});
+  CHECK(a.last.empty());
+}
+
+TEST_CASE("back-off: a base of 0 keeps restarts immediate", "[agent][unit]") {
+  Agent a(1, 10);
+  a.spec.restart_backoff = 0s;
+  for (int count = 1; count <= 4; ++count) {
+    fail_and_restart(a, count, 10ms);
+    CHECK(a.has<JoinRound>());
+    CHECK_FALSE(a.emitted("restart_delayed"));
+  }
+}
+
+TEST_CASE("back-off: a restart for a new round (not counted) neither pauses nor counts",
+          "[agent][unit]") {
+  Agent a(1, 10);
+  fail_and_restart(a, 1, 10ms);
+  auto pids = a.running_group(1);
+  a.on(NoticeReceived{rdzv::Restart{1, "scale up", false, 1}});
+  a.on(WorkerExited{pids[0], {0, SIGTERM}, false});
+  a.on(OutputDrained{});
+  CHECK(a.has<JoinRound>());
+  CHECK(a.state.failures_in_a_row == 1);
+}
