@@ -60,13 +60,15 @@ TEST_CASE("torch 1.13 clients get torch's answers from the agent's store",
 }
 
 #ifdef TORCH_STORE_CLIENT_BIN
-TEST_CASE("a libtorch 1.13 client's check and watch work against the agent's store",
+TEST_CASE("a libtorch client's check and watch work against the agent's store",
           "[python][integration]") {
   StandaloneStore store;
   auto r = run_command_diagnosed({TORCH_STORE_CLIENT_BIN, "127.0.0.1", store.port}, {},
                                  std::chrono::seconds(120));
   INFO(r.out << r.err);
-  CHECK(count(r.out, ": ok") == 5);
+  // libtorch 2.x has no watchKey: check() alone (its two answers) is compared there.
+  const bool has_watch = r.out.find("watchKey: not in this libtorch") == std::string::npos;
+  CHECK(count(r.out, ": ok") == (has_watch ? 5 : 2));
   CHECK(r.exit_code == 0);
   store.stop();
 }
