@@ -7,7 +7,8 @@
 #
 #   scripts/debian13-run.sh ctest --test-dir build-debian13 -L 'sdk|python'
 #
-# Extra arguments go to cmake's configure step. Honours $DDPRUN_DEBIAN13_ROOT and $JOBS.
+# Extra arguments go to cmake's configure step. Honours $DDPRUN_DEBIAN13_ROOT, $JOBS and
+# $TARGETS (the targets to build, separated by spaces; all by default).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${JOBS:-$(nproc)}
@@ -16,4 +17,6 @@ jobs=${JOBS:-$(nproc)}
 # quietly leaves the SDK out.
 scripts/debian13-run.sh cmake -S . -B build-debian13 -G Ninja -DDDPRUN_BUILD_TESTS=ON \
   -DDDPRUN_BUILD_SDK=ON -DDDPRUN_WERROR=ON "$@"
-scripts/debian13-run.sh cmake --build build-debian13 -j"$jobs"
+targets=()
+for t in ${TARGETS:-}; do targets+=(--target "$t"); done
+scripts/debian13-run.sh cmake --build build-debian13 -j"$jobs" "${targets[@]}"
