@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""torchrun with one fix, so it can serve as the baseline on Debian 12.
+"""torchrun with two fixes, so it can serve as the baseline on Debian 12 and 13.
 
 Debian's python3-torch 1.13 crashes under Python 3.11 at start-up: the
 launcher calls ``Std.from_str("0")`` for --redirects / --tee, and the
@@ -11,6 +11,16 @@ which later blows up in the multiprocessing API.
 This wrapper replaces ``Std.from_str`` with a version that converts the value
 through the enum constructor (which knows every value 0..3), then runs
 ``torch.distributed.run.main()`` with the command line unchanged.
+
+Debian 13's python3-torch 2.6 was built without libuv, and TCPStore asks for
+it by default (since 2.4): torchrun fails in every mode ("use_libuv was
+requested but PyTorch was build without libuv support"), USE_LIBUV=0 or not,
+as the static rendezvous makes its store without looking at it. Where a
+TCPStore client refuses to start for want of libuv, the wrapper sets
+USE_LIBUV=0 (read by the c10d rendezvous) and makes the static rendezvous's
+store without libuv. Workers that use torchrun's agent store
+(TORCHELASTIC_USE_AGENT_STORE=True) still fail there: a Python worker's
+store client asks for libuv whatever USE_LIBUV says.
 
 Usage (same arguments as torchrun):
     /usr/bin/python3 bench/torchrun_shim.py --standalone --nproc_per_node 2 \
@@ -43,9 +53,44 @@ def _std_from_str(cls, vm: str) -> Union["_mp_api.Std", Dict[int, "_mp_api.Std"]
 _mp_api.Std.from_str = classmethod(_std_from_str)
 
 
+def _libuv_missing() -> bool:
+    """True when this torch's TCPStore has a use_libuv option, asks for libuv by default and
+    was built without it: a client then refuses to start before it connects anywhere."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    if "use_libuv" not in (TCPStore.__init__.__doc__ or ""):
+        return False  # torch 1.13: no libuv backend at all
+    try:
+        # Port 1 on loopback refuses at once; a torch with libuv gets that far and times out.
+        TCPStore("127.0.0.1", 1, is_master=False, wait_for_workers=False,
+                 timeout=timedelta(milliseconds=1))
+    except RuntimeError as e:
+        return "libuv" in str(e)
+    return False
+
+
+def _without_libuv() -> None:
+    import os
+
+    from torch.distributed import TCPStore
+    from torch.distributed.elastic.rendezvous import static_tcp_rendezvous
+
+    os.environ["USE_LIBUV"] = "0"
+
+    def tcp_store(*args, **kwargs):
+        kwargs.setdefault("use_libuv", False)
+        return TCPStore(*args, **kwargs)
+
+    static_tcp_rendezvous.TCPStore = tcp_store
+
+
 def main() -> None:
     from torch.distributed.run import main as torchrun_main
 
+    if _libuv_missing():
+        _without_libuv()
     torchrun_main()
 
 

@@ -33,6 +33,7 @@
 #include "launcher/agent_store.h"
 #include "launcher/rdzv_plan.h"
 #include "launcher/slurm.h"
+#include "launcher/torch_libuv.h"
 #include "metrics/exposition.h"
 #include "metrics/http_server.h"
 #include "rendezvous/endpoint.h"
@@ -408,6 +409,28 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
   opt.restart_backoff_reset = ms(config.restart_backoff_reset);
   configure_standbys(config, req, opt);
   opt.cleanup = cleanup.get();
+  // Once per node, before the store is planned: a torch that asks for libuv and lacks it
+  // (Debian 13's 2.6) cannot make the agent store's clients, nor rank 0's store unless
+  // USE_LIBUV=0 (launcher/torch_libuv.h). Python workers only: a script that imports torch
+  // or whose source was not found (a -m module on PYTHONPATH), or a --no_python command that
+  // runs a Python interpreter.
+  std::string workers_python;
+  if (!opt.interpreter_origin.empty()) {
+    std::error_code cwd_error;
+    const std::string source =
+        agent::python_source_of(req, std::filesystem::current_path(cwd_error).string());
+    if (source.empty() || agent::source_imports_torch(source)) workers_python = opt.interpreter;
+  } else if (names_python_interpreter(opt.spec.argv.front())) {
+    workers_python = opt.spec.argv.front();
+  }
+  if (!workers_python.empty() && (config.agent_store || env_or(env, "USE_LIBUV", "1") != "0")) {
+    const TorchLibuv probed =
+        probe_torch_libuv(workers_python, opt.agent_env, std::chrono::seconds(30));
+    const LibuvAdaptation adapted = adapt_to_libuv(probed, config.agent_store, opt.agent_env);
+    if (adapted.agent_store_off) config.agent_store = false;
+    if (adapted.set_use_libuv_0) opt.agent_env["USE_LIBUV"] = "0";
+    if (!adapted.info.empty()) spdlog::info("{}", adapted.info);
+  }
 
   boost::asio::io_context io;
   common::SteadyClock clock;

@@ -95,6 +95,8 @@ DDPRUN_OPENSSL(int, CRYPTO_memcmp, (const void* in_a, const void* in_b, size_t l
                (in_a, in_b, len))
 DDPRUN_OPENSSL(void, ERR_clear_error, (void), ())
 DDPRUN_OPENSSL(unsigned long, ERR_get_error, (void), ())
+// Boost 1.83's Asio (Debian 13) names the library in its SSL error messages; 1.74's does not.
+DDPRUN_OPENSSL(const char*, ERR_lib_error_string, (unsigned long e), (e))
 DDPRUN_OPENSSL(const char*, ERR_reason_error_string, (unsigned long e), (e))
 DDPRUN_OPENSSL(int, EVP_DecodeBlock, (unsigned char* t, const unsigned char* f, int n), (t, f, n))
 DDPRUN_OPENSSL(int, EVP_EncodeBlock, (unsigned char* t, const unsigned char* f, int n), (t, f, n))

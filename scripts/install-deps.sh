@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages ddprun needs to build, test and run its demo.
+# Installs the Debian 12 packages ddprun needs to build, test and run its demo, and debootstrap,
+# which makes the Debian 13 root of the torch 2.6 tests (scripts/debian13-root.sh).
 # Idempotent: packages already present are skipped by apt-get; safe to run again.
 set -euo pipefail
 
@@ -14,6 +15,7 @@ packages=(
   elfutils gdb
   slurmctld slurmd slurm-client munge
   etcd-server etcd-client
+  debootstrap
 )
 
 missing=()

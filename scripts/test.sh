@@ -3,11 +3,12 @@
 # UBSan) and runs the whole test suite in both builds. This is what CI runs. The plain build
 # includes the libtorch worker SDK and its tests (label sdk); the sanitizer build leaves the
 # libtorch part out (docs/sdk.md) but runs the SDK's libtorch-free unit tests. Then a Release
-# build with clang (no SDK, no tests: it must compile warning-free), and the libFuzzer targets
-# for a bounded time (scripts/fuzz.sh). Warnings are errors in every build here
-# (DDPRUN_WERROR=ON). The plain build's tests include the Debian packages (label package: packed,
-# unpacked and checked, about two minutes with the SDK's out-of-tree build; not a stage of
-# their own). Each stage's time is printed at the end.
+# build with clang (no SDK, no tests: it must compile warning-free), the libFuzzer targets for
+# a bounded time (scripts/fuzz.sh), and the second platform: ddprun built in a Debian 13 root
+# (scripts/debian13-root.sh) with torch 2.6, and its sdk and python tests run there. Warnings
+# are errors in every build here (DDPRUN_WERROR=ON). The plain build's tests include the Debian
+# packages (label package: packed, unpacked and checked, about two minutes with the SDK's
+# out-of-tree build; not a stage of their own). Each stage's time is printed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -61,4 +62,20 @@ cmake --build build-clang -j"$jobs"
 
 stage "fuzzers (clang, ASan/UBSan), about 40 s each"
 bash scripts/fuzz.sh
+
+# The second platform: Debian 13's torch 2.6, Python 3.13, GCC 14 and Catch2 3, in a root kept
+# in /var/cache/ddprun (made once per machine, in about two minutes; then reused). Its build has
+# the worker SDK on libtorch 2.6; the tests that involve torch run there: the sdk label and the
+# python label (the launcher's compatibility, standbys and the zygote, the agent store, DDP
+# resume; docs-python matches it too). The rest of the suite is the same C++ on both platforms.
+stage "Debian 13, torch 2.6: the root"
+bash scripts/debian13-root.sh
+stage "Debian 13, torch 2.6: build"
+# What the two labels run (and what those need, by add_dependencies): ddprun's libraries are
+# all compiled with GCC 14 that way; the other test programs are not built here.
+JOBS=$jobs TARGETS="compat_tests sdk_tests sdk_training_tests docs_tests" \
+  bash scripts/debian13-build.sh
+stage "Debian 13, torch 2.6: tests labelled sdk and python"
+bash scripts/debian13-run.sh ctest --test-dir build-debian13 --output-on-failure \
+  --no-tests=error -j"$jobs" -L 'sdk|python'
 stage ""

@@ -21,4 +21,26 @@ inline void require_torch() {
   REQUIRE(probe.exit_code == 0);
 }
 
+/// True when /usr/bin/python3's torch asks for libuv by default and was built without it
+/// (Debian 13's torch 2.6): ddprun then turns its agent store off and sets USE_LIBUV=0
+/// (launcher/torch_libuv.h). Told here another way than ddprun's probe: a default TCPStore
+/// server on a free port, which such a torch refuses.
+inline bool torch_lacks_libuv() {
+  auto r = run_command({"/usr/bin/python3", "-c",
+                        "from torch.distributed import TCPStore\n"
+                        "try:\n"
+                        "  s = TCPStore('127.0.0.1', 0, 1, True, wait_for_workers=False)\n"
+                        "  print('has libuv or does not ask for it')\n"
+                        "except RuntimeError as e:\n"
+                        "  print('lacks libuv' if 'libuv' in str(e) else 'failed: ' + str(e))\n"},
+                       {}, std::chrono::seconds(60));
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(r.out.find("failed: ") == std::string::npos);
+  return r.out.find("lacks libuv") != std::string::npos;
+}
+
+/// "True" where workers use the agent's store by default, "False" where torch lacks libuv.
+inline std::string default_agent_store() { return torch_lacks_libuv() ? "False" : "True"; }
+
 }  // namespace ddprun::testing

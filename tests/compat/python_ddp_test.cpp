@@ -36,7 +36,8 @@ TEST_CASE("a torchrun DDP script trains under ddprun and sees torchrun's environ
   // Both ranks agree on one store address, one run id and the restart count.
   std::regex port(
       "MASTER_PORT=(\\d+) TORCHELASTIC_RESTART_COUNT=0 TORCHELASTIC_MAX_RESTARTS=0 "
-      "TORCHELASTIC_RUN_ID=([0-9a-f-]+) TORCHELASTIC_USE_AGENT_STORE=True");
+      "TORCHELASTIC_RUN_ID=([0-9a-f-]+) TORCHELASTIC_USE_AGENT_STORE=" +
+      default_agent_store());
   std::vector<std::string> seen;
   for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), port);
        it != std::sregex_iterator(); ++it)

@@ -3,7 +3,9 @@
 // One translation unit: libtorch headers cost 20-30 s per file.
 #include <fcntl.h>
 #include <unistd.h>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+// Before Catch: c10d's headers define a glog-style CHECK, which Catch's then replaces.
+#include "worker_sdk/src/torch_compat.h"
 
 #include <catch2/catch.hpp>
 #include <cstdio>
@@ -415,12 +417,9 @@ TEST_CASE("a one-rank group forms buckets in reverse parameter order up to the c
 TEST_CASE("with the agent's store every rank is a client under /worker/attempt_<n>",
           "[sdk][process_group]") {
   const int port = free_port();
-  c10d::TCPStoreOptions server_options;
-  server_options.port = static_cast<uint16_t>(port);
-  server_options.isServer = true;
-  server_options.waitWorkers = false;
-  server_options.timeout = std::chrono::seconds(60);
-  auto agent_store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", server_options);
+  // The SDK's own server (its libuv choice is the one torch_compat.h makes).
+  auto agent_store = sdk::compat::make_tcp_store("127.0.0.1", port, /*is_server=*/true, 2,
+                                                 std::chrono::seconds(60));
 
   std::vector<double> sums(2, -1);
   std::vector<std::string> errors(2);

@@ -1,13 +1,16 @@
 #pragma once
-// Every difference between the libtorch versions the SDK builds against lives here: Debian's
-// libtorch-dev 1.13 (CPU, c10d with Gloo) and CUDA builds of libtorch 2.x (pip's torch through
-// CMAKE_PREFIX_PATH), which add c10d's NCCL process group.
+// Every difference between the libtorch versions the SDK builds against lives here: Debian 12's
+// libtorch-dev 1.13 (CPU, c10d with Gloo), Debian 13's libtorch-dev 2.6 (CPU, Gloo, no libuv)
+// and CUDA builds of libtorch 2.x (pip's torch through CMAKE_PREFIX_PATH), which add c10d's
+// NCCL process group.
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <torch/version.h>
+
+#include <string_view>
 
 #if defined(DDPRUN_SDK_HAVE_C10D_NCCL)
 #include <c10/cuda/CUDAFunctions.h>
@@ -53,6 +56,20 @@ inline c10::intrusive_ptr<c10d::Store> make_tcp_store(const std::string& host, i
   // workers here, ProcessGroupGloo's own rendezvous does.
   o.waitWorkers = false;
   o.timeout = timeout;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  // From 2.4 a TCPStore, server or client, asks for the libuv backend by default, and a torch
+  // built without libuv (Debian 13's 2.6) refuses that before it binds or connects. Such a
+  // torch does not say so in its C++ API, and the refusal is a plain c10::Error: it is told
+  // apart by its text, and the store is made again with the socket backend every torch has.
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(host, o);
+  } catch (const c10::Error& e) {
+    if (!o.useLibUV ||
+        std::string_view(e.what_without_backtrace()).find("libuv") == std::string_view::npos)
+      throw;
+    o.useLibUV = false;
+  }
+#endif
   return c10::make_intrusive<c10d::TCPStore>(host, o);
 }
 
@@ -98,11 +115,14 @@ struct PickledValue {
 
 inline PickledValue pickle_tensors_apart(const torch::IValue& value) {
   PickledValue out;
+  // Without type tags (the last argument): torch 2.6's torch.load reads only allowed globals by
+  // default (weights_only=True), and torch.jit._pickle.restore_type_tag, which tags each dict
+  // with its type, is not one of them. libtorch's own reader needs no tags.
   torch::jit::Pickler pickler(
       [&](const char* data, size_t size) {
         out.pickle.insert(out.pickle.end(), data, data + size);
       },
-      nullptr, nullptr, nullptr);
+      nullptr, nullptr, nullptr, nullptr, /*tag_aggregates=*/false);
   pickler.protocol();
   pickler.pushIValue(value);
   pickler.stop();

@@ -612,7 +612,9 @@ std::variant<Snapshot, std::string> read_snapshot_file(const std::string& path) 
     torch::IValue v = torch::pickle_load(bytes);
     if (!v.isGenericDict()) return std::string("not a dict: not a ddprun snapshot");
     const c10::impl::GenericDict d = v.toGenericDict();
-    const torch::IValue& format = entry(d, "format");
+    // A copy (one reference count): GCC 14 takes a reference returned by a call with a
+    // temporary argument (the key) for a dangling one (-Wdangling-reference).
+    const torch::IValue format = entry(d, "format");
     if (!format.isString() || format.toStringRef() != kFormat)
       return std::string("not a ddprun snapshot (no format \"") + kFormat + "\")";
     if (int_entry(d, "version") != kVersion)

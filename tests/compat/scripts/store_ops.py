@@ -1,8 +1,10 @@
-"""torch 1.13 TCPStore clients against a store at 127.0.0.1:PORT that they do not host.
+"""torch's TCPStore clients against a store at 127.0.0.1:PORT that they do not host.
 
 Usage: store_ops.py PORT. Prints one line per check and exits 0 when torch got the answers it
-gets from its own server.
+gets from its own server. With USE_LIBUV=0 the clients are made with use_libuv=False, as torch's
+own env:// rendezvous makes them then (torch 2.x without libuv, Debian 13's 2.6).
 """
+import os
 import sys
 import threading
 import time
@@ -21,10 +23,14 @@ def expect(ok, what):
         failures += 1
 
 
+# torch 1.13's TCPStore has no use_libuv argument: given only when asked for.
+LIBUV = {"use_libuv": False} if os.environ.get("USE_LIBUV") == "0" else {}
+
+
 def client(timeout=20):
     # As workers connect with TORCHELASTIC_USE_AGENT_STORE=True: is_master=False.
     return dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=timeout),
-                         wait_for_workers=False)
+                         wait_for_workers=False, **LIBUV)
 
 
 store = client()
