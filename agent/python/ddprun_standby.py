@@ -179,17 +179,21 @@ def _numpy_random_state():
         return None
 
 
-def import_if_safe(name):
-    """Imports `name` and keeps it only if nothing it imported observed what a fresh worker sees
-    differently: a worker variable (WORKER_VARIABLES, or the whole environment iterated) or the
-    random state (a number drawn from `random` or numpy's global generator would be the same in
-    every rank forked from here). Otherwise every module the import added is forgotten again, and
-    the script imports it afresh as the worker, as a fresh interpreter would. Returns why not, or
-    None."""
+def _fresh_numpy_generator(state):
+    """True for the state of numpy's global generator as a fresh import seeds it: nothing
+    drawn yet (all 624 words of the Mersenne Twister still to use, no cached Gaussian)."""
+    return state is None or (state[2] == 624 and state[3] == 0)
+
+
+def why_not_shared(name):
+    """Imports `name` here and says why sharing it between ranks would not be what a fresh
+    worker sees: a worker variable read (WORKER_VARIABLES, or the whole environment iterated),
+    a number drawn from `random` or numpy's global generator (it would be the same in every
+    rank), or the import failing. None when it is safe. Leaves the import behind: it runs in a
+    throwaway fork (trial_import)."""
     import importlib
     import random
 
-    before = set(sys.modules)
     random_state = random.getstate()
     numpy_state = _numpy_random_state()
     _TracedEnviron.read = set()
@@ -198,32 +202,60 @@ def import_if_safe(name):
     os.environ.__class__ = _TracedEnviron
     try:
         importlib.import_module(name)
-        why = None
     except Exception:  # noqa: BLE001 - the script will meet the same error itself
-        why = "its import failed"
+        return "its import failed"
     finally:
         os.environ.__class__ = environ_class
-    if why is None:
-        seen = sorted(_TracedEnviron.read & WORKER_VARIABLES)
-        if _TracedEnviron.everything:
-            why = "it read the whole environment"
-        elif seen:
-            why = "it read " + ", ".join(seen)
-        elif random.getstate() != random_state or (
-                numpy_state is not None and _numpy_random_state() != numpy_state):
-            why = "it drew random numbers"
-    if why is not None:
-        for added in set(sys.modules) - before:
-            del sys.modules[added]
-        random.setstate(random_state)
-    return why
+    seen = sorted(_TracedEnviron.read & WORKER_VARIABLES)
+    if _TracedEnviron.everything:
+        return "it read the whole environment"
+    if seen:
+        return "it read " + ", ".join(seen)
+    after = _numpy_random_state()
+    if random.getstate() != random_state or (
+            after != numpy_state if numpy_state is not None else not _fresh_numpy_generator(after)):
+        return "it drew random numbers"
+    return None
+
+
+def trial_import(name):
+    """why_not_shared(name), judged in a forked child, so that nothing of an import found unsafe
+    stays in this interpreter: an extension module imported once keeps its state even when
+    its Python modules are imported again (numpy's global generator would be the same in every
+    rank). Its output goes nowhere; the real import, if any, prints it."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
+            why = why_not_shared(name)
+            os.write(w, ("unsafe:" + why if why else "safe").encode()[:4000])
+        finally:
+            os._exit(0)
+    os.close(w)
+    verdict = b""
+    while chunk := os.read(r, 4096):
+        verdict += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    if verdict == b"safe":
+        return None
+    text = verdict.decode("utf-8", "replace")
+    return text[len("unsafe:"):] if text.startswith("unsafe:") else "its trial import failed"
 
 
 def preload(names, local_dir, argv):
     """Imports what is safe to share between ranks: installed modules (installed_roots) that
-    observe nothing a fresh worker sees differently (import_if_safe), with sys.argv already the
+    observe nothing a fresh worker sees differently (trial_import), with sys.argv already the
     script's. Anything else is left to the script, which then imports it as a fresh interpreter
-    would (docs/design.md#python-standbys says how to extend this)."""
+    would (docs/design.md#standby-workers says how to extend this)."""
+    import importlib
+
     roots = installed_roots()
     saved_argv = sys.argv
     sys.argv = argv
@@ -236,7 +268,11 @@ def preload(names, local_dir, argv):
                     continue
             except (ImportError, ValueError):
                 continue
-            import_if_safe(name)
+            if trial_import(name) is None:
+                try:
+                    importlib.import_module(name)
+                except Exception:  # noqa: BLE001 - the script will meet the same error itself
+                    pass
     finally:
         sys.argv = saved_argv
 
