@@ -218,6 +218,15 @@ def why_not_shared(name):
     return None
 
 
+def read_to_end(fd):
+    """Everything a forked child writes to the pipe `fd` before it exits; closes `fd`."""
+    data = b""
+    while chunk := os.read(fd, 4096):
+        data += chunk
+    os.close(fd)
+    return data
+
+
 def trial_import(name):
     """why_not_shared(name), judged in a forked child, so that nothing of an import found unsafe
     stays in this interpreter: an extension module imported once keeps its state even when
@@ -238,10 +247,7 @@ def trial_import(name):
         finally:
             os._exit(0)
     os.close(w)
-    verdict = b""
-    while chunk := os.read(r, 4096):
-        verdict += chunk
-    os.close(r)
+    verdict = read_to_end(r)
     os.waitpid(pid, 0)
     if verdict == b"safe":
         return None
@@ -348,10 +354,7 @@ def fork_standby(sock, agent, env, fds):
         os.write(w, str(child).encode())
         os._exit(0)
     os.close(w)
-    data = b""
-    while chunk := os.read(r, 32):
-        data += chunk
-    os.close(r)
+    data = read_to_end(r)
     # Once the middle process is reaped it has exited, so the standby already is the agent's.
     os.waitpid(middle, 0)
     return int(data) if data else -1
