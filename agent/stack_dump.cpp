@@ -12,6 +12,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/fd_read.h"
 #include "common/log.h"
 
 extern char** environ;
@@ -55,29 +56,8 @@ std::string native_stacks(pid_t pid, std::chrono::milliseconds timeout, size_t m
     return "no native stacks: cannot run " + tool[0] + ": " + std::strerror(spawned) + "\n";
   }
   std::string out;
-  const auto deadline = Clock::now() + timeout;
-  bool timed_out = false;
-  char chunk[16384];
-  while (true) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) {
-      timed_out = true;
-      break;
-    }
-    pollfd p{fds[0], POLLIN, 0};
-    const int ready = ::poll(&p, 1, static_cast<int>(left));
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready <= 0) {
-      timed_out = ready == 0;
-      break;
-    }
-    const ssize_t n = ::read(fds[0], chunk, sizeof chunk);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    if (out.size() < max_bytes)
-      out.append(chunk, std::min(static_cast<size_t>(n), max_bytes - out.size()));
-  }
+  const bool timed_out =
+      common::read_until_end(fds[0], std::chrono::steady_clock::now() + timeout, max_bytes, out);
   ::close(fds[0]);
   if (timed_out) ::kill(child, SIGKILL);
   // The agent's SIGCHLD handler may reap the tool first (ECHILD here): either way it is gone.

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "agent/worker_env.h"
+#include "common/fd_read.h"
 
 namespace ddprun::launcher {
 
@@ -90,29 +91,8 @@ TorchLibuv probe_torch_libuv(const std::string& interpreter, const common::EnvMa
     return TorchLibuv::Unknown;
   }
   std::string out;
-  bool timed_out = false;
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  char chunk[256];
-  while (out.size() < 4096) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                          deadline - std::chrono::steady_clock::now())
-                          .count();
-    if (left <= 0) {
-      timed_out = true;
-      break;
-    }
-    pollfd p{fds[0], POLLIN, 0};
-    const int ready = ::poll(&p, 1, static_cast<int>(left));
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready <= 0) {
-      timed_out = ready == 0;
-      break;
-    }
-    const ssize_t n = ::read(fds[0], chunk, sizeof chunk);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    out.append(chunk, static_cast<size_t>(n));
-  }
+  const bool timed_out =
+      common::read_until_end(fds[0], std::chrono::steady_clock::now() + timeout, 4096, out);
   ::close(fds[0]);
   if (timed_out) ::kill(child, SIGKILL);
   int status = 0;
