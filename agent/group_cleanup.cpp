@@ -12,7 +12,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -69,26 +68,12 @@ struct WatcherRecord {
   std::int32_t pgid = 0;
 };
 
-/// SIGKILLs every process in one of `groups` that is of session `sid` (a /proc walk: a
-/// group's leader may be gone while its members live; a process group id reused by someone
-/// else's session is left alone).
+/// SIGKILLs every process in one of `groups` that is of session `sid` (a group's leader may
+/// be gone while its members live; a process group id reused by someone else's session is
+/// left alone).
 void kill_groups(const std::set<pid_t>& groups, pid_t sid) {
-  DIR* proc = ::opendir("/proc");
-  if (proc == nullptr) return;
-  while (dirent* e = ::readdir(proc)) {
-    if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
-    const std::string stat = read_text(std::string("/proc/") + e->d_name + "/stat");
-    // "pid (comm) state ppid pgrp session ...": comm may hold spaces and parentheses.
-    const auto close = stat.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream fields(stat.substr(close + 1));
-    char state = 0;
-    long ppid = 0, pgrp = 0, session = 0;
-    if (!(fields >> state >> ppid >> pgrp >> session)) continue;
-    if (groups.count(static_cast<pid_t>(pgrp)) > 0 && session == sid)
-      ::kill(static_cast<pid_t>(std::atol(e->d_name)), SIGKILL);
-  }
-  ::closedir(proc);
+  for (const auto& [pid, ids] : read_process_ids())
+    if (groups.count(ids.group) > 0 && ids.session == sid) ::kill(pid, SIGKILL);
 }
 
 /// The watcher: waits for the agent's end (EOF on the pipe, whether the agent exited or was

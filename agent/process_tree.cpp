@@ -24,18 +24,25 @@ constexpr int kMaxScans = 16;
 
 }  // namespace
 
-std::optional<pid_t> parent_from_stat(const std::string& stat) {
+std::optional<ProcessIds> ids_from_stat(const std::string& stat) {
   const auto close = stat.rfind(')');
   if (close == std::string::npos) return std::nullopt;
   std::istringstream fields(stat.substr(close + 1));
   std::string state;
-  long parent = 0;
-  if (!(fields >> state >> parent) || parent < 0) return std::nullopt;
-  return static_cast<pid_t>(parent);
+  long parent = 0, group = 0, session = 0;
+  if (!(fields >> state >> parent >> group >> session) || parent < 0) return std::nullopt;
+  return ProcessIds{static_cast<pid_t>(parent), static_cast<pid_t>(group),
+                    static_cast<pid_t>(session)};
 }
 
-std::map<pid_t, pid_t> read_process_parents() {
-  std::map<pid_t, pid_t> parents;
+std::optional<pid_t> parent_from_stat(const std::string& stat) {
+  auto ids = ids_from_stat(stat);
+  if (!ids) return std::nullopt;
+  return ids->parent;
+}
+
+std::map<pid_t, ProcessIds> read_process_ids() {
+  std::map<pid_t, ProcessIds> found;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
     const std::string name = entry.path().filename().string();
@@ -44,8 +51,15 @@ std::map<pid_t, pid_t> read_process_parents() {
     std::ifstream in(entry.path() / "stat");
     std::string stat;
     if (!std::getline(in, stat)) continue;  // ended while we looked
-    if (auto parent = parent_from_stat(stat)) parents[static_cast<pid_t>(*pid)] = *parent;
+    if (auto ids = ids_from_stat(stat)) found[static_cast<pid_t>(*pid)] = *ids;
   }
+  return found;
+}
+
+std::map<pid_t, pid_t> read_process_parents() {
+  std::map<pid_t, pid_t> parents;
+  for (const auto& [pid, ids] : read_process_ids())
+    parents.emplace_hint(parents.end(), pid, ids.parent);
   return parents;
 }
 

@@ -9,10 +9,23 @@
 
 namespace ddprun::agent {
 
-/// The parent pid from the text of /proc/<pid>/stat ("1234 (name) S 1 ..."); nullopt when the
-/// text is not in that shape. The command name may hold spaces and parentheses: the fields
-/// start after the last ')'.
+/// What /proc/<pid>/stat says of a process's relations.
+struct ProcessIds {
+  pid_t parent = 0;
+  pid_t group = 0;    ///< its process group
+  pid_t session = 0;  ///< its session
+};
+
+/// The parent, process group and session from the text of /proc/<pid>/stat
+/// ("1234 (name) S 1 1234 1234 ..."); nullopt when the text is not in that shape. The command
+/// name may hold spaces and parentheses: the fields start after the last ')'.
+std::optional<ProcessIds> ids_from_stat(const std::string& stat);
+
+/// The parent pid alone (ids_from_stat).
 std::optional<pid_t> parent_from_stat(const std::string& stat);
+
+/// Every process's ids, read from /proc (a process gone while it was read is left out).
+std::map<pid_t, ProcessIds> read_process_ids();
 
 /// Every process's parent, read from /proc (a process gone while it was read is left out).
 std::map<pid_t, pid_t> read_process_parents();

@@ -16,6 +16,12 @@ TEST_CASE("the parent is read after the last parenthesis of a stat line", "[agen
   CHECK(parent_from_stat("1234 (my prog) R 0 1 1") == 0);
   CHECK_FALSE(parent_from_stat("garbage").has_value());
   CHECK_FALSE(parent_from_stat("12 (x) S").has_value());
+  // The process group and session follow the parent (the subreaper watcher kills by them).
+  const auto ids = ids_from_stat("1234 (a) b) (c) S 77 900 800 0 -1");
+  REQUIRE(ids);
+  CHECK(ids->parent == 77);
+  CHECK(ids->group == 900);
+  CHECK(ids->session == 800);
 }
 
 TEST_CASE("descendants are found at every depth and spared subtrees are left out",
