@@ -11,16 +11,29 @@ using namespace ddprun::testing;
 
 namespace {
 
+/// The event log's lines, parsed, in order (a line that is not JSON becomes null).
+std::vector<nlohmann::json> events_of(const std::string& path) {
+  std::vector<nlohmann::json> found;
+  std::istringstream in(read_file(path));
+  for (std::string line; std::getline(in, line);)
+    found.push_back(nlohmann::json::parse(line, nullptr, false));
+  return found;
+}
+
+/// The events' names, in order.
 std::vector<std::string> event_names(const std::string& path) {
   std::vector<std::string> names;
-  std::istringstream in(read_file(path));
-  for (std::string line; std::getline(in, line);) {
-    const auto at = line.find("\"event\":\"");
-    if (at == std::string::npos) continue;
-    const auto start = at + 9;
-    names.push_back(line.substr(start, line.find('"', start) - start));
-  }
+  for (const auto& e : events_of(path))
+    if (e.is_object() && e.contains("event") && e["event"].is_string()) names.push_back(e["event"]);
   return names;
+}
+
+/// The events named `name`, in order.
+std::vector<nlohmann::json> events_named(const std::string& path, const std::string& name) {
+  std::vector<nlohmann::json> found;
+  for (auto& e : events_of(path))
+    if (e.is_object() && e.contains("event") && e["event"] == name) found.push_back(std::move(e));
+  return found;
 }
 
 }  // namespace
@@ -120,21 +133,6 @@ TEST_CASE("an event log that cannot be written warns and counts its lost events,
   CHECK(count_of(r.err, "cannot write the event log /dev/full: No space left on device") == 1);
   CHECK(contains(r.err, "event(s) could not be written to the event log /dev/full"));
 }
-
-namespace {
-
-/// The event log's lines named `name`, parsed, in order.
-std::vector<nlohmann::json> events_named(const std::string& path, const std::string& name) {
-  std::vector<nlohmann::json> found;
-  std::istringstream in(read_file(path));
-  for (std::string line; std::getline(in, line);) {
-    auto e = nlohmann::json::parse(line, nullptr, false);
-    if (e.is_object() && e.value("event", "") == name) found.push_back(e);
-  }
-  return found;
-}
-
-}  // namespace
 
 TEST_CASE("failures in a row pause 0, then 1, then 2 s before the next round",
           "[integration][events][backoff]") {
