@@ -51,6 +51,7 @@ int job_exit_code(const JobOutcome& outcome) {
     case JobEnd::Succeeded:
       return common::kExitSuccess;
     case JobEnd::WorkersFailed:
+      if (outcome.do_not_requeue) return common::kExitDoNotRequeue;
       if (outcome.max_restarts > 0) return common::kExitRestartsExhausted;
       // A worker that exits non-zero has a non-zero shell code; keep it distinct from success.
       return outcome.root_cause.shell_code() != 0 ? outcome.root_cause.shell_code() : 1;
@@ -253,6 +254,7 @@ class Stepper {
     if (it == s_.workers.end()) return;
     it->running = false;
     it->status = e.status;
+    it->exception = e.exception;
     log(LogLevel::Debug, fmt::format("local rank {} (pid {}) ended: {}", it->placement.local_rank,
                                      it->pid, describe_exit(e.status)));
     const auto index = static_cast<size_t>(it - s_.workers.begin());
@@ -269,7 +271,9 @@ class Stepper {
   }
 
   void on(const ProgressReported& e) {
-    if (e.index < s_.workers.size()) s_.workers[e.index].last_progress = now_;
+    if (e.index >= s_.workers.size()) return;
+    s_.workers[e.index].last_progress = now_;
+    if (e.step) s_.workers[e.index].stepped = true;
   }
 
   void on(const SignalReceived& e) {
@@ -378,6 +382,7 @@ class Stepper {
       s_.workers.push_back(slot);
     }
     s_.failures.clear();
+    s_.group_started.reset();
     s_.stop_reason = StopReason::None;
     s_.next_launch = 0;
     s_.from_standby = 0;
@@ -463,21 +468,34 @@ class Stepper {
                         root.placement.global_rank, root.placement.local_rank, root.pid, spec_.host,
                         describe_exit(root.status));
         log(LogLevel::Warn, what + "; stopping the group");
+        const bool progress = made_progress();
         out_.push_back(EmitEvent{"failure_detected",
                                  {{"rank", root.placement.global_rank},
                                   {"local_rank", root.placement.local_rank},
                                   {"pid", root.pid},
                                   {"exit_code", root.status.code},
                                   {"signal", root.status.signal},
+                                  {"exception", root.exception},
+                                  {"progress", progress},
                                   {"how", root.launch_failed ? "launch"
                                           : root.hung        ? "watchdog"
                                                              : "exit"}}});
         out_.push_back(ReportFailure{
-            rdzv::WorkersFailed{s_.round.round, what, root.status.code, root.status.signal}});
+            rdzv::WorkersFailed{s_.round.round, what, root.status.code, root.status.signal,
+                                root.placement.global_rank, root.exception, progress}});
         stop_group(StopReason::WorkerFailed, SIGTERM);
         return;
       }
     }
+  }
+
+  /// Whether the failing group got anywhere (--crash_loop_stop): a worker reported a training
+  /// step, or the group ran as long as --restart_backoff_reset calls healthy.
+  bool made_progress() const {
+    if (std::any_of(s_.workers.begin(), s_.workers.end(),
+                    [](const WorkerSlot& w) { return w.stepped; }))
+      return true;
+    return s_.group_started && now_ - *s_.group_started >= spec_.restart_backoff_reset;
   }
 
   void stop_group(StopReason reason, int sig) {
@@ -603,11 +621,17 @@ class Stepper {
       case rdzv::JobOutcomeKind::Failed:
         break;
     }
+    // Why no restart came, on every node: a requeue would meet the same failure.
+    if (closed.do_not_requeue)
+      log(LogLevel::Error, fmt::format("the job ends, not to be requeued (exit {}): {}",
+                                       common::kExitDoNotRequeue, closed.message));
     out_.push_back(ReportJobFailure{closed});
     // A job that failed without a worker failing (a node was lost) still must not exit 0.
     ExitStatus root{closed.exit_code, closed.signal};
     if (root.ok()) root.code = 1;
-    finish(job_exit_code(JobOutcome::workers_failed(root, spec_.max_restarts)));
+    JobOutcome outcome = JobOutcome::workers_failed(root, spec_.max_restarts);
+    outcome.do_not_requeue = closed.do_not_requeue;
+    finish(job_exit_code(outcome));
   }
 
   void finish(int code) {

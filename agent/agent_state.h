@@ -56,6 +56,9 @@ struct JobOutcome {
   ExitStatus root_cause;  ///< the first failed worker, for WorkersFailed
   int signal = 0;         ///< the signal received, for Signalled
   int max_restarts = 0;
+  /// WorkersFailed: the rendezvous said a requeue would meet the same failure (a crash loop, a
+  /// fatal exit code): kExitDoNotRequeue.
+  bool do_not_requeue = false;
 
   static JobOutcome of(JobEnd end) {
     JobOutcome o;
@@ -107,6 +110,10 @@ struct WorkerSlot {
   ExitStatus status;                       ///< once it has exited
   bool hung = false;                       ///< killed by the watchdog
   std::optional<TimePoint> last_progress;  ///< the last report it sent
+  /// It reported a training step (the SDK's per-step heartbeat or first_step): the group made
+  /// progress, so its failure is no crash loop (--crash_loop_stop).
+  bool stepped = false;
+  std::string exception;  ///< the exception type its error file names, once it failed
 };
 
 /// Timers the lifecycle arms (the executor keeps one per kind).
@@ -213,15 +220,19 @@ struct WorkerLaunched {
   pid_t pid = -1;  ///< -1: it did not start
 };
 /// A child of the agent was reaped. `wrote_error_file`: its TORCHELASTIC_ERROR_FILE is not
-/// empty (a worker that failed on its own, as opposed to one the stop signal ended).
+/// empty (a worker that failed on its own, as opposed to one the stop signal ended);
+/// `exception`: the exception type that file names (exception_type in error_file.h).
 struct WorkerExited {
   pid_t pid = -1;
   ExitStatus status;
   bool wrote_error_file = false;
+  std::string exception{};
 };
-/// A worker's report (progress heartbeat or milestone) arrived; slot found by the executor.
+/// A worker's report (progress heartbeat or milestone) or, for the watchdog, a line of its
+/// output arrived; slot found by the executor. `step`: the report says training advanced.
 struct ProgressReported {
   size_t index = 0;
+  bool step = false;
 };
 /// A signal the agent handles (SIGTERM, SIGINT, SIGHUP, SIGUSR1...).
 struct SignalReceived {

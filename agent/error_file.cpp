@@ -1,5 +1,7 @@
 #include "agent/error_file.h"
 
+#include <cctype>
+
 #include <nlohmann/json.hpp>
 
 #include "common/strings.h"
@@ -39,6 +41,26 @@ std::variant<ErrorFileContent, std::string> parse_error_file(const std::string& 
   if (auto ts = doc.find("timestamp"); ts != doc.end() && !out.timestamp)
     out.timestamp = timestamp_of(*ts);
   return out;
+}
+
+std::string exception_type(const ErrorFileContent& content) {
+  const std::string& m = content.message;
+  const auto colon = m.find(':');
+  // An identifier (dots between parts) of at most 200 bytes: what Python's type names are.
+  if (colon == std::string::npos || colon == 0 || colon > 200) return {};
+  bool start = true;
+  for (std::size_t i = 0; i < colon; ++i) {
+    const unsigned char c = static_cast<unsigned char>(m[i]);
+    const bool letter = std::isalpha(c) != 0 || c == '_';
+    if (c == '.' && !start) {
+      start = true;
+      continue;
+    }
+    if (!(letter || (!start && std::isdigit(c) != 0))) return {};
+    start = false;
+  }
+  if (start) return {};  // ends with a dot
+  return m.substr(0, colon);
 }
 
 std::optional<std::string> error_file_for_parent(const std::string& child_json, int exit_code) {

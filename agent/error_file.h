@@ -12,6 +12,10 @@ namespace ddprun::agent {
 /// or {"message": "...", "timestamp": N}. Returns the content or why it could not be read.
 std::variant<ErrorFileContent, std::string> parse_error_file(const std::string& json_text);
 
+/// The exception type the message names: "ValueError" of "ValueError: bad value" (torch's
+/// @record writes "<type>: <text>"), a dotted name kept whole; "" when it names none.
+std::string exception_type(const ErrorFileContent& content);
+
 /// The error file a launcher started with TORCHELASTIC_ERROR_FILE leaves for its own parent
 /// (a scheduler): the root cause's JSON, with its exit code written into message.errorCode
 /// when the message is torch's object form and exit_code is not 0 (a worker killed by a signal

@@ -10,10 +10,13 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "agent/agent_signals.h"
 #include "agent/agent_state.h"
 #include "agent/attempt_plan.h"
+#include "agent/error_file.h"
 #include "agent/event_log.h"
 #include "agent/failure_report.h"
 #include "agent/stack_dump.h"
@@ -92,8 +95,10 @@ class LocalAgent::Impl {
       }
     }
     // The workers' milestones feed the event log, the watchdog and the recovery phases of the
-    // metrics.
-    if (events_.enabled() || opt_.watchdog_timeout.count() > 0 || opt_.metrics != nullptr) {
+    // metrics; a program's training steps tell a crash loop from failures with progress between
+    // (Python scripts report none: their environment stays torchrun's unless asked).
+    if (events_.enabled() || opt_.watchdog_timeout.count() > 0 || opt_.metrics != nullptr ||
+        !spec_.python_tracebacks) {
       if (auto why = reports_.open([this](const WorkerReport& r) { on_report(r); }))
         spdlog::warn("{}", why->message);
     }
@@ -280,14 +285,28 @@ class LocalAgent::Impl {
   void reap_children() {
     for (const ProcessExit& exit : launcher_.reap()) {
       if (standbys_.on_exit(exit.pid, exit.status)) continue;
-      apply(WorkerExited{exit.pid, exit.status, !exit.status.ok() && wrote_error_file(exit.pid)});
+      WorkerExited exited{exit.pid, exit.status, false, {}};
+      if (!exit.status.ok()) read_error_file(exited);
+      apply(std::move(exited));
     }
   }
 
-  bool wrote_error_file(pid_t pid) {
-    for (const auto& w : state_.workers)
-      if (w.pid == pid) return !is_empty_file(files_[w.placement.local_rank].error_file);
-    return false;
+  /// What a failed worker's error file tells the lifecycle: that it wrote one, and the
+  /// exception type it names.
+  void read_error_file(WorkerExited& exited) {
+    for (const auto& w : state_.workers) {
+      if (w.pid != exited.pid) continue;
+      const std::string& path = files_[w.placement.local_rank].error_file;
+      if (is_empty_file(path)) return;
+      exited.wrote_error_file = true;
+      std::ifstream in(path);
+      std::ostringstream text;
+      text << in.rdbuf();
+      auto parsed = parse_error_file(text.str());
+      if (const auto* content = std::get_if<ErrorFileContent>(&parsed))
+        exited.exception = exception_type(*content);
+      return;
+    }
   }
 
   // ---- event log and worker reports -------------------------------------------------------
@@ -301,7 +320,8 @@ class LocalAgent::Impl {
   void on_report(const WorkerReport& report) {
     const auto slot = slot_of_report(state_, report.pid, report.local_rank);
     if (!slot) return;  // a report from a worker of an earlier group
-    apply(ProgressReported{*slot});
+    // The SDK heartbeats once per training step (at most every 100 ms).
+    apply(ProgressReported{*slot, report.event == "heartbeat" || report.event == "first_step"});
     if (report.event == "heartbeat") return;
     nlohmann::json fields = report.fields;
     fields["local_rank"] = report.local_rank;

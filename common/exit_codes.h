@@ -13,5 +13,8 @@ inline constexpr int kExitRendezvous = 69;
 inline constexpr int kExitInternal = 70;
 /// Workers failed more often than --max_restarts allowed (only when max_restarts > 0).
 inline constexpr int kExitRestartsExhausted = 75;
+/// Do not requeue: the job ended on a failure that a new run would meet again (the same failure
+/// in a crash loop, --crash_loop_stop; or an exit code of --fatal_exit_codes).
+inline constexpr int kExitDoNotRequeue = 78;
 
 }  // namespace ddprun::common

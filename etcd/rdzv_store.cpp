@@ -20,6 +20,9 @@ namespace {
 /// Version of the `state` value's layout; a value of another version is refused by name.
 constexpr int kStateFormat = 1;
 
+/// --restart_window keeps at most --max_restarts times; this many is no job's.
+constexpr std::size_t kMaxWindowRestarts = 1'000'000;
+
 /// Ten years, in milliseconds: a stored time further than this from now is corrupt.
 constexpr std::int64_t kMaxTimeSkewMs = 10LL * 365 * 24 * 3600 * 1000;
 
@@ -53,6 +56,25 @@ class Fields {
   }
   int int32(const char* key, int lo = 0) {
     return static_cast<int>(integer(key, lo, std::numeric_limits<int>::max()));
+  }
+  bool has(const char* key) const {
+    return o_.is_object() && o_.contains(key) && !o_.at(key).is_null();
+  }
+  /// An array of at most `max` integers in 0..INT32_MAX.
+  std::vector<int> int32s(const char* key, std::size_t max) {
+    std::vector<int> out;
+    const json* v = container(key, false, max);
+    if (!v) return out;
+    for (const json& n : *v) {
+      if (!n.is_number_integer() || n.get<std::int64_t>() < 0 ||
+          n.get<std::int64_t>() > std::numeric_limits<int>::max()) {
+        fail(where(key) + " must hold integers from 0 to " +
+             std::to_string(std::numeric_limits<int>::max()));
+        break;
+      }
+      out.push_back(n.get<int>());
+    }
+    return out;
   }
   std::string text(const char* key, bool required = true) {
     const json* v = get(key, required);
@@ -121,6 +143,10 @@ rdzv::RdzvSettings settings_from_json(Fields f) {
   s.close_timeout = milliseconds(f.int32("close_timeout_ms"));
   s.keep_alive_interval = milliseconds(f.int32("keep_alive_interval_ms"));
   s.keep_alive_max_attempt = f.int32("keep_alive_max_attempt");
+  // The failure policy's settings: a state written before them has none of them.
+  if (f.has("restart_window_ms")) s.restart_window = milliseconds(f.int32("restart_window_ms"));
+  s.crash_loop_limit = f.has("crash_loop_limit") ? f.int32("crash_loop_limit") : 0;
+  if (f.has("fatal_exit_codes")) s.fatal_exit_codes = f.int32s("fatal_exit_codes", 255);
   return s;
 }
 
@@ -150,6 +176,15 @@ json job_to_json(const JobState& s, const TimeAnchor& a) {
   time("closed_at_ms", s.closed_at);
   time("waiting_quiet_until_ms", s.waiting_quiet_until);
   if (s.closed) j["closed"] = rdzv::to_json(rdzv::ServerMessage{*s.closed});
+  if (!s.window_restarts.empty()) {
+    json times = json::array();
+    for (const auto t : s.window_restarts) times.push_back(a.to_wall(t));
+    j["window_restarts_ms"] = std::move(times);
+  }
+  if (!s.repeated_failure.empty()) {
+    j["repeated_failure"] = s.repeated_failure;
+    j["failure_repeats"] = s.failure_repeats;
+  }
   return j;
 }
 
@@ -210,6 +245,15 @@ JobState job_from_json(const json& j, const TimeAnchor& a, common::TimePoint now
       s.dropped_ids.push_back(id.get<std::string>());
     }
   }
+  if (const json* times = f.container("window_restarts_ms", false, kMaxWindowRestarts)) {
+    for (const json& t : *times) {
+      const auto at = Fields(json{{"t", t}}, "job.window_restarts_ms", error).time("t", a, true);
+      if (!at) break;
+      s.window_restarts.push_back(*at);
+    }
+  }
+  s.repeated_failure = f.text("repeated_failure", false);
+  if (f.has("failure_repeats")) s.failure_repeats = f.int32("failure_repeats");
   if (const json* closed = f.get("closed", false)) {
     auto parsed = rdzv::parse_server_message(*closed);
     if (const auto* bad = std::get_if<std::string>(&parsed))
@@ -518,7 +562,12 @@ DriveResult drive(StoredState current, const View& view, common::TimePoint now) 
           true});
       continue;
     }
-    run(rdzv::FromNode{p.id, std::move(*message)});
+    // Built field by field: GCC 12 takes the moved-from variant in a braced FromNode for one
+    // that may be uninitialized (-Wmaybe-uninitialized).
+    rdzv::FromNode from;
+    from.node_id = p.id;
+    from.message = *message;
+    run(from);
   }
   run(rdzv::Tick{});
 

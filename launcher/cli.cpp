@@ -129,6 +129,16 @@ constexpr OptionSpec kOptions[] = {
     {"restart_backoff_reset", "", false, "SECONDS", "60", kSupervision,
      "A group that ran this long before it failed starts the pause schedule afresh (default "
      "60)."},
+    {"restart_window", "", false, "SECONDS", "0", kSupervision,
+     "Hold --max_restarts against the restarts of the last SECONDS only, so that a long job "
+     "survives occasional failures while a crash loop still stops (default 0: the whole job)."},
+    {"crash_loop_stop", "", false, "N", "3", kSupervision,
+     "End the job with exit 78 (do not requeue) when the same failure (rank, exit code or "
+     "signal, exception type) comes N times in a row with no progress in between: no training "
+     "step reported, no group that ran --restart_backoff_reset (default 3; 0: off)."},
+    {"fatal_exit_codes", "", false, "CODE,...", "", kSupervision,
+     "Worker exit codes that no restart can help: the job ends at once with exit 78 (do not "
+     "requeue), whatever is left of --max_restarts (default: none)."},
     {"standby_workers", "", true, "[=off|on|auto]", "", kSupervision,
      "Keep a standby process per local rank, with the program loaded (a Python script's: "
      "torch and its imports, forked from one interpreter per node that also starts the first "
@@ -623,6 +633,42 @@ Check parse_restart_backoff_reset(const RawValue& v, LaunchConfig& config) {
   return std::nullopt;
 }
 
+Check parse_restart_window(const RawValue& v, LaunchConfig& config) {
+  auto seconds = parse_double(trim(v.text));
+  if (!seconds || *seconds < 0 || *seconds > 365 * 86400)
+    return common::Error{describe(v) +
+                         ": expected a number of seconds, 0 (the whole job) to 31536000"};
+  config.restart_window = *seconds;
+  return std::nullopt;
+}
+
+Check parse_crash_loop_stop(const RawValue& v, LaunchConfig& config) {
+  auto n = parse_int(trim(v.text));
+  if (!n || *n < 0 || *n == 1 || *n > 1'000'000)
+    return common::Error{describe(v) +
+                         ": expected 0 (off) or a number of failures in a row from 2 to 1000000"};
+  config.crash_loop_stop = static_cast<int>(*n);
+  return std::nullopt;
+}
+
+Check parse_fatal_exit_codes(const RawValue& v, LaunchConfig& config) {
+  config.fatal_exit_codes.clear();
+  const std::string text = trim(v.text);
+  if (text.empty()) return std::nullopt;
+  for (const std::string& part : split(text, ',')) {
+    auto code = parse_int(trim(part));
+    if (!code || *code < 1 || *code > 255)
+      return common::Error{describe(v) + ": '" + trim(part) +
+                           "' is no failing exit code: expected codes from 1 to 255, e.g. 3,42"};
+    config.fatal_exit_codes.push_back(static_cast<int>(*code));
+  }
+  std::sort(config.fatal_exit_codes.begin(), config.fatal_exit_codes.end());
+  config.fatal_exit_codes.erase(
+      std::unique(config.fatal_exit_codes.begin(), config.fatal_exit_codes.end()),
+      config.fatal_exit_codes.end());
+  return std::nullopt;
+}
+
 Check parse_watchdog_timeout(const RawValue& v, LaunchConfig& config) {
   auto seconds = parse_double(trim(v.text));
   if (!seconds || *seconds < 0)
@@ -954,6 +1000,10 @@ ParseResult build_config(const std::map<std::string_view, RawValue>& raw,
     return UsageError{e->message};
   if (auto e = parse_restart_backoff(get("restart_backoff"), config)) return UsageError{e->message};
   if (auto e = parse_restart_backoff_reset(get("restart_backoff_reset"), config))
+    return UsageError{e->message};
+  if (auto e = parse_restart_window(get("restart_window"), config)) return UsageError{e->message};
+  if (auto e = parse_crash_loop_stop(get("crash_loop_stop"), config)) return UsageError{e->message};
+  if (auto e = parse_fatal_exit_codes(get("fatal_exit_codes"), config))
     return UsageError{e->message};
   if (auto e = parse_start_method(get("start_method"), config)) return UsageError{e->message};
   if (auto e = parse_cleanup(get("cleanup"), config)) return UsageError{e->message};

@@ -477,7 +477,7 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
         config.local_addr.empty() ? config.master_addr : config.local_addr;
     rdzv = std::make_unique<rdzv::LocalRendezvous>(
         config.standalone ? "c10d" : config.rdzv_backend, config.rdzv_id, master_addr, master_port,
-        config.max_restarts,
+        plan.client.settings,
         [&io](std::function<void()> fn) { boost::asio::post(io, std::move(fn)); });
   } else {
     // The embedded server: hosted here when the endpoint names this machine (or is_host=1),

@@ -68,6 +68,11 @@ struct LaunchConfig {
   double restart_backoff = 1.0;
   double restart_backoff_max = 30.0;
   double restart_backoff_reset = 60.0;
+  /// --restart_window (seconds; 0: the whole job), --crash_loop_stop (0: off) and
+  /// --fatal_exit_codes (sorted, unique): the job-wide failure policy (rdzv::RdzvSettings).
+  double restart_window = 0.0;
+  int crash_loop_stop = 3;
+  std::vector<int> fatal_exit_codes;
   StandbyMode standby_workers = StandbyMode::Auto;  ///< a standby per local rank (ddprun's own)
   bool standby_workers_given = false;        ///< by the flag or PET_STANDBY_WORKERS, not by default
   std::vector<std::string> standby_preload;  ///< --standby_preload: modules to import

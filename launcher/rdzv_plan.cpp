@@ -1,5 +1,7 @@
 #include "launcher/rdzv_plan.h"
 
+#include <cmath>
+
 #include "common/strings.h"
 #include "rendezvous/endpoint.h"
 
@@ -29,6 +31,12 @@ common::Result<RendezvousPlan> plan_rendezvous(
     const LaunchConfig& config, int nproc_per_node, const std::string& host_name,
     const std::function<bool(const std::string&)>& is_local) {
   RendezvousPlan plan;
+  // The restart budget and the failure policy hold for every backend, one node's too.
+  rdzv::RdzvSettings& s = plan.client.settings;
+  s.max_restarts = config.max_restarts;
+  s.restart_window = std::chrono::milliseconds(std::llround(config.restart_window * 1000.0));
+  s.crash_loop_limit = config.crash_loop_stop;
+  s.fatal_exit_codes = config.fatal_exit_codes;
   const bool is_static = config.rdzv_backend == "static" && !config.standalone;
   if (config.standalone || (config.max_nodes == 1 && (is_static || config.rdzv_endpoint.empty()))) {
     plan.single_node = true;
@@ -42,11 +50,9 @@ common::Result<RendezvousPlan> plan_rendezvous(
   c.name = config.local_addr.empty() ? host_name : config.local_addr;
   c.node_rank = config.node_rank;
   c.master_port = config.master_port;
-  rdzv::RdzvSettings& s = c.settings;
   s.min_nodes = config.min_nodes;
   s.max_nodes = config.max_nodes;
   s.nproc_per_node = nproc_per_node;
-  s.max_restarts = config.max_restarts;
   s.join_timeout = seconds_conf(config, "join_timeout", s.join_timeout);
   s.last_call_timeout = seconds_conf(config, "last_call_timeout", s.last_call_timeout);
   s.close_timeout = seconds_conf(config, "close_timeout", s.close_timeout);

@@ -1,5 +1,8 @@
 #include "rendezvous/admission.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include "rendezvous/limits.h"
 
 namespace ddprun::rdzv {
@@ -20,11 +23,39 @@ std::optional<std::string> settings_mismatch(const JobState& s, const Join& join
     return m;
   }
   if (auto m = mismatch("--nnodes", nnodes_text(join.settings), nnodes_text(s.settings))) return m;
-  return mismatch("--max_restarts", std::to_string(join.settings.max_restarts),
-                  std::to_string(s.settings.max_restarts));
+  if (auto m = mismatch("--max_restarts", std::to_string(join.settings.max_restarts),
+                        std::to_string(s.settings.max_restarts))) {
+    return m;
+  }
+  if (auto m = mismatch("--restart_window", seconds_text(join.settings.restart_window),
+                        seconds_text(s.settings.restart_window))) {
+    return m;
+  }
+  if (auto m = mismatch("--crash_loop_stop", std::to_string(join.settings.crash_loop_limit),
+                        std::to_string(s.settings.crash_loop_limit))) {
+    return m;
+  }
+  return mismatch("--fatal_exit_codes", codes_text(join.settings.fatal_exit_codes),
+                  codes_text(s.settings.fatal_exit_codes));
+}
+
+/// The most restarts a job with these settings can have counted: any number with a window.
+bool possible_restart_count(const RdzvSettings& settings, int restart_count) {
+  if (restart_count < 0) return false;
+  return settings.restart_window.count() > 0 || restart_count <= settings.max_restarts;
 }
 
 }  // namespace
+
+std::string seconds_text(Millis ms) {
+  if (ms.count() % 1000 == 0) return std::to_string(ms.count() / 1000);
+  return fmt::format("{:.3f}", static_cast<double>(ms.count()) / 1000.0);
+}
+
+std::string codes_text(const std::vector<int>& codes) {
+  if (codes.empty()) return "(none)";
+  return fmt::format("{}", fmt::join(codes, ","));
+}
 
 std::string nnodes_text(const RdzvSettings& settings) {
   if (settings.min_nodes == settings.max_nodes) return std::to_string(settings.min_nodes);
@@ -50,6 +81,24 @@ std::optional<common::Error> check_settings(const RdzvSettings& settings,
   if (settings.max_restarts < 0) {
     return common::Error{node + "--max_restarts " + std::to_string(settings.max_restarts) +
                          ": it must be 0 or more"};
+  }
+  if (settings.restart_window.count() < 0) {
+    return common::Error{node + "--restart_window " + seconds_text(settings.restart_window) +
+                         ": it must be 0 or more"};
+  }
+  if (settings.crash_loop_limit < 0 || settings.crash_loop_limit == 1) {
+    return common::Error{node + "--crash_loop_stop " + std::to_string(settings.crash_loop_limit) +
+                         ": it must be 0 (off) or 2 or more"};
+  }
+  if (settings.fatal_exit_codes.size() > 255) {
+    return common::Error{node + "--fatal_exit_codes with " +
+                         std::to_string(settings.fatal_exit_codes.size()) +
+                         " codes: there are only 255"};
+  }
+  for (const int code : settings.fatal_exit_codes) {
+    if (code < 1 || code > 255)
+      return common::Error{node + "--fatal_exit_codes " + codes_text(settings.fatal_exit_codes) +
+                           ": " + std::to_string(code) + " is no failing exit code (1 to 255)"};
   }
   // The command line checks the same table (launcher/cli.cpp), so only a peer that is not a
   // ddprun of this version gets here.
@@ -110,7 +159,7 @@ std::optional<Refused> check_join(const JobState& s, const Join& join) {
       }
     }
   }
-  if (join.restart_count < 0 || join.restart_count > settings.max_restarts) {
+  if (!possible_restart_count(settings, join.restart_count)) {
     return Refused{RefusalKind::Protocol, "node " + join.name + " claims restart count " +
                                               std::to_string(join.restart_count) +
                                               ", impossible with --max_restarts " +
@@ -120,7 +169,7 @@ std::optional<Refused> check_join(const JobState& s, const Join& join) {
     const RoundClaim& claim = *join.resume;
     if (claim.group_world_size < 1 || claim.group_world_size > settings.max_nodes ||
         claim.group_rank < 0 || claim.group_rank >= claim.group_world_size || claim.round < 0 ||
-        claim.restart_count < 0 || claim.restart_count > settings.max_restarts) {
+        !possible_restart_count(settings, claim.restart_count)) {
       return Refused{
           RefusalKind::Protocol,
           "node " + join.name + " re-registered an impossible round: group rank " +

@@ -1,6 +1,7 @@
 #pragma once
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/result.h"
 #include "rendezvous/protocol.h"
@@ -17,19 +18,28 @@ namespace ddprun::rdzv {
 /// --nnodes as the user typed it: "2" or "2:4".
 std::string nnodes_text(const RdzvSettings& settings);
 
+/// A duration in seconds as a flag takes it: "600", or "0.250" for a fraction.
+std::string seconds_text(Millis ms);
+
+/// --fatal_exit_codes as a list: "3,42", or "(none)".
+std::string codes_text(const std::vector<int>& codes);
+
 /// Settings no job can run with, named as the node `node_name` was started with: --nnodes with
-/// a minimum under 1 or over the maximum, --nproc_per_node under 1, --max_restarts under 0, an
+/// a minimum under 1 or over the maximum, --nproc_per_node under 1, --max_restarts or
+/// --restart_window under 0, --crash_loop_stop 1 or under 0, a fatal exit code outside 1..255, an
 /// --rdzv_conf value outside rendezvous/limits.h's table. nullopt when the job can run with them.
 std::optional<common::Error> check_settings(const RdzvSettings& settings,
                                             const std::string& node_name);
 
 /// Why `join` cannot take part in `job` (phase Joining or Running), or nullopt. In order:
 /// - settings no job can run with (check_settings)                        -> Protocol
-/// - --nproc_per_node, --nnodes or --max_restarts unlike the job's         -> Mismatch
+/// - --nproc_per_node, --nnodes, --max_restarts or the failure policy's
+///   settings (--restart_window, --crash_loop_stop, --fatal_exit_codes)
+///   unlike the job's                                                       -> Mismatch
 /// - --node_rank outside 0..max_nodes-1                                     -> BadRank
 /// - --node_rank given to another live node, or (for a newcomer) a group rank
 ///   a live node holds in the running or the previous round                 -> DuplicateRank
-/// - a restart count outside 0..--max_restarts                              -> Protocol
+/// - a restart count outside 0..--max_restarts (any count >= 0 with a window) -> Protocol
 /// - a re-registered round (resume) no job with these settings can have     -> Protocol
 /// `join.node_id` must be the connection's id.
 std::optional<Refused> check_join(const JobState& job, const Join& join);

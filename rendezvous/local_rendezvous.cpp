@@ -15,25 +15,25 @@ constexpr const char* kNodeId = "local";
 }  // namespace
 
 LocalRendezvous::LocalRendezvous(std::string backend, std::string run_id, std::string master_addr,
-                                 std::optional<int> master_port, int max_restarts,
+                                 std::optional<int> master_port, RdzvSettings settings,
                                  std::function<void(std::function<void()>)> post)
     : backend_(std::move(backend)),
       run_id_(std::move(run_id)),
       master_addr_(std::move(master_addr)),
       master_port_(master_port),
+      settings_(std::move(settings)),
       host_(local_host_name()),
-      job_(new_job(run_id_, common::TimePoint{})),
+      job_(new_job(run_id_, std::chrono::steady_clock::now())),
       post_(std::move(post)) {
   settings_.min_nodes = 1;
   settings_.max_nodes = 1;
-  settings_.max_restarts = max_restarts;
 }
 
 std::vector<ServerMessage> LocalRendezvous::step(AgentMessage message) {
-  StepResult r =
-      rdzv::step(std::move(job_), FromNode{kNodeId, std::move(message)}, common::TimePoint{});
+  const common::TimePoint now = std::chrono::steady_clock::now();
+  StepResult r = rdzv::step(std::move(job_), FromNode{kNodeId, std::move(message)}, now);
   job_ = std::move(r.state);
-  if (r.erase) job_ = new_job(run_id_, common::TimePoint{});  // a refused first join
+  if (r.erase) job_ = new_job(run_id_, now);  // a refused first join
   std::vector<ServerMessage> replies;
   for (auto& out : r.messages) {
     if (out.node_id == kNodeId) replies.push_back(std::move(out.message));

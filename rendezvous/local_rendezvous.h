@@ -13,12 +13,15 @@ namespace ddprun::rdzv {
 /// the workers' store at master_addr and a port that is free when the round completes. It runs
 /// the rendezvous server's step() (rdzv_state.h) in memory on a job of one node, so the restart
 /// budget, the restart reasons and the job's outcome follow the same policy as a multi-node job.
-/// The single node is never silent: no Tick is ever given, and time stands still.
+/// The single node is never silent: no Tick is ever given; the steady clock dates each message
+/// (for --restart_window).
 class LocalRendezvous final : public RendezvousHandler {
  public:
-  /// `post` runs a callback later on the agent's event loop (keeps completion asynchronous).
+  /// `settings`: --max_restarts and the failure policy (restart window, crash loops, fatal exit
+  /// codes); its node counts are set to 1. `post` runs a callback later on the agent's event
+  /// loop (keeps completion asynchronous).
   LocalRendezvous(std::string backend, std::string run_id, std::string master_addr,
-                  std::optional<int> master_port, int max_restarts,
+                  std::optional<int> master_port, RdzvSettings settings,
                   std::function<void(std::function<void()>)> post);
 
   void next_rendezvous(std::function<void(RendezvousResult)> done) override;

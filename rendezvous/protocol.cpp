@@ -15,7 +15,10 @@ json settings_json(const RdzvSettings& s) {
           {"last_call_timeout_ms", s.last_call_timeout.count()},
           {"close_timeout_ms", s.close_timeout.count()},
           {"keep_alive_interval_ms", s.keep_alive_interval.count()},
-          {"keep_alive_max_attempt", s.keep_alive_max_attempt}};
+          {"keep_alive_max_attempt", s.keep_alive_max_attempt},
+          {"restart_window_ms", s.restart_window.count()},
+          {"crash_loop_limit", s.crash_loop_limit},
+          {"fatal_exit_codes", s.fatal_exit_codes}};
 }
 
 namespace {
@@ -139,6 +142,10 @@ RdzvSettings read_settings(Reader& r) {
   s.close_timeout = r.millis("close_timeout_ms");
   s.keep_alive_interval = r.millis("keep_alive_interval_ms");
   s.keep_alive_max_attempt = r.integer("keep_alive_max_attempt");
+  // The failure policy's settings came later: a peer that sends none has none of it.
+  if (r.has("restart_window_ms")) s.restart_window = r.millis("restart_window_ms");
+  s.crash_loop_limit = r.has("crash_loop_limit") ? r.integer("crash_loop_limit") : 0;
+  if (r.has("fatal_exit_codes")) s.fatal_exit_codes = r.integers("fatal_exit_codes");
   // Only the types: which settings a job may run with is admission's (admission.h).
   return s;
 }
@@ -187,11 +194,9 @@ struct AgentToJson {
   }
   json operator()(const Heartbeat&) const { return {{"type", "heartbeat"}}; }
   json operator()(const WorkersFailed& m) const {
-    return {{"type", "workers_failed"},
-            {"round", m.round},
-            {"description", m.description},
-            {"exit_code", m.exit_code},
-            {"signal", m.signal}};
+    return {{"type", "workers_failed"}, {"round", m.round},      {"description", m.description},
+            {"exit_code", m.exit_code}, {"signal", m.signal},    {"rank", m.rank},
+            {"exception", m.exception}, {"progress", m.progress}};
   }
   json operator()(const WorkersSucceeded& m) const {
     return {{"type", "workers_succeeded"}, {"round", m.round}};
@@ -235,11 +240,9 @@ struct ServerToJson {
             {"restart_count", m.restart_count}};
   }
   json operator()(const Closed& m) const {
-    return {{"type", "closed"},
-            {"outcome", std::string(name_of(m.outcome, kJobOutcomeNames))},
-            {"message", m.message},
-            {"exit_code", m.exit_code},
-            {"signal", m.signal}};
+    return {{"type", "closed"},     {"outcome", std::string(name_of(m.outcome, kJobOutcomeNames))},
+            {"message", m.message}, {"exit_code", m.exit_code},
+            {"signal", m.signal},   {"do_not_requeue", m.do_not_requeue}};
   }
   json operator()(const Refused& m) const {
     return {{"type", "refused"},
@@ -297,6 +300,10 @@ std::variant<AgentMessage, std::string> read_agent(const std::string& type, Read
     m.description = r.str("description");
     m.exit_code = r.integer("exit_code");
     m.signal = r.integer("signal");
+    // Read when present: an older agent sends none (then its failures are never a crash loop).
+    if (r.has("rank")) m.rank = r.integer("rank");
+    if (r.has("exception")) m.exception = r.str("exception", kMaxIdentifierBytes);
+    m.progress = r.has("progress") ? r.boolean("progress") : true;
     if (r.error()) return *r.error();
     return m;
   }
@@ -370,6 +377,7 @@ std::variant<ServerMessage, std::string> read_server(const std::string& type, Re
     m.message = r.str("message", kMaxFrameBytes);
     m.exit_code = r.integer("exit_code");
     m.signal = r.integer("signal");
+    if (r.has("do_not_requeue")) m.do_not_requeue = r.boolean("do_not_requeue");
     if (r.error()) return *r.error();
     auto kind = enum_from(outcome, kJobOutcomeNames);
     if (!kind) return "closed field \"outcome\" has an unknown value " + quote_peer_value(outcome);

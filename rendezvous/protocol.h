@@ -38,6 +38,14 @@ struct RdzvSettings {
   Millis close_timeout{30'000};
   Millis keep_alive_interval{5'000};
   int keep_alive_max_attempt = 3;
+  /// --restart_window: --max_restarts counts the restarts of the last window only (0: all of
+  /// the job's restarts).
+  Millis restart_window{0};
+  /// --crash_loop_stop: the same failure this many times in a row without progress ends the
+  /// job (0: never).
+  int crash_loop_limit = 3;
+  /// --fatal_exit_codes: a worker exiting with one of these ends the job at once (sorted).
+  std::vector<int> fatal_exit_codes;
 
   /// How long a node may stay silent before it is declared lost.
   Millis keep_alive_window() const { return keep_alive_interval * keep_alive_max_attempt; }
@@ -80,6 +88,12 @@ struct WorkersFailed {
   std::string description;  ///< e.g. "worker rank 3 (local rank 1) exited with code 1"
   int exit_code = 0;        ///< the worker's exit code, when it exited
   int signal = 0;           ///< the signal that killed the worker, when it was killed
+  int rank = -1;            ///< the failed worker's global rank (-1: not said)
+  /// The Python exception type its error file names ("ValueError"; "" for none).
+  std::string exception{};
+  /// Whether the group made progress before it failed (docs/usage.md#failure-policy): a
+  /// worker reported a training step, or the group ran for --restart_backoff_reset.
+  bool progress = false;
 };
 
 /// Every worker of this node exited 0 in `round`.
@@ -154,6 +168,9 @@ struct Closed {
   std::string message;
   int exit_code = 0;  ///< root-cause worker's exit code (Failed)
   int signal = 0;     ///< root-cause worker's signal (Failed)
+  /// Failed for a reason a requeue of the same job would meet again: a crash loop or a fatal
+  /// exit code (ddprun exits kExitDoNotRequeue).
+  bool do_not_requeue = false;
 };
 
 /// Why a node cannot take part.

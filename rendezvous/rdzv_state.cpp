@@ -252,8 +252,33 @@ void maybe_complete(Step& st) {
   }
 }
 
+/// A Closed(Failed) whose message restart_round writes if the budget is used up.
+Closed job_failed() {
+  Closed closed;
+  closed.outcome = JobOutcomeKind::Failed;
+  return closed;
+}
+
+/// Forgets the counted restarts that fell out of --restart_window.
+void forget_old_restarts(JobState& s, TimePoint now) {
+  if (s.settings.restart_window.count() <= 0) return s.window_restarts.clear();
+  while (!s.window_restarts.empty() && now - s.window_restarts.front() >= s.settings.restart_window)
+    s.window_restarts.pop_front();
+}
+
+/// The counted restarts --max_restarts is held against: the job's, or the window's.
+int restarts_used(const JobState& s) {
+  return s.settings.restart_window.count() > 0 ? static_cast<int>(s.window_restarts.size())
+                                               : s.restart_count;
+}
+
 /// Why a Closed(Failed) ends the job when a restart is needed and the budget is used up.
 std::string budget_used_up(const JobState& s, const std::string& reason) {
+  if (s.settings.restart_window.count() > 0)
+    return reason + "; no restart left: " + std::to_string(restarts_used(s)) +
+           " restarts in the last " + seconds_text(s.settings.restart_window) +
+           " s (--max_restarts " + std::to_string(s.settings.max_restarts) + ", --restart_window " +
+           seconds_text(s.settings.restart_window) + ")";
   return reason + "; no restart left: " + std::to_string(s.restart_count) + " of --max_restarts " +
          std::to_string(s.settings.max_restarts) + " used";
 }
@@ -264,13 +289,18 @@ void restart_round(Step& st, const std::string& reason, bool counted, Closed if_
                    const std::string& rejoiner = {}) {
   JobState& s = st.s;
   DDPRUN_CHECK(s.phase == JobPhase::Running, "restart_round: no round is running");
-  if (counted && s.restart_count >= s.settings.max_restarts) {
-    // Running -> Closed: a restart is needed and the budget is used up
+  forget_old_restarts(s, st.now);
+  if (counted && restarts_used(s) >= s.settings.max_restarts) {
+    // Running -> Closed: a restart is needed and the budget (of the window) is used up
     if_no_budget.outcome = JobOutcomeKind::Failed;
+    if_no_budget.message = budget_used_up(s, reason);
     close_job(st, if_no_budget);
     return;
   }
-  if (counted) ++s.restart_count;
+  if (counted) {
+    ++s.restart_count;
+    if (s.settings.restart_window.count() > 0) s.window_restarts.push_back(st.now);
+  }
   s.previous_ranks.clear();
   for (const std::string& id :
        ids_where(s, [](const NodeRecord& node) { return is_participant(node.state); })) {
@@ -323,7 +353,7 @@ void maybe_close_succeeded(Step& st) {
   close_job(st, Closed{JobOutcomeKind::Succeeded,
                        "the workers of all " + std::to_string(succeeded) +
                            " nodes succeeded in round " + std::to_string(s.round),
-                       0, 0});
+                       0, 0, false});
 }
 
 /// Forgets a node (left, disconnected, silent, refused) and repairs the job around the gap.
@@ -342,8 +372,11 @@ void remove_node(Step& st, const std::string& id, const std::string& reason, boo
   }
   if (s.phase == JobPhase::Running) {
     if (was == NodeState::Running) {
-      // Running -> Joining (counted): a participant was lost; its workers' state is gone
-      restart_round(st, reason, true, Closed{JobOutcomeKind::Failed, budget_used_up(s, reason)});
+      // Running -> Joining (counted): a participant was lost; its workers' state is gone. A
+      // loss is no repeat of a worker's failure: a crash loop counts afresh after it.
+      s.repeated_failure.clear();
+      s.failure_repeats = 0;
+      restart_round(st, reason, true, job_failed());
     } else if (was == NodeState::Succeeded) {
       maybe_close_succeeded(st);
     }
@@ -575,8 +608,7 @@ void on_join(Step& st, const std::string& id, Join join) {
       // workers stopped; leaving and rejoining must not bypass --max_restarts
       const std::string reason =
           "node " + join.name + " left round " + std::to_string(s.round) + " and joined again";
-      restart_round(st, reason, true, Closed{JobOutcomeKind::Failed, budget_used_up(s, reason)},
-                    id);
+      restart_round(st, reason, true, job_failed(), id);
     } else if (was == NodeState::Stopping) {
       // Stopping -> WaitListed: the round it was to rejoin completed without it
       node.state = NodeState::WaitListed;
@@ -600,6 +632,19 @@ void on_join(Step& st, const std::string& id, Join join) {
   if (!maybe_scale_up(st)) send_waiting(st, id);
 }
 
+/// What makes two failures "the same" for --crash_loop_stop: the rank, how it ended, and the
+/// exception type its error file names.
+std::string failure_signature(const WorkersFailed& failed) {
+  return std::to_string(failed.rank) + "/" + std::to_string(failed.exit_code) + "/" +
+         std::to_string(failed.signal) + "/" + failed.exception;
+}
+
+bool is_fatal(const RdzvSettings& settings, const WorkersFailed& failed) {
+  return failed.signal == 0 &&
+         std::binary_search(settings.fatal_exit_codes.begin(), settings.fatal_exit_codes.end(),
+                            failed.exit_code);
+}
+
 void on_workers_failed(Step& st, const std::string& id, const WorkersFailed& failed) {
   JobState& s = st.s;
   const NodeRecord& node = s.nodes.at(id);
@@ -609,10 +654,36 @@ void on_workers_failed(Step& st, const std::string& id, const WorkersFailed& fai
   }
   const std::string reason =
       "worker failure on node " + node.request.name + ": " + failed.description;
+  Closed ends = job_failed();
+  ends.exit_code = failed.exit_code;
+  ends.signal = failed.signal;
+  if (is_fatal(s.settings, failed)) {
+    // Running -> Closed (do not requeue): the exit code says no restart can help
+    ends.message = reason + "; exit code " + std::to_string(failed.exit_code) +
+                   " is one of --fatal_exit_codes " + codes_text(s.settings.fatal_exit_codes) +
+                   ": no restart";
+    ends.do_not_requeue = true;
+    return close_job(st, ends);
+  }
+  const std::string signature = failure_signature(failed);
+  if (failed.progress || failed.rank < 0 || signature != s.repeated_failure) {
+    s.repeated_failure = failed.progress || failed.rank < 0 ? std::string() : signature;
+    s.failure_repeats = s.repeated_failure.empty() ? 0 : 1;
+  } else {
+    ++s.failure_repeats;
+  }
+  if (s.settings.crash_loop_limit > 0 && s.failure_repeats >= s.settings.crash_loop_limit) {
+    // Running -> Closed (do not requeue): the same failure again and again, no progress between
+    ends.message = reason + "; a crash loop: the same failure " +
+                   std::to_string(s.failure_repeats) + " times in a row (--crash_loop_stop " +
+                   std::to_string(s.settings.crash_loop_limit) +
+                   ") with no progress in between: no training step was reported and no group "
+                   "ran for --restart_backoff_reset";
+    ends.do_not_requeue = true;
+    return close_job(st, ends);
+  }
   // Running -> Joining (counted): a worker failed
-  restart_round(
-      st, reason, true,
-      Closed{JobOutcomeKind::Failed, budget_used_up(s, reason), failed.exit_code, failed.signal});
+  restart_round(st, reason, true, ends);
 }
 
 void on_workers_succeeded(Step& st, const std::string& id, const WorkersSucceeded& succeeded) {
@@ -689,7 +760,7 @@ void run_deadlines(Step& st) {
                                  " after the rendezvous server restarted";
       s.adopt_deadline.reset();
       // Running -> Joining (counted): participants of the adopted round were lost
-      restart_round(st, reason, true, Closed{JobOutcomeKind::Failed, budget_used_up(s, reason)});
+      restart_round(st, reason, true, job_failed());
     }
   }
   if (s.waiting_dirty && s.waiting_quiet_until && st.now >= *s.waiting_quiet_until) {
@@ -723,7 +794,7 @@ void run_deadlines(Step& st) {
                        std::to_string(count) + " of min " + std::to_string(s.settings.min_nodes) +
                        " nodes joined (" + (names.empty() ? "none" : join_names(names)) +
                        "); missing: " + missing_text,
-                   0, 0});
+                   0, 0, false});
 }
 
 /// The earliest time at which run_deadlines() has something to do.

@@ -92,6 +92,13 @@ struct JobState {
   /// still be alive (a partition): it rejoins as a newcomer with a new id, and its old id is
   /// refused for good. Never shown by status.
   std::deque<std::string> dropped_ids;
+  /// --restart_window: when each counted restart of the window happened, oldest first (at
+  /// most --max_restarts of them).
+  std::deque<TimePoint> window_restarts;
+  /// --crash_loop_stop: the last worker failure without progress (failure_signature in
+  /// rdzv_state.cpp; "" after progress or a lost node) and how often it came in a row.
+  std::string repeated_failure;
+  int failure_repeats = 0;
 };
 
 /// The shortest time between two Waiting broadcasts of one job.
@@ -169,9 +176,12 @@ JobState new_job(std::string run_id, TimePoint now);
 /// - Complete: ranks from assign_group_ranks(); master addr/port from group rank 0's Join;
 ///   RoundReady to each participant; phase Running.
 /// - Heartbeat: last_seen = now.
-/// - WorkersFailed for the running round: budget left -> restart_count+1, Restart(counted) to
-///   every participant, phase Joining(round+1), wait-listed nodes become Joined; budget used
-///   up -> Closed(Failed) to all. A WorkersFailed for an older round is ignored (one failure
+/// - WorkersFailed for the running round: an exit code of --fatal_exit_codes, or the same
+///   failure (rank, exit, exception type) --crash_loop_stop times in a row without progress ->
+///   Closed(Failed, do_not_requeue) to all. Else budget left (--max_restarts, within
+///   --restart_window when set) -> restart_count+1, Restart(counted) to every participant,
+///   phase Joining(round+1), wait-listed nodes become Joined; budget used up -> Closed(Failed)
+///   to all. A WorkersFailed for an older round is ignored (one failure
 ///   round per round, however many nodes report it).
 /// - WorkersSucceeded: node Succeeded; all participants Succeeded -> Closed(Succeeded).
 /// - Leave / Disconnected / keep-alive expiry (Tick): node removed. A Running participant lost

@@ -139,7 +139,7 @@ TEST_CASE("failures in a row pause 0, then 1, then 2 s before the next round",
   TempDir dir;
   const std::string log = dir.path() + "/events.jsonl";
   auto r = run_command(ddprun_fake({"--nproc_per_node", "1", "--max_restarts", "3", "--event_log",
-                                    log, "--restart_backoff", "1:30"},
+                                    log, "--restart_backoff", "1:30", "--crash_loop_stop", "0"},
                                    {"exit=3"}),
                        {}, kJobLimit);
   INFO(r.out << r.err);

@@ -20,13 +20,15 @@ namespace {
 const std::string kTraining = "examples/ddp_train.py 4 2 --batch_size 32";
 const std::string kFake = std::string("--no_python ") + FAKE_WORKER_BIN + " env=RANK,WORLD_SIZE";
 
-/// examples/slurm/<name> with its training command swapped, written next to the cluster.
-std::string example_with_fake_worker(const SlurmCluster& cluster, const std::string& name) {
+/// examples/slurm/<name> with its training command swapped (for `fake` worker actions),
+/// written next to the cluster.
+std::string example_with_fake_worker(const SlurmCluster& cluster, const std::string& name,
+                                     const std::string& fake = kFake) {
   std::string script = read_file(std::string(DDPRUN_SOURCE_DIR) + "/examples/slurm/" + name);
   const size_t at = script.find(kTraining);
   INFO(name << " no longer runs `" << kTraining << "`: update this test with it");
   REQUIRE(at != std::string::npos);
-  script.replace(at, kTraining.size(), kFake);
+  script.replace(at, kTraining.size(), fake);
   const std::string path = cluster.dir() + "/" + name;
   std::ofstream(path) << script;
   return path;
@@ -54,4 +56,17 @@ TEST_CASE("the two-node example starts one ddprun per node with ranks from SLURM
   CHECK(count_of(r.out, "WORLD_SIZE=4") == 4);
   CHECK(count_of(r.out, "--nnodes 2 (SLURM_STEP_NUM_NODES)") == 2);
   CHECK(count_of(r.out, "rendezvous round 0 complete: group rank 1 of 2 nodes") == 1);
+}
+
+TEST_CASE("the requeue example does not requeue a job whose workers exit with a fatal code",
+          "[slurm]") {
+  SlurmCluster cluster;
+  const std::string fatal = std::string("--no_python ") + FAKE_WORKER_BIN + " exit_if_rank=3:3";
+  auto r = cluster.sbatch_wait_file(example_with_fake_worker(cluster, "requeue.sbatch", fatal),
+                                    DDPRUN_SOURCE_DIR, ddprun_on_path(DDPRUN_BIN));
+  INFO("sbatch: " << r.err << "\njob output:\n" << r.out << cluster.logs());
+  CHECK(r.exit_code == 78);
+  CHECK(count_of(r.out, "ddprun exit 78: the same failure would come back; not requeueing") == 1);
+  CHECK(count_of(r.out, "is one of --fatal_exit_codes 3") >= 1);
+  CHECK(count_of(r.out, "requeueing job") == 0);
 }

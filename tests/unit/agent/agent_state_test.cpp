@@ -501,6 +501,70 @@ TEST_CASE("agent: a failed job prints its report and exits as the rendezvous say
   }
 }
 
+TEST_CASE("agent: a job the rendezvous ends as not to be requeued exits 78", "[agent][unit]") {
+  Agent a(1, 5);
+  auto pids = a.running_group();
+  a.on(WorkerExited{pids[0], {3, 0}, true, "ValueError"});
+  a.on(OutputDrained{});
+  rdzv::Closed closed{rdzv::JobOutcomeKind::Failed, "a crash loop", 3, 0, true};
+  a.on(NoticeReceived{closed});
+  CHECK(a.has<ReportJobFailure>());
+  CHECK(a.effects<Finish>().at(0).code == ddprun::common::kExitDoNotRequeue);
+  CHECK(a.logged("the job ends, not to be requeued (exit 78): a crash loop"));
+  CHECK(job_exit_code([] {
+          JobOutcome o = JobOutcome::workers_failed({3, 0}, 0);
+          o.do_not_requeue = true;
+          return o;
+        }()) == ddprun::common::kExitDoNotRequeue);
+}
+
+TEST_CASE(
+    "agent: a failure report says the rank, the exception type and whether there was "
+    "progress",
+    "[agent][unit][policy]") {
+  SECTION("no step reported, a short run: no progress") {
+    Agent a(2, 5);
+    auto pids = a.running_group();
+    a.on(ProgressReported{1, false});  // a line of output is no training step
+    a.now += 2s;
+    a.on(WorkerExited{pids[1], {1, 0}, true, "ValueError"});
+    const auto report = a.effects<ReportFailure>().at(0).failure;
+    CHECK(report.rank == 1);
+    CHECK(report.exception == "ValueError");
+    CHECK_FALSE(report.progress);
+    CHECK(a.event("failure_detected")["exception"] == "ValueError");
+    CHECK(a.event("failure_detected")["progress"] == false);
+  }
+  SECTION("a worker reported a training step") {
+    Agent a(2, 5);
+    auto pids = a.running_group();
+    a.on(ProgressReported{0, true});
+    a.on(WorkerExited{pids[1], {1, 0}, true, ""});
+    CHECK(a.effects<ReportFailure>().at(0).failure.progress);
+  }
+  SECTION("the group ran as long as --restart_backoff_reset") {
+    Agent a(2, 5);
+    a.spec.restart_backoff_reset = 60s;
+    auto pids = a.running_group();
+    a.now += 60s;
+    a.on(WorkerExited{pids[0], {0, SIGSEGV}, false, ""});
+    const auto report = a.effects<ReportFailure>().at(0).failure;
+    CHECK(report.progress);
+    CHECK(report.signal == SIGSEGV);
+  }
+  SECTION("steps of the last group do not count for the next") {
+    Agent a(1, 5);
+    auto pids = a.running_group();
+    a.on(ProgressReported{0, true});
+    a.on(WorkerExited{pids[0], {1, 0}, true, ""});
+    a.on(OutputDrained{});
+    a.on(NoticeReceived{rdzv::Restart{1, "worker failed", true, 1}});
+    pids = a.running_group(1);
+    a.on(WorkerExited{pids[0], {1, 0}, true, ""});
+    CHECK_FALSE(a.effects<ReportFailure>().at(0).failure.progress);
+  }
+}
+
 TEST_CASE("agent: a timed-out job and a lost rendezvous exit 69", "[agent][unit]") {
   Agent a(1);
   a.on(AgentStarted{});

@@ -52,3 +52,21 @@ TEST_CASE("the error file for a launcher's parent carries the root cause's exit 
         nlohmann::json::parse(R"({"message": "boom", "timestamp": 1})"));
   CHECK_FALSE(error_file_for_parent("not json", 1).has_value());
 }
+
+TEST_CASE("the exception type is read from torch's message, dotted names whole", "[agent][unit]") {
+  const auto type_of = [](const std::string& message) {
+    ErrorFileContent content;
+    content.message = message;
+    return exception_type(content);
+  };
+  CHECK(type_of("ValueError: bad value") == "ValueError");
+  CHECK(type_of("torch.cuda.OutOfMemoryError: CUDA out of memory") ==
+        "torch.cuda.OutOfMemoryError");
+  CHECK(type_of("_Private2: x") == "_Private2");
+  CHECK(type_of("no type here") == "");
+  CHECK(type_of("Segmentation fault: core dumped at 0x0") == "");
+  CHECK(type_of(": empty") == "");
+  CHECK(type_of("a.: trailing dot") == "");
+  CHECK(type_of("2fast: starts with a digit") == "");
+  CHECK(type_of(std::string(300, 'E') + ": too long") == "");
+}

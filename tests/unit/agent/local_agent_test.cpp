@@ -40,7 +40,13 @@ struct Job {
                const std::function<void(AgentOptions&)>& tweak = {}) {
     launcher.ends_on = {SIGTERM, SIGKILL};
     rdzv = std::make_unique<ddprun::rdzv::LocalRendezvous>(
-        "c10d", "unit", "127.0.0.1", 29999, max_restarts,
+        "c10d", "unit", "127.0.0.1", 29999,
+        [&] {
+          ddprun::rdzv::RdzvSettings settings;
+          settings.max_restarts = max_restarts;
+          settings.crash_loop_limit = 0;  // these tests count restarts, not crash loops
+          return settings;
+        }(),
         [this](std::function<void()> fn) { asio::post(io, std::move(fn)); });
     AgentOptions opt;
     opt.spec.local_world_size = workers;

@@ -7,6 +7,7 @@ using namespace ddprun;
 using namespace ddprun::etcd;
 using Catch::Matchers::Contains;
 using common::TimePoint;
+using std::chrono::milliseconds;
 using std::chrono::seconds;
 
 namespace {
@@ -221,6 +222,26 @@ TEST_CASE("the state round-trips through its etcd value", "[etcd][unit]") {
   auto there = decode_state(value, "/ddprun/job/state", other, k.now);
   REQUIRE(there.ok());
   CHECK(*there->job.last_call - *before.job.last_call == seconds(5000));
+}
+
+TEST_CASE("the failure policy's state round-trips through the etcd value", "[etcd][unit]") {
+  Keys k;
+  k.join("1", 1, 3);
+  k.drive_once();
+  StoredState state = k.current();
+  state.job.settings.restart_window = milliseconds(600'000);
+  state.job.settings.fatal_exit_codes = {3, 42};
+  state.job.window_restarts = {k.now - seconds(30), k.now - seconds(2)};
+  state.job.repeated_failure = "3/1/0/ValueError";
+  state.job.failure_repeats = 2;
+  auto back = decode_state(encode_state(state, k.anchor), "/ddprun/job/state", k.anchor, k.now);
+  REQUIRE(back.ok());
+  CHECK(back->job.settings.restart_window == milliseconds(600'000));
+  CHECK(back->job.settings.crash_loop_limit == 3);
+  CHECK(back->job.settings.fatal_exit_codes == std::vector<int>{3, 42});
+  CHECK(back->job.window_restarts == state.job.window_restarts);
+  CHECK(back->job.repeated_failure == "3/1/0/ValueError");
+  CHECK(back->job.failure_repeats == 2);
 }
 
 TEST_CASE("a malformed state value is an error naming the key", "[etcd][unit]") {

@@ -21,11 +21,18 @@ struct ManualLoop {
   }
 };
 
+/// A single-node job's settings with `max_restarts` and the default failure policy.
+RdzvSettings restarts(int max_restarts) {
+  RdzvSettings settings;
+  settings.max_restarts = max_restarts;
+  return settings;
+}
+
 }  // namespace
 
 TEST_CASE("a single-node round makes this node rank 0 of 1 with a free port", "[rdzv][unit]") {
   ManualLoop loop;
-  LocalRendezvous rdzv("c10d", "job", "127.0.0.1", std::nullopt, 0, loop.poster());
+  LocalRendezvous rdzv("c10d", "job", "127.0.0.1", std::nullopt, restarts(0), loop.poster());
   std::optional<RendezvousResult> got;
   rdzv.next_rendezvous([&](RendezvousResult r) { got = r; });
   CHECK_FALSE(got);  // completes asynchronously, like a networked round
@@ -44,7 +51,7 @@ TEST_CASE("a single-node round makes this node rank 0 of 1 with a free port", "[
 
 TEST_CASE("an explicit master port is used as given", "[rdzv][unit]") {
   ManualLoop loop;
-  LocalRendezvous rdzv("static", "none", "127.0.0.1", 29555, 0, loop.poster());
+  LocalRendezvous rdzv("static", "none", "127.0.0.1", 29555, restarts(0), loop.poster());
   std::optional<RendezvousResult> got;
   rdzv.next_rendezvous([&](RendezvousResult r) { got = r; });
   loop.run();
@@ -54,7 +61,7 @@ TEST_CASE("an explicit master port is used as given", "[rdzv][unit]") {
 TEST_CASE("an address that cannot be bound is a state error naming it", "[rdzv][unit]") {
   ManualLoop loop;
   // 192.0.2.1 (TEST-NET-1) is on no interface of this machine, and a literal needs no lookup.
-  LocalRendezvous rdzv("static", "none", "192.0.2.1", std::nullopt, 0, loop.poster());
+  LocalRendezvous rdzv("static", "none", "192.0.2.1", std::nullopt, restarts(0), loop.poster());
   std::optional<RendezvousResult> got;
   rdzv.next_rendezvous([&](RendezvousResult r) { got = r; });
   loop.run();
@@ -66,7 +73,7 @@ TEST_CASE("an address that cannot be bound is a state error naming it", "[rdzv][
 TEST_CASE("a single node's failures restart it while the budget lasts, then close the job",
           "[rdzv][unit]") {
   ManualLoop loop;
-  LocalRendezvous rdzv("c10d", "job", "127.0.0.1", std::nullopt, 2, loop.poster());
+  LocalRendezvous rdzv("c10d", "job", "127.0.0.1", std::nullopt, restarts(2), loop.poster());
   std::vector<Notice> notices;
   rdzv.set_notice_handler([&](Notice n) { notices.push_back(n); });
   std::optional<RendezvousResult> got;
@@ -102,7 +109,7 @@ TEST_CASE("a single node's failures restart it while the budget lasts, then clos
 
 TEST_CASE("a failure report for an earlier round is ignored", "[rdzv][unit]") {
   ManualLoop loop;
-  LocalRendezvous rdzv("c10d", "job", "127.0.0.1", std::nullopt, 2, loop.poster());
+  LocalRendezvous rdzv("c10d", "job", "127.0.0.1", std::nullopt, restarts(2), loop.poster());
   std::vector<Notice> notices;
   rdzv.set_notice_handler([&](Notice n) { notices.push_back(n); });
   rdzv.next_rendezvous([](RendezvousResult) {});
@@ -118,7 +125,7 @@ TEST_CASE("a failure report for an earlier round is ignored", "[rdzv][unit]") {
 
 TEST_CASE("a single node's success closes the job, and nothing follows a leave", "[rdzv][unit]") {
   ManualLoop loop;
-  LocalRendezvous rdzv("c10d", "job", "127.0.0.1", std::nullopt, 0, loop.poster());
+  LocalRendezvous rdzv("c10d", "job", "127.0.0.1", std::nullopt, restarts(0), loop.poster());
   std::vector<Notice> notices;
   rdzv.set_notice_handler([&](Notice n) { notices.push_back(n); });
   rdzv.next_rendezvous([](RendezvousResult) {});
@@ -136,7 +143,7 @@ TEST_CASE("a single node's success closes the job, and nothing follows a leave",
 
 TEST_CASE("a round asked for after the job closed fails as closed", "[rdzv][unit]") {
   ManualLoop loop;
-  LocalRendezvous rdzv("c10d", "job", "127.0.0.1", std::nullopt, 0, loop.poster());
+  LocalRendezvous rdzv("c10d", "job", "127.0.0.1", std::nullopt, restarts(0), loop.poster());
   rdzv.next_rendezvous([](RendezvousResult) {});
   loop.run();
   rdzv.report_success();

@@ -65,6 +65,15 @@ TEST_CASE("a join survives the trip through JSON with its settings and resume cl
   CHECK(back.settings.max_nodes == 3);
   CHECK(back.settings.nproc_per_node == 4);
   CHECK(back.settings.keep_alive_interval == Millis(250));
+  CHECK(back.settings.restart_window == Millis(0));
+  CHECK(back.settings.crash_loop_limit == 3);
+  j.settings.restart_window = Millis(600'000);
+  j.settings.crash_loop_limit = 0;
+  j.settings.fatal_exit_codes = {3, 42};
+  const RdzvSettings policy = agent_round_trip(j).settings;
+  CHECK(policy.restart_window == Millis(600'000));
+  CHECK(policy.crash_loop_limit == 0);
+  CHECK(policy.fatal_exit_codes == std::vector<int>{3, 42});
   REQUIRE(back.resume);
   CHECK(back.resume->round == 3);
   CHECK(back.resume->master_port == 29501);
@@ -81,6 +90,20 @@ TEST_CASE("every other agent message survives the trip through JSON", "[rdzv][un
   WorkersFailed f = agent_round_trip(WorkersFailed{4, "rank 3 exited with 1", 1, 0});
   CHECK(f.round == 4);
   CHECK(f.description == "rank 3 exited with 1");
+  WorkersFailed policy{4, "rank 3 exited with 1", 1, 0, 3, "ValueError", false};
+  WorkersFailed p = agent_round_trip(policy);
+  CHECK(p.rank == 3);
+  CHECK(p.exception == "ValueError");
+  CHECK_FALSE(p.progress);
+  // An older agent's report has none of the failure policy's fields: never a crash loop.
+  auto old = parse_agent_message(json{{"type", "workers_failed"},
+                                      {"round", 1},
+                                      {"description", "d"},
+                                      {"exit_code", 1},
+                                      {"signal", 0}});
+  const auto& from_old = std::get<WorkersFailed>(std::get<AgentMessage>(old));
+  CHECK(from_old.rank == -1);
+  CHECK(from_old.progress);
   CHECK(agent_round_trip(WorkersSucceeded{7}).round == 7);
   CHECK(agent_round_trip(Leave{"received SIGTERM"}).reason == "received SIGTERM");
   CHECK(agent_round_trip(StatusQuery{"j", std::nullopt}).run_id == "j");
@@ -103,6 +126,9 @@ TEST_CASE("every server message survives the trip through JSON", "[rdzv][unit]")
   CHECK(s.restart_count == 2);
   Closed c = server_round_trip(Closed{JobOutcomeKind::TimedOut, "join timeout", 0, 0});
   CHECK(c.outcome == JobOutcomeKind::TimedOut);
+  CHECK_FALSE(c.do_not_requeue);
+  CHECK(
+      server_round_trip(Closed{JobOutcomeKind::Failed, "a crash loop", 1, 0, true}).do_not_requeue);
   Refused f = server_round_trip(Refused{RefusalKind::DuplicateRank, "taken"});
   CHECK(f.kind == RefusalKind::DuplicateRank);
   StatusReply st = server_round_trip(StatusReply{json::array({{{"run_id", "j"}}}), std::nullopt});

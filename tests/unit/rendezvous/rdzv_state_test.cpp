@@ -530,6 +530,201 @@ TEST_CASE("the failure's exit code reaches every node when the job closes as fai
   CHECK(to<Closed>(out, "a").at(0).exit_code == 7);
 }
 
+// ---- failure policy: fatal exit codes, crash loops, a restart window ------------------------
+
+namespace {
+
+/// A worker failure as an agent of this version reports it.
+WorkersFailed failure(int round, int rank, int exit_code, const std::string& exception = "",
+                      bool progress = false) {
+  WorkersFailed f;
+  f.round = round;
+  f.description =
+      "worker rank " + std::to_string(rank) + " exited with code " + std::to_string(exit_code);
+  f.exit_code = exit_code;
+  f.rank = rank;
+  f.exception = exception;
+  f.progress = progress;
+  return f;
+}
+
+/// Both nodes rejoin after a restart; the next round runs.
+void rejoin(Job& job, const RdzvSettings& settings) {
+  job.join(join_of("a", settings));
+  job.join(join_of("b", settings));
+  REQUIRE(job.state.phase == JobPhase::Running);
+}
+
+}  // namespace
+
+TEST_CASE("an exit code of --fatal_exit_codes closes the job at once, not to be requeued",
+          "[rdzv][unit][policy]") {
+  RdzvSettings settings = nnodes(2, 2, 10);
+  settings.fatal_exit_codes = {3, 42};
+  Job job = running_job({"a", "b"}, settings);
+  const auto& out = job.send("a", failure(0, 1, 42));
+  CHECK(job.state.phase == JobPhase::Closed);
+  CHECK(job.state.restart_count == 0);
+  for (const std::string name : {"a", "b"}) {
+    const auto closed = to<Closed>(out, name).at(0);
+    CHECK(closed.outcome == JobOutcomeKind::Failed);
+    CHECK(closed.do_not_requeue);
+    CHECK(closed.exit_code == 42);
+    CHECK_THAT(closed.message, Catch::Contains("exit code 42 is one of --fatal_exit_codes 3,42"));
+  }
+}
+
+TEST_CASE("a signal or an exit code outside --fatal_exit_codes restarts as before",
+          "[rdzv][unit][policy]") {
+  RdzvSettings settings = nnodes(2, 2, 10);
+  settings.fatal_exit_codes = {3};
+  Job job = running_job({"a", "b"}, settings);
+  WorkersFailed killed = failure(0, 1, 0);
+  killed.signal = 3;  // SIGQUIT: the number 3, but a signal
+  CHECK(count_of<Restart>(job.send("a", killed)) == 2);
+  rejoin(job, settings);
+  CHECK(count_of<Restart>(job.send("a", failure(1, 1, 4))) == 2);
+  CHECK(job.state.restart_count == 2);
+}
+
+TEST_CASE("the same failure --crash_loop_stop times in a row without progress ends the job",
+          "[rdzv][unit][policy]") {
+  RdzvSettings settings = nnodes(2, 2, 50);
+  settings.crash_loop_limit = 3;
+  Job job = running_job({"a", "b"}, settings);
+  CHECK(count_of<Restart>(job.send("b", failure(0, 3, 1, "ValueError"))) == 2);
+  rejoin(job, settings);
+  CHECK(count_of<Restart>(job.send("b", failure(1, 3, 1, "ValueError"))) == 2);
+  CHECK(job.state.failure_repeats == 2);
+  rejoin(job, settings);
+  const auto& out = job.send("b", failure(2, 3, 1, "ValueError"));
+  CHECK(job.state.phase == JobPhase::Closed);
+  CHECK(job.state.restart_count == 2);
+  const auto closed = to<Closed>(out, "a").at(0);
+  CHECK(closed.do_not_requeue);
+  CHECK(closed.exit_code == 1);
+  CHECK_THAT(closed.message, Catch::Contains("worker rank 3 exited with code 1") &&
+                                 Catch::Contains("the same failure 3 times in a row") &&
+                                 Catch::Contains("--crash_loop_stop 3"));
+}
+
+TEST_CASE("progress, another rank, exit or exception type, or a lost node breaks a crash loop",
+          "[rdzv][unit][policy]") {
+  RdzvSettings settings = nnodes(2, 2, 50);
+  settings.crash_loop_limit = 2;
+  Job job = running_job({"a", "b"}, settings);
+  int round = 0;
+  const auto fail = [&](WorkersFailed f) {
+    f.round = round++;
+    const auto& out = job.send("a", f);
+    REQUIRE(count_of<Restart>(out) == 2);  // never a crash loop: each differs from the last
+    rejoin(job, settings);
+  };
+  fail(failure(0, 1, 1, "ValueError"));
+  fail(failure(0, 1, 1, "ValueError", true));  // progress: this one does not count
+  fail(failure(0, 1, 1, "ValueError"));
+  fail(failure(0, 2, 1, "ValueError"));  // another rank
+  fail(failure(0, 2, 7, "ValueError"));  // another exit code
+  fail(failure(0, 2, 7, "KeyError"));    // another exception type
+  CHECK(job.state.failure_repeats == 1);
+  job.apply(Disconnected{id_of("b")});  // a lost node: the next failure counts afresh
+  REQUIRE(job.state.failure_repeats == 0);
+  job.join(join_of("b", settings));
+  job.join(join_of("a", settings));
+  REQUIRE(job.state.phase == JobPhase::Running);
+  round = job.state.round;
+  fail(failure(0, 2, 7, "KeyError"));
+  const auto& out = job.send("a", failure(round, 2, 7, "KeyError"));
+  CHECK(to<Closed>(out, "a").at(0).do_not_requeue);  // and two in a row stop it
+}
+
+TEST_CASE("a failure from an agent that says nothing of progress is never a crash loop",
+          "[rdzv][unit][policy]") {
+  RdzvSettings settings = nnodes(2, 2, 5);
+  Job job = running_job({"a", "b"}, settings);
+  for (int round = 0; round < 5; ++round) {
+    CHECK(count_of<Restart>(job.send("a", WorkersFailed{round, "exited with code 1", 1, 0})) == 2);
+    rejoin(job, settings);
+  }
+  const auto closed = to<Closed>(job.send("a", WorkersFailed{5, "exited with code 1", 1, 0}), "a");
+  CHECK_FALSE(closed.at(0).do_not_requeue);
+  CHECK_THAT(closed.at(0).message, Catch::Contains("5 of --max_restarts 5 used"));
+}
+
+TEST_CASE("with --restart_window the budget counts only the restarts of the last window",
+          "[rdzv][unit][policy]") {
+  RdzvSettings settings = nnodes(2, 2, 2);
+  settings.restart_window = 600s;
+  settings.crash_loop_limit = 0;
+  Job job = running_job({"a", "b"}, settings);
+  CHECK(count_of<Restart>(job.send("a", failure(0, 0, 1))) == 2);
+  rejoin(job, settings);
+  job.pass(400s);
+  CHECK(count_of<Restart>(job.send("a", failure(1, 0, 1))) == 2);
+  rejoin(job, settings);
+  job.pass(201s);  // the first restart is now 601 s old: one restart in the window
+  const auto& out = job.send("a", failure(2, 0, 1));
+  REQUIRE(count_of<Restart>(out) == 2);
+  CHECK(to<Restart>(out, "a").at(0).restart_count == 3);  // workers still see every restart
+  CHECK(job.state.window_restarts.size() == 2);
+  rejoin(job, settings);
+  const auto& closing = job.send("a", failure(3, 0, 1));
+  REQUIRE(job.state.phase == JobPhase::Closed);
+  const auto closed = to<Closed>(closing, "b").at(0);
+  CHECK_FALSE(closed.do_not_requeue);
+  CHECK_THAT(
+      closed.message,
+      Catch::Contains("2 restarts in the last 600 s (--max_restarts 2, --restart_window 600)"));
+}
+
+TEST_CASE("a node's restart count over --max_restarts is possible only with a window",
+          "[rdzv][unit][policy]") {
+  RdzvSettings settings = nnodes(1, 2, 2);
+  Job plain;
+  Join late = join_of("a", settings);
+  late.restart_count = 5;
+  CHECK_THAT(to<Refused>(plain.join(late), "a").at(0).message,
+             Catch::Contains("claims restart count 5"));
+  settings.restart_window = 60s;
+  Job windowed;
+  late.settings = settings;
+  CHECK(to<Refused>(windowed.join(late), "a").empty());
+}
+
+TEST_CASE("nodes must agree on the failure policy", "[rdzv][unit][policy]") {
+  RdzvSettings ours = nnodes(2, 2, 3);
+  ours.fatal_exit_codes = {3};
+  Job job;
+  job.join(join_of("a", ours));
+  RdzvSettings theirs = ours;
+  theirs.fatal_exit_codes = {3, 4};
+  auto refused = to<Refused>(job.join(join_of("b", theirs)), "b");
+  REQUIRE(refused.size() == 1);
+  CHECK(refused[0].kind == RefusalKind::Mismatch);
+  CHECK_THAT(refused[0].message, Catch::Contains("--fatal_exit_codes 3,4") &&
+                                     Catch::Contains("runs with --fatal_exit_codes 3"));
+  theirs = ours;
+  theirs.restart_window = 1500ms;
+  CHECK_THAT(to<Refused>(job.join(join_of("b", theirs)), "b").at(0).message,
+             Catch::Contains("--restart_window 1.500"));
+  theirs = ours;
+  theirs.crash_loop_limit = 0;
+  CHECK_THAT(to<Refused>(job.join(join_of("b", theirs)), "b").at(0).message,
+             Catch::Contains("--crash_loop_stop 0"));
+}
+
+TEST_CASE("impossible failure policies are refused naming the value", "[rdzv][unit][policy]") {
+  RdzvSettings s = nnodes(1, 1);
+  s.crash_loop_limit = 1;
+  CHECK_THAT(check_settings(s, "a")->message, Catch::Contains("--crash_loop_stop 1"));
+  s = nnodes(1, 1);
+  s.restart_window = -1s;
+  CHECK_THAT(check_settings(s, "a")->message, Catch::Contains("--restart_window -1"));
+  s = nnodes(1, 1);
+  s.fatal_exit_codes = {0};
+  CHECK_THAT(check_settings(s, "a")->message, Catch::Contains("0 is no failing exit code"));
+}
+
 TEST_CASE("the job closes as succeeded when every participant's workers succeeded",
           "[rdzv][unit]") {
   Job job = running_job({"a", "b"}, nnodes(2, 2));

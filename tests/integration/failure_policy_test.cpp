@@ -1,0 +1,151 @@
+// The failure policy as a user meets it: crash loops that stop with "do not requeue" (78), exit
+// codes that never restart, a restart budget held against a window, and the refusals of values
+// ddprun cannot use. The decisions themselves have transcript tests (rdzv_state_test.cpp,
+// agent_state_test.cpp); these run ddprun.
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "tests/integration/ddprun_runs.h"
+
+using namespace ddprun::testing;
+
+namespace {
+
+/// The events named `name` in the event log at `path`, in order.
+std::vector<nlohmann::json> events_named(const std::string& path, const std::string& name) {
+  std::vector<nlohmann::json> found;
+  std::istringstream in(read_file(path));
+  for (std::string line; std::getline(in, line);) {
+    auto e = nlohmann::json::parse(line, nullptr, false);
+    if (e.is_object() && e.contains("event") && e["event"] == name) found.push_back(std::move(e));
+  }
+  return found;
+}
+
+/// No pause between restarts: these tests are about what ends a job, not when it restarts.
+const std::vector<std::string> kNoPause{"--restart_backoff", "0"};
+
+std::vector<std::string> with(std::vector<std::string> flags,
+                              const std::vector<std::string>& more) {
+  flags.insert(flags.end(), more.begin(), more.end());
+  return flags;
+}
+
+}  // namespace
+
+TEST_CASE("the same failure three times in a row ends the job with 78, not the whole budget",
+          "[integration][policy]") {
+  TempDir dir;
+  const std::string log = dir.path() + "/events.jsonl";
+  auto r = run_command(ddprun_fake(with(kNoPause, {"--nproc_per_node", "2", "--max_restarts", "50",
+                                                   "--event_log", log}),
+                                   {"exit_if_rank=1:3", "hang"}),
+                       {}, kJobLimit);
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 78);
+  CHECK(events_named(log, "workers_started").size() == 3);
+  CHECK(contains(r.err,
+                 "the same failure 3 times in a row (--crash_loop_stop 3) with no "
+                 "progress in between"));
+  const auto detected = events_named(log, "failure_detected");
+  REQUIRE(detected.size() == 3);
+  CHECK(detected[0]["progress"] == false);
+  CHECK(detected[0]["rank"] == 1);
+}
+
+TEST_CASE("the exception type of the error file is part of the failure that repeats",
+          "[integration][policy]") {
+  TempDir dir;
+  const std::string log = dir.path() + "/events.jsonl";
+  auto r = run_command(ddprun_fake(with(kNoPause, {"--max_restarts", "5", "--event_log", log}),
+                                   {"error_file=KeyError: 'lr'", "exit=1"}),
+                       {}, kJobLimit);
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 78);
+  const auto detected = events_named(log, "failure_detected");
+  REQUIRE(detected.size() == 3);
+  CHECK(detected[2]["exception"] == "KeyError");
+  CHECK(contains(r.err, "KeyError: 'lr'"));  // the failure report shows the root cause
+}
+
+TEST_CASE("training steps reported between failures are progress: the budget ends the job",
+          "[integration][policy]") {
+  auto r = run_command(ddprun_fake(with(kNoPause, {"--nproc_per_node", "1", "--max_restarts", "4"}),
+                                   {"report=first_step", "sleep=200", "exit=1"}),
+                       {}, kJobLimit);
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 75);
+  CHECK(contains(r.err, "Restarts  : 4 of 4 used"));
+}
+
+TEST_CASE("--crash_loop_stop 0 spends the whole budget as torchrun does", "[integration][policy]") {
+  TempDir dir;
+  const std::string log = dir.path() + "/events.jsonl";
+  auto r = run_command(ddprun_fake(with(kNoPause, {"--max_restarts", "4", "--crash_loop_stop", "0",
+                                                   "--event_log", log}),
+                                   {"exit=1"}),
+                       {}, kJobLimit);
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 75);
+  CHECK(events_named(log, "workers_started").size() == 5);
+}
+
+TEST_CASE("an exit code of --fatal_exit_codes ends the job at once with 78",
+          "[integration][policy]") {
+  TempDir dir;
+  const std::string log = dir.path() + "/events.jsonl";
+  auto r =
+      run_command(ddprun_fake(with(kNoPause, {"--nproc_per_node", "2", "--max_restarts", "10",
+                                              "--fatal_exit_codes", "42,3", "--event_log", log}),
+                              {"exit_if_rank=0:3", "hang"}),
+                  {}, kJobLimit);
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 78);
+  CHECK(events_named(log, "workers_started").size() == 1);
+  CHECK(contains(r.err, "exit code 3 is one of --fatal_exit_codes 3,42: no restart"));
+  // Another code restarts as usual.
+  auto other =
+      run_command(ddprun_fake(with(kNoPause, {"--max_restarts", "1", "--fatal_exit_codes", "42"}),
+                              {"exit_if_restart=1:0", "exit=3"}),
+                  {}, kJobLimit);
+  INFO(other.out << other.err);
+  CHECK(other.exit_code == 0);
+}
+
+TEST_CASE("with --restart_window a failure the window has forgotten costs nothing",
+          "[integration][policy]") {
+  // One restart allowed per 1 s window; the group fails after 1.2 s or more, so the window
+  // never holds two restarts, and the job runs until the program succeeds on restart 3.
+  auto r = run_command(ddprun_fake(with(kNoPause, {"--max_restarts", "1", "--restart_window", "1",
+                                                   "--crash_loop_stop", "0"}),
+                                   {"exit_if_restart=3:0", "sleep=1200", "exit=1"}),
+                       {}, kJobLimit);
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 0);
+  // Without the window the same job ends after its one restart.
+  auto plain =
+      run_command(ddprun_fake(with(kNoPause, {"--max_restarts", "1", "--crash_loop_stop", "0"}),
+                              {"exit_if_restart=3:0", "sleep=1200", "exit=1"}),
+                  {}, kJobLimit);
+  INFO(plain.out << plain.err);
+  CHECK(plain.exit_code == 75);
+}
+
+TEST_CASE("failure policy values ddprun cannot use are refused, naming them",
+          "[integration][policy]") {
+  for (const auto& [flag, value, says] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"--restart_window", "-5", "expected a number of seconds, 0 (the whole job)"},
+           {"--crash_loop_stop", "1", "expected 0 (off) or a number of failures in a row from 2"},
+           {"--crash_loop_stop", "x", "expected 0 (off)"},
+           {"--fatal_exit_codes", "3,0", "'0' is no failing exit code"},
+           {"--fatal_exit_codes", "300", "'300' is no failing exit code"},
+           {"--fatal_exit_codes", "3,,4", "'' is no failing exit code"}}) {
+    auto r = run_command(ddprun_fake({flag, value}, {"print=ran"}), {}, kJobLimit);
+    INFO(flag << " " << value << ": " << r.err);
+    CHECK(r.exit_code == 64);
+    CHECK(contains(r.err, flag + " " + value + ": " + says));
+    CHECK_FALSE(contains(r.out, "ran"));
+  }
+}
