@@ -143,9 +143,9 @@ rdzv::RdzvSettings settings_from_json(Fields f) {
   s.close_timeout = milliseconds(f.int32("close_timeout_ms"));
   s.keep_alive_interval = milliseconds(f.int32("keep_alive_interval_ms"));
   s.keep_alive_max_attempt = f.int32("keep_alive_max_attempt");
-  // The failure policy's settings: a state written before them has none of them.
+  // The failure policy's settings: a state written before them has the defaults.
   if (f.has("restart_window_ms")) s.restart_window = milliseconds(f.int32("restart_window_ms"));
-  s.crash_loop_limit = f.has("crash_loop_limit") ? f.int32("crash_loop_limit") : 0;
+  if (f.has("crash_loop_limit")) s.crash_loop_limit = f.int32("crash_loop_limit");
   if (f.has("fatal_exit_codes")) s.fatal_exit_codes = f.int32s("fatal_exit_codes", 255);
   return s;
 }

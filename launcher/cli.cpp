@@ -133,8 +133,8 @@ constexpr OptionSpec kOptions[] = {
      "Hold --max_restarts against the restarts of the last SECONDS only, so that a long job "
      "survives occasional failures while a crash loop still stops (default 0: the whole job)."},
     {"crash_loop_stop", "", false, "N", "3", kSupervision,
-     "End the job with exit 78 (do not requeue) when the same failure (rank, exit code or "
-     "signal, exception type) comes N times in a row with no progress in between: no training "
+     "End the job with exit 78 (do not requeue) when the same failure (exit code or signal, "
+     "exception type) comes N times in a row with no progress in between: no training "
      "step reported, no group that ran --restart_backoff_reset (default 3; 0: off)."},
     {"fatal_exit_codes", "", false, "CODE,...", "", kSupervision,
      "Worker exit codes that no restart can help: the job ends at once with exit 78 (do not "

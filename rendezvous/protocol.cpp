@@ -142,9 +142,11 @@ RdzvSettings read_settings(Reader& r) {
   s.close_timeout = r.millis("close_timeout_ms");
   s.keep_alive_interval = r.millis("keep_alive_interval_ms");
   s.keep_alive_max_attempt = r.integer("keep_alive_max_attempt");
-  // The failure policy's settings came later: a peer that sends none has none of it.
+  // The failure policy's settings came later: a peer that sends none has the defaults (the
+  // rendezvous enforces them; such a peer's failures say nothing of progress, so they are
+  // never a crash loop).
   if (r.has("restart_window_ms")) s.restart_window = r.millis("restart_window_ms");
-  s.crash_loop_limit = r.has("crash_loop_limit") ? r.integer("crash_loop_limit") : 0;
+  if (r.has("crash_loop_limit")) s.crash_loop_limit = r.integer("crash_loop_limit");
   if (r.has("fatal_exit_codes")) s.fatal_exit_codes = r.integers("fatal_exit_codes");
   // Only the types: which settings a job may run with is admission's (admission.h).
   return s;

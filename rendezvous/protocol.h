@@ -92,8 +92,9 @@ struct WorkersFailed {
   /// The Python exception type its error file names ("ValueError"; "" for none).
   std::string exception{};
   /// Whether the group made progress before it failed (docs/usage.md#failure-policy): a
-  /// worker reported a training step, or the group ran for --restart_backoff_reset.
-  bool progress = false;
+  /// worker reported a training step, or the group ran for --restart_backoff_reset. Assumed
+  /// (never a crash loop) when an agent does not say: older agents send no such field.
+  bool progress = true;
 };
 
 /// Every worker of this node exited 0 in `round`.

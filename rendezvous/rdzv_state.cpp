@@ -632,11 +632,12 @@ void on_join(Step& st, const std::string& id, Join join) {
   if (!maybe_scale_up(st)) send_waiting(st, id);
 }
 
-/// What makes two failures "the same" for --crash_loop_stop: the rank, how it ended, and the
-/// exception type its error file names.
+/// What makes two failures "the same" for --crash_loop_stop: how the worker ended and the
+/// exception type its error file names. Not the rank: a script that fails on every rank is
+/// reported by whichever rank's exit was seen first, which changes from round to round.
 std::string failure_signature(const WorkersFailed& failed) {
-  return std::to_string(failed.rank) + "/" + std::to_string(failed.exit_code) + "/" +
-         std::to_string(failed.signal) + "/" + failed.exception;
+  return std::to_string(failed.exit_code) + "/" + std::to_string(failed.signal) + "/" +
+         failed.exception;
 }
 
 bool is_fatal(const RdzvSettings& settings, const WorkersFailed& failed) {
@@ -666,8 +667,8 @@ void on_workers_failed(Step& st, const std::string& id, const WorkersFailed& fai
     return close_job(st, ends);
   }
   const std::string signature = failure_signature(failed);
-  if (failed.progress || failed.rank < 0 || signature != s.repeated_failure) {
-    s.repeated_failure = failed.progress || failed.rank < 0 ? std::string() : signature;
+  if (failed.progress || signature != s.repeated_failure) {
+    s.repeated_failure = failed.progress ? std::string() : signature;
     s.failure_repeats = s.repeated_failure.empty() ? 0 : 1;
   } else {
     ++s.failure_repeats;

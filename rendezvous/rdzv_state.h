@@ -177,8 +177,8 @@ JobState new_job(std::string run_id, TimePoint now);
 ///   RoundReady to each participant; phase Running.
 /// - Heartbeat: last_seen = now.
 /// - WorkersFailed for the running round: an exit code of --fatal_exit_codes, or the same
-///   failure (rank, exit, exception type) --crash_loop_stop times in a row without progress ->
-///   Closed(Failed, do_not_requeue) to all. Else budget left (--max_restarts, within
+///   failure (exit code or signal, exception type) --crash_loop_stop times in a row without
+///   progress -> Closed(Failed, do_not_requeue) to all. Else budget left (--max_restarts, within
 ///   --restart_window when set) -> restart_count+1, Restart(counted) to every participant,
 ///   phase Joining(round+1), wait-listed nodes become Joined; budget used up -> Closed(Failed)
 ///   to all. A WorkersFailed for an older round is ignored (one failure

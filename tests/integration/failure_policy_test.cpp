@@ -79,7 +79,8 @@ TEST_CASE("training steps reported between failures are progress: the budget end
   CHECK(contains(r.err, "Restarts  : 4 of 4 used"));
 }
 
-TEST_CASE("--crash_loop_stop 0 spends the whole budget as torchrun does", "[integration][policy]") {
+TEST_CASE("a crash-loop stop of 0 spends the whole budget as torchrun does",
+          "[integration][policy]") {
   TempDir dir;
   const std::string log = dir.path() + "/events.jsonl";
   auto r = run_command(ddprun_fake(with(kNoPause, {"--max_restarts", "4", "--crash_loop_stop", "0",

@@ -594,7 +594,9 @@ TEST_CASE("the same failure --crash_loop_stop times in a row without progress en
   Job job = running_job({"a", "b"}, settings);
   CHECK(count_of<Restart>(job.send("b", failure(0, 3, 1, "ValueError"))) == 2);
   rejoin(job, settings);
-  CHECK(count_of<Restart>(job.send("b", failure(1, 3, 1, "ValueError"))) == 2);
+  // Another rank, the same failure: a script that fails on every rank is reported by whichever
+  // rank's exit was seen first.
+  CHECK(count_of<Restart>(job.send("b", failure(1, 0, 1, "ValueError"))) == 2);
   CHECK(job.state.failure_repeats == 2);
   rejoin(job, settings);
   const auto& out = job.send("b", failure(2, 3, 1, "ValueError"));
@@ -608,7 +610,7 @@ TEST_CASE("the same failure --crash_loop_stop times in a row without progress en
                                  Catch::Contains("--crash_loop_stop 3"));
 }
 
-TEST_CASE("progress, another rank, exit or exception type, or a lost node breaks a crash loop",
+TEST_CASE("progress, another exit or exception type, or a lost node breaks a crash loop",
           "[rdzv][unit][policy]") {
   RdzvSettings settings = nnodes(2, 2, 50);
   settings.crash_loop_limit = 2;
@@ -622,10 +624,8 @@ TEST_CASE("progress, another rank, exit or exception type, or a lost node breaks
   };
   fail(failure(0, 1, 1, "ValueError"));
   fail(failure(0, 1, 1, "ValueError", true));  // progress: this one does not count
-  fail(failure(0, 1, 1, "ValueError"));
-  fail(failure(0, 2, 1, "ValueError"));  // another rank
-  fail(failure(0, 2, 7, "ValueError"));  // another exit code
-  fail(failure(0, 2, 7, "KeyError"));    // another exception type
+  fail(failure(0, 2, 7, "ValueError"));        // another exit code
+  fail(failure(0, 2, 7, "KeyError"));          // another exception type
   CHECK(job.state.failure_repeats == 1);
   job.apply(Disconnected{id_of("b")});  // a lost node: the next failure counts afresh
   REQUIRE(job.state.failure_repeats == 0);
