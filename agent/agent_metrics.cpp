@@ -74,6 +74,17 @@ AgentMetrics::AgentMetrics()
                       .Help("Recoveries this node began (a worker failure or a restart)")
                       .Register(registry_)
                       .Add({})),
+      backoff_(BuildGauge()
+                   .Name("ddprun_agent_restart_backoff_seconds")
+                   .Help("The pause of --restart_backoff this node waits out before the next "
+                         "round (0 when none)")
+                   .Register(registry_)
+                   .Add({})),
+      delays_(BuildCounter()
+                  .Name("ddprun_agent_restart_delays_total")
+                  .Help("Rounds this node joined only after a pause of --restart_backoff")
+                  .Register(registry_)
+                  .Add({})),
       phases_(BuildGauge()
                   .Name("ddprun_agent_last_recovery_phase_seconds")
                   .Help("Phases of the last recovery, as ddprun events summarize measures them: "
@@ -127,6 +138,12 @@ void AgentMetrics::observe(const std::string& event, const json& fields, common:
   }
   if (auto phase = kPhaseOfEvent.find(event); phase != kPhaseOfEvent.end())
     phase_reached(phase->second, at);
+  if (event == "restart_delayed") {
+    backoff_.Set(number("delay_ms").value_or(0) / 1000.0);
+    delays_.Increment();
+  } else if (event == "rendezvous_start") {
+    backoff_.Set(0);
+  }
   if (event == "rendezvous_complete") {
     if (auto r = number("round")) round_.Set(*r);
     if (auto count = number("restart_count")) job_restarts_.Set(*count);

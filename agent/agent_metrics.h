@@ -41,6 +41,8 @@ class AgentMetrics {
   prometheus::Gauge& zygote_ready_;
   prometheus::Gauge& log_lost_bytes_;
   prometheus::Counter& recoveries_;
+  prometheus::Gauge& backoff_;
+  prometheus::Counter& delays_;
   prometheus::Family<prometheus::Gauge>& phases_;
   /// The recovery being measured: when it began and when its last phase ended.
   std::optional<common::TimePoint> recovery_began_;

@@ -205,7 +205,9 @@ class Stepper {
               : "restarting workers for a new round: " + restart->reason);
       s_.restart = *restart;
     } else if (const auto* closed = std::get_if<rdzv::Closed>(&e.notice)) {
-      out_.push_back(EmitEvent{"job_closed", {{"message", closed->message}}});
+      out_.push_back(
+          EmitEvent{"job_closed",
+                    {{"message", closed->message}, {"do_not_requeue", closed->do_not_requeue}}});
       s_.closed = *closed;
     } else {
       s_.lost = std::get<rdzv::RendezvousError>(e.notice);

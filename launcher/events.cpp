@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iomanip>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -164,6 +165,15 @@ EventSummary summarize_events(const std::string& text) {
       at = events[*i].t;
     };
     phase("teardown_done", r.teardown_ms);
+    // A pause of --restart_backoff: until the join that followed it.
+    if (auto delayed = first_after(index, "restart_delayed", starts[k]);
+        delayed && events[*delayed].t < end) {
+      if (auto join = first_after(index, "rendezvous_start", *delayed);
+          join && events[*join].t < end) {
+        r.backoff_ms = (events[*join].t - at) * 1000.0;
+        at = events[*join].t;
+      }
+    }
     phase("rendezvous_complete", r.rendezvous_ms);
     phase("workers_started", r.spawn_ms);
     phase("worker_main", r.process_start_ms);
@@ -174,6 +184,18 @@ EventSummary summarize_events(const std::string& text) {
     if (auto started = last_of(events, index, "workers_started", begin, end))
       r.restart_count = int_field(events[*started].body, "restart_count", 0);
     summary.recoveries.push_back(r);
+  }
+  if (const auto& ends = index.of("job_end"); !ends.empty()) {
+    constexpr long long kNone = std::numeric_limits<long long>::min();
+    if (const long long code = int_field(events[ends.back()].body, "exit_code", kNone);
+        code != kNone)
+      summary.exit_code = code;
+  }
+  if (const auto& closes = index.of("job_closed"); !closes.empty()) {
+    const json& body = events[closes.back()].body;
+    summary.closed_message = text_field(body, "message", "");
+    const auto flag = body.find("do_not_requeue");
+    summary.do_not_requeue = flag != body.end() && flag->is_boolean() && flag->get<bool>();
   }
   return summary;
 }
@@ -186,6 +208,7 @@ json summary_json(const EventSummary& summary) {
                    {"cause", r.cause},
                    {"detect_ms", opt(r.detect_ms)},
                    {"teardown_ms", opt(r.teardown_ms)},
+                   {"backoff_ms", opt(r.backoff_ms)},
                    {"rendezvous_ms", opt(r.rendezvous_ms)},
                    {"spawn_ms", opt(r.spawn_ms)},
                    {"process_start_ms", opt(r.process_start_ms)},
@@ -194,8 +217,13 @@ json summary_json(const EventSummary& summary) {
                    {"first_step_ms", opt(r.first_step_ms)},
                    {"total_ms", r.total_ms}});
   }
-  return {
-      {"recoveries", out}, {"lines", summary.lines}, {"malformed_lines", summary.malformed_lines}};
+  json end = {{"exit_code", summary.exit_code ? json(*summary.exit_code) : json(nullptr)},
+              {"do_not_requeue", summary.do_not_requeue}};
+  if (!summary.closed_message.empty()) end["message"] = summary.closed_message;
+  return {{"recoveries", out},
+          {"end", end},
+          {"lines", summary.lines},
+          {"malformed_lines", summary.malformed_lines}};
 }
 
 std::string format_summary(const EventSummary& summary) {
@@ -205,19 +233,22 @@ std::string format_summary(const EventSummary& summary) {
   for (const Recovery& r : summary.recoveries) {
     out << "recovery " << ++n << " (restart count " << r.restart_count << "): " << r.cause << "\n";
     const std::pair<const char*, std::optional<double>> rows[] = {
-        {"detect", r.detect_ms},
-        {"teardown", r.teardown_ms},
-        {"rendezvous", r.rendezvous_ms},
-        {"spawn", r.spawn_ms},
-        {"process start", r.process_start_ms},
-        {"pg init", r.pg_init_ms},
-        {"snapshot load", r.snapshot_load_ms},
-        {"first step", r.first_step_ms},
-        {"total", r.total_ms}};
+        {"detect", r.detect_ms},         {"teardown", r.teardown_ms},
+        {"back-off", r.backoff_ms},      {"rendezvous", r.rendezvous_ms},
+        {"spawn", r.spawn_ms},           {"process start", r.process_start_ms},
+        {"pg init", r.pg_init_ms},       {"snapshot load", r.snapshot_load_ms},
+        {"first step", r.first_step_ms}, {"total", r.total_ms}};
     out << "  phase           ms\n";
     for (const auto& [name, ms] : rows)
-      out << "  " << std::left << std::setw(14) << name << " " << std::right << std::setw(9)
-          << ms_text(ms) << "\n";
+      if (ms || std::string_view(name) != "back-off")  // a row only where there was a pause
+        out << "  " << std::left << std::setw(14) << name << " " << std::right << std::setw(9)
+            << ms_text(ms) << "\n";
+  }
+  if (summary.exit_code) {
+    out << "the job ended with exit " << *summary.exit_code;
+    if (summary.do_not_requeue) out << " (do not requeue)";
+    if (!summary.closed_message.empty()) out << ": " << summary.closed_message;
+    out << "\n";
   }
   if (summary.malformed_lines > 0)
     out << summary.malformed_lines << " line(s) were not events and were skipped\n";

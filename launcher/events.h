@@ -15,10 +15,12 @@ namespace ddprun::launcher {
 /// participant (node or rank) is done, because the job waits for the slowest one. Phases whose
 /// events are absent (a program without the SDK reports no "pg_ready") are nullopt.
 struct Recovery {
-  long long restart_count = 0;             ///< of the restarted workers
-  std::string cause;                       ///< the failure as the log tells it
-  std::optional<double> detect_ms;         ///< fault_injected -> failure_detected
-  std::optional<double> teardown_ms;       ///< failure_detected -> last teardown_done
+  long long restart_count = 0;        ///< of the restarted workers
+  std::string cause;                  ///< the failure as the log tells it
+  std::optional<double> detect_ms;    ///< fault_injected -> failure_detected
+  std::optional<double> teardown_ms;  ///< failure_detected -> last teardown_done
+  /// -> the rendezvous_start after a restart_delayed: the pause of --restart_backoff.
+  std::optional<double> backoff_ms;
   std::optional<double> rendezvous_ms;     ///< -> last rendezvous_complete
   std::optional<double> spawn_ms;          ///< -> last workers_started
   std::optional<double> process_start_ms;  ///< -> last worker_main (exec, library loading)
@@ -30,6 +32,11 @@ struct Recovery {
 
 struct EventSummary {
   std::vector<Recovery> recoveries;
+  /// How the job ended, when the log says: job_end's exit status, and the last job_closed's
+  /// message (why the rendezvous ended it) and whether it said not to requeue.
+  std::optional<long long> exit_code;
+  std::string closed_message;
+  bool do_not_requeue = false;
   int lines = 0;
   int malformed_lines = 0;
 };

@@ -57,7 +57,7 @@ TEST_CASE("every family the agent exports follows ddprun's naming rules", "[metr
   agent::AgentMetrics m;
   exercise(m);
   const auto families = m.registry().Collect();
-  CHECK(families.size() == 10);
+  CHECK(families.size() == 12);
   CHECK(naming_problems(families) == std::vector<std::string>{});
 }
 
@@ -172,6 +172,20 @@ TEST_CASE("a failure after the workers restarted begins the next recovery", "[me
   CHECK(sample(text, "ddprun_agent_last_recovery_phase_seconds{phase=\"teardown\"}") == 0.25);
   CHECK(sample(text, "ddprun_agent_last_recovery_phase_seconds{phase=\"rendezvous\"}") == 0);
   CHECK(sample(text, "ddprun_agent_last_recovery_phase_seconds{phase=\"total\"}") == 0.25);
+}
+
+TEST_CASE("the agent's metrics show a pause of --restart_backoff while it lasts",
+          "[metrics][unit]") {
+  agent::AgentMetrics m;
+  const common::TimePoint t0{};
+  m.observe("restart_delayed", {{"delay_ms", 2000}, {"failures_in_a_row", 3}}, t0);
+  std::string text = serialize(m.registry());
+  CHECK(sample(text, "ddprun_agent_restart_backoff_seconds") == 2);
+  CHECK(sample(text, "ddprun_agent_restart_delays_total") == 1);
+  m.observe("rendezvous_start", {{"restart_count", 3}}, t0 + 2s);
+  text = serialize(m.registry());
+  CHECK(sample(text, "ddprun_agent_restart_backoff_seconds") == 0);
+  CHECK(sample(text, "ddprun_agent_restart_delays_total") == 1);
 }
 
 }  // namespace ddprun::metrics

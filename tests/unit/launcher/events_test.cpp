@@ -68,6 +68,31 @@ TEST_CASE("each failure round is its own recovery, and missing phases stay empty
   CHECK(format_summary(summarize_events(line(1.0, "job_end"))) == "no recovery in 1 event(s)\n");
 }
 
+TEST_CASE("a pause of --restart_backoff is its own phase, and the summary says how the job ended",
+          "[launcher][unit][policy]") {
+  const std::string log =
+      line(1.0, "failure_detected", "\"rank\":0,\"exit_code\":1") + line(1.1, "teardown_done") +
+      line(1.1, "restart_delayed", "\"delay_ms\":2000,\"failures_in_a_row\":2") +
+      line(3.1, "rendezvous_start") + line(3.2, "rendezvous_complete") +
+      line(3.3, "workers_started", "\"restart_count\":2") +
+      line(4.0, "failure_detected", "\"rank\":0,\"exit_code\":1") + line(4.1, "teardown_done") +
+      line(4.2, "job_closed", "\"message\":\"a crash loop\",\"do_not_requeue\":true") +
+      line(4.3, "job_end", "\"exit_code\":78");
+  const EventSummary s = summarize_events(log);
+  REQUIRE(s.recoveries.size() == 2);
+  CHECK(*s.recoveries[0].backoff_ms == Approx(2000.0));
+  CHECK(*s.recoveries[0].rendezvous_ms == Approx(100.0));
+  CHECK_FALSE(s.recoveries[1].backoff_ms);
+  CHECK(s.exit_code == 78);
+  CHECK(s.do_not_requeue);
+  const std::string table = format_summary(s);
+  CHECK(table.find("back-off          2000.0") != std::string::npos);
+  CHECK(table.find("the job ended with exit 78 (do not requeue): a crash loop") !=
+        std::string::npos);
+  CHECK(summary_json(s)["end"]["exit_code"] == 78);
+  CHECK(summary_json(s)["recoveries"][0]["backoff_ms"].get<double>() == Approx(2000.0));
+}
+
 TEST_CASE("a stop by signal after a recovery is not counted in it", "[launcher][unit]") {
   const std::string log = line(1.0, "failure_detected", "\"rank\":0,\"exit_code\":1") +
                           line(1.1, "teardown_done") + line(1.2, "rendezvous_complete") +
