@@ -85,6 +85,18 @@ AgentMetrics::AgentMetrics()
                   .Help("Rounds this node joined only after a pause of --restart_backoff")
                   .Register(registry_)
                   .Add({})),
+      health_failures_(BuildCounter()
+                           .Name("ddprun_agent_health_check_failures_total")
+                           .Help("Health checks (--health_check) this node failed; each kept it "
+                                 "out of the rendezvous for --health_check_interval")
+                           .Register(registry_)
+                           .Add({})),
+      healthy_(BuildGauge()
+                   .Name("ddprun_agent_healthy")
+                   .Help("1 when this node's last health check passed (or none ran yet), 0 "
+                         "while it is kept out after a failed one")
+                   .Register(registry_)
+                   .Add({})),
       phases_(BuildGauge()
                   .Name("ddprun_agent_last_recovery_phase_seconds")
                   .Help("Phases of the last recovery, as ddprun events summarize measures them: "
@@ -92,6 +104,7 @@ AgentMetrics::AgentMetrics()
                         "first_step, and total (from the failure to the last phase so far)")
                   .Register(registry_)) {
   for (const char* kind : kFailureKinds) failures_.Add({{"kind", kind}});
+  healthy_.Set(1);
 }
 
 void AgentMetrics::phase_reached(const std::string& phase, common::TimePoint at) {
@@ -138,6 +151,12 @@ void AgentMetrics::observe(const std::string& event, const json& fields, common:
   }
   if (auto phase = kPhaseOfEvent.find(event); phase != kPhaseOfEvent.end())
     phase_reached(phase->second, at);
+  if (event == "health_check_failed") {
+    health_failures_.Increment();
+    healthy_.Set(0);
+  } else if (event == "health_check_passed") {
+    healthy_.Set(1);
+  }
   if (event == "restart_delayed") {
     backoff_.Set(number("delay_ms").value_or(0) / 1000.0);
     delays_.Increment();

@@ -98,6 +98,8 @@ std::optional<size_t> slot_of_report(const AgentState& state, std::optional<pid_
 
 const char* phase_name(AgentPhase phase) {
   switch (phase) {
+    case AgentPhase::HealthCheck:
+      return "health_check";
     case AgentPhase::Rendezvous:
       return "rendezvous";
     case AgentPhase::AwaitingZygote:
@@ -130,8 +132,8 @@ double ms_between(TimePoint from, TimePoint to) {
 
 /// Nothing runs or drains: the phases in which what the rendezvous said is acted on.
 bool idle(AgentPhase phase) {
-  return phase == AgentPhase::Rendezvous || phase == AgentPhase::AwaitingZygote ||
-         phase == AgentPhase::BetweenRounds;
+  return phase == AgentPhase::HealthCheck || phase == AgentPhase::Rendezvous ||
+         phase == AgentPhase::AwaitingZygote || phase == AgentPhase::BetweenRounds;
 }
 
 /// One step's context: the state, the time, the settings and the effects so far.
@@ -341,12 +343,45 @@ class Stepper {
         check_watchdog();
         arm_watchdog();
         return;
+      case AgentTimer::HealthRetry:
+        if (s_.phase != AgentPhase::HealthCheck || s_.checking) return;
+        return run_health_check();
       case AgentTimer::Backoff:
         if (!s_.backing_off) return;
         s_.backing_off = false;
         s_.backoff_over = true;
         return advance();
     }
+  }
+
+  void on(const HealthChecked& e) {
+    if (s_.phase != AgentPhase::HealthCheck || !s_.checking) return;
+    s_.checking = false;
+    if (e.ok) {
+      if (s_.health_failures > 0)
+        log(LogLevel::Info, fmt::format("health check passed after {} failed check(s): joining "
+                                        "the rendezvous",
+                                        s_.health_failures));
+      out_.push_back(EmitEvent{"health_check_passed",
+                               {{"ms", e.ms}, {"failures_before", s_.health_failures}}});
+      s_.health_failures = 0;
+      return join_now();
+    }
+    // HealthCheck -> HealthCheck: the node stays out of the rendezvous and checks again later.
+    ++s_.health_failures;
+    const long long retry_s =
+        std::chrono::duration_cast<std::chrono::seconds>(spec_.health_retry).count();
+    out_.push_back(EmitEvent{"health_check_failed",
+                             {{"why", e.why},
+                              {"output", e.output},
+                              {"ms", e.ms},
+                              {"failures_in_a_row", s_.health_failures},
+                              {"retry_s", retry_s}}});
+    log(LogLevel::Warn,
+        fmt::format("health check failed ({} in a row): {}; this node stays out of the rendezvous "
+                    "and checks again in {} s (--health_check_interval)",
+                    s_.health_failures, e.why, retry_s));
+    out_.push_back(ArmTimer{AgentTimer::HealthRetry, now_ + spec_.health_retry});
   }
 
   void on(const OutputDrained&) {
@@ -366,6 +401,20 @@ class Stepper {
   void log(LogLevel level, std::string text) { out_.push_back(Log{level, std::move(text)}); }
 
   void join_round() {
+    if (spec_.health_gate) {
+      // -> HealthCheck: the node checks itself before it joins (--health_check).
+      s_.phase = AgentPhase::HealthCheck;
+      return run_health_check();
+    }
+    join_now();
+  }
+
+  void run_health_check() {
+    s_.checking = true;
+    out_.push_back(RunHealthCheck{});
+  }
+
+  void join_now() {
     // -> Rendezvous: join the next round.
     s_.phase = AgentPhase::Rendezvous;
     out_.push_back(EmitEvent{"rendezvous_start", {{"restart_count", s_.restart_count}}});
@@ -582,6 +631,9 @@ class Stepper {
       return finish(job_exit_code(JobOutcome::of(JobEnd::RendezvousFailed)));
     }
     if (s_.closed) return conclude(*s_.closed);
+    // A restart notice while the node checks itself: the check is already on the way to the
+    // next join.
+    if (s_.phase == AgentPhase::HealthCheck) return s_.restart.reset();
     if (s_.restart) {
       if (s_.backing_off) return;  // the Backoff timer rejoins
       const Duration pause = s_.backoff_over
@@ -640,6 +692,10 @@ class Stepper {
     // A stop signal, a closed job or a lost rendezvous during a pause: no round follows.
     if (s_.backing_off) out_.push_back(CancelTimer{AgentTimer::Backoff});
     s_.backing_off = false;
+    // During a health check (or its wait): the check is stopped with the rest at Finish.
+    if (s_.phase == AgentPhase::HealthCheck && !s_.checking)
+      out_.push_back(CancelTimer{AgentTimer::HealthRetry});
+    s_.checking = false;
     s_.phase = AgentPhase::Finished;
     s_.exit_code = code;
     out_.push_back(Finish{code});

@@ -85,6 +85,7 @@ int job_exit_code(const JobOutcome& outcome);
 
 /// Where the agent is in its lifecycle (docs/design.md, "The agent's lifecycle").
 enum class AgentPhase {
+  HealthCheck,     ///< checking itself (--health_check) before it joins; out of the rendezvous
   Rendezvous,      ///< waiting for a round to complete
   AwaitingZygote,  ///< a round completed; its workers fork from the zygote once it is ready
   Launching,       ///< starting the group's workers one by one
@@ -124,9 +125,11 @@ enum class AgentTimer {
   TracebackDeadline,
   /// --restart_backoff: the pause before rejoining after repeated failures is over.
   Backoff,
+  /// --health_check_interval after a failed health check: check again.
+  HealthRetry,
 };
 /// How many AgentTimer values there are (the executor keeps one timer each).
-inline constexpr size_t kAgentTimers = 4;
+inline constexpr size_t kAgentTimers = 5;
 
 struct AgentState {
   AgentPhase phase = AgentPhase::Rendezvous;
@@ -166,7 +169,10 @@ struct AgentState {
   /// (backoff_over) and joins now.
   bool backing_off = false;
   bool backoff_over = false;
-  int exit_code = 0;  ///< valid once Finished
+  /// HealthCheck: a check runs (checking), or the last one failed and HealthRetry is armed.
+  bool checking = false;
+  int health_failures = 0;  ///< failed checks in a row before the current join
+  int exit_code = 0;        ///< valid once Finished
 };
 
 /// --restart_backoff: the pause before the next round after `failures_in_a_row` counted
@@ -191,6 +197,10 @@ struct AgentSpec {
   Duration restart_backoff_max = std::chrono::seconds(30);
   Duration restart_backoff_reset = std::chrono::seconds(60);
   std::string host;  ///< this node, as failure descriptions name it
+  /// --health_check: check before every join (RunHealthCheck), and after a failed check wait
+  /// health_retry before the next.
+  bool health_gate = false;
+  Duration health_retry = std::chrono::seconds(30);
 };
 
 // ---- events ---------------------------------------------------------------------------------
@@ -247,15 +257,25 @@ struct OutputDrained {};
 struct ZygoteSettled {
   bool ready = false;
 };
+/// RunHealthCheck was carried out: passed, or why not.
+struct HealthChecked {
+  bool ok = true;
+  std::string why{};
+  std::string output{};  ///< the check command's last output, for the event log
+  long long ms = 0;      ///< how long the check took
+};
 
-using AgentEvent = std::variant<AgentStarted, RoundReady, RoundFailed, NoticeReceived,
-                                GroupPrepared, WorkerLaunched, WorkerExited, ProgressReported,
-                                SignalReceived, TimerFired, OutputDrained, ZygoteSettled>;
+using AgentEvent =
+    std::variant<AgentStarted, RoundReady, RoundFailed, NoticeReceived, GroupPrepared,
+                 WorkerLaunched, WorkerExited, ProgressReported, SignalReceived, TimerFired,
+                 OutputDrained, ZygoteSettled, HealthChecked>;
 
 // ---- effects --------------------------------------------------------------------------------
 
 /// Join the next rendezvous round (RoundReady or RoundFailed follows).
 struct JoinRound {};
+/// Run the health gate's checks (HealthChecked follows).
+struct RunHealthCheck {};
 /// Make the attempt's directories and the workers' environments, hand standbys over
 /// (GroupPrepared follows).
 struct PrepareGroup {};
@@ -317,9 +337,9 @@ struct Finish {
 };
 
 using AgentEffect =
-    std::variant<JoinRound, PrepareGroup, LaunchWorker, SignalWorkers, RecordFailure, ReportFailure,
-                 ReportSuccess, Leave, Drain, ArmTimer, CancelTimer, EmitEvent, Log, DumpStacks,
-                 ScheduleStandbys, ReportJobFailure, Finish>;
+    std::variant<JoinRound, RunHealthCheck, PrepareGroup, LaunchWorker, SignalWorkers,
+                 RecordFailure, ReportFailure, ReportSuccess, Leave, Drain, ArmTimer, CancelTimer,
+                 EmitEvent, Log, DumpStacks, ScheduleStandbys, ReportJobFailure, Finish>;
 
 /// Applies `event` at time `now` to `state` (in place: a group may have thousands of slots)
 /// and returns what the executor must do, in order.

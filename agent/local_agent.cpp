@@ -19,6 +19,7 @@
 #include "agent/error_file.h"
 #include "agent/event_log.h"
 #include "agent/failure_report.h"
+#include "agent/health_check.h"
 #include "agent/stack_dump.h"
 #include "agent/standby_supply.h"
 #include "agent/worker_command.h"
@@ -56,7 +57,7 @@ class LocalAgent::Impl {
         launcher_(launcher),
         signals_(io),
         timers_{asio::steady_timer(io), asio::steady_timer(io), asio::steady_timer(io),
-                asio::steady_timer(io)},
+                asio::steady_timer(io), asio::steady_timer(io)},
         reports_(io),
         output_(io, clock_, opt_.output, [this](const LogWriteFailure& f) { on_log_failure(f); }),
         standbys_(io, launcher, clock_, standby_settings(),
@@ -72,6 +73,8 @@ class LocalAgent::Impl {
     spec_.restart_backoff_reset = opt_.restart_backoff_reset;
     spec_.python_tracebacks = !opt_.interpreter_origin.empty();
     spec_.host = rdzv::local_host_name();
+    spec_.health_gate = opt_.health_gate;
+    spec_.health_retry = opt_.health_check_interval;
   }
 
   ~Impl() {
@@ -165,6 +168,22 @@ class LocalAgent::Impl {
   }
 
   void execute(const PrepareGroup&) { prepare_group(); }
+
+  void execute(const RunHealthCheck&) {
+    if (!health_) {
+      HealthInputs inputs;
+      inputs.dirs = {log_root_.string()};
+      health_ =
+          std::make_unique<HealthCheckRunner>(io_, launcher_, inputs, opt_.health_check_command,
+                                              opt_.health_check_timeout, opt_.agent_env);
+    }
+    health_->run([this](HealthResult r) {
+      std::istringstream lines(r.output);
+      for (std::string line; std::getline(lines, line);)
+        spdlog::log(r.ok ? spdlog::level::info : spdlog::level::warn, "[health check] {}", line);
+      apply(HealthChecked{r.ok, r.why, r.output, r.ms});
+    });
+  }
 
   /// One launch per event-loop turn: a stop that comes while a large group starts is acted on
   /// between two launches (the stop ends Launching, and this turn then starts nothing).
@@ -285,6 +304,7 @@ class LocalAgent::Impl {
   void reap_children() {
     for (const ProcessExit& exit : launcher_.reap()) {
       if (standbys_.on_exit(exit.pid, exit.status)) continue;
+      if (health_ && health_->on_exit(exit.pid, exit.status)) continue;
       WorkerExited exited{exit.pid, exit.status, false, {}};
       if (!exit.status.ok()) read_error_file(exited);
       apply(std::move(exited));
@@ -418,6 +438,7 @@ class LocalAgent::Impl {
     emit("job_end", end);
     for (asio::steady_timer& timer : timers_) timer.cancel();
     standbys_.stop();
+    if (health_) health_->stop();
     reports_.close();
     const std::vector<pid_t> running = running_pids(state_);
     for (pid_t pid : running) launcher_.signal_group(pid, SIGKILL);
@@ -446,6 +467,7 @@ class LocalAgent::Impl {
   EventLog events_;
   WorkerOutput output_;
   fs::path log_root_;
+  std::unique_ptr<HealthCheckRunner> health_;  ///< made at the first check (--health_check)
   fs::path temp_dir_;  ///< removed at exit unless the failure report names files in it
   // The current group, as the executor prepared it.
   uint64_t generation_ = 0;

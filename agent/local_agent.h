@@ -42,6 +42,13 @@ struct AgentOptions {
   std::chrono::milliseconds restart_backoff{1'000};
   std::chrono::milliseconds restart_backoff_max{30'000};
   std::chrono::milliseconds restart_backoff_reset{60'000};
+  /// --health_check: check before every join (agent/health_check.h): the built-in checks, and
+  /// `health_check_command` when not empty; health_check_timeout bounds the command and
+  /// health_check_interval spaces the checks of a node that failed one.
+  bool health_gate = false;
+  std::string health_check_command;
+  std::chrono::milliseconds health_check_timeout{60'000};
+  std::chrono::milliseconds health_check_interval{30'000};
   /// --standby_workers: keep a standby process per local rank for the next restart
   /// (agent/standby_pool.h).
   bool standby_workers = false;

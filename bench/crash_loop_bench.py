@@ -36,7 +36,9 @@ raise KeyError("learning_rate")  # a config key that is not there
 
 def one_run(cmd: list[str], starts: str, limit: float) -> tuple[float, int, int]:
     open(starts, "w").close()
-    env = dict(os.environ, CRASH_LOOP_STARTS=starts)
+    # Both launchers' workers run this interpreter (torchrun's run sys.executable; ddprun's
+    # would take the first python3 on PATH, which may lack torch).
+    env = dict(os.environ, CRASH_LOOP_STARTS=starts, PYTHON_EXEC=sys.executable)
     began = time.monotonic()
     try:
         done = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -57,6 +59,8 @@ def main() -> None:
     ap.add_argument("--max-restarts", type=int, default=50)
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--limit", type=float, default=600.0, help="seconds before a run is killed")
+    ap.add_argument("--only", choices=["ddprun", "torchrun"],
+                    help="run one launcher (the baseline's 51 starts take minutes)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         script = os.path.join(tmp, "broken_train.py")
@@ -70,6 +74,8 @@ def main() -> None:
             "torchrun (shim)": [sys.executable, os.path.join(HERE, "torchrun_shim.py"), *common,
                                 script],
         }
+        if args.only:
+            launchers = {k: v for k, v in launchers.items() if k.startswith(args.only)}
         results: dict[str, list[tuple[float, int, int]]] = {name: [] for name in launchers}
         for _ in range(args.runs):
             for name, cmd in launchers.items():

@@ -139,6 +139,16 @@ constexpr OptionSpec kOptions[] = {
     {"fatal_exit_codes", "", false, "CODE,...", "", kSupervision,
      "Worker exit codes that no restart can help: the job ends at once with exit 78 (do not "
      "requeue), whatever is left of --max_restarts (default: none)."},
+    {"health_check", "", false, "builtin|off|CMD", "builtin", kSupervision,
+     "Check this node before it joins each round and keep it out while the check fails, "
+     "checking again every --health_check_interval: builtin checks that the log directory "
+     "is writable with room and that no GPU, network interface or InfiniBand port present at "
+     "the first check has gone; a command (run with /bin/sh -c) is run after them and passes "
+     "with exit 0 (default builtin)."},
+    {"health_check_timeout", "", false, "SECONDS", "60", kSupervision,
+     "A health check command still running after this long is killed and fails (default 60)."},
+    {"health_check_interval", "", false, "SECONDS", "30", kSupervision,
+     "Wait between a failed health check and the next (default 30)."},
     {"standby_workers", "", true, "[=off|on|auto]", "", kSupervision,
      "Keep a standby process per local rank, with the program loaded (a Python script's: "
      "torch and its imports, forked from one interpreter per node that also starts the first "
@@ -669,6 +679,29 @@ Check parse_fatal_exit_codes(const RawValue& v, LaunchConfig& config) {
   return std::nullopt;
 }
 
+Check parse_health_check(const RawValue& check, const RawValue& timeout, const RawValue& interval,
+                         LaunchConfig& config) {
+  config.health_check = trim(check.text);
+  if (config.health_check.empty())
+    return common::Error{describe(check) +
+                         ": expected builtin, off, or a command to run with /bin/sh -c"};
+  for (const char c : config.health_check) {
+    if (static_cast<unsigned char>(c) < 0x20 && c != '\t')
+      return common::Error{describe(check) + ": a command must not contain control characters"};
+  }
+  const auto seconds = [](const RawValue& v, double& out) -> Check {
+    auto s = parse_double(trim(v.text));
+    if (!s || *s <= 0 || *s > 86400)
+      return common::Error{describe(v) +
+                           ": expected a number of seconds, more than 0 and at "
+                           "most 86400"};
+    out = *s;
+    return std::nullopt;
+  };
+  if (auto e = seconds(timeout, config.health_check_timeout)) return e;
+  return seconds(interval, config.health_check_interval);
+}
+
 Check parse_watchdog_timeout(const RawValue& v, LaunchConfig& config) {
   auto seconds = parse_double(trim(v.text));
   if (!seconds || *seconds < 0)
@@ -1004,6 +1037,9 @@ ParseResult build_config(const std::map<std::string_view, RawValue>& raw,
   if (auto e = parse_restart_window(get("restart_window"), config)) return UsageError{e->message};
   if (auto e = parse_crash_loop_stop(get("crash_loop_stop"), config)) return UsageError{e->message};
   if (auto e = parse_fatal_exit_codes(get("fatal_exit_codes"), config))
+    return UsageError{e->message};
+  if (auto e = parse_health_check(get("health_check"), get("health_check_timeout"),
+                                  get("health_check_interval"), config))
     return UsageError{e->message};
   if (auto e = parse_start_method(get("start_method"), config)) return UsageError{e->message};
   if (auto e = parse_cleanup(get("cleanup"), config)) return UsageError{e->message};

@@ -73,6 +73,11 @@ struct LaunchConfig {
   double restart_window = 0.0;
   int crash_loop_stop = 3;
   std::vector<int> fatal_exit_codes;
+  /// --health_check: "off", "builtin" (the built-in checks only) or a shell command (run after
+  /// them); --health_check_timeout and --health_check_interval in seconds.
+  std::string health_check = "builtin";
+  double health_check_timeout = 60.0;
+  double health_check_interval = 30.0;
   StandbyMode standby_workers = StandbyMode::Auto;  ///< a standby per local rank (ddprun's own)
   bool standby_workers_given = false;        ///< by the flag or PET_STANDBY_WORKERS, not by default
   std::vector<std::string> standby_preload;  ///< --standby_preload: modules to import

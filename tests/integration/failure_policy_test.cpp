@@ -2,6 +2,8 @@
 // codes that never restart, a restart budget held against a window, and the refusals of values
 // ddprun cannot use. The decisions themselves have transcript tests (rdzv_state_test.cpp,
 // agent_state_test.cpp); these run ddprun.
+#include <signal.h>
+
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -147,6 +149,80 @@ TEST_CASE("failure policy values ddprun cannot use are refused, naming them",
     INFO(flag << " " << value << ": " << r.err);
     CHECK(r.exit_code == 64);
     CHECK(contains(r.err, flag + " " + value + ": " + says));
+    CHECK_FALSE(contains(r.out, "ran"));
+  }
+}
+
+TEST_CASE("a node whose health check fails stays out until it passes, then trains",
+          "[integration][policy][health]") {
+  TempDir dir;
+  const std::string log = dir.path() + "/events.jsonl";
+  const std::string count = dir.path() + "/checks";
+  // Fails twice, then passes: the third check finds two lines in the file.
+  const std::string check = "echo check >> " + count + "; [ $(wc -l < " + count +
+                            ") -ge 3 ] || { echo 'gpu0: ECC errors' >&2; exit 1; }";
+  auto r = run_command(
+      ddprun_fake({"--health_check", check, "--health_check_interval", "0.2", "--event_log", log},
+                  {"print=trained"}),
+      {}, kJobLimit);
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 0);
+  CHECK(contains(r.out, "trained"));
+  const auto failed = events_named(log, "health_check_failed");
+  REQUIRE(failed.size() == 2);
+  CHECK(contains(failed[0]["output"].get<std::string>(), "gpu0: ECC errors"));
+  CHECK(failed[1]["failures_in_a_row"] == 2);
+  CHECK(events_named(log, "health_check_passed").size() == 1);
+  CHECK(contains(r.err, "[health check] gpu0: ECC errors"));
+  CHECK(contains(r.err, "this node stays out of the rendezvous and checks again in"));
+  // No round began before the check passed.
+  const auto starts = events_named(log, "rendezvous_start");
+  REQUIRE_FALSE(starts.empty());
+  CHECK(starts[0]["t"].get<double>() > failed[1]["t"].get<double>());
+}
+
+TEST_CASE("a SIGTERM while a node waits out a failed health check ends ddprun at once",
+          "[integration][policy][health]") {
+  TempDir dir;
+  const std::string log = dir.path() + "/events.jsonl";
+  Subprocess job(ddprun_fake(
+      {"--health_check", "exit 1", "--health_check_interval", "600", "--event_log", log},
+      {"print=trained"}));
+  REQUIRE(wait_until([&] { return !events_named(log, "health_check_failed").empty(); }, kJobLimit));
+  job.send(SIGTERM);
+  const auto r = job.wait(std::chrono::seconds(20));
+  INFO(r.out << r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code == 143);
+  CHECK_FALSE(contains(r.out, "trained"));
+}
+
+TEST_CASE("a health check past its timeout is killed and fails", "[integration][policy][health]") {
+  TempDir dir;
+  const std::string pidfile = dir.path() + "/check.pid";
+  Subprocess job(ddprun_fake({"--health_check", "echo $$ > " + pidfile + "; exec sleep 600",
+                              "--health_check_timeout", "0.5", "--health_check_interval", "600"},
+                             {"print=trained"}));
+  REQUIRE(wait_until([&] { return contains(job.err_so_far(), "ran past --health_check_timeout"); },
+                     kJobLimit));
+  const pid_t check = static_cast<pid_t>(std::stol(read_file(pidfile)));
+  CHECK(wait_gone(check));
+  job.send(SIGTERM);
+  const auto r = job.wait(std::chrono::seconds(20));
+  CHECK(r.exit_code == 143);
+}
+
+TEST_CASE("health check values ddprun cannot use are refused, naming them",
+          "[integration][policy][health]") {
+  for (const auto& [flag, value, says] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"--health_check", "", "expected builtin, off, or a command"},
+           {"--health_check_timeout", "0", "expected a number of seconds, more than 0"},
+           {"--health_check_interval", "-1", "expected a number of seconds, more than 0"}}) {
+    auto r = run_command(ddprun_fake({flag, value}, {"print=ran"}), {}, kJobLimit);
+    INFO(flag << " " << value << ": " << r.err);
+    CHECK(r.exit_code == 64);
+    CHECK(contains(r.err, says));
     CHECK_FALSE(contains(r.out, "ran"));
   }
 }

@@ -57,7 +57,7 @@ TEST_CASE("every family the agent exports follows ddprun's naming rules", "[metr
   agent::AgentMetrics m;
   exercise(m);
   const auto families = m.registry().Collect();
-  CHECK(families.size() == 12);
+  CHECK(families.size() == 14);
   CHECK(naming_problems(families) == std::vector<std::string>{});
 }
 
@@ -186,6 +186,20 @@ TEST_CASE("the agent's metrics show a pause of --restart_backoff while it lasts"
   text = serialize(m.registry());
   CHECK(sample(text, "ddprun_agent_restart_backoff_seconds") == 0);
   CHECK(sample(text, "ddprun_agent_restart_delays_total") == 1);
+}
+
+TEST_CASE("the agent's metrics count failed health checks and say whether the node is healthy",
+          "[metrics][unit][health]") {
+  agent::AgentMetrics m;
+  const common::TimePoint t0{};
+  CHECK(sample(serialize(m.registry()), "ddprun_agent_healthy") == 1);
+  m.observe("health_check_failed", {{"why", "GPU gone"}}, t0);
+  m.observe("health_check_failed", {{"why", "GPU gone"}}, t0 + 30s);
+  std::string text = serialize(m.registry());
+  CHECK(sample(text, "ddprun_agent_health_check_failures_total") == 2);
+  CHECK(sample(text, "ddprun_agent_healthy") == 0);
+  m.observe("health_check_passed", {{"ms", 3}}, t0 + 60s);
+  CHECK(sample(serialize(m.registry()), "ddprun_agent_healthy") == 1);
 }
 
 }  // namespace ddprun::metrics

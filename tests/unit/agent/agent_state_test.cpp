@@ -798,3 +798,79 @@ TEST_CASE("back-off: a restart for a new round (not counted) neither pauses nor 
   CHECK(a.has<JoinRound>());
   CHECK(a.state.failures_in_a_row == 1);
 }
+
+// ---- the health gate ------------------------------------------------------------------------
+
+TEST_CASE("health gate: a node checks itself before its first join and joins once it passes",
+          "[agent][unit][health]") {
+  Agent a(1);
+  a.spec.health_gate = true;
+  a.spec.health_retry = 30s;
+  a.on(AgentStarted{});
+  CHECK(a.state.phase == AgentPhase::HealthCheck);
+  CHECK(a.has<RunHealthCheck>());
+  CHECK_FALSE(a.has<JoinRound>());
+  a.on(HealthChecked{false, "/logs is not writable", "disk full", 12});
+  CHECK(a.state.phase == AgentPhase::HealthCheck);  // out of the rendezvous
+  CHECK_FALSE(a.has<JoinRound>());
+  CHECK(a.effects<ArmTimer>().at(0).timer == AgentTimer::HealthRetry);
+  CHECK(a.effects<ArmTimer>().at(0).at == a.now + 30s);
+  CHECK(a.event("health_check_failed")["why"] == "/logs is not writable");
+  CHECK(a.event("health_check_failed")["output"] == "disk full");
+  CHECK(a.event("health_check_failed")["failures_in_a_row"] == 1);
+  CHECK(a.logged("health check failed (1 in a row): /logs is not writable"));
+  a.now += 30s;
+  a.on(TimerFired{AgentTimer::HealthRetry});
+  CHECK(a.has<RunHealthCheck>());
+  a.on(HealthChecked{true, "", "", 5});
+  CHECK(a.state.phase == AgentPhase::Rendezvous);
+  CHECK(a.has<JoinRound>());
+  CHECK(a.emitted("rendezvous_start"));
+  CHECK(a.event("health_check_passed")["failures_before"] == 1);
+  CHECK(a.logged("health check passed after 1 failed check(s)"));
+}
+
+TEST_CASE("health gate: every rejoin after a restart is checked too", "[agent][unit][health]") {
+  Agent a(1, 3);
+  a.spec.health_gate = true;
+  a.on(AgentStarted{});
+  a.on(HealthChecked{true, "", "", 1});
+  auto pids = a.running_group();
+  a.on(WorkerExited{pids[0], {1, 0}, true, ""});
+  a.on(NoticeReceived{rdzv::Restart{1, "worker failed", true, 1}});
+  a.on(OutputDrained{});
+  CHECK(a.state.phase == AgentPhase::HealthCheck);
+  CHECK(a.has<RunHealthCheck>());
+  CHECK_FALSE(a.has<JoinRound>());
+  // Another restart notice while it checks: the check already leads to the next join.
+  a.on(NoticeReceived{rdzv::Restart{2, "node b lost", true, 2}});
+  CHECK_FALSE(a.has<RunHealthCheck>());
+  CHECK_FALSE(a.has<JoinRound>());
+  a.on(HealthChecked{true, "", "", 1});
+  CHECK(a.has<JoinRound>());
+  CHECK(a.effects<JoinRound>().size() == 1);
+}
+
+TEST_CASE("health gate: a stop signal while a failed node waits ends the job at once",
+          "[agent][unit][health]") {
+  Agent a(1);
+  a.spec.health_gate = true;
+  a.on(AgentStarted{});
+  a.on(HealthChecked{false, "GPU gone", "", 1});
+  a.on(SignalReceived{SIGTERM});
+  CHECK(a.state.phase == AgentPhase::Finished);
+  CHECK(a.effects<Finish>().at(0).code == 128 + SIGTERM);
+  CHECK(a.effects<CancelTimer>().at(0).timer == AgentTimer::HealthRetry);
+  // A stale timer or check result changes nothing.
+  CHECK(a.on(TimerFired{AgentTimer::HealthRetry}).empty());
+  CHECK(a.on(HealthChecked{true, "", "", 1}).empty());
+}
+
+TEST_CASE("health gate: a closed job while a node checks itself ends it as the job ended",
+          "[agent][unit][health]") {
+  Agent a(1);
+  a.spec.health_gate = true;
+  a.on(AgentStarted{});
+  a.on(NoticeReceived{rdzv::Closed{rdzv::JobOutcomeKind::TimedOut, "join timeout", 0, 0, false}});
+  CHECK(a.effects<Finish>().at(0).code == ddprun::common::kExitRendezvous);
+}

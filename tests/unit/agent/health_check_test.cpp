@@ -1,0 +1,172 @@
+// The health gate's built-in checks against fake sysfs trees, and its runner with real commands.
+#include "agent/health_check.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+
+#include "tests/support/subprocess.h"
+
+using namespace ddprun::agent;
+namespace fs = std::filesystem;
+using ddprun::testing::TempDir;
+
+namespace {
+
+void write(const fs::path& path, const std::string& text) {
+  fs::create_directories(path.parent_path());
+  std::ofstream(path) << text << "\n";
+}
+
+/// A sysfs tree with `gpus` NVIDIA GPUs (and one other PCI device), NICs and IB ports.
+struct FakeSysfs {
+  TempDir dir;
+  fs::path root{dir.path()};
+
+  void gpu(const std::string& slot, const std::string& vendor = "0x10de",
+           const std::string& cls = "0x030200") {
+    write(root / "bus/pci/devices" / slot / "vendor", vendor);
+    write(root / "bus/pci/devices" / slot / "class", cls);
+  }
+  void nic(const std::string& name, const std::string& state, bool device = true) {
+    write(root / "class/net" / name / "operstate", state);
+    if (device) fs::create_directories(root / "class/net" / name / "device");
+  }
+  void ib(const std::string& hca, int port, const std::string& state) {
+    write(root / "class/infiniband" / hca / "ports" / std::to_string(port) / "state", state);
+  }
+  HealthInputs inputs() const {
+    HealthInputs in;
+    in.sysfs_root = root.string();
+    return in;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("the first check only takes the baseline of GPUs, NICs and InfiniBand ports",
+          "[agent][unit][health]") {
+  FakeSysfs sys;
+  sys.gpu("0000:17:00.0");
+  sys.gpu("0000:65:00.0");
+  sys.gpu("0000:00:02.0", "0x8086", "0x030000");  // not NVIDIA
+  sys.gpu("0000:3b:00.0", "0x10de", "0x040300");  // NVIDIA audio: not a GPU
+  sys.nic("eth0", "up");
+  sys.nic("eth1", "down");
+  sys.nic("veth12", "up", false);  // virtual: not watched
+  sys.ib("mlx5_0", 1, "4: ACTIVE");
+  sys.ib("mlx5_1", 1, "1: DOWN");
+  HealthBaseline baseline;
+  CHECK(builtin_health_problems(sys.inputs(), baseline).empty());
+  CHECK(baseline.taken);
+  CHECK(baseline.nvidia_gpus == 2);
+  CHECK(baseline.nics_up == std::set<std::string>{"eth0"});
+  CHECK(baseline.ib_active == std::set<std::string>{"mlx5_0/1"});
+  CHECK(builtin_health_problems(sys.inputs(), baseline).empty());  // nothing changed
+}
+
+TEST_CASE("a GPU off the bus, a NIC down or a port no longer ACTIVE fails later checks",
+          "[agent][unit][health]") {
+  FakeSysfs sys;
+  sys.gpu("0000:17:00.0");
+  sys.gpu("0000:65:00.0");
+  sys.nic("eth0", "up");
+  sys.nic("veth12", "up", false);
+  sys.ib("mlx5_0", 1, "4: ACTIVE");
+  HealthBaseline baseline;
+  REQUIRE(builtin_health_problems(sys.inputs(), baseline).empty());
+  fs::remove_all(sys.root / "bus/pci/devices/0000:65:00.0");
+  sys.nic("eth0", "down");
+  sys.nic("veth12", "down", false);  // a container's interface going away is not a problem
+  sys.ib("mlx5_0", 1, "1: DOWN");
+  const auto problems = builtin_health_problems(sys.inputs(), baseline);
+  REQUIRE(problems.size() == 3);
+  CHECK(problems[0] == "1 NVIDIA GPU(s) on the PCI bus, 2 at the first check");
+  CHECK(problems[1] == "network interface(s) no longer up: eth0");
+  CHECK(problems[2] == "InfiniBand port(s) no longer ACTIVE: mlx5_0/1");
+  // Back again: healthy again.
+  sys.gpu("0000:65:00.0");
+  sys.nic("eth0", "up");
+  sys.ib("mlx5_0", 1, "4: ACTIVE");
+  CHECK(builtin_health_problems(sys.inputs(), baseline).empty());
+}
+
+TEST_CASE("a directory the job writes to must be writable and have room", "[agent][unit][health]") {
+  FakeSysfs sys;
+  TempDir logs;
+  HealthInputs in = sys.inputs();
+  in.dirs = {logs.path()};
+  HealthBaseline baseline;
+  CHECK(builtin_health_problems(in, baseline).empty());
+  in.min_free_bytes = ~0ull;  // more than any disk has
+  auto problems = builtin_health_problems(in, baseline);
+  REQUIRE(problems.size() == 1);
+  CHECK_THAT(problems[0], Catch::Contains(logs.path() + " has ") && Catch::Contains("MiB free"));
+  in.min_free_bytes = 0;
+  in.dirs = {logs.path() + "/missing"};
+  problems = builtin_health_problems(in, baseline);
+  REQUIRE(problems.size() == 1);
+  CHECK_THAT(problems[0], Catch::Contains("is not writable: No such file or directory"));
+}
+
+namespace {
+
+/// Runs one check of `command` on a real event loop and reaps like the agent does.
+HealthResult check_once(HealthCheckRunner& runner, ProcessLauncher& launcher,
+                        boost::asio::io_context& io) {
+  std::optional<HealthResult> result;
+  runner.run([&](HealthResult r) { result = std::move(r); });
+  for (int i = 0; i < 2000 && !result; ++i) {
+    io.run_for(std::chrono::milliseconds(10));
+    io.restart();
+    for (const ProcessExit& e : launcher.reap()) runner.on_exit(e.pid, e.status);
+  }
+  REQUIRE(result);
+  return *result;
+}
+
+}  // namespace
+
+TEST_CASE("the check command passes with exit 0, fails otherwise, and is killed at the timeout",
+          "[agent][unit][health]") {
+  FakeSysfs sys;
+  boost::asio::io_context io;
+  PosixProcessLauncher launcher;
+  {
+    HealthCheckRunner ok(io, launcher, sys.inputs(), "echo fine", std::chrono::seconds(10), {});
+    const HealthResult r = check_once(ok, launcher, io);
+    CHECK(r.ok);
+    CHECK(r.output == "fine\n");
+  }
+  {
+    HealthCheckRunner bad(io, launcher, sys.inputs(), "echo 'nvme0 degraded' >&2; exit 4",
+                          std::chrono::seconds(10), {{"PATH", "/usr/bin:/bin"}});
+    const HealthResult r = check_once(bad, launcher, io);
+    CHECK_FALSE(r.ok);
+    CHECK(r.why == "the health check `echo 'nvme0 degraded' >&2; exit 4` failed with exit code 4");
+    CHECK(r.output == "nvme0 degraded\n");
+  }
+  {
+    HealthCheckRunner slow(io, launcher, sys.inputs(), "sleep 30", std::chrono::milliseconds(300),
+                           {});
+    const HealthResult r = check_once(slow, launcher, io);
+    CHECK_FALSE(r.ok);
+    CHECK_THAT(r.why, Catch::Contains("ran past --health_check_timeout"));
+    CHECK(r.ms < 10'000);
+  }
+  {
+    // The built-in checks come first: a failing one means the command does not run.
+    HealthInputs in = sys.inputs();
+    in.dirs = {"/nonexistent-ddprun-dir"};
+    HealthCheckRunner gated(io, launcher, in, "echo ran", std::chrono::seconds(10), {});
+    const HealthResult r = check_once(gated, launcher, io);
+    CHECK_FALSE(r.ok);
+    CHECK(r.output.empty());
+    CHECK_THAT(r.why, Catch::Contains("/nonexistent-ddprun-dir is not writable"));
+  }
+}
