@@ -358,12 +358,14 @@ class Stepper {
     if (s_.phase != AgentPhase::HealthCheck || !s_.checking) return;
     s_.checking = false;
     if (e.ok) {
-      if (s_.health_failures > 0)
+      // Said only after failed checks: a healthy node's every join stays quiet.
+      if (s_.health_failures > 0) {
         log(LogLevel::Info, fmt::format("health check passed after {} failed check(s): joining "
                                         "the rendezvous",
                                         s_.health_failures));
-      out_.push_back(EmitEvent{"health_check_passed",
-                               {{"ms", e.ms}, {"failures_before", s_.health_failures}}});
+        out_.push_back(EmitEvent{"health_check_passed",
+                                 {{"ms", e.ms}, {"failures_before", s_.health_failures}}});
+      }
       s_.health_failures = 0;
       return join_now();
     }

@@ -323,6 +323,8 @@ const std::set<std::string> kForeignFlags = {
     "--refused-hellos", "--hosting-agent", "--no-secret", "--flood-threads",
     // bench/recovery_bench.py and bench/python_launch_bench.py (benchmarks.md)
     "--series",
+    // bench/crash_loop_bench.py and bench/backoff_bench.py (benchmarks.md)
+    "--only", "--restarts", "--backoff",
     // ddprun's Python bootstrap, agent/python/ddprun_standby.py (design.md#standby-workers)
     "--zygote", "--preload",
     // systemctl, apt-get
