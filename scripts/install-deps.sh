@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages ddprun needs to build, test and run its demo, and debootstrap,
-# which makes the Debian 13 root of the torch 2.6 tests (scripts/debian13-root.sh).
+# which makes the Debian 13 root of the torch 2.6 tests (scripts/debian13-root.sh), and ccache,
+# which scripts/test.sh compiles through.
 # Idempotent: packages already present are skipped by apt-get; safe to run again.
 set -euo pipefail
 
@@ -15,7 +16,7 @@ packages=(
   elfutils gdb
   slurmctld slurmd slurm-client munge
   etcd-server etcd-client
-  debootstrap
+  debootstrap ccache
 )
 
 missing=()
