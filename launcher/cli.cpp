@@ -1,9 +1,14 @@
 #include "launcher/cli.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <cerrno>
 #include <csignal>
+#include <cstring>
 #include <map>
 #include <random>
 #include <string_view>
@@ -688,6 +693,20 @@ Check parse_health_check(const RawValue& check, const RawValue& timeout, const R
   for (const char c : config.health_check) {
     if (static_cast<unsigned char>(c) < 0x20 && c != '\t')
       return common::Error{describe(check) + ": a command must not contain control characters"};
+  }
+  // A command that starts with a path must name a program that can run: found now, not after
+  // the first failed check.
+  const std::string& cmd = config.health_check;
+  const std::string program = cmd.substr(0, cmd.find_first_of(" \t"));
+  if (program.find('/') != std::string::npos &&
+      program.find_first_of("$`'\"\\;|&<>(){}*?[]~=") == std::string::npos) {
+    struct stat st {};
+    if (::stat(program.c_str(), &st) != 0)
+      return common::Error{describe(check) + ": " + program + ": " + std::strerror(errno)};
+    if (!S_ISREG(st.st_mode) || ::access(program.c_str(), X_OK) != 0)
+      return common::Error{describe(check) + ": " + program +
+                           " is not an executable file (chmod +x it, or run it with sh " + program +
+                           ")"};
   }
   const auto seconds = [](const RawValue& v, double& out) -> Check {
     auto s = parse_double(trim(v.text));

@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <catch2/catch.hpp>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -214,11 +215,17 @@ TEST_CASE("a health check past its timeout is killed and fails", "[integration][
 
 TEST_CASE("health check values ddprun cannot use are refused, naming them",
           "[integration][policy][health]") {
+  TempDir dir;
+  const std::string not_executable = dir.path() + "/check.sh";
+  std::ofstream(not_executable) << "exit 0\n";  // created 0644: not executable
   for (const auto& [flag, value, says] :
        std::vector<std::tuple<std::string, std::string, std::string>>{
            {"--health_check", "", "expected builtin, off, or a command"},
            {"--health_check_timeout", "0", "expected a number of seconds, more than 0"},
-           {"--health_check_interval", "-1", "expected a number of seconds, more than 0"}}) {
+           {"--health_check_interval", "-1", "expected a number of seconds, more than 0"},
+           {"--health_check", "/nonexistent/check.sh --quick",
+            "/nonexistent/check.sh: No such file or directory"},
+           {"--health_check", not_executable, not_executable + " is not an executable file"}}) {
     auto r = run_command(ddprun_fake({flag, value}, {"print=ran"}), {}, kJobLimit);
     INFO(flag << " " << value << ": " << r.err);
     CHECK(r.exit_code == 64);
