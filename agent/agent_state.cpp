@@ -259,6 +259,7 @@ class Stepper {
     it->running = false;
     it->status = e.status;
     it->exception = e.exception;
+    if (e.progress_file_changed) s_.file_progress = true;
     log(LogLevel::Debug, fmt::format("local rank {} (pid {}) ended: {}", it->placement.local_rank,
                                      it->pid, describe_exit(e.status)));
     const auto index = static_cast<size_t>(it - s_.workers.begin());
@@ -436,6 +437,7 @@ class Stepper {
     }
     s_.failures.clear();
     s_.group_started.reset();
+    s_.file_progress = false;
     s_.stop_reason = StopReason::None;
     s_.next_launch = 0;
     s_.from_standby = 0;
@@ -543,10 +545,11 @@ class Stepper {
   }
 
   /// Whether the failing group got anywhere (--crash_loop_stop): a worker reported a training
-  /// step, or the group ran as long as --restart_backoff_reset calls healthy.
+  /// step, --progress_file changed, or the group ran as long as --restart_backoff_reset calls
+  /// healthy.
   bool made_progress() const {
-    if (std::any_of(s_.workers.begin(), s_.workers.end(),
-                    [](const WorkerSlot& w) { return w.stepped; }))
+    if (s_.file_progress || std::any_of(s_.workers.begin(), s_.workers.end(),
+                                        [](const WorkerSlot& w) { return w.stepped; }))
       return true;
     return s_.group_started && now_ - *s_.group_started >= spec_.restart_backoff_reset;
   }

@@ -171,6 +171,8 @@ struct AgentState {
   bool backoff_over = false;
   /// HealthCheck: a check runs (checking), or the last one failed and HealthRetry is armed.
   bool checking = false;
+  /// --progress_file changed while the current group ran: it made progress.
+  bool file_progress = false;
   int health_failures = 0;  ///< failed checks in a row before the current join
   int exit_code = 0;        ///< valid once Finished
 };
@@ -237,6 +239,8 @@ struct WorkerExited {
   ExitStatus status;
   bool wrote_error_file = false;
   std::string exception{};
+  /// --progress_file changed since the group started (the executor compares its stamps).
+  bool progress_file_changed = false;
 };
 /// A worker's report (progress heartbeat or milestone) or, for the watchdog, a line of its
 /// output arrived; slot found by the executor. `step`: the report says training advanced.

@@ -1,5 +1,7 @@
 #include "agent/local_agent.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <array>
 #include <boost/asio/io_context.hpp>
@@ -43,6 +45,14 @@ struct WorkerFiles {
   std::string error_file;
   std::string launch_error;  ///< why the process could not be started
 };
+
+/// What says a file changed: its inode, size and modification time ("" when it is missing).
+std::string file_stamp(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return "";
+  return std::to_string(st.st_ino) + "/" + std::to_string(st.st_size) + "/" +
+         std::to_string(st.st_mtim.tv_sec) + "." + std::to_string(st.st_mtim.tv_nsec);
+}
 
 }  // namespace
 
@@ -305,8 +315,12 @@ class LocalAgent::Impl {
     for (const ProcessExit& exit : launcher_.reap()) {
       if (standbys_.on_exit(exit.pid, exit.status)) continue;
       if (health_ && health_->on_exit(exit.pid, exit.status)) continue;
-      WorkerExited exited{exit.pid, exit.status, false, {}};
-      if (!exit.status.ok()) read_error_file(exited);
+      WorkerExited exited{exit.pid, exit.status, false, {}, false};
+      if (!exit.status.ok()) {
+        read_error_file(exited);
+        exited.progress_file_changed =
+            !opt_.progress_file.empty() && file_stamp(opt_.progress_file) != progress_stamp_;
+      }
       apply(std::move(exited));
     }
   }
@@ -361,6 +375,7 @@ class LocalAgent::Impl {
   /// The attempt's directories and environments, and the standbys handed over.
   void prepare_group() {
     ++generation_;
+    if (!opt_.progress_file.empty()) progress_stamp_ = file_stamp(opt_.progress_file);
     failures_.clear();
     files_.clear();
     std::vector<WorkerPlacement> placements;
@@ -467,8 +482,10 @@ class LocalAgent::Impl {
   EventLog events_;
   WorkerOutput output_;
   fs::path log_root_;
-  std::unique_ptr<HealthCheckRunner> health_;  ///< made at the first check (--health_check)
-  fs::path temp_dir_;  ///< removed at exit unless the failure report names files in it
+  std::unique_ptr<HealthCheckRunner> health_;
+  std::string progress_stamp_;  ///< --progress_file as the current group found it  ///< made at the
+                                ///< first check (--health_check)
+  fs::path temp_dir_;           ///< removed at exit unless the failure report names files in it
   // The current group, as the executor prepared it.
   uint64_t generation_ = 0;
   AttemptPlan attempt_;

@@ -45,6 +45,9 @@ struct AgentOptions {
   /// --health_check: check before every join (agent/health_check.h): the built-in checks, and
   /// `health_check_command` when not empty; health_check_timeout bounds the command and
   /// health_check_interval spaces the checks of a node that failed one.
+  /// --progress_file: a file whose change while a group runs counts as that group's progress
+  /// (--crash_loop_stop); "" for none.
+  std::string progress_file;
   bool health_gate = false;
   std::string health_check_command;
   std::chrono::milliseconds health_check_timeout{60'000};

@@ -141,6 +141,10 @@ constexpr OptionSpec kOptions[] = {
      "End the job with exit 78 (do not requeue) when the same failure (exit code or signal, "
      "exception type) comes N times in a row with no progress in between: no training "
      "step reported, no group that ran --restart_backoff_reset (default 3; 0: off)."},
+    {"progress_file", "", false, "PATH", "", kSupervision,
+     "A file the training program rewrites as it gets somewhere (a checkpoint's iteration "
+     "file): a group during which it changed made progress, so its failure is no crash loop "
+     "(default: none)."},
     {"fatal_exit_codes", "", false, "CODE,...", "", kSupervision,
      "Worker exit codes that no restart can help: the job ends at once with exit 78 (do not "
      "requeue), whatever is left of --max_restarts (default: none)."},
@@ -1057,6 +1061,7 @@ ParseResult build_config(const std::map<std::string_view, RawValue>& raw,
   if (auto e = parse_crash_loop_stop(get("crash_loop_stop"), config)) return UsageError{e->message};
   if (auto e = parse_fatal_exit_codes(get("fatal_exit_codes"), config))
     return UsageError{e->message};
+  config.progress_file = get("progress_file").text;
   if (auto e = parse_health_check(get("health_check"), get("health_check_timeout"),
                                   get("health_check_interval"), config))
     return UsageError{e->message};

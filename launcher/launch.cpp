@@ -407,6 +407,7 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
   opt.restart_backoff = ms(config.restart_backoff);
   opt.restart_backoff_max = ms(config.restart_backoff_max);
   opt.restart_backoff_reset = ms(config.restart_backoff_reset);
+  opt.progress_file = config.progress_file;
   opt.health_gate = config.health_check != "off";
   opt.health_check_command = config.health_check == "builtin" ? "" : config.health_check;
   opt.health_check_timeout = ms(config.health_check_timeout);

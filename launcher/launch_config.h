@@ -73,6 +73,7 @@ struct LaunchConfig {
   double restart_window = 0.0;
   int crash_loop_stop = 3;
   std::vector<int> fatal_exit_codes;
+  std::string progress_file;  ///< --progress_file ("" for none)
   /// --health_check: "off", "builtin" (the built-in checks only) or a shell command (run after
   /// them); --health_check_timeout and --health_check_interval in seconds.
   std::string health_check = "builtin";

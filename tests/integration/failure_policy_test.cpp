@@ -82,6 +82,20 @@ TEST_CASE("training steps reported between failures are progress: the budget end
   CHECK(contains(r.err, "Restarts  : 4 of 4 used"));
 }
 
+TEST_CASE("a --progress_file rewritten before each failure is progress: no crash loop",
+          "[integration][policy]") {
+  TempDir dir;
+  const std::string progress = dir.path() + "/latest_iteration";
+  // Each start appends to the file (what a checkpoint save would do), then fails the same way.
+  auto r =
+      run_command(ddprun_fake(with(kNoPause, {"--max_restarts", "4", "--progress_file", progress}),
+                              {"pidfile=" + progress, "exit=1"}),
+                  {}, kJobLimit);
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 75);  // the budget, not a crash loop, ended it
+  CHECK(contains(r.err, "Restarts  : 4 of 4 used"));
+}
+
 TEST_CASE("a crash-loop stop of 0 spends the whole budget as torchrun does",
           "[integration][policy]") {
   TempDir dir;

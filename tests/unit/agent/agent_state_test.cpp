@@ -874,3 +874,18 @@ TEST_CASE("health gate: a closed job while a node checks itself ends it as the j
   a.on(NoticeReceived{rdzv::Closed{rdzv::JobOutcomeKind::TimedOut, "join timeout", 0, 0, false}});
   CHECK(a.effects<Finish>().at(0).code == ddprun::common::kExitRendezvous);
 }
+
+TEST_CASE("agent: a --progress_file that changed while the group ran is progress",
+          "[agent][unit][policy]") {
+  Agent a(2, 5);
+  auto pids = a.running_group();
+  a.on(WorkerExited{pids[0], {1, 0}, true, "", true});
+  CHECK(a.effects<ReportFailure>().at(0).failure.progress);
+  // The next group starts without it.
+  a.on(WorkerExited{pids[1], {0, SIGTERM}, false, "", false});
+  a.on(OutputDrained{});
+  a.on(NoticeReceived{rdzv::Restart{1, "worker failed", true, 1}});
+  pids = a.running_group(1);
+  a.on(WorkerExited{pids[0], {1, 0}, true, "", false});
+  CHECK_FALSE(a.effects<ReportFailure>().at(0).failure.progress);
+}
