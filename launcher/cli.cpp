@@ -654,9 +654,10 @@ Check parse_restart_backoff_reset(const RawValue& v, LaunchConfig& config) {
 
 Check parse_restart_window(const RawValue& v, LaunchConfig& config) {
   auto seconds = parse_double(trim(v.text));
-  if (!seconds || *seconds < 0 || *seconds > 365 * 86400)
+  // At most 24 days: the window travels in milliseconds as a 32-bit integer.
+  if (!seconds || *seconds < 0 || *seconds > 24 * 86400)
     return common::Error{describe(v) +
-                         ": expected a number of seconds, 0 (the whole job) to 31536000"};
+                         ": expected a number of seconds, 0 (the whole job) to 2073600"};
   config.restart_window = *seconds;
   return std::nullopt;
 }

@@ -1,5 +1,7 @@
 #include "rendezvous/protocol.h"
 
+#include <algorithm>
+
 #include "rendezvous/framing.h"
 
 namespace ddprun::rdzv {
@@ -147,7 +149,13 @@ RdzvSettings read_settings(Reader& r) {
   // never a crash loop).
   if (r.has("restart_window_ms")) s.restart_window = r.millis("restart_window_ms");
   if (r.has("crash_loop_limit")) s.crash_loop_limit = r.integer("crash_loop_limit");
-  if (r.has("fatal_exit_codes")) s.fatal_exit_codes = r.integers("fatal_exit_codes");
+  if (r.has("fatal_exit_codes")) {
+    s.fatal_exit_codes = r.integers("fatal_exit_codes");
+    // Sorted and unique, as the rendezvous looks codes up: a peer's list may be neither.
+    std::sort(s.fatal_exit_codes.begin(), s.fatal_exit_codes.end());
+    s.fatal_exit_codes.erase(std::unique(s.fatal_exit_codes.begin(), s.fatal_exit_codes.end()),
+                             s.fatal_exit_codes.end());
+  }
   // Only the types: which settings a job may run with is admission's (admission.h).
   return s;
 }
