@@ -546,12 +546,13 @@ class Stepper {
 
   /// Whether the failing group got anywhere (--crash_loop_stop): a worker reported a training
   /// step, --progress_file changed, or the group ran as long as --restart_backoff_reset calls
-  /// healthy.
+  /// healthy (when it is not 0: a group that ran no time at all got nowhere).
   bool made_progress() const {
     if (s_.file_progress || std::any_of(s_.workers.begin(), s_.workers.end(),
                                         [](const WorkerSlot& w) { return w.stepped; }))
       return true;
-    return s_.group_started && now_ - *s_.group_started >= spec_.restart_backoff_reset;
+    return spec_.restart_backoff_reset.count() > 0 && s_.group_started &&
+           now_ - *s_.group_started >= spec_.restart_backoff_reset;
   }
 
   void stop_group(StopReason reason, int sig) {

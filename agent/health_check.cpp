@@ -4,6 +4,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "agent/failure_report.h"
 #include "common/strings.h"
@@ -142,25 +144,58 @@ struct HealthCheckRunner::Impl {
         timeout(timeout),
         env(std::move(env)),
         timer(io),
+        grace(io),
         pipes{asio::posix::stream_descriptor(io), asio::posix::stream_descriptor(io)} {}
 
-  void finish(HealthResult result) {
+  /// Ends the check that runs now: its pipes closed, a command still running killed and left
+  /// to the agent's reaping (on_exit() takes it), `done` posted with `result` when given.
+  void end(std::optional<HealthResult> result) {
+    ++generation;  // read handlers still queued belong to the check that ended
     timer.cancel();
+    grace.cancel();
     for (auto& pipe : pipes) {
-      drain(pipe);
       boost::system::error_code ignored;
       pipe.close(ignored);
     }
+    if (pid > 0 && !exited) {
+      launcher.signal_group(pid, SIGKILL);
+      discarded.insert(pid);
+    }
     pid = -1;
-    result.output = output;
-    result.ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                    std::chrono::steady_clock::now() - started)
-                    .count();
     auto callback = std::move(done);
     done = nullptr;
-    if (callback)
-      asio::post(
-          io, [callback = std::move(callback), result = std::move(result)] { callback(result); });
+    if (!result || !callback) return;
+    result->output = output;
+    result->ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                     std::chrono::steady_clock::now() - started)
+                     .count();
+    asio::post(io,
+               [callback = std::move(callback), result = std::move(*result)] { callback(result); });
+  }
+
+  /// How the command's check ended, from what is known now.
+  HealthResult verdict() const {
+    HealthResult result;
+    if (timed_out) {
+      result.ok = false;
+      result.why = "the health check ran past --health_check_timeout (" +
+                   format_ms(timeout.count()) + ") and was killed";
+    } else if (!status.ok()) {
+      result.ok = false;
+      result.why = "the health check `" + command + "` failed with " + describe_exit(status);
+    }
+    return result;
+  }
+
+  static std::string format_ms(long long ms) {
+    if (ms % 1000 == 0) return std::to_string(ms / 1000) + " s";
+    return std::to_string(ms) + " ms";
+  }
+
+  /// The check ends once its command has exited and both pipes are at their end (all its
+  /// output read), or a moment after the exit when something it started still holds a pipe.
+  void maybe_end() {
+    if (exited && eof[0] && eof[1]) end(verdict());
   }
 
   void keep(const char* data, std::size_t n) {
@@ -168,25 +203,27 @@ struct HealthCheckRunner::Impl {
     if (output.size() > kKeptOutput) output.erase(0, output.size() - kKeptOutput);
   }
 
-  /// What the pipe holds now, without waiting (the command has ended).
-  void drain(asio::posix::stream_descriptor& pipe) {
-    if (!pipe.is_open()) return;
-    boost::system::error_code ec;
-    pipe.non_blocking(true, ec);
-    std::array<char, 4096> buffer{};
-    for (int i = 0; i < 64 && !ec; ++i) {
-      const std::size_t n = pipe.read_some(asio::buffer(buffer), ec);
-      if (n > 0) keep(buffer.data(), n);
-    }
-  }
-
   void read(std::size_t which) {
     auto& pipe = pipes[which];
-    pipe.async_read_some(asio::buffer(buffers[which]),
-                         [this, which](const boost::system::error_code& ec, std::size_t n) {
-                           if (n > 0) keep(buffers[which].data(), n);
-                           if (!ec) read(which);
-                         });
+    pipe.async_read_some(
+        asio::buffer(buffers[which]),
+        [this, which, gen = generation](const boost::system::error_code& ec, std::size_t n) {
+          if (gen != generation) return;
+          if (n > 0) keep(buffers[which].data(), n);
+          if (!ec) return read(which);
+          eof[which] = true;
+          maybe_end();
+        });
+  }
+
+  /// After the exit (or the timeout's kill), at most this long for the output still on its way.
+  static constexpr std::chrono::milliseconds kGrace{500};
+
+  void arm_grace() {
+    grace.expires_after(kGrace);
+    grace.async_wait([this, gen = generation](const boost::system::error_code& ec) {
+      if (!ec && gen == generation) end(verdict());
+    });
   }
 
   asio::io_context& io;
@@ -197,11 +234,19 @@ struct HealthCheckRunner::Impl {
   EnvMap env;
   HealthBaseline baseline;
   asio::steady_timer timer;
+  asio::steady_timer grace;
   std::array<asio::posix::stream_descriptor, 2> pipes;
   std::array<std::array<char, 4096>, 2> buffers{};
+  std::array<bool, 2> eof{};
   std::string output;
   pid_t pid = -1;
+  bool exited = false;
+  ExitStatus status{};
   bool timed_out = false;
+  std::uint64_t generation = 0;
+  /// Commands killed and no longer waited for (a stop, or a check stuck past its timeout in
+  /// the kernel): on_exit() takes their exits.
+  std::set<pid_t> discarded;
   std::chrono::steady_clock::time_point started;
   std::function<void(HealthResult)> done;
 };
@@ -220,21 +265,24 @@ void HealthCheckRunner::run(std::function<void(HealthResult)> done) {
   m.done = std::move(done);
   m.output.clear();
   m.timed_out = false;
+  m.exited = false;
+  m.status = ExitStatus{};
+  m.eof = {false, false};
   m.started = std::chrono::steady_clock::now();
   const std::vector<std::string> problems = builtin_health_problems(m.inputs, m.baseline);
   if (!problems.empty()) {
     std::string why;
     for (const std::string& p : problems) why += (why.empty() ? "" : "; ") + p;
-    return m.finish(HealthResult{false, why, "", 0});
+    return m.end(HealthResult{false, why, "", 0});
   }
-  if (m.command.empty()) return m.finish(HealthResult{});
+  if (m.command.empty()) return m.end(HealthResult{});
   ProcessSpec spec;
   spec.executable = "/bin/sh";
   spec.argv = {"/bin/sh", "-c", m.command};
   for (const auto& [name, value] : m.env) spec.envp.push_back(name + "=" + value);
   auto launched = m.launcher.launch(spec);
   if (const auto* why = std::get_if<std::string>(&launched))
-    return m.finish(HealthResult{false, "the health check could not start: " + *why, "", 0});
+    return m.end(HealthResult{false, "the health check could not start: " + *why, "", 0});
   const LaunchedProcess& p = std::get<LaunchedProcess>(launched);
   m.pid = p.pid;
   m.pipes[0].assign(p.stdout_fd);
@@ -242,42 +290,30 @@ void HealthCheckRunner::run(std::function<void(HealthResult)> done) {
   m.read(0);
   m.read(1);
   m.timer.expires_after(m.timeout);
-  m.timer.async_wait([&m](const boost::system::error_code& ec) {
-    if (ec || m.pid <= 0) return;
-    // Past the timeout: the whole group goes; the exit, reaped as usual, ends the check.
+  m.timer.async_wait([&m, gen = m.generation](const boost::system::error_code& ec) {
+    if (ec || gen != m.generation || m.exited) return;
+    // Past the timeout: the whole group goes. Its exit, reaped as usual, ends the check; a
+    // command the kernel holds (a hung mount) ends it after the grace without its exit.
     m.timed_out = true;
     m.launcher.signal_group(m.pid, SIGKILL);
+    m.arm_grace();
   });
 }
 
 bool HealthCheckRunner::on_exit(pid_t pid, ExitStatus status) {
   Impl& m = *impl_;
-  if (pid <= 0 || pid != m.pid) return false;
+  if (pid <= 0) return false;
+  if (m.discarded.erase(pid) > 0) return true;
+  if (pid != m.pid || m.exited) return false;
   m.launcher.signal_group(pid, SIGKILL);  // whatever it left in its group
-  HealthResult result;
-  result.ok = status.ok() && !m.timed_out;
-  if (m.timed_out)
-    result.why = "the health check ran past --health_check_timeout (" +
-                 std::to_string(m.timeout.count() / 1000) + " s) and was killed";
-  else if (!status.ok())
-    result.why = "the health check `" + m.command + "` failed with " + describe_exit(status);
-  m.finish(std::move(result));
+  m.exited = true;
+  m.status = status;
+  m.timer.cancel();
+  if (!m.timed_out) m.arm_grace();  // after a timeout, its grace runs already
+  m.maybe_end();
   return true;
 }
 
-void HealthCheckRunner::stop() {
-  Impl& m = *impl_;
-  m.done = nullptr;
-  m.timer.cancel();
-  if (m.pid > 0) {
-    m.launcher.signal_group(m.pid, SIGKILL);
-    m.launcher.wait(m.pid);
-    m.pid = -1;
-  }
-  for (auto& pipe : m.pipes) {
-    boost::system::error_code ignored;
-    pipe.close(ignored);
-  }
-}
+void HealthCheckRunner::stop() { impl_->end(std::nullopt); }
 
 }  // namespace ddprun::agent

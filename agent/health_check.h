@@ -63,7 +63,9 @@ struct HealthResult {
 /// Runs the gate's checks on the agent's event loop: the built-in ones at once, then the
 /// command (when there is one) as a child of the agent in its own process group, its output
 /// read through a pipe, killed (the whole group) when it runs past the timeout. The agent
-/// passes every reaped pid to on_exit(); the check's own is taken.
+/// passes every reaped pid to on_exit(); the check's own is taken. Nothing here waits: a
+/// command the kernel keeps from dying (a hung mount) fails the check at its timeout, and its
+/// exit, whenever it comes, is taken and dropped.
 class HealthCheckRunner {
  public:
   HealthCheckRunner(boost::asio::io_context& io, ProcessLauncher& launcher, HealthInputs inputs,
@@ -76,7 +78,7 @@ class HealthCheckRunner {
   void run(std::function<void(HealthResult)> done);
   /// A reaped child: true when it was the check's command (which then completes the check).
   bool on_exit(pid_t pid, ExitStatus status);
-  /// Kills a check that still runs; its `done` never runs.
+  /// Kills a check that still runs, without waiting for it; its `done` never runs.
   void stop();
 
  private:

@@ -133,7 +133,8 @@ constexpr OptionSpec kOptions[] = {
      "0: no pause)."},
     {"restart_backoff_reset", "", false, "SECONDS", "60", kSupervision,
      "A group that ran this long before it failed starts the pause schedule afresh (default "
-     "60)."},
+     "60; 0: every failure starts it afresh, and only a reported step or --progress_file "
+     "counts as progress)."},
     {"restart_window", "", false, "SECONDS", "0", kSupervision,
      "Hold --max_restarts against the restarts of the last SECONDS only, so that a long job "
      "survives occasional failures while a crash loop still stops (default 0: the whole job)."},

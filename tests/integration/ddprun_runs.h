@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <string>
@@ -109,5 +110,22 @@ struct JobLayout {
     for (int rank : worker_ranks(out)) ranks.insert(rank);
   }
 };
+
+/// An event log's lines (--event_log), parsed, in order (a line that is not JSON becomes null).
+inline std::vector<nlohmann::json> events_of(const std::string& path) {
+  std::vector<nlohmann::json> found;
+  std::istringstream in(read_file(path));
+  for (std::string line; std::getline(in, line);)
+    found.push_back(nlohmann::json::parse(line, nullptr, false));
+  return found;
+}
+
+/// The events named `name` in the event log at `path`, in order.
+inline std::vector<nlohmann::json> events_named(const std::string& path, const std::string& name) {
+  std::vector<nlohmann::json> found;
+  for (auto& e : events_of(path))
+    if (e.is_object() && e.contains("event") && e["event"] == name) found.push_back(std::move(e));
+  return found;
+}
 
 }  // namespace ddprun::testing

@@ -11,29 +11,12 @@ using namespace ddprun::testing;
 
 namespace {
 
-/// The event log's lines, parsed, in order (a line that is not JSON becomes null).
-std::vector<nlohmann::json> events_of(const std::string& path) {
-  std::vector<nlohmann::json> found;
-  std::istringstream in(read_file(path));
-  for (std::string line; std::getline(in, line);)
-    found.push_back(nlohmann::json::parse(line, nullptr, false));
-  return found;
-}
-
 /// The events' names, in order.
 std::vector<std::string> event_names(const std::string& path) {
   std::vector<std::string> names;
   for (const auto& e : events_of(path))
     if (e.is_object() && e.contains("event") && e["event"].is_string()) names.push_back(e["event"]);
   return names;
-}
-
-/// The events named `name`, in order.
-std::vector<nlohmann::json> events_named(const std::string& path, const std::string& name) {
-  std::vector<nlohmann::json> found;
-  for (auto& e : events_of(path))
-    if (e.is_object() && e.contains("event") && e["event"] == name) found.push_back(std::move(e));
-  return found;
 }
 
 }  // namespace

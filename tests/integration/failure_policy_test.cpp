@@ -15,17 +15,6 @@ using namespace ddprun::testing;
 
 namespace {
 
-/// The events named `name` in the event log at `path`, in order.
-std::vector<nlohmann::json> events_named(const std::string& path, const std::string& name) {
-  std::vector<nlohmann::json> found;
-  std::istringstream in(read_file(path));
-  for (std::string line; std::getline(in, line);) {
-    auto e = nlohmann::json::parse(line, nullptr, false);
-    if (e.is_object() && e.contains("event") && e["event"] == name) found.push_back(std::move(e));
-  }
-  return found;
-}
-
 /// No pause between restarts: these tests are about what ends a job, not when it restarts.
 const std::vector<std::string> kNoPause{"--restart_backoff", "0"};
 

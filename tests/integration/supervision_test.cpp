@@ -298,10 +298,8 @@ TEST_CASE("a standby that never acknowledges its hand-over is killed and its ran
   CHECK(count_of(r.err, "did not acknowledge its hand-over within 2000 ms") == 2);
   // No rank came from a standby, and no standby outlives the job.
   std::vector<int> from_standby;
-  for (const std::string& line : lines_of(read_file(events)))
-    if (auto e = nlohmann::json::parse(line, nullptr, false);
-        e.is_object() && e["event"] == "workers_started")
-      from_standby.push_back(e["from_standby"].get<int>());
+  for (const auto& e : events_named(events, "workers_started"))
+    from_standby.push_back(e["from_standby"].get<int>());
   CHECK(from_standby == std::vector<int>{0, 0});
   const auto pids = lines_of(read_file(pidfile));
   CHECK(pids.size() >= 2);  // the restarted group may have started its own before it ended

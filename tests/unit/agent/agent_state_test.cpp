@@ -552,6 +552,14 @@ TEST_CASE(
     CHECK(report.progress);
     CHECK(report.signal == SIGSEGV);
   }
+  SECTION("with --restart_backoff_reset 0 a run of any length is no progress") {
+    Agent a(1, 5);
+    a.spec.restart_backoff_reset = 0s;
+    auto pids = a.running_group();
+    a.now += 600s;
+    a.on(WorkerExited{pids[0], {1, 0}, true, ""});
+    CHECK_FALSE(a.effects<ReportFailure>().at(0).failure.progress);
+  }
   SECTION("steps of the last group do not count for the next") {
     Agent a(1, 5);
     auto pids = a.running_group();

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <thread>
 
 #include "tests/support/subprocess.h"
 
@@ -116,15 +117,17 @@ TEST_CASE("a directory the job writes to must be writable and have room", "[agen
 
 namespace {
 
-/// Runs one check of `command` on a real event loop and reaps like the agent does.
+/// Runs one check of `command` on a real event loop and reaps like the agent does (or, with
+/// `reap` false, as an agent would whose check the kernel keeps from exiting).
 HealthResult check_once(HealthCheckRunner& runner, ProcessLauncher& launcher,
-                        boost::asio::io_context& io) {
+                        boost::asio::io_context& io, bool reap = true) {
   std::optional<HealthResult> result;
   runner.run([&](HealthResult r) { result = std::move(r); });
   for (int i = 0; i < 2000 && !result; ++i) {
     io.run_for(std::chrono::milliseconds(10));
     io.restart();
-    for (const ProcessExit& e : launcher.reap()) runner.on_exit(e.pid, e.status);
+    if (reap)
+      for (const ProcessExit& e : launcher.reap()) runner.on_exit(e.pid, e.status);
   }
   REQUIRE(result);
   return *result;
@@ -168,5 +171,61 @@ TEST_CASE("the check command passes with exit 0, fails otherwise, and is killed 
     CHECK_FALSE(r.ok);
     CHECK(r.output.empty());
     CHECK_THAT(r.why, Catch::Contains("/nonexistent-ddprun-dir is not writable"));
+  }
+}
+
+TEST_CASE("a check's output is kept to its last byte, and a check never waits for its command",
+          "[agent][unit][health]") {
+  FakeSysfs sys;
+  boost::asio::io_context io;
+  PosixProcessLauncher launcher;
+  {
+    // Output written just before the exit, on both pipes, is all there.
+    HealthCheckRunner chatty(io, launcher, sys.inputs(),
+                             "i=0; while [ $i -lt 300 ]; do echo line$i; i=$((i+1)); done; "
+                             "echo last-out; echo last-err >&2; exit 3",
+                             std::chrono::seconds(10), {});
+    for (int round = 0; round < 5; ++round) {
+      const HealthResult r = check_once(chatty, launcher, io);
+      CHECK_FALSE(r.ok);
+      CHECK(r.output.size() <= 4096);
+      CHECK_THAT(r.output, Catch::Contains("last-out\n"));
+      CHECK_THAT(r.output, Catch::Contains("last-err\n"));
+      CHECK_THAT(r.output, Catch::Contains("line299\n"));
+    }
+  }
+  {
+    // An exit the agent never sees (a command stuck in the kernel) still ends the check at
+    // its timeout; the exit, when it comes, is taken and dropped.
+    HealthCheckRunner stuck(io, launcher, sys.inputs(), "sleep 30", std::chrono::milliseconds(200),
+                            {});
+    const HealthResult r = check_once(stuck, launcher, io, /*reap=*/false);
+    CHECK_FALSE(r.ok);
+    CHECK(r.why == "the health check ran past --health_check_timeout (200 ms) and was killed");
+    bool taken = false;
+    for (int i = 0; i < 500 && !taken; ++i) {
+      for (const ProcessExit& e : launcher.reap()) taken = stuck.on_exit(e.pid, e.status) || taken;
+      if (!taken) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    CHECK(taken);
+  }
+  {
+    // stop() kills a running check without waiting; its exit is taken later, `done` never runs.
+    HealthCheckRunner stopped(io, launcher, sys.inputs(), "sleep 30", std::chrono::seconds(10), {});
+    bool called = false;
+    stopped.run([&](HealthResult) { called = true; });
+    io.run_for(std::chrono::milliseconds(50));
+    io.restart();
+    stopped.stop();
+    bool taken = false;
+    for (int i = 0; i < 500 && !taken; ++i) {
+      io.run_for(std::chrono::milliseconds(10));
+      io.restart();
+      for (const ProcessExit& e : launcher.reap())
+        taken = stopped.on_exit(e.pid, e.status) || taken;
+      if (!taken) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    CHECK(taken);
+    CHECK_FALSE(called);
   }
 }
