@@ -780,8 +780,11 @@ TEST_CASE("the bash completion offers exactly ddprun's flags", "[docs]") {
 
 TEST_CASE("the bash completion completes flags, their values and subcommands", "[docs]") {
   // The completion function called as bash calls it, with COMP_WORDS and COMP_CWORD set.
-  auto complete = [](const std::vector<std::string>& words) {
-    std::string script = "source '" + kCompletion.string() + "'\nCOMP_WORDS=(";
+  // In an empty directory: where a word is no subcommand, bash offers the files around it.
+  TempDir empty;
+  auto complete = [&empty](const std::vector<std::string>& words) {
+    std::string script =
+        "cd '" + empty.path() + "' && source '" + kCompletion.string() + "'\nCOMP_WORDS=(";
     for (const std::string& w : words) script += "'" + w + "' ";
     script += ")\nCOMP_CWORD=" + std::to_string(words.size() - 1) +
               "\n_ddprun\necho \"${COMPREPLY[*]}\"\n";
