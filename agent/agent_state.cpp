@@ -170,6 +170,14 @@ class Stepper {
 
   void on(const RoundFailed& e) {
     if (s_.phase != AgentPhase::Rendezvous) return;
+    if (e.error.kind == rdzv::RendezvousErrorKind::Rejoin) {
+      // Rendezvous -> HealthCheck/Rendezvous: the quarantine is over; the node checks itself
+      // and joins again (the quarantine was its pause: no back-off is owed)
+      out_.push_back(EmitEvent{"quarantine_over", {{"message", e.error.message}}});
+      log(LogLevel::Info, e.error.message);
+      s_.failures_in_a_row = 0;
+      return join_round();
+    }
     // Rendezvous -> Finished: no round, no job.
     out_.push_back(EmitEvent{"rendezvous_failed", {{"message", e.error.message}}});
     log(LogLevel::Error, "rendezvous failed: " + e.error.message);
@@ -200,11 +208,21 @@ class Stepper {
             s_.group_started && now_ - *s_.group_started >= spec_.restart_backoff_reset;
         s_.failures_in_a_row = ran_long ? 1 : s_.failures_in_a_row + 1;
       }
-      log(LogLevel::Warn,
-          restart->counted
-              ? fmt::format("restarting workers: restart {} of {} ({})", restart->restart_count,
-                            spec_.max_restarts, restart->reason)
-              : "restarting workers for a new round: " + restart->reason);
+      if (restart->quarantine.count() > 0) {
+        out_.push_back(EmitEvent{
+            "quarantined",
+            {{"reason", restart->reason},
+             {"cooldown_s", std::chrono::duration<double>(restart->quarantine).count()}}});
+        log(LogLevel::Warn,
+            "stopping workers: " + restart->reason +
+                "; this node waits out its quarantine, then checks itself and joins again");
+      } else {
+        log(LogLevel::Warn,
+            restart->counted
+                ? fmt::format("restarting workers: restart {} of {} ({})", restart->restart_count,
+                              spec_.max_restarts, restart->reason)
+                : "restarting workers for a new round: " + restart->reason);
+      }
       s_.restart = *restart;
     } else if (const auto* closed = std::get_if<rdzv::Closed>(&e.notice)) {
       out_.push_back(

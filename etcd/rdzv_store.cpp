@@ -147,6 +147,11 @@ rdzv::RdzvSettings settings_from_json(Fields f) {
   if (f.has("restart_window_ms")) s.restart_window = milliseconds(f.int32("restart_window_ms"));
   if (f.has("crash_loop_limit")) s.crash_loop_limit = f.int32("crash_loop_limit");
   if (f.has("fatal_exit_codes")) s.fatal_exit_codes = f.int32s("fatal_exit_codes", 255);
+  if (f.has("quarantine_after")) s.quarantine_after = f.int32("quarantine_after");
+  if (f.has("quarantine_cooldown_ms"))
+    s.quarantine_cooldown = milliseconds(f.int32("quarantine_cooldown_ms"));
+  if (f.has("quarantine_cooldown_max_ms"))
+    s.quarantine_cooldown_max = milliseconds(f.int32("quarantine_cooldown_max_ms"));
   return s;
 }
 
@@ -184,6 +189,17 @@ json job_to_json(const JobState& s, const TimeAnchor& a) {
   if (!s.repeated_failure.empty()) {
     j["repeated_failure"] = s.repeated_failure;
     j["failure_repeats"] = s.failure_repeats;
+  }
+  if (!s.standing.empty()) {
+    json standing = json::object();
+    for (const auto& [identity, st] : s.standing) {
+      json entry = {{"failures_in_a_row", st.failures_in_a_row},
+                    {"quarantines", st.quarantines},
+                    {"why", st.why}};
+      if (st.until) entry["until_ms"] = a.to_wall(*st.until);
+      standing[identity] = std::move(entry);
+    }
+    j["standing"] = std::move(standing);
   }
   return j;
 }
@@ -254,6 +270,18 @@ JobState job_from_json(const json& j, const TimeAnchor& a, common::TimePoint now
   }
   s.repeated_failure = f.text("repeated_failure", false);
   if (f.has("failure_repeats")) s.failure_repeats = f.int32("failure_repeats");
+  if (const json* standing = f.container("standing", true, kMaxNodesInState)) {
+    for (const auto& [identity, entry] : standing->items()) {
+      if (!f.ok()) break;
+      Fields n(entry, "job.standing[" + identity + "]", error);
+      rdzv::NodeStanding st;
+      st.failures_in_a_row = n.int32("failures_in_a_row");
+      st.quarantines = n.int32("quarantines");
+      st.why = n.text("why", false);
+      st.until = n.time("until_ms", a, false);
+      s.standing.emplace(identity, std::move(st));
+    }
+  }
   if (const json* closed = f.get("closed", false)) {
     auto parsed = rdzv::parse_server_message(*closed);
     if (const auto* bad = std::get_if<std::string>(&parsed))

@@ -142,6 +142,13 @@ constexpr OptionSpec kOptions[] = {
      "End the job with exit 78 (do not requeue) when the same failure (exit code or signal, "
      "exception type) comes N times in a row with no progress in between: no training "
      "step reported, no group that ran --restart_backoff_reset (default 3; 0: off)."},
+    {"quarantine_after", "", false, "N", "2", kSupervision,
+     "Leave a node out of the job for a while when its workers caused N group failures in a "
+     "row (no other node's between), if the job can go on without it: a spare takes its place, "
+     "or the round is smaller within --nnodes (default 2; 0: off)."},
+    {"quarantine_cooldown", "", false, "SECONDS[:MAX]", "30:600", kSupervision,
+     "How long a node's first quarantine lasts; each further one doubles it, up to MAX. The "
+     "node then checks itself and joins again as a spare (default 30:600)."},
     {"progress_file", "", false, "PATH", "", kSupervision,
      "A file the training program rewrites as it gets somewhere (a checkpoint's iteration "
      "file): a group during which it changed made progress, so its failure is no crash loop "
@@ -672,6 +679,32 @@ Check parse_crash_loop_stop(const RawValue& v, LaunchConfig& config) {
   return std::nullopt;
 }
 
+Check parse_quarantine_after(const RawValue& v, LaunchConfig& config) {
+  auto n = parse_int(trim(v.text));
+  if (!n || *n < 0 || *n > 1'000'000)
+    return common::Error{describe(v) +
+                         ": expected 0 (off) or a number of failures in a row from 1 to 1000000"};
+  config.quarantine_after = static_cast<int>(*n);
+  return std::nullopt;
+}
+
+Check parse_quarantine_cooldown(const RawValue& v, LaunchConfig& config) {
+  const std::string fix = ": expected SECONDS or SECONDS:MAX, e.g. 30:600";
+  const std::vector<std::string> parts = split(trim(v.text), ':');
+  if (parts.size() > 2) return common::Error{describe(v) + fix};
+  auto base = parse_double(trim(parts.front()));
+  auto max = parts.size() == 2 ? parse_double(trim(parts.back())) : base;
+  if (!base || !max || *base < 0 || *max < 0) return common::Error{describe(v) + fix};
+  if (*base > 86400 || *max > 86400)
+    return common::Error{describe(v) + ": at most 86400 seconds (a day)"};
+  if (*max < *base)
+    return common::Error{describe(v) + ": the maximum (" + trim(parts.back()) +
+                         ") is shorter than the first cooldown (" + trim(parts.front()) + ")"};
+  config.quarantine_cooldown = *base;
+  config.quarantine_cooldown_max = *max;
+  return std::nullopt;
+}
+
 Check parse_fatal_exit_codes(const RawValue& v, LaunchConfig& config) {
   config.fatal_exit_codes.clear();
   const std::string text = trim(v.text);
@@ -1062,6 +1095,10 @@ ParseResult build_config(const std::map<std::string_view, RawValue>& raw,
   if (auto e = parse_restart_window(get("restart_window"), config)) return UsageError{e->message};
   if (auto e = parse_crash_loop_stop(get("crash_loop_stop"), config)) return UsageError{e->message};
   if (auto e = parse_fatal_exit_codes(get("fatal_exit_codes"), config))
+    return UsageError{e->message};
+  if (auto e = parse_quarantine_after(get("quarantine_after"), config))
+    return UsageError{e->message};
+  if (auto e = parse_quarantine_cooldown(get("quarantine_cooldown"), config))
     return UsageError{e->message};
   config.progress_file = get("progress_file").text;
   if (auto e = parse_health_check(get("health_check"), get("health_check_timeout"),

@@ -73,6 +73,10 @@ struct LaunchConfig {
   double restart_window = 0.0;
   int crash_loop_stop = 3;
   std::vector<int> fatal_exit_codes;
+  /// --quarantine_after (0: off) and --quarantine_cooldown SECONDS[:MAX] (seconds).
+  int quarantine_after = 2;
+  double quarantine_cooldown = 30.0;
+  double quarantine_cooldown_max = 600.0;
   std::string progress_file;  ///< --progress_file ("" for none)
   /// --health_check: "off", "builtin" (the built-in checks only) or a shell command (run after
   /// them); --health_check_timeout and --health_check_interval in seconds.

@@ -37,6 +37,11 @@ common::Result<RendezvousPlan> plan_rendezvous(
   s.restart_window = std::chrono::milliseconds(std::llround(config.restart_window * 1000.0));
   s.crash_loop_limit = config.crash_loop_stop;
   s.fatal_exit_codes = config.fatal_exit_codes;
+  s.quarantine_after = config.quarantine_after;
+  s.quarantine_cooldown =
+      std::chrono::milliseconds(std::llround(config.quarantine_cooldown * 1000.0));
+  s.quarantine_cooldown_max =
+      std::chrono::milliseconds(std::llround(config.quarantine_cooldown_max * 1000.0));
   const bool is_static = config.rdzv_backend == "static" && !config.standalone;
   if (config.standalone || (config.max_nodes == 1 && (is_static || config.rdzv_endpoint.empty()))) {
     plan.single_node = true;

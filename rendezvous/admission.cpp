@@ -35,8 +35,15 @@ std::optional<std::string> settings_mismatch(const JobState& s, const Join& join
                         std::to_string(s.settings.crash_loop_limit))) {
     return m;
   }
-  return mismatch("--fatal_exit_codes", codes_text(join.settings.fatal_exit_codes),
-                  codes_text(s.settings.fatal_exit_codes));
+  if (auto m = mismatch("--fatal_exit_codes", codes_text(join.settings.fatal_exit_codes),
+                        codes_text(s.settings.fatal_exit_codes))) {
+    return m;
+  }
+  if (auto m = mismatch("--quarantine_after", std::to_string(join.settings.quarantine_after),
+                        std::to_string(s.settings.quarantine_after))) {
+    return m;
+  }
+  return mismatch("--quarantine_cooldown", cooldown_text(join.settings), cooldown_text(s.settings));
 }
 
 /// The most restarts a job with these settings can have counted: any number with a window.
@@ -55,6 +62,11 @@ std::string seconds_text(Millis ms) {
 std::string codes_text(const std::vector<int>& codes) {
   if (codes.empty()) return "(none)";
   return fmt::format("{}", fmt::join(codes, ","));
+}
+
+std::string cooldown_text(const RdzvSettings& settings) {
+  return seconds_text(settings.quarantine_cooldown) + ":" +
+         seconds_text(settings.quarantine_cooldown_max);
 }
 
 std::string nnodes_text(const RdzvSettings& settings) {
@@ -89,6 +101,17 @@ std::optional<common::Error> check_settings(const RdzvSettings& settings,
   if (settings.crash_loop_limit < 0 || settings.crash_loop_limit == 1) {
     return common::Error{node + "--crash_loop_stop " + std::to_string(settings.crash_loop_limit) +
                          ": it must be 0 (off) or 2 or more"};
+  }
+  if (settings.quarantine_after < 0) {
+    return common::Error{node + "--quarantine_after " + std::to_string(settings.quarantine_after) +
+                         ": it must be 0 (off) or more"};
+  }
+  if (settings.quarantine_cooldown.count() < 0 ||
+      settings.quarantine_cooldown_max < settings.quarantine_cooldown ||
+      settings.quarantine_cooldown_max > kMaxQuarantineCooldown) {
+    return common::Error{node + "--quarantine_cooldown " + cooldown_text(settings) +
+                         ": it must be SECONDS[:MAX] with 0 <= SECONDS <= MAX <= " +
+                         seconds_text(kMaxQuarantineCooldown)};
   }
   if (settings.fatal_exit_codes.size() > 255) {
     return common::Error{node + "--fatal_exit_codes with " +

@@ -20,7 +20,10 @@ json settings_json(const RdzvSettings& s) {
           {"keep_alive_max_attempt", s.keep_alive_max_attempt},
           {"restart_window_ms", s.restart_window.count()},
           {"crash_loop_limit", s.crash_loop_limit},
-          {"fatal_exit_codes", s.fatal_exit_codes}};
+          {"fatal_exit_codes", s.fatal_exit_codes},
+          {"quarantine_after", s.quarantine_after},
+          {"quarantine_cooldown_ms", s.quarantine_cooldown.count()},
+          {"quarantine_cooldown_max_ms", s.quarantine_cooldown_max.count()}};
 }
 
 namespace {
@@ -156,6 +159,11 @@ RdzvSettings read_settings(Reader& r) {
     s.fatal_exit_codes.erase(std::unique(s.fatal_exit_codes.begin(), s.fatal_exit_codes.end()),
                              s.fatal_exit_codes.end());
   }
+  // Quarantine came later still: a peer without it has it off (it cannot say where it runs).
+  if (r.has("quarantine_after")) s.quarantine_after = r.integer("quarantine_after");
+  if (r.has("quarantine_cooldown_ms")) s.quarantine_cooldown = r.millis("quarantine_cooldown_ms");
+  if (r.has("quarantine_cooldown_max_ms"))
+    s.quarantine_cooldown_max = r.millis("quarantine_cooldown_max_ms");
   // Only the types: which settings a job may run with is admission's (admission.h).
   return s;
 }
@@ -230,7 +238,9 @@ struct ServerToJson {
             {"missing_node_ranks", m.missing_node_ranks},
             {"waited_ms", m.waited.count()},
             {"join_timeout_ms", m.join_timeout.count()},
-            {"wait_listed", m.wait_listed}};
+            {"wait_listed", m.wait_listed},
+            {"quarantined", m.quarantined},
+            {"quarantine_left_ms", m.quarantine_left.count()}};
   }
   json operator()(const RoundReady& m) const {
     return {{"type", "round"},
@@ -247,7 +257,8 @@ struct ServerToJson {
             {"next_round", m.next_round},
             {"reason", m.reason},
             {"counted", m.counted},
-            {"restart_count", m.restart_count}};
+            {"restart_count", m.restart_count},
+            {"quarantine_ms", m.quarantine.count()}};
   }
   json operator()(const Closed& m) const {
     return {{"type", "closed"},     {"outcome", std::string(name_of(m.outcome, kJobOutcomeNames))},
@@ -352,6 +363,8 @@ std::variant<ServerMessage, std::string> read_server(const std::string& type, Re
     m.waited = r.millis("waited_ms");
     m.join_timeout = r.millis("join_timeout_ms");
     m.wait_listed = r.boolean("wait_listed");
+    if (r.has("quarantined")) m.quarantined = r.str("quarantined", kMaxFrameBytes);
+    if (r.has("quarantine_left_ms")) m.quarantine_left = r.millis("quarantine_left_ms");
     if (r.error()) return *r.error();
     return m;
   }
@@ -378,6 +391,7 @@ std::variant<ServerMessage, std::string> read_server(const std::string& type, Re
     m.reason = r.str("reason", kMaxFrameBytes);
     m.counted = r.boolean("counted");
     m.restart_count = r.integer("restart_count");
+    if (r.has("quarantine_ms")) m.quarantine = r.millis("quarantine_ms");
     if (r.error()) return *r.error();
     return m;
   }

@@ -46,6 +46,14 @@ struct RdzvSettings {
   int crash_loop_limit = 3;
   /// --fatal_exit_codes: a worker exiting with one of these ends the job at once (sorted).
   std::vector<int> fatal_exit_codes;
+  /// --quarantine_after: a node (its host and address) whose workers caused this many group
+  /// failures in a row sits out of the job for a while, when the job can go on without it (0:
+  /// never; ddprun's flag defaults to 2, a peer that does not send it has it off).
+  int quarantine_after = 0;
+  /// --quarantine_cooldown: how long the first quarantine of a node lasts; each further one of
+  /// the same node doubles it, up to quarantine_cooldown_max.
+  Millis quarantine_cooldown{30'000};
+  Millis quarantine_cooldown_max{600'000};
 
   /// How long a node may stay silent before it is declared lost.
   Millis keep_alive_window() const { return keep_alive_interval * keep_alive_max_attempt; }
@@ -130,6 +138,9 @@ struct Waiting {
   Millis waited{0};                     ///< since the round started forming
   Millis join_timeout{0};
   bool wait_listed = false;  ///< this node waits for a place in a later round
+  /// Set while this node is quarantined: why, and how long until it may join again.
+  std::string quarantined{};
+  Millis quarantine_left{0};
 };
 
 /// The round is complete: this node's place in the job.
@@ -149,6 +160,9 @@ struct Restart {
   std::string reason;
   bool counted = false;  ///< uses one of --max_restarts (false for a scale-up)
   int restart_count = 0;
+  /// Non-zero when this node is quarantined for that long (--quarantine_after): it stops its
+  /// workers, joins again and waits; `reason` says why.
+  Millis quarantine{0};
 };
 
 /// How a job ended.

@@ -33,6 +33,7 @@ class Stepper {
     // Idle/Running -> Joining: the agent asks for the next round.
     s_.phase = ClientPhase::Joining;
     s_.round.reset();
+    s_.last_waiting.reset();  // a quarantine, too, is said afresh for every join
     s_.succeeded = false;
     s_.unsent_failure.reset();
     if (ready())
@@ -138,7 +139,9 @@ class Stepper {
   void on(const StatusDue&) {
     if (s_.phase != ClientPhase::Joining || !s_.last_waiting) return;
     Waiting w = *s_.last_waiting;
-    w.waited += std::chrono::duration_cast<Millis>(now_ - s_.last_waiting_at);
+    const auto elapsed = std::chrono::duration_cast<Millis>(now_ - s_.last_waiting_at);
+    w.waited += elapsed;
+    w.quarantine_left = std::max(Millis{0}, w.quarantine_left - elapsed);
     log(ClientLogLevel::Info, format_waiting(w));
     out_.push_back(ArmClientTimer{ClientTimer::Status, spec_.status_interval});
   }
@@ -183,6 +186,15 @@ class Stepper {
   }
 
   void on_message(const Restart& restart) {
+    if (s_.phase == ClientPhase::Joining && s_.last_waiting &&
+        !s_.last_waiting->quarantined.empty()) {
+      // Joining -> Idle: the node was quarantined and may join again; the agent checks itself
+      // first, then asks for a round. (Any other Restart while joining is a late echo.)
+      s_.phase = ClientPhase::Idle;
+      s_.known_restart_count = std::max(s_.known_restart_count, restart.restart_count);
+      s_.last_status_line.clear();
+      return fail_round(RendezvousError{RendezvousErrorKind::Rejoin, restart.reason});
+    }
     if (s_.phase != ClientPhase::Running) return;
     // Running -> Idle: the workers stop; the agent asks for the next round
     s_.phase = ClientPhase::Idle;
@@ -326,6 +338,11 @@ class Stepper {
 std::string format_waiting(const Waiting& w) {
   const int joined = w.joined_count;
   std::string line;
+  if (!w.quarantined.empty()) {
+    return "this node is quarantined: " + w.quarantined + "; it checks itself and joins again in " +
+           std::to_string(seconds(w.quarantine_left)) + " s (the job runs with " +
+           std::to_string(joined) + " node(s))";
+  }
   if (w.wait_listed) {
     line = "waiting for a place in the job: it runs with " + std::to_string(joined) +
            " node(s), at most " + std::to_string(w.max_nodes);

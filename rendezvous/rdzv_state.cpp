@@ -539,6 +539,125 @@ void on_resume_join(Step& st, const std::string& id, const Join& join) {
                false, s.restart_count});
 }
 
+/// Whether nodes of `identity` are kept out of the job at `now`.
+bool under_quarantine(const JobState& s, const std::string& identity, TimePoint now) {
+  auto it = s.standing.find(identity);
+  return it != s.standing.end() && it->second.until && now < *it->second.until;
+}
+
+/// How long the next quarantine of a node quarantined `before` times lasts: the cooldown,
+/// doubled per earlier quarantine, at most the maximum.
+Millis cooldown_after(const RdzvSettings& settings, int before) {
+  Millis cooldown = settings.quarantine_cooldown;
+  for (int i = 0; i < before && cooldown < settings.quarantine_cooldown_max; ++i) cooldown *= 2;
+  return std::min(cooldown, settings.quarantine_cooldown_max);
+}
+
+/// Counts a group failure against `culprit`; every other identity's run of failures ends.
+/// Returns how many in a row `culprit` has caused now.
+int count_failure(JobState& s, const std::string& culprit) {
+  for (auto it = s.standing.begin(); it != s.standing.end();) {
+    if (it->first != culprit) it->second.failures_in_a_row = 0;
+    // Nothing to remember of it: no run of failures, no quarantine to double.
+    if (it->first != culprit && it->second.quarantines == 0 && !it->second.until)
+      it = s.standing.erase(it);
+    else
+      ++it;
+  }
+  return ++s.standing[culprit].failures_in_a_row;
+}
+
+/// Whether the job can go on without every node of `identity`: the others (participants,
+/// spares, nodes of the forming round) are at least min_nodes.
+bool can_go_on_without(const JobState& s, const std::string& identity) {
+  int others = 0;
+  for (const auto& [id, node] : s.nodes)
+    if (node.state != NodeState::Quarantined && node_identity(node.request) != identity) ++others;
+  return others >= s.settings.min_nodes;
+}
+
+/// The Waiting a quarantined node hears when it joins: why, and for how long.
+Waiting quarantine_waiting(const JobState& s, const NodeStanding& standing, TimePoint now) {
+  Waiting w;
+  w.round = s.round;
+  w.joined_count = count_participants(s);
+  w.min_nodes = s.settings.min_nodes;
+  w.max_nodes = s.settings.max_nodes;
+  w.wait_listed = true;
+  w.quarantined = standing.why;
+  w.quarantine_left = standing.until ? std::max(Millis{0}, since(now, *standing.until)) : Millis{0};
+  return w;
+}
+
+/// Running -> Joining (counted), with the failing node quarantined: every node of `identity`
+/// leaves the job before the restart, so a spare (or the elastic minimum) takes its place.
+void quarantine_and_restart(Step& st, const std::string& identity, const std::string& reason,
+                            Closed if_no_budget) {
+  JobState& s = st.s;
+  NodeStanding& standing = s.standing[identity];
+  const Millis cooldown = cooldown_after(s.settings, standing.quarantines);
+  const std::vector<std::string> ids = ids_where(s, [&](const NodeRecord& node) {
+    return node.state != NodeState::Quarantined && node_identity(node.request) == identity;
+  });
+  const std::string names = join_names(names_of(s, ids));
+  standing.why = "its workers caused " + std::to_string(standing.failures_in_a_row) +
+                 " group failures in a row (--quarantine_after " +
+                 std::to_string(s.settings.quarantine_after) + "), the last: " + reason;
+  ++standing.quarantines;
+  standing.failures_in_a_row = 0;
+  standing.until = st.now + cooldown;
+  for (const std::string& id : ids) {
+    // Running -> Quarantined: its workers stop like everyone's, but it sits out the next rounds
+    NodeRecord& node = s.nodes.at(id);
+    node.state = NodeState::Quarantined;
+    node.group_rank = -1;
+  }
+  restart_round(st,
+                reason + "; node " + names + " is quarantined for " + duration_text(cooldown) +
+                    " (--quarantine_after " + std::to_string(s.settings.quarantine_after) + ")",
+                true, std::move(if_no_budget));
+  if (s.phase == JobPhase::Closed) return;  // the budget was used up: everyone heard the end
+  for (const std::string& id : ids)
+    send(st, id,
+         Restart{s.round,
+                 "node " + names + " is quarantined for " + duration_text(cooldown) + ": " +
+                     standing.why,
+                 true, s.restart_count, cooldown});
+}
+
+/// Ends quarantines that are over, or that keep the forming round under min_nodes: the node is
+/// forgotten and told to join again (it checks itself first, and comes back as a newcomer: a
+/// spare while the round runs).
+void release_quarantines(Step& st) {
+  JobState& s = st.s;
+  if (s.phase == JobPhase::Closed) return;
+  const bool short_of_nodes = s.phase == JobPhase::Joining && !s.settings_from.empty() &&
+                              count_in(s, NodeState::Joined) + count_in(s, NodeState::Stopping) +
+                                      count_in(s, NodeState::WaitListed) <
+                                  s.settings.min_nodes;
+  for (auto& [identity, standing] : s.standing) {
+    if (!standing.until) continue;
+    const bool over = st.now >= *standing.until;
+    if (!over && !short_of_nodes) continue;
+    standing.until.reset();
+    const std::string why = over ? "its quarantine is over"
+                                 : "the job needs it: the round it forms is short of min_nodes";
+    const std::string id_of = identity;
+    for (const std::string& id : ids_where(s, [&](const NodeRecord& node) {
+           return node.state == NodeState::Quarantined && node_identity(node.request) == id_of;
+         })) {
+      // Quarantined -> [forgotten]: it joins again as a newcomer, after its health check
+      const std::string name = s.nodes.at(id).request.name;
+      s.nodes.erase(id);
+      send(st, id,
+           Restart{s.round,
+                   "node " + name + " may take part in job '" + s.run_id + "' again: " + why +
+                       "; it joins as a newcomer",
+                   false, s.restart_count});
+    }
+  }
+}
+
 void on_join(Step& st, const std::string& id, Join join) {
   JobState& s = st.s;
   join.node_id = id;  // the connection's identity is authoritative
@@ -587,6 +706,21 @@ void on_join(Step& st, const std::string& id, Join join) {
     s.restart_count = std::max(s.restart_count, join.restart_count);
   if (join.resume) {
     on_resume_join(st, id, join);
+    return;
+  }
+  if (const std::string identity = node_identity(join); under_quarantine(s, identity, st.now)) {
+    // any -> Quarantined: a node of a quarantined host (a restarted agent, too) waits it out
+    auto [it, added] =
+        s.nodes.try_emplace(id, record_for(join, NodeState::Quarantined, -1, st.now));
+    if (!added && it->second.state != NodeState::Quarantined) {
+      // Its place in the running round (or the forming one) goes, as if it had left
+      remove_node(st, id, "node " + join.name + " is quarantined");
+      if (s.phase == JobPhase::Closed) return;  // that ended the job: it heard how
+      s.nodes[id] = record_for(join, NodeState::Quarantined, -1, st.now);
+    } else {
+      it->second.request = join;
+    }
+    send(st, id, quarantine_waiting(s, s.standing.at(identity), st.now));
     return;
   }
 
@@ -683,6 +817,13 @@ void on_workers_failed(Step& st, const std::string& id, const WorkersFailed& fai
     ends.do_not_requeue = true;
     return close_job(st, ends);
   }
+  const std::string culprit = node_identity(node.request);
+  const int in_a_row = count_failure(s, culprit);
+  if (s.settings.quarantine_after > 0 && in_a_row >= s.settings.quarantine_after &&
+      can_go_on_without(s, culprit)) {
+    // Running -> Joining (counted), the failing node Quarantined: its workers failed again
+    return quarantine_and_restart(st, culprit, reason, ends);
+  }
   // Running -> Joining (counted): a worker failed
   restart_round(st, reason, true, ends);
 }
@@ -748,6 +889,7 @@ void run_deadlines(Step& st) {
                 /*tell=*/true);
   }
   if (s.phase == JobPhase::Closed) return;
+  release_quarantines(st);
   if (s.phase == JobPhase::Running && s.adopt_deadline && st.now >= *s.adopt_deadline) {
     const std::vector<int> missing = unclaimed_ranks(s);
     if (missing.empty()) {
@@ -810,6 +952,8 @@ std::optional<TimePoint> next_wake(const JobState& s) {
   }
   for (const auto& [id, node] : s.nodes) consider(node.last_seen + s.settings.keep_alive_window());
   if (s.adopt_deadline) consider(*s.adopt_deadline);
+  for (const auto& [identity, standing] : s.standing)
+    if (standing.until) consider(*standing.until);
   if (s.waiting_dirty && s.waiting_quiet_until) consider(*s.waiting_quiet_until);
   if (s.phase == JobPhase::Joining && !s.settings_from.empty()) {
     if (s.last_call) consider(*s.last_call);
@@ -821,6 +965,10 @@ std::optional<TimePoint> next_wake(const JobState& s) {
 }
 
 }  // namespace
+
+std::string node_identity(const Join& join) {
+  return join.node_id.substr(0, join.node_id.find(':')) + "/" + join.addr;
+}
 
 JobState new_job(std::string run_id, TimePoint now) {
   JobState s;

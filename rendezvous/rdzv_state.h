@@ -34,20 +34,23 @@ using common::TimePoint;
 
 /// What the server knows about one node of a job.
 enum class NodeState {
-  Joined,     ///< in the round being formed
-  Running,    ///< a participant of the running round
-  Succeeded,  ///< a participant whose workers all exited 0
-  Stopping,   ///< told to restart; its Join for the next round has not arrived yet
-  WaitListed  ///< arrived while the round ran at max nodes (or while Running, before scale-up)
+  Joined,      ///< in the round being formed
+  Running,     ///< a participant of the running round
+  Succeeded,   ///< a participant whose workers all exited 0
+  Stopping,    ///< told to restart; its Join for the next round has not arrived yet
+  WaitListed,  ///< arrived while the round ran at max nodes (or while Running, before scale-up):
+               ///< a spare, which takes the place of a node the job loses
+  Quarantined  ///< its host's workers kept failing: out of the job until its cooldown is over
 };
 
 /// Names of NodeState in status (job_status.h); snake_case like every name on the wire.
-inline constexpr std::array<common::EnumName<NodeState>, 5> kNodeStateNames{{
+inline constexpr std::array<common::EnumName<NodeState>, 6> kNodeStateNames{{
     {NodeState::Joined, "joined"},
     {NodeState::Running, "running"},
     {NodeState::Succeeded, "succeeded"},
     {NodeState::Stopping, "stopping"},
     {NodeState::WaitListed, "wait_listed"},
+    {NodeState::Quarantined, "quarantined"},
 }};
 static_assert(common::name_table_complete(kNodeStateNames));
 
@@ -57,6 +60,19 @@ struct NodeRecord {
   int group_rank = -1;  ///< in the running round; -1 otherwise
   TimePoint last_seen;  ///< last message of any kind (heartbeats included)
 };
+
+/// What the job holds against one node identity (node_identity(): its host and address, so
+/// that an agent restarted on the same machine is the same node) for --quarantine_after.
+struct NodeStanding {
+  int failures_in_a_row = 0;  ///< group failures its workers caused, with no other node's between
+  int quarantines = 0;        ///< how often it was quarantined (each doubles the cooldown)
+  std::optional<TimePoint> until;  ///< set while it is quarantined
+  std::string why{};               ///< why it was quarantined last
+};
+
+/// A node as --quarantine_after counts it: "host/addr" (the host of its node id, the address it
+/// publishes).
+std::string node_identity(const Join& join);
 
 enum class JobPhase { Joining, Running, Closed };
 
@@ -99,6 +115,9 @@ struct JobState {
   /// rdzv_state.cpp; "" after progress or a lost node) and how often it came in a row.
   std::string repeated_failure;
   int failure_repeats = 0;
+  /// --quarantine_after: by node identity, those that caused a failure or were quarantined
+  /// (at most one entry per counted restart; entries with nothing to remember are dropped).
+  std::map<std::string, NodeStanding> standing;
 };
 
 /// The shortest time between two Waiting broadcasts of one job.
@@ -183,6 +202,15 @@ JobState new_job(std::string run_id, TimePoint now);
 ///   phase Joining(round+1), wait-listed nodes become Joined; budget used up -> Closed(Failed)
 ///   to all. A WorkersFailed for an older round is ignored (one failure
 ///   round per round, however many nodes report it).
+///   Before the restart, the failing node's identity counts one more failure in a row (every
+///   other identity's count starts afresh); at --quarantine_after in a row, when the other
+///   nodes (participants, spares) are at least min_nodes, every node of that identity becomes
+///   Quarantined for the cooldown (--quarantine_cooldown, doubling per quarantine up to its
+///   max) and hears Restart with `quarantine` set; a spare takes its place in the next round.
+/// - Join of a quarantined identity (a known node or a restarted agent): Quarantined, and a
+///   Waiting that says why and for how long.
+/// - Tick: a quarantine over (or the forming round under min_nodes without it) -> the node is
+///   forgotten and hears Restart (not counted): it checks itself and joins again as a newcomer.
 /// - WorkersSucceeded: node Succeeded; all participants Succeeded -> Closed(Succeeded).
 /// - Leave / Disconnected / keep-alive expiry (Tick): node removed. A Running participant lost
 ///   -> like a failure (counted; Closed(Failed) when the budget is used up). Under min in

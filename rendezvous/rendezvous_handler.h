@@ -20,8 +20,9 @@ struct RendezvousInfo {
   int round = 0;
 };
 
-/// torchelastic's four meanings of a failed rendezvous.
-enum class RendezvousErrorKind { Closed, Timeout, Connection, State };
+/// torchelastic's four meanings of a failed rendezvous, and ddprun's Rejoin: no failure, the
+/// rendezvous asks the node to check itself and join again (its quarantine is over).
+enum class RendezvousErrorKind { Closed, Timeout, Connection, State, Rejoin };
 
 /// A rendezvous that did not complete, with a message a user can act on.
 struct RendezvousError {

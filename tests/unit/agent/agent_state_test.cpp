@@ -897,3 +897,39 @@ TEST_CASE("agent: a --progress_file that changed while the group ran is progress
   a.on(WorkerExited{pids[0], {1, 0}, true, "", false});
   CHECK_FALSE(a.effects<ReportFailure>().at(0).failure.progress);
 }
+
+// ---- quarantine -----------------------------------------------------------------------------
+
+TEST_CASE(
+    "quarantine: the node stops its workers, says why, and after it checks itself and "
+    "joins again",
+    "[agent][unit][spares]") {
+  Agent a(1, 5);
+  a.spec.health_gate = true;
+  a.on(AgentStarted{});
+  a.on(HealthChecked{true, "", "", 1});
+  auto pids = a.running_group();
+  a.on(WorkerExited{pids[0], {1, 0}, true, ""});
+  rdzv::Restart quarantined{2,
+                            "node b is quarantined for 30 s: its workers caused 2 group "
+                            "failures in a row",
+                            true, 2, std::chrono::milliseconds(30'000)};
+  a.on(NoticeReceived{quarantined});
+  CHECK(a.event("quarantined")["cooldown_s"] == 30.0);
+  CHECK(a.logged("this node waits out its quarantine, then checks itself and joins again"));
+  a.on(OutputDrained{});
+  a.now += 5s;  // any back-off
+  a.on(TimerFired{AgentTimer::Backoff});
+  if (a.state.phase == AgentPhase::HealthCheck) a.on(HealthChecked{true, "", "", 1});
+  REQUIRE(a.state.phase == AgentPhase::Rendezvous);
+  // The quarantine is over: no failure, a new check and join.
+  a.on(RoundFailed{rdzv::RendezvousError{rdzv::RendezvousErrorKind::Rejoin,
+                                         "node b may take part again: its quarantine is over"}});
+  CHECK(a.state.phase == AgentPhase::HealthCheck);
+  CHECK(a.has<RunHealthCheck>());
+  CHECK_FALSE(a.has<Finish>());
+  CHECK(a.emitted("quarantine_over"));
+  CHECK(a.state.failures_in_a_row == 0);
+  a.on(HealthChecked{true, "", "", 1});
+  CHECK(a.has<JoinRound>());
+}

@@ -244,6 +244,33 @@ TEST_CASE("the failure policy's state round-trips through the etcd value", "[etc
   CHECK(back->job.failure_repeats == 2);
 }
 
+TEST_CASE("quarantine's settings and standing round-trip through the etcd value",
+          "[etcd][unit][spares]") {
+  Keys k;
+  k.join("1", 1, 3);
+  k.drive_once();
+  StoredState state = k.current();
+  state.job.settings.quarantine_after = 2;
+  state.job.settings.quarantine_cooldown = milliseconds(30'000);
+  state.job.settings.quarantine_cooldown_max = milliseconds(600'000);
+  state.job.nodes.begin()->second.state = ddprun::rdzv::NodeState::Quarantined;
+  state.job.standing["host-b/10.0.0.2"] = {0, 2, k.now + seconds(45), "its workers failed"};
+  state.job.standing["host-c/10.0.0.3"] = {1, 0, std::nullopt, ""};
+  auto back = decode_state(encode_state(state, k.anchor), "/ddprun/job/state", k.anchor, k.now);
+  REQUIRE(back.ok());
+  CHECK(back->job.settings.quarantine_after == 2);
+  CHECK(back->job.settings.quarantine_cooldown == milliseconds(30'000));
+  CHECK(back->job.settings.quarantine_cooldown_max == milliseconds(600'000));
+  CHECK(back->job.nodes.begin()->second.state == ddprun::rdzv::NodeState::Quarantined);
+  REQUIRE(back->job.standing.size() == 2);
+  const ddprun::rdzv::NodeStanding& b = back->job.standing.at("host-b/10.0.0.2");
+  CHECK(b.quarantines == 2);
+  CHECK(b.until == k.now + seconds(45));
+  CHECK(b.why == "its workers failed");
+  CHECK(back->job.standing.at("host-c/10.0.0.3").failures_in_a_row == 1);
+  CHECK_FALSE(back->job.standing.at("host-c/10.0.0.3").until);
+}
+
 TEST_CASE("a malformed state value is an error naming the key", "[etcd][unit]") {
   Keys k;
   const std::string key = "/ddprun/job/state";

@@ -146,6 +146,27 @@ TEST_CASE("a restart that arrives while joining is ignored", "[rdzv][client][uni
   CHECK_FALSE(c.has<Notify>());
 }
 
+TEST_CASE("a quarantined node told to join again hands the agent a rejoin, not a failure",
+          "[rdzv][client][unit][spares]") {
+  Client c;
+  c.join();
+  Waiting w;
+  w.wait_listed = true;
+  w.quarantined = "its workers caused 2 group failures in a row";
+  w.quarantine_left = std::chrono::seconds(30);
+  c.on(FrameReceived{w});
+  c.on(FrameReceived{Restart{4, "node b may take part again: its quarantine is over", false, 2}});
+  CHECK(c.s.phase == ClientPhase::Idle);
+  REQUIRE(c.all<Deliver>().size() == 1);
+  const auto error = std::get<RendezvousError>(c.all<Deliver>()[0].result);
+  CHECK(error.kind == RendezvousErrorKind::Rejoin);
+  CHECK_THAT(error.message, Catch::Contains("its quarantine is over"));
+  CHECK_FALSE(c.has<Notify>());
+  c.on(NextRound{});
+  REQUIRE(c.all<SendJoin>().size() == 1);
+  CHECK(c.all<SendJoin>()[0].join.restart_count == 2);
+}
+
 TEST_CASE("a job that timed out while joining fails the round as a timeout",
           "[rdzv][client][unit]") {
   Client c;

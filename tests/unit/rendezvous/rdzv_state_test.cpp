@@ -1475,3 +1475,256 @@ TEST_CASE("a job remembers a bounded number of dropped ids", "[rdzv][unit]") {
   CHECK(job.state.dropped_ids.front() == id_of("w10"));
   CHECK(job.state.phase == JobPhase::Running);
 }
+
+// ---- spares and quarantine ------------------------------------------------------------------
+
+namespace {
+
+/// Settings of a job with quarantine on: two failures in a row, 30 s doubling to 100 s.
+RdzvSettings quarantining(int min_nodes, int max_nodes, int max_restarts = 20) {
+  RdzvSettings settings = nnodes(min_nodes, max_nodes, max_restarts);
+  settings.crash_loop_limit = 0;  // these failures repeat on purpose
+  settings.quarantine_after = 2;
+  settings.quarantine_cooldown = 30s;
+  settings.quarantine_cooldown_max = 100s;
+  return settings;
+}
+
+/// `names` join (in that order) until a round runs.
+void rejoin_all(Job& job, const std::vector<std::string>& names, const RdzvSettings& settings) {
+  for (const std::string& name : names) job.join(join_of(name, settings));
+  REQUIRE(job.state.phase == JobPhase::Running);
+}
+
+/// Nodes a, b running at max 2, and c waiting as a spare.
+Job with_spare(const RdzvSettings& settings) {
+  Job job = running_job({"a", "b"}, settings);
+  const auto& out = job.join(join_of("c", settings));
+  REQUIRE(job.node("c").state == NodeState::WaitListed);
+  REQUIRE(to<Waiting>(out, "c").at(0).wait_listed);
+  return job;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a spare waits while the round is full and takes a lost node's place; survivors keep "
+    "their group ranks",
+    "[rdzv][unit][spares]") {
+  const RdzvSettings settings = quarantining(2, 2);
+  Job job = with_spare(settings);
+  const int rank_a = job.node("a").group_rank;
+  const int rank_b = job.node("b").group_rank;
+  // A failure with the round full: the spare stays a spare, both places are kept.
+  job.send("b", failure(0, 1, 1));
+  CHECK(job.node("c").state == NodeState::WaitListed);
+  rejoin_all(job, {"a", "b"}, settings);
+  CHECK(job.node("c").state == NodeState::WaitListed);
+  // b's agent is lost: c takes its place, and a its group rank.
+  const auto& out = job.apply(Disconnected{id_of("b")});
+  CHECK(job.node("c").state == NodeState::Joined);
+  CHECK(to<Restart>(out, "a").at(0).counted);
+  const auto& round = job.join(join_of("a", settings));
+  REQUIRE(job.state.phase == JobPhase::Running);
+  CHECK(to<RoundReady>(round, "a").at(0).group_rank == rank_a);
+  CHECK(to<RoundReady>(round, "c").at(0).group_rank == rank_b);
+}
+
+TEST_CASE("a node whose workers fail twice in a row is quarantined and a spare takes its place",
+          "[rdzv][unit][spares]") {
+  const RdzvSettings settings = quarantining(2, 2);
+  Job job = with_spare(settings);
+  const int rank_a = job.node("a").group_rank;
+  const int rank_b = job.node("b").group_rank;
+  job.send("b", failure(0, 1, 1));
+  CHECK(job.state.standing.at("b/b").failures_in_a_row == 1);
+  rejoin_all(job, {"a", "b"}, settings);
+  const auto& out = job.send("b", failure(1, 1, 1));
+  // b sits out; everyone's workers stop (a counted restart), c joins the forming round.
+  CHECK(job.node("b").state == NodeState::Quarantined);
+  CHECK(job.node("c").state == NodeState::Joined);
+  CHECK(job.state.restart_count == 2);
+  const Restart told_b = to<Restart>(out, "b").at(0);
+  CHECK(told_b.quarantine == 30s);
+  CHECK(told_b.counted);
+  CHECK_THAT(told_b.reason, Catch::Contains("node b is quarantined for 30 s") &&
+                                Catch::Contains("2 group failures in a row") &&
+                                Catch::Contains("--quarantine_after 2"));
+  CHECK_THAT(to<Restart>(out, "a").at(0).reason, Catch::Contains("node b is quarantined"));
+  CHECK(to<Restart>(out, "a").at(0).quarantine == 0s);
+  // b's agent stops its workers and joins again: it hears why it waits, and for how long.
+  job.now += 2s;
+  const auto& waits = job.join(join_of("b", settings));
+  const Waiting w = to<Waiting>(waits, "b").at(0);
+  CHECK(w.quarantine_left == 28s);
+  CHECK_THAT(w.quarantined, Catch::Contains("2 group failures in a row"));
+  CHECK(job.node("b").state == NodeState::Quarantined);
+  // a rejoins: the round is a and c; a keeps its rank, c gets b's.
+  const auto& round = job.join(join_of("a", settings));
+  REQUIRE(job.state.phase == JobPhase::Running);
+  CHECK(to<RoundReady>(round, "a").at(0).group_rank == rank_a);
+  CHECK(to<RoundReady>(round, "c").at(0).group_rank == rank_b);
+  CHECK(to<RoundReady>(round, "b").empty());
+  // Status shows it.
+  const auto status = describe_job(job.state, job.now);
+  bool listed = false;
+  for (const auto& node : status["nodes"])
+    if (node["name"] == "b") listed = node["state"] == "quarantined";
+  CHECK(listed);
+}
+
+TEST_CASE(
+    "a quarantine ends after its cooldown: the node joins again as a spare, and the next "
+    "cooldown is twice as long, at most the maximum",
+    "[rdzv][unit][spares]") {
+  const RdzvSettings settings = quarantining(2, 2);
+  Job job = with_spare(settings);
+  job.send("b", failure(0, 1, 1));
+  rejoin_all(job, {"a", "b"}, settings);
+  job.send("b", failure(1, 1, 1));
+  job.join(join_of("b", settings));
+  rejoin_all(job, {"a"}, settings);
+  // The cooldown passes: b is forgotten and told to join again (not counted).
+  const auto out = job.pass(30s);
+  const auto released = to<Restart>(out, "b");
+  REQUIRE(released.size() == 1);
+  CHECK_FALSE(released[0].counted);
+  CHECK_THAT(released[0].reason, Catch::Contains("its quarantine is over"));
+  CHECK(job.state.nodes.count(id_of("b")) == 0);
+  CHECK(job.state.phase == JobPhase::Running);  // the round a, c goes on
+  // It joins as a newcomer: a spare, the round being full.
+  job.join(join_of("b", settings));
+  CHECK(job.node("b").state == NodeState::WaitListed);
+  // c is lost: b takes its place; b fails twice more: quarantined for 60 s, then 100 s.
+  job.apply(Disconnected{id_of("c")});
+  rejoin_all(job, {"a"}, settings);
+  job.join(join_of("c", settings));  // c's agent, restarted, is the spare now
+  int round = job.state.round;
+  job.send("b", failure(round, 1, 1));
+  rejoin_all(job, {"a", "b"}, settings);
+  round = job.state.round;
+  CHECK(to<Restart>(job.send("b", failure(round, 1, 1)), "b").at(0).quarantine == 60s);
+  CHECK(job.state.standing.at("b/b").quarantines == 2);
+  job.join(join_of("b", settings));
+  rejoin_all(job, {"a"}, settings);
+  job.pass(60s);
+  job.join(join_of("b", settings));
+  job.apply(Disconnected{id_of("c")});
+  rejoin_all(job, {"a"}, settings);
+  round = job.state.round;
+  job.send("b", failure(round, 1, 1));
+  rejoin_all(job, {"a", "b"}, settings);
+  round = job.state.round;
+  job.join(join_of("c", settings));  // a spare again, so a quarantine can apply
+  CHECK(to<Restart>(job.send("b", failure(round, 1, 1)), "b").at(0).quarantine == 100s);
+}
+
+TEST_CASE(
+    "no quarantine that would end the job: without a spare at the minimum, the budget "
+    "decides",
+    "[rdzv][unit][spares]") {
+  const RdzvSettings settings = quarantining(2, 2, 3);
+  Job job = running_job({"a", "b"}, settings);
+  for (int round = 0; round < 3; ++round) {
+    const auto& out = job.send("b", failure(round, 1, 1));
+    CHECK(count_of<Restart>(out) == 2);
+    CHECK(to<Restart>(out, "b").at(0).quarantine == 0s);
+    rejoin_all(job, {"a", "b"}, settings);
+  }
+  CHECK(job.state.standing.at("b/b").failures_in_a_row == 3);
+  const auto& out = job.send("b", failure(3, 1, 1));
+  CHECK(job.state.phase == JobPhase::Closed);
+  CHECK_THAT(to<Closed>(out, "a").at(0).message, Catch::Contains("no restart left"));
+}
+
+TEST_CASE(
+    "above the elastic minimum a quarantined node's round runs smaller, and its return "
+    "scales the job up again",
+    "[rdzv][unit][spares]") {
+  const RdzvSettings settings = quarantining(1, 2);
+  Job job = running_job({"a", "b"}, settings);
+  job.send("b", failure(0, 1, 1));
+  rejoin_all(job, {"a", "b"}, settings);
+  job.send("b", failure(1, 1, 1));
+  REQUIRE(job.node("b").state == NodeState::Quarantined);
+  job.join(join_of("b", settings));
+  job.join(join_of("a", settings));
+  // Every node of the job that may join has: the round of one runs without a last call.
+  REQUIRE(job.state.phase == JobPhase::Running);
+  CHECK(job.node("a").group_rank == 0);
+  const auto out = job.pass(30s);
+  REQUIRE(to<Restart>(out, "b").size() == 1);
+  // b comes back: a scale-up round (not counted) with both.
+  const int restarts = job.state.restart_count;
+  const auto& scaled = job.join(join_of("b", settings));
+  CHECK_FALSE(to<Restart>(scaled, "a").at(0).counted);
+  CHECK(job.state.restart_count == restarts);
+}
+
+TEST_CASE("another node's failure in between starts the count afresh", "[rdzv][unit][spares]") {
+  const RdzvSettings settings = quarantining(2, 2);
+  Job job = with_spare(settings);
+  job.send("b", failure(0, 1, 1));
+  rejoin_all(job, {"a", "b"}, settings);
+  job.send("a", failure(1, 0, 1));
+  CHECK(job.state.standing.at("a/a").failures_in_a_row == 1);
+  CHECK(job.state.standing.count("b/b") == 0);
+  rejoin_all(job, {"a", "b"}, settings);
+  const auto& out = job.send("b", failure(2, 1, 1));
+  CHECK(to<Restart>(out, "b").at(0).quarantine == 0s);
+  CHECK(job.node("b").state == NodeState::Stopping);
+}
+
+TEST_CASE(
+    "a restarted agent on a quarantined host is quarantined too; a round short of its "
+    "minimum ends the quarantine early",
+    "[rdzv][unit][spares]") {
+  const RdzvSettings settings = quarantining(2, 2);
+  Job job = with_spare(settings);
+  job.send("b", failure(0, 1, 1));
+  rejoin_all(job, {"a", "b"}, settings);
+  job.send("b", failure(1, 1, 1));
+  // b's agent dies and another starts on the same host (same address): a new node id.
+  job.apply(Disconnected{id_of("b")});
+  Join again = join_of("b", settings);
+  again.node_id = "b:5555:ef01";
+  const auto& out = job.join(again);
+  CHECK(job.state.nodes.at("b:5555:ef01").state == NodeState::Quarantined);
+  REQUIRE(out.size() == 1);
+  CHECK_FALSE(std::get<Waiting>(out[0].message).quarantined.empty());
+  rejoin_all(job, {"a"}, settings);  // a and c run
+  // c is lost: a alone is short of the minimum of 2, so b's quarantine ends at once.
+  const auto& lost = job.apply(Disconnected{id_of("c")});
+  bool released = false;
+  for (const Outgoing& o : lost)
+    if (o.node_id == "b:5555:ef01")
+      if (const auto* r = std::get_if<Restart>(&o.message))
+        released = r->reason.find("the job needs it") != std::string::npos;
+  CHECK(released);
+  CHECK(job.state.nodes.count("b:5555:ef01") == 0);
+  again.settings = settings;
+  job.join(again);
+  rejoin_all(job, {"a"}, settings);
+}
+
+TEST_CASE("every node must agree on --quarantine_after and --quarantine_cooldown",
+          "[rdzv][unit][spares]") {
+  RdzvSettings settings = quarantining(2, 2);
+  Job job;
+  job.join(join_of("a", settings));
+  RdzvSettings other = settings;
+  other.quarantine_after = 3;
+  auto refused = to<Refused>(job.join(join_of("b", other)), "b");
+  REQUIRE(refused.size() == 1);
+  CHECK(refused[0].kind == RefusalKind::Mismatch);
+  CHECK_THAT(refused[0].message,
+             Catch::Contains("--quarantine_after 3") && Catch::Contains("--quarantine_after 2"));
+  other = settings;
+  other.quarantine_cooldown_max = 600s;
+  refused = to<Refused>(job.join(join_of("b", other)), "b");
+  REQUIRE(refused.size() == 1);
+  CHECK_THAT(refused[0].message, Catch::Contains("--quarantine_cooldown 30:600"));
+  other = settings;
+  other.quarantine_cooldown = 200s;
+  CHECK_THAT(check_settings(other, "b")->message, Catch::Contains("--quarantine_cooldown 200:100"));
+}
