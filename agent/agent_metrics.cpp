@@ -97,6 +97,17 @@ AgentMetrics::AgentMetrics()
                          "while it is kept out after a failed one")
                    .Register(registry_)
                    .Add({})),
+      quarantines_(BuildCounter()
+                       .Name("ddprun_agent_quarantines_total")
+                       .Help("Times the rendezvous quarantined this node because its workers "
+                             "kept failing (--quarantine_after)")
+                       .Register(registry_)
+                       .Add({})),
+      quarantined_(BuildGauge()
+                       .Name("ddprun_agent_quarantined")
+                       .Help("1 while this node sits out a quarantine, else 0")
+                       .Register(registry_)
+                       .Add({})),
       phases_(BuildGauge()
                   .Name("ddprun_agent_last_recovery_phase_seconds")
                   .Help("Phases of the last recovery, as ddprun events summarize measures them: "
@@ -156,6 +167,11 @@ void AgentMetrics::observe(const std::string& event, const json& fields, common:
     healthy_.Set(0);
   } else if (event == "health_check_passed") {
     healthy_.Set(1);
+  } else if (event == "quarantined") {
+    quarantines_.Increment();
+    quarantined_.Set(1);
+  } else if (event == "quarantine_over") {
+    quarantined_.Set(0);
   }
   if (event == "restart_delayed") {
     backoff_.Set(number("delay_ms").value_or(0) / 1000.0);

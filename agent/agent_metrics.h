@@ -45,6 +45,8 @@ class AgentMetrics {
   prometheus::Counter& delays_;
   prometheus::Counter& health_failures_;
   prometheus::Gauge& healthy_;
+  prometheus::Counter& quarantines_;
+  prometheus::Gauge& quarantined_;
   prometheus::Family<prometheus::Gauge>& phases_;
   /// The recovery being measured: when it began and when its last phase ended.
   std::optional<common::TimePoint> recovery_began_;

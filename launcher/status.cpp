@@ -7,6 +7,7 @@
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <ctime>
@@ -222,6 +223,19 @@ std::variant<StatusRequest, InfoRequest, UsageError> parse_status_args(
   return request;
 }
 
+/// A node's state as the table shows it: a wait-listed node of a running job is a spare; a
+/// quarantined one says how long it sits out.
+std::string state_text(const json& job, const json& node) {
+  const std::string state = text_of(node, "state");
+  if (state == "wait_listed" && text_of(job, "phase") == "running") return "spare";
+  if (state == "quarantined") {
+    auto left = node.find("quarantine_left_s");
+    if (left != node.end() && left->is_number())
+      return "quarantined (" + std::to_string(std::llround(left->get<double>())) + " s left)";
+  }
+  return state;
+}
+
 std::string format_status(const json& jobs) {
   std::ostringstream out;
   for (const json& job : jobs) {
@@ -239,7 +253,7 @@ std::string format_status(const json& jobs) {
       for (const json& node : job.at("nodes")) {
         std::string rank = text_of(node, "group_rank");
         if (rank == "-1") rank = "-";
-        rows.push_back({rank, text_of(node, "name"), text_of(node, "state"),
+        rows.push_back({rank, text_of(node, "name"), state_text(job, node),
                         text_of(node, "node_rank"), seconds_ago(node)});
       }
       const auto listed = job.at("nodes").size();

@@ -42,6 +42,17 @@ nlohmann::json describe_job(const JobState& state, TimePoint now) {
          std::chrono::duration_cast<std::chrono::duration<double>>(now - node.last_seen).count()},
     };
     if (node.request.node_rank) entry["node_rank"] = *node.request.node_rank;
+    if (node.state == NodeState::Quarantined) {
+      // How long it sits out, and why (--quarantine_after)
+      if (auto it = state.standing.find(node_identity(node.request)); it != state.standing.end()) {
+        if (it->second.until)
+          entry["quarantine_left_s"] = std::max(
+              0.0,
+              std::chrono::duration_cast<std::chrono::duration<double>>(*it->second.until - now)
+                  .count());
+        entry["quarantined"] = it->second.why;
+      }
+    }
     nodes.push_back(std::move(entry));
   }
   const RdzvSettings& settings = state.settings;
@@ -59,10 +70,19 @@ nlohmann::json describe_job(const JobState& state, TimePoint now) {
         {"last_call_timeout_s", settings.last_call_timeout.count() / 1000.0},
         {"close_timeout_s", settings.close_timeout.count() / 1000.0},
         {"keep_alive_interval_s", settings.keep_alive_interval.count() / 1000.0},
-        {"keep_alive_max_attempt", settings.keep_alive_max_attempt}}},
+        {"keep_alive_max_attempt", settings.keep_alive_max_attempt},
+        {"quarantine_after", settings.quarantine_after}}},
       {"settings_from", state.settings_from},
       {"nodes", std::move(nodes)},
       {"node_count", state.nodes.size()},
+      {"spares",
+       state.phase == JobPhase::Running
+           ? std::count_if(state.nodes.begin(), state.nodes.end(),
+                           [](const auto& n) { return n.second.state == NodeState::WaitListed; })
+           : 0},
+      {"quarantined",
+       std::count_if(state.nodes.begin(), state.nodes.end(),
+                     [](const auto& n) { return n.second.state == NodeState::Quarantined; })},
   };
   if (state.phase == JobPhase::Joining && !state.settings_from.empty()) {
     // The round being formed: who joined, who is awaited (told to restart, not back yet), how

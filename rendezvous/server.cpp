@@ -506,11 +506,13 @@ void RendezvousServer::refresh_metrics() const {
   if (!metrics_) return;
   std::map<std::string, std::size_t> nodes_by_job;
   std::map<JobPhase, std::size_t> jobs_by_phase;
+  std::map<NodeState, std::size_t> nodes_by_state;
   for (const auto& [id, job] : jobs_) {
     nodes_by_job.emplace_hint(nodes_by_job.end(), id, job.state.nodes.size());
     ++jobs_by_phase[job.state.phase];
+    for (const auto& [node_id, node] : job.state.nodes) ++nodes_by_state[node.state];
   }
-  metrics_->set_gauges(nodes_by_job, jobs_by_phase, sessions_.size());
+  metrics_->set_gauges(nodes_by_job, jobs_by_phase, sessions_.size(), nodes_by_state);
 }
 
 StatusReply RendezvousServer::describe(const std::optional<std::string>& run_id,

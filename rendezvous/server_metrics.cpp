@@ -71,6 +71,17 @@ ServerMetrics::ServerMetrics()
                              "keep-alive window")
                        .Register(registry_)
                        .Add({})),
+      nodes_by_state_(BuildGauge()
+                          .Name("ddprun_rdzv_nodes_by_state")
+                          .Help("Live nodes of all jobs by state: wait_listed nodes are spares, "
+                                "quarantined ones sit out a cooldown (--quarantine_after)")
+                          .Register(registry_)),
+      quarantines_(BuildCounter()
+                       .Name("ddprun_rdzv_quarantines_total")
+                       .Help("Nodes quarantined because their workers kept failing "
+                             "(--quarantine_after), all jobs")
+                       .Register(registry_)
+                       .Add({})),
       round_latency_(BuildHistogram()
                          .Name("ddprun_rdzv_round_latency_seconds")
                          .Help("Time from a round's start (its first join, or the restart that "
@@ -79,6 +90,8 @@ ServerMetrics::ServerMetrics()
                          .Add({}, kRoundLatencyBuckets)) {
   refused_family_.Add({{"reason", "protocol"}});
   for (const auto& [phase, name] : kJobPhaseNames) jobs_family_.Add({{"phase", std::string(name)}});
+  for (const auto& [state, name] : kNodeStateNames)
+    nodes_by_state_.Add({{"state", std::string(name)}});
 }
 
 void ServerMetrics::refused(RefusalKind kind) {
@@ -96,6 +109,9 @@ void ServerMetrics::stepped(const Before& before, const Event& event, const Step
       // One RoundReady per participant: group rank 0's counts the round once.
       rounds_.Increment();
       round_latency_.Observe(std::chrono::duration<double>(now - before.round_started).count());
+    } else if (const auto* restart = std::get_if<Restart>(&out.message);
+               restart && restart->quarantine.count() > 0) {
+      quarantines_.Increment();
     } else if (const auto* refused = std::get_if<Refused>(&out.message)) {
       refused_joins_.Add({{"kind", std::string(common::name_of(refused->kind, kRefusalNames))}})
           .Increment();
@@ -114,7 +130,13 @@ void ServerMetrics::stepped(const Before& before, const Event& event, const Step
 
 void ServerMetrics::set_gauges(const std::map<std::string, std::size_t>& nodes_by_job,
                                const std::map<JobPhase, std::size_t>& jobs_by_phase,
-                               std::size_t connections) {
+                               std::size_t connections,
+                               const std::map<NodeState, std::size_t>& nodes_by_state) {
+  for (const auto& [state, name] : kNodeStateNames) {
+    auto it = nodes_by_state.find(state);
+    nodes_by_state_.Add({{"state", std::string(name)}})
+        .Set(it == nodes_by_state.end() ? 0.0 : static_cast<double>(it->second));
+  }
   for (const auto& [phase, name] : kJobPhaseNames) {
     auto it = jobs_by_phase.find(phase);
     jobs_family_.Add({{"phase", std::string(name)}})

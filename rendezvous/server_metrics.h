@@ -46,9 +46,11 @@ class ServerMetrics {
   };
   void stepped(const Before& before, const Event& event, const StepResult& after, TimePoint now);
   /// Gauges, at scrape time: jobs by phase, nodes (all, and per job for the first
-  /// kMaxJobsExported jobs), open connections.
+  /// kMaxJobsExported jobs), nodes by state (spares are wait_listed, quarantined ones
+  /// quarantined), open connections.
   void set_gauges(const std::map<std::string, std::size_t>& nodes_by_job,
-                  const std::map<JobPhase, std::size_t>& jobs_by_phase, std::size_t connections);
+                  const std::map<JobPhase, std::size_t>& jobs_by_phase, std::size_t connections,
+                  const std::map<NodeState, std::size_t>& nodes_by_state = {});
 
  private:
   prometheus::Registry registry_;
@@ -65,6 +67,8 @@ class ServerMetrics {
   prometheus::Counter& rounds_;
   prometheus::Counter& restarts_;
   prometheus::Counter& node_losses_;
+  prometheus::Family<prometheus::Gauge>& nodes_by_state_;
+  prometheus::Counter& quarantines_;
   prometheus::Histogram& round_latency_;
 };
 

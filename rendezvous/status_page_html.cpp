@@ -206,7 +206,12 @@ function renderJob(job) {
   card.append(table(['group rank', 'node', 'state', 'node rank', 'last heard'],
     (job.nodes || []).map((n) => {
       const age = h('span', n.last_seen_s > stale ? { class: 'stale' } : {}, seconds(n.last_seen_s) + ' ago');
-      return [n.group_rank >= 0 ? n.group_rank : '-', n.name, n.state, n.node_rank, age];
+      let state = n.state;
+      if (state === 'wait_listed' && job.phase === 'running') state = 'spare';
+      if (state === 'quarantined' && 'quarantine_left_s' in n) {
+        state = h('span', { title: n.quarantined || '' }, 'quarantined (' + seconds(n.quarantine_left_s) + ' left)');
+      }
+      return [n.group_rank >= 0 ? n.group_rank : '-', n.name, state, n.node_rank, age];
     })));
   const history = job.history || { events: [], recoveries: [] };
   const restarts = (history.events || []).filter((e) => e.kind === 'round_opened' && e.round > 0);

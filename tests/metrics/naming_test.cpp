@@ -41,6 +41,8 @@ void exercise(agent::AgentMetrics& m) {
   m.observe("standbys_started", {{"count", 2}}, t0 + 4s);
   m.observe("zygote_ready", {}, t0 + 4s);
   m.observe("log_write_failed", {{"path", "/x"}, {"bytes_lost", 10}}, t0 + 5s);
+  m.observe("quarantined", {{"reason", "r"}, {"cooldown_s", 30.0}}, t0 + 6s);
+  m.observe("quarantine_over", {{"message", "m"}}, t0 + 36s);
 }
 
 }  // namespace
@@ -49,7 +51,7 @@ TEST_CASE("every family the daemon exports follows ddprun's naming rules", "[met
   rdzv::ServerMetrics m;
   exercise(m);
   const auto families = m.registry().Collect();
-  CHECK(families.size() == 12);
+  CHECK(families.size() == 14);
   CHECK(naming_problems(families) == std::vector<std::string>{});
 }
 
@@ -57,7 +59,7 @@ TEST_CASE("every family the agent exports follows ddprun's naming rules", "[metr
   agent::AgentMetrics m;
   exercise(m);
   const auto families = m.registry().Collect();
-  CHECK(families.size() == 14);
+  CHECK(families.size() == 16);
   CHECK(naming_problems(families) == std::vector<std::string>{});
 }
 

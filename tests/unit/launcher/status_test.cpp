@@ -57,13 +57,26 @@ TEST_CASE("the status table shows each job's round and each node's rank, state a
            {"state", "wait_listed"},
            {"group_rank", -1},
            {"node_rank", 1},
-           {"last_seen_s", 3.0}}}}}});
+           {"last_seen_s", 3.0}},
+          {{"name", "node3"},
+           {"state", "quarantined"},
+           {"group_rank", -1},
+           {"quarantine_left_s", 41.6},
+           {"quarantined", "its workers caused 2 group failures in a row"},
+           {"last_seen_s", 1.0}}}}}});
   const std::string table = format_status(jobs);
   CHECK(table.find("job my_job: running, round 2, restarts 1 of 3, --nnodes 2:3, "
                    "--nproc_per_node 4") != std::string::npos);
-  CHECK(table.find("GROUP_RANK NODE   STATE       NODE_RANK LAST HEARD") != std::string::npos);
-  CHECK(table.find("0          node10 running     -         0.2 s ago") != std::string::npos);
-  CHECK(table.find("-          node2  wait_listed 1         3.0 s ago") != std::string::npos);
+  INFO(table);
+  // A wait-listed node of a running job is a spare; a quarantined one says how long it waits.
+  CHECK(table.find("GROUP_RANK NODE   STATE                   NODE_RANK LAST HEARD") !=
+        std::string::npos);
+  CHECK(table.find("0          node10 running                 -         0.2 s ago") !=
+        std::string::npos);
+  CHECK(table.find("-          node2  spare                   1         3.0 s ago") !=
+        std::string::npos);
+  CHECK(table.find("-          node3  quarantined (42 s left) -         1.0 s ago") !=
+        std::string::npos);
 }
 
 TEST_CASE("while a round forms the status table says who joined and who is awaited",
