@@ -206,6 +206,14 @@ class Stepper {
     const ClientPhase was = s_.phase;
     // any -> Done: the job is over
     s_.phase = ClientPhase::Done;
+    if (was == ClientPhase::Joining && closed.outcome == JobOutcomeKind::Succeeded) {
+      // A spare (or a node rejoining) of a job that succeeded without it: the job's end, not a
+      // failed rendezvous
+      out_.push_back(DisarmClientTimer{ClientTimer::Status});
+      log(ClientLogLevel::Info,
+          "the job ended while this node waited for a round: " + closed.message);
+      return out_.push_back(Notify{closed});
+    }
     if (was == ClientPhase::Joining)
       return fail_round(RendezvousError{closed.outcome == JobOutcomeKind::TimedOut
                                             ? RendezvousErrorKind::Timeout

@@ -470,3 +470,94 @@ TEST_CASE("an agent stopped past the keep-alive window while it waits for a roun
   daemon.send(SIGTERM);
   daemon.wait(std::chrono::seconds(10));
 }
+
+// ---- spares and quarantine -------------------------------------------------------------------
+
+TEST_CASE(
+    "a node whose workers fail at every start is quarantined, a spare finishes the job in "
+    "its place, and the node rejoins as a spare after its cooldown",
+    "[integration][multinode][spares]") {
+  const int port = free_port();
+  Subprocess daemon({RDZVD_BIN, "--port", std::to_string(port), "--host", "127.0.0.1"});
+  const std::string endpoint = "127.0.0.1:" + std::to_string(port);
+  const std::vector<std::string> flags{"--nnodes",
+                                       "2",
+                                       "--max_restarts",
+                                       "3",
+                                       "--restart_backoff",
+                                       "0",
+                                       "--quarantine_cooldown",
+                                       "1",
+                                       "--rdzv_conf",
+                                       kFastConf + ",is_host=0"};
+  // Good nodes train for 4 s a round; the bad node's workers fail after 3 s, every time (time
+  // enough for the spare to join before the second failure).
+  const std::vector<std::string> good{"env=GROUP_RANK", "sleep=4000", "exit=0"};
+  auto a = start_node(endpoint, node_addr(0), flags, good);
+  auto bad = start_node(endpoint, node_addr(1), flags, {"env=GROUP_RANK", "sleep=3000", "exit=3"});
+  REQUIRE(a->wait_for_output("GROUP_RANK=", kJobLimit));
+  auto spare = start_node(endpoint, node_addr(2), flags, good);
+  auto ra = a->wait(kJobLimit);
+  auto rs = spare->wait(kJobLimit);
+  auto rb = bad->wait(kJobLimit);
+  INFO(ra.out << ra.err << "\n--- bad:\n"
+              << rb.out << rb.err << "\n--- spare:\n"
+              << rs.out << rs.err << "\n--- daemon:\n"
+              << daemon.err_so_far());
+  CHECK(ra.exit_code == 0);
+  CHECK(rs.exit_code == 0);
+  CHECK(rb.exit_code == 0);  // the job succeeded, with the spare in its place
+  CHECK(contains(rb.err, "is quarantined for 1 s"));
+  CHECK(contains(rb.err, "2 group failures in a row (--quarantine_after 2)"));
+  // After its cooldown it checked itself and waited as a spare until the job ended.
+  CHECK(contains(rb.err, "its quarantine is over"));
+  CHECK(contains(rb.err, "waiting for a place in the job"));
+  // The good node kept its group rank in every round; the spare took the bad node's.
+  const std::string rank_a = contains(ra.out, "GROUP_RANK=0") ? "0" : "1";
+  const std::string rank_b = rank_a == "0" ? "1" : "0";
+  CHECK_FALSE(contains(ra.out, "GROUP_RANK=" + rank_b));
+  CHECK_FALSE(contains(rs.out, "[default0]:GROUP_RANK=" + rank_a));
+  CHECK(contains(rs.out, "[default0]:GROUP_RANK=" + rank_b));
+  CHECK(count_of(rb.err, "is quarantined for") >= 1);
+  daemon.send(SIGTERM);
+  daemon.wait(std::chrono::seconds(10));
+}
+
+TEST_CASE(
+    "an agent killed with SIGKILL is replaced by a waiting spare; the survivor keeps its "
+    "group rank",
+    "[integration][multinode][spares][fault]") {
+  TempDir dir;
+  const std::string pids = dir.path() + "/pids";
+  WorkerSweeper sweeper(pids);
+  const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  const std::vector<std::string> flags{"--nnodes", "2",           "--max_restarts",
+                                       "1",        "--rdzv_conf", kFastConf};
+  // Round 0 runs until the loss; the restarted round finishes.
+  const std::vector<std::string> actions{"pidfile=" + pids, "env=GROUP_RANK",
+                                         "hang_unless=TORCHELASTIC_RESTART_COUNT=1", "exit=0"};
+  auto host = start_node(endpoint, node_addr(0), flags, actions);
+  auto lost = start_node(endpoint, node_addr(1), flags, actions);
+  REQUIRE(wait_until([&] { return read_pids(pids).size() == 2; }, kJobLimit));
+  auto spare = start_node(endpoint, node_addr(2), flags, actions);
+  // The spare has joined once status lists it; the kill comes after.
+  REQUIRE(wait_until(
+      [&] {
+        auto r = run_command({DDPRUN_BIN, "status", "--rdzv_endpoint", endpoint}, {},
+                             std::chrono::seconds(10));
+        return contains(r.out, "spare");
+      },
+      kJobLimit));
+  lost->send(SIGKILL);
+  lost->wait(std::chrono::seconds(10));
+  auto rh = host->wait(kJobLimit);
+  auto rs = spare->wait(kJobLimit);
+  INFO(rh.out << rh.err << "\n--- spare:\n" << rs.out << rs.err);
+  CHECK(rh.exit_code == 0);
+  CHECK(rs.exit_code == 0);
+  const std::string rank_host = contains(rh.out, "GROUP_RANK=0") ? "0" : "1";
+  const std::string rank_lost = rank_host == "0" ? "1" : "0";
+  CHECK(count_of(rh.out, "GROUP_RANK=" + rank_host) == 2);  // both rounds, the same rank
+  CHECK(contains(rs.out, "[default0]:GROUP_RANK=" + rank_lost));
+  for (const auto& [rank, pid] : read_pids(pids)) CHECK(wait_gone(pid));
+}

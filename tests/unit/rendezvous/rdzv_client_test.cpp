@@ -167,6 +167,20 @@ TEST_CASE("a quarantined node told to join again hands the agent a rejoin, not a
   CHECK(c.all<SendJoin>()[0].join.restart_count == 2);
 }
 
+TEST_CASE("a job that succeeded while this node waited (a spare) ends it as the job ended",
+          "[rdzv][client][unit][spares]") {
+  Client c;
+  c.join();
+  c.on(FrameReceived{Closed{JobOutcomeKind::Succeeded,
+                            "the workers of all 2 nodes succeeded in "
+                            "round 2",
+                            0, 0, false}});
+  CHECK(c.s.phase == ClientPhase::Done);
+  CHECK_FALSE(c.has<Deliver>());
+  REQUIRE(c.all<Notify>().size() == 1);
+  CHECK(std::get<Closed>(c.all<Notify>()[0].notice).outcome == JobOutcomeKind::Succeeded);
+}
+
 TEST_CASE("a job that timed out while joining fails the round as a timeout",
           "[rdzv][client][unit]") {
   Client c;
