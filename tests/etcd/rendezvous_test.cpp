@@ -472,3 +472,32 @@ TEST_CASE("the keys of an etcd job whose agents all died expire with their lease
   INFO(job_keys(etcd));
   for (const auto& [rank, pid] : read_pids(pids)) CHECK(wait_gone(pid));
 }
+
+TEST_CASE(
+    "on etcd a node whose workers keep failing is quarantined, a spare finishes in its "
+    "place, and the node rejoins as a spare after its cooldown",
+    "[etcd][rdzv][spares]") {
+  EtcdCluster etcd;
+  REQUIRE(etcd.wait_ready());
+  const std::vector<std::string> flags{"--nnodes",          "2", "--max_restarts",        "3",
+                                       "--restart_backoff", "0", "--quarantine_cooldown", "1"};
+  // As with the daemon (tests/integration/multinode_test.cpp): the bad node's workers fail
+  // after 3 s each time, the good ones train 4 s a round.
+  const std::vector<std::string> good{"env=GROUP_RANK", "sleep=4000", "exit=0"};
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  nodes.push_back(start_node(etcd, 0, flags, good));
+  nodes.push_back(start_node(etcd, 1, flags, {"env=GROUP_RANK", "sleep=3000", "exit=3"}));
+  REQUIRE(nodes[0]->wait_for_output("GROUP_RANK=", kJobLimit));
+  nodes.push_back(start_node(etcd, 2, flags, good));
+  std::vector<CommandResult> results;
+  for (auto& node : nodes) results.push_back(node->wait(kJobLimit));
+  INFO(err_of(nodes));
+  for (const auto& r : results) CHECK(r.exit_code == 0);
+  const CommandResult& bad = results[1];
+  CHECK(contains(bad.err, "is quarantined for 1 s"));
+  CHECK(contains(bad.err, "its quarantine is over"));
+  const std::string rank_a = contains(results[0].out, "GROUP_RANK=0") ? "0" : "1";
+  const std::string rank_b = rank_a == "0" ? "1" : "0";
+  CHECK_FALSE(contains(results[0].out, "GROUP_RANK=" + rank_b));
+  CHECK(contains(results[2].out, "[default0]:GROUP_RANK=" + rank_b));
+}
