@@ -159,8 +159,9 @@ RdzvSettings read_settings(Reader& r) {
     s.fatal_exit_codes.erase(std::unique(s.fatal_exit_codes.begin(), s.fatal_exit_codes.end()),
                              s.fatal_exit_codes.end());
   }
-  // Quarantine came later still: a peer without it has it off (it cannot say where it runs).
-  if (r.has("quarantine_after")) s.quarantine_after = r.integer("quarantine_after");
+  // Quarantine came later still: a peer without it runs with the flag's defaults.
+  s.quarantine_after =
+      r.has("quarantine_after") ? r.integer("quarantine_after") : kDefaultQuarantineAfter;
   if (r.has("quarantine_cooldown_ms")) s.quarantine_cooldown = r.millis("quarantine_cooldown_ms");
   if (r.has("quarantine_cooldown_max_ms"))
     s.quarantine_cooldown_max = r.millis("quarantine_cooldown_max_ms");

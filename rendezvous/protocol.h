@@ -27,6 +27,9 @@ namespace ddprun::rdzv {
 
 using Millis = std::chrono::milliseconds;
 
+/// --quarantine_after's default, and what a peer that does not send it runs with.
+inline constexpr int kDefaultQuarantineAfter = 2;
+
 /// What every node of a job must agree on, plus the timeouts of --rdzv_conf.
 struct RdzvSettings {
   int min_nodes = 1;
@@ -48,7 +51,8 @@ struct RdzvSettings {
   std::vector<int> fatal_exit_codes;
   /// --quarantine_after: a node (its host and address) whose workers caused this many group
   /// failures in a row sits out of the job for a while, when the job can go on without it (0:
-  /// never; ddprun's flag defaults to 2, a peer that does not send it has it off).
+  /// never, as in a value made here; a peer that does not send it has the flag's default,
+  /// kDefaultQuarantineAfter, like every node started without the flag).
   int quarantine_after = 0;
   /// --quarantine_cooldown: how long the first quarantine of a node lasts; each further one of
   /// the same node doubles it, up to quarantine_cooldown_max.

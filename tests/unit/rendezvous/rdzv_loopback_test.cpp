@@ -220,6 +220,10 @@ struct Loopback {
       to_server(i, send->message);
     } else if (const auto* deliver = std::get_if<Deliver>(&effect)) {
       n.results.push_back(deliver->result);
+      // A quarantine is over: the agent checks itself and asks for a round again.
+      if (const auto* error = std::get_if<RendezvousError>(&deliver->result);
+          error && error->kind == RendezvousErrorKind::Rejoin)
+        inbox.push_back({i, NextRound{}});
     } else if (const auto* notify = std::get_if<Notify>(&effect)) {
       n.notices.push_back(notify->notice);
       // The agent stops its workers and asks for the next round.
@@ -475,4 +479,42 @@ TEST_CASE("loopback: after a server restart the nodes' claims rebuild the runnin
   // The rebuilt job goes on: a failure now is counted from where the job was.
   lb.fail("b", "worker rank 1 exited with 1");
   CHECK(lb.node("c").last_round().restart_count == 2);
+}
+
+TEST_CASE(
+    "loopback: a node that keeps failing is quarantined, a spare takes its place, and it "
+    "comes back as a spare",
+    "[rdzv][loopback][unit][spares]") {
+  RdzvSettings settings = nnodes(2, 2, 10);
+  settings.quarantine_after = 2;
+  settings.quarantine_cooldown = 30s;
+  settings.quarantine_cooldown_max = 60s;
+  Loopback lb({"a", "b", "c"}, settings);
+  lb.to_client("a", NextRound{});
+  lb.to_client("b", NextRound{});
+  REQUIRE(lb.job.phase == JobPhase::Running);
+  lb.to_client("c", NextRound{});  // the spare
+  CHECK(lb.node("c").logged("waiting for a place in the job"));
+  const int rank_a = lb.node("a").last_round().group_rank;
+  lb.fail("b", "worker rank 1 exited with 1");
+  lb.fail("b", "worker rank 1 exited with 1");
+  const auto quarantined = lb.node("b").notices_of<Restart>();
+  REQUIRE(quarantined.size() == 2);
+  CHECK(quarantined[1].quarantine == 30s);
+  CHECK(lb.node("b").logged("this node is quarantined"));
+  // The round runs with a (its rank kept) and c (b's).
+  REQUIRE(lb.job.phase == JobPhase::Running);
+  CHECK(lb.node("a").last_round().group_rank == rank_a);
+  CHECK(lb.node("c").last_round().group_rank == 1 - rank_a);
+  CHECK(lb.node("c").last_round().restart_count == 2);
+  // Heartbeats keep everyone in; after the cooldown b joins again and waits as a spare.
+  lb.advance(31s);
+  const Node& b = lb.node("b");
+  REQUIRE_FALSE(b.results.empty());
+  const auto* rejoin = std::get_if<RendezvousError>(&b.results.back());
+  REQUIRE(rejoin != nullptr);
+  CHECK(rejoin->kind == RendezvousErrorKind::Rejoin);
+  CHECK(b.state.phase == ClientPhase::Joining);
+  CHECK(lb.job.nodes.at(b.id).state == NodeState::WaitListed);
+  CHECK(lb.job.phase == JobPhase::Running);
 }

@@ -1,0 +1,331 @@
+#!/usr/bin/python3
+"""Goodput under a failure campaign: ddprun against torchrun, the same faults at the same times.
+
+Three nodes (agents on this machine, --nproc_per_node 1 each, Gloo on CPU) and one spare agent
+train an unmodified Python DDP script for a fixed wall time. The script snapshots model,
+optimizer and step every --snapshot-every seconds (rank 0, torch.save to a temporary file, then
+rename) and every start resumes from the snapshot; rank 0 appends "STEP TIME" to a progress
+file every 10 steps. Each launcher runs twice: once without faults, once under a seeded
+schedule of faults, at least --gap seconds apart:
+
+  worker_kill   SIGKILL of the worker of node 1 or 2 (a crash)
+  agent_kill    SIGKILL of every process of node 1 or 2 (the machine is lost); its agent is
+                started again --return-after seconds later (the machine is back)
+  hung_worker   SIGSTOP of the worker of node 1 or 2 (a hang: ddprun's --watchdog_timeout
+                kills it; the peers' collective times out after 60 s otherwise)
+  bad_node      from then on, the workers of node 1 or 2 fail 1 s after every start (a
+                broken GPU); kept last, as such a machine stays broken
+
+Node 0 hosts the rendezvous (both launchers' c10d, `is_host`) and is never faulted. Goodput =
+the step the job reached at the end of the faulty run / the step the same launcher reached in
+the same wall time without faults (steps lost since the last snapshot count as lost: the step
+counter resumes from the snapshot). Recovery per fault: from the fault to the first progress
+line after the first gap of more than 1 s in progress.
+
+    cmake --build build --target ddprun
+    /usr/bin/python3 bench/goodput_bench.py --ddprun build/bin/ddprun --duration 300 --markdown
+
+ddprun runs with its defaults (back-off, crash-loop stop, quarantine 30:600) plus
+--watchdog_timeout 20; torchrun is Debian's 1.13 through bench/torchrun_shim.py with
+--monitor_interval 0.1. Both get --max_restarts 10, and both have the fourth agent started
+once the first round runs (torchrun 1.13 keeps it waiting; it joins a later round if it wins a
+place). Python standard library only (the workers import torch).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHIM = os.path.join(HERE, "torchrun_shim.py")
+
+TRAIN = """\
+import datetime, os, sys, time
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+work = os.environ["GOODPUT_DIR"]
+node = os.environ["GOODPUT_NODE"]
+with open(os.path.join(work, "pids", node), "w") as f:
+    f.write(str(os.getpid()))
+if os.path.exists(os.path.join(work, "bad", node)):
+    time.sleep(1.0)  # a broken device: the worker fails soon after every start
+    sys.exit(3)
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+snap = os.path.join(work, "snapshot.pt")
+step = 0
+if os.path.exists(snap):
+    state = torch.load(snap)
+    model.module.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    step = state["step"]
+every = float(os.environ["GOODPUT_SNAPSHOT_EVERY"])
+pause = float(os.environ["GOODPUT_STEP_SLEEP"])
+last_save = time.monotonic()
+progress = os.path.join(work, "progress")
+while True:
+    x = torch.randn(64, 32)
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    step += 1
+    time.sleep(pause)
+    if step % 10 == 0:
+        print("step", step, flush=True)  # a line of output: progress for the watchdog
+        if rank == 0:
+            with open(progress, "a") as f:
+                f.write(f"{step} {time.monotonic()}\\n")
+    if rank == 0 and time.monotonic() - last_save >= every:
+        tmp = snap + ".tmp"
+        torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
+        os.replace(tmp, snap)
+        last_save = time.monotonic()
+"""
+
+NODES = 3  # nodes of the job; agent NODES is the spare
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def session_pids(sid: int) -> list[int]:
+    """Processes of session `sid` (an agent started with start_new_session and its workers)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[3]) == sid:  # field 6 of stat: the session id
+                found.append(int(entry))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def signal_worker(pid: int | None, sig: int) -> bool:
+    """Sends `sig` to the training worker `pid`, if it still is one."""
+    if not pid:
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"goodput_train.py" not in f.read():
+                return False
+        os.kill(pid, sig)
+        return True
+    except OSError:
+        return False
+
+
+def kill_session(sid: int) -> None:
+    for pid in session_pids(sid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+class Job:
+    """One launcher's job: NODES agents and a spare, in a work directory of its own."""
+
+    def __init__(self, launcher: str, ddprun: str, work: str, script: str, args) -> None:
+        self.launcher, self.ddprun, self.work, self.script, self.args = launcher, ddprun, work, script, args
+        self.port = free_port()
+        self.agents: dict[int, subprocess.Popen] = {}
+        for sub in ("pids", "bad", "logs"):
+            os.makedirs(os.path.join(work, sub), exist_ok=True)
+        open(os.path.join(work, "progress"), "w").close()
+
+    def command(self, node: int) -> list[str]:
+        host = "1" if node == 0 else "0"
+        common = ["--nnodes", str(NODES), "--nproc_per_node", "1", "--max_restarts", "10",
+                  "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.2:{self.port}",
+                  "--rdzv_id", "goodput"]
+        if self.launcher == "ddprun":
+            return [self.ddprun, *common, "--rdzv_conf", f"is_host={host}",
+                    "--local_addr", f"127.0.0.{node + 2}", "--watchdog_timeout", "20",
+                    "--event_log", os.path.join(self.work, f"events.{node}.jsonl"), self.script]
+        return [sys.executable, SHIM, *common, "--rdzv_conf", f"is_host={host}",
+                "--monitor_interval", "0.1", self.script]
+
+    def start(self, node: int) -> None:
+        env = dict(os.environ, GOODPUT_DIR=self.work, GOODPUT_NODE=str(node),
+                   GOODPUT_SNAPSHOT_EVERY=str(self.args.snapshot_every),
+                   GOODPUT_STEP_SLEEP=str(self.args.step_sleep), PYTHON_EXEC=sys.executable)
+        log = open(os.path.join(self.work, "logs", f"agent.{node}.{time.monotonic():.0f}.log"), "w")
+        self.agents[node] = subprocess.Popen(self.command(node), env=env, stdin=subprocess.DEVNULL,
+                                             stdout=log, stderr=subprocess.STDOUT,
+                                             start_new_session=True)
+        log.close()
+
+    def worker_pid(self, node: int) -> int | None:
+        try:
+            with open(os.path.join(self.work, "pids", str(node))) as f:
+                return int(f.read().strip())
+        except (OSError, ValueError):
+            return None
+
+    def progress(self) -> list[tuple[int, float]]:
+        lines = []
+        with open(os.path.join(self.work, "progress")) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) == 2:
+                    lines.append((int(parts[0]), float(parts[1])))
+        return lines
+
+    def stop(self) -> None:
+        for agent in self.agents.values():
+            if agent.poll() is None:
+                agent.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        for agent in self.agents.values():
+            try:
+                agent.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for agent in self.agents.values():
+            kill_session(agent.pid)  # whatever is left: a stopped worker, a lost node's orphans
+            try:
+                agent.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def schedule(seed: int, duration: float, gap: float) -> list[tuple[float, str, int]]:
+    """The faults: (seconds after the first step, kind, node), bad_node last."""
+    rng = random.Random(seed)
+    kinds = ["worker_kill", "agent_kill", "hung_worker"]
+    rng.shuffle(kinds)
+    kinds.append("bad_node")
+    faults = []
+    at = gap
+    for kind in kinds:
+        if at > duration - gap / 2:
+            break
+        faults.append((at + rng.uniform(0, gap / 4), kind, rng.choice([1, 2])))
+        at += gap
+    return faults
+
+
+def run(launcher: str, args, script: str, faults: list[tuple[float, str, int]]) -> dict:
+    work = tempfile.mkdtemp(prefix=f"goodput-{launcher}-")
+    job = Job(launcher, args.ddprun, work, script, args)
+    for node in range(NODES):
+        job.start(node)
+    began = time.monotonic()
+    # Training starts when the first progress line comes; the spare joins then.
+    while not job.progress() and time.monotonic() - began < 180:
+        time.sleep(0.2)
+    if not job.progress():
+        job.stop()
+        raise SystemExit(f"{launcher}: no training step within 180 s; see {work}/logs")
+    t0 = job.progress()[0][1]
+    job.start(NODES)
+    injected = []
+    pending = list(faults)
+    returns: list[tuple[float, int]] = []
+    end = t0 + args.duration
+    while time.monotonic() < end:
+        now = time.monotonic()
+        for at, node in list(returns):
+            if now >= at:
+                job.start(node)  # the lost machine is back: a new agent
+                returns.remove((at, node))
+        if pending and now - t0 >= pending[0][0]:
+            _, kind, node = pending.pop(0)
+            pid = job.worker_pid(node)
+            if kind == "worker_kill":
+                signal_worker(pid, signal.SIGKILL)
+            elif kind == "hung_worker":
+                signal_worker(pid, signal.SIGSTOP)
+            elif kind == "agent_kill" and node in job.agents:
+                kill_session(job.agents[node].pid)
+                returns.append((now + args.return_after, node))
+            elif kind == "bad_node":
+                open(os.path.join(work, "bad", str(node)), "w").close()
+                signal_worker(pid, signal.SIGKILL)  # the device fails now, and at every start
+            injected.append((now, kind, node))
+        if all(a.poll() is not None for a in job.agents.values()):
+            break  # the job ended
+        time.sleep(0.05)
+    steps = job.progress()
+    final = max((s for s, t in steps if t <= end), default=0)
+    codes = {node: a.poll() for node, a in job.agents.items()}
+    job.stop()
+    recoveries = []
+    for at, kind, node in injected:
+        after = [(s, t) for s, t in steps if t >= at - 1.0]
+        recovered = None
+        for (s0, t0_), (s1, t1) in zip(after, after[1:]):
+            if t1 - t0_ > 1.0:
+                recovered = t1 - at
+                break
+        recoveries.append((kind, node, recovered))
+    return {"launcher": launcher, "final_step": final, "codes": codes, "work": work,
+            "recoveries": recoveries, "ended_early": all(c is not None for c in codes.values())}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ddprun", required=True)
+    ap.add_argument("--duration", type=float, default=300.0, help="seconds of training per run")
+    ap.add_argument("--gap", type=float, default=60.0, help="seconds between faults")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--snapshot-every", type=float, default=5.0)
+    ap.add_argument("--step-sleep", type=float, default=0.05)
+    ap.add_argument("--return-after", type=float, default=20.0)
+    ap.add_argument("--only", choices=["ddprun", "torchrun"])
+    ap.add_argument("--markdown", action="store_true")
+    args = ap.parse_args()
+    faults = schedule(args.seed, args.duration, args.gap)
+    print("faults:", ", ".join(f"{k} node {n} at {t:.0f} s" for t, k, n in faults), flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        script = os.path.join(tmp, "goodput_train.py")
+        with open(script, "w") as f:
+            f.write(TRAIN)
+        launchers = [args.only] if args.only else ["ddprun", "torchrun"]
+        results = {}
+        for launcher in launchers:
+            clean = run(launcher, args, script, [])
+            print(f"{launcher} without faults: step {clean['final_step']}", flush=True)
+            faulty = run(launcher, args, script, faults)
+            print(f"{launcher} with faults: step {faulty['final_step']}, exit codes "
+                  f"{faulty['codes']}, work dir {faulty['work']}", flush=True)
+            results[launcher] = (clean, faulty)
+    rows = []
+    for launcher, (clean, faulty) in results.items():
+        goodput = faulty["final_step"] / clean["final_step"] if clean["final_step"] else 0.0
+        rec = "; ".join(f"{k} n{n}: {'-' if r is None else f'{r:.1f} s'}"
+                        for k, n, r in faulty["recoveries"])
+        rows.append((launcher, clean["final_step"], faulty["final_step"], goodput,
+                     "yes" if faulty["ended_early"] else "no", rec))
+    if args.markdown:
+        print("| launcher | steps, no faults | steps, faults | goodput | job ended early | recovery per fault |")
+        print("|---|---:|---:|---:|---|---|")
+        for r in rows:
+            print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.1%} | {r[4]} | {r[5]} |")
+    else:
+        for r in rows:
+            print(f"{r[0]}: goodput {r[3]:.1%} ({r[2]} of {r[1]} steps); ended early: {r[4]}; {r[5]}")
+
+
+if __name__ == "__main__":
+    main()
