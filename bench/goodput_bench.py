@@ -8,19 +8,20 @@ rename) and every start resumes from the snapshot; rank 0 appends "STEP TIME" to
 file every 10 steps. Each launcher runs twice: once without faults, once under a seeded
 schedule of faults, at least --gap seconds apart:
 
-  worker_kill   SIGKILL of the worker of node 1 or 2 (a crash)
-  agent_kill    SIGKILL of every process of node 1 or 2 (the machine is lost); its agent is
+  worker_kill   SIGKILL of a worker (a crash)
+  agent_kill    SIGKILL of every process of a node (the machine is lost); its agent is
                 started again --return-after seconds later (the machine is back)
-  hung_worker   SIGSTOP of the worker of node 1 or 2 (a hang: ddprun's --watchdog_timeout
-                kills it; the peers' collective times out after 60 s otherwise)
-  bad_node      from then on, the workers of node 1 or 2 fail 1 s after every start (a
-                broken GPU); kept last, as such a machine stays broken
+  hung_worker   SIGSTOP of a worker (a hang: ddprun's --watchdog_timeout kills it; the
+                peers' collective times out after 60 s otherwise)
+  bad_node      from then on, the workers of a node fail 1 s after every start (a broken
+                GPU); kept last, as such a machine stays broken
 
-Node 0 hosts the rendezvous (both launchers' c10d, `is_host`) and is never faulted. Goodput =
-the step the job reached at the end of the faulty run / the step the same launcher reached in
-the same wall time without faults (steps lost since the last snapshot count as lost: the step
-counter resumes from the snapshot). Recovery per fault: from the fault to the first progress
-line after the first gap of more than 1 s in progress.
+Each fault hits a node whose worker trains at that moment, never node 0, which hosts the
+rendezvous (both launchers' c10d, `is_host`); the seed picks which. Goodput = the step the
+job reached at the end of the faulty run / the step the same launcher reached in the same wall
+time without faults (steps since the last snapshot are lost at a restart: the step counter
+resumes from the snapshot). Recovery per fault: from the fault to the first progress line of
+the resumed group (its step no higher than the line before).
 
     cmake --build build --target ddprun
     /usr/bin/python3 bench/goodput_bench.py --ddprun build/bin/ddprun --duration 300 --markdown
@@ -210,7 +211,8 @@ class Job:
 
 
 def schedule(seed: int, duration: float, gap: float) -> list[tuple[float, str, int]]:
-    """The faults: (seconds after the first step, kind, node), bad_node last."""
+    """The faults: (seconds after the first step, kind, which), bad_node last. `which` picks
+    the target among the nodes training at the time (never node 0, the host)."""
     rng = random.Random(seed)
     kinds = ["worker_kill", "agent_kill", "hung_worker"]
     rng.shuffle(kinds)
@@ -220,9 +222,17 @@ def schedule(seed: int, duration: float, gap: float) -> list[tuple[float, str, i
     for kind in kinds:
         if at > duration - gap / 2:
             break
-        faults.append((at + rng.uniform(0, gap / 4), kind, rng.choice([1, 2])))
+        faults.append((at + rng.uniform(0, gap / 4), kind, rng.randrange(1000)))
         at += gap
     return faults
+
+
+def worker_alive(pid: int | None) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"goodput_train.py" in f.read()
+    except (OSError, TypeError):
+        return False
 
 
 def run(launcher: str, args, script: str, faults: list[tuple[float, str, int]]) -> dict:
@@ -250,7 +260,12 @@ def run(launcher: str, args, script: str, faults: list[tuple[float, str, int]]) 
                 job.start(node)  # the lost machine is back: a new agent
                 returns.remove((at, node))
         if pending and now - t0 >= pending[0][0]:
-            _, kind, node = pending.pop(0)
+            _, kind, which = pending.pop(0)
+            training = [n for n in sorted(job.agents) if n != 0 and worker_alive(job.worker_pid(n))]
+            if not training:
+                injected.append((now, kind, -1))  # nothing to hit: the job is not training
+                continue
+            node = training[which % len(training)]
             pid = job.worker_pid(node)
             if kind == "worker_kill":
                 signal_worker(pid, signal.SIGKILL)
@@ -272,12 +287,18 @@ def run(launcher: str, args, script: str, faults: list[tuple[float, str, int]]) 
     job.stop()
     recoveries = []
     for at, kind, node in injected:
-        after = [(s, t) for s, t in steps if t >= at - 1.0]
+        # The first progress line of a resumed group: its step is not above the line before it
+        # (the counter went back to the snapshot's).
+        before = [s for s, t in steps if t < at]
+        last = before[-1] if before else 0
         recovered = None
-        for (s0, t0_), (s1, t1) in zip(after, after[1:]):
-            if t1 - t0_ > 1.0:
-                recovered = t1 - at
+        for s, t in steps:
+            if t < at:
+                continue
+            if s <= last:
+                recovered = t - at
                 break
+            last = s
         recoveries.append((kind, node, recovered))
     return {"launcher": launcher, "final_step": final, "codes": codes, "work": work,
             "recoveries": recoveries, "ended_early": all(c is not None for c in codes.values())}

@@ -148,7 +148,13 @@ TEST_CASE("failure policy values ddprun cannot use are refused, naming them",
            {"--crash_loop_stop", "x", "expected 0 (off)"},
            {"--fatal_exit_codes", "3,0", "'0' is no failing exit code"},
            {"--fatal_exit_codes", "300", "'300' is no failing exit code"},
-           {"--fatal_exit_codes", "3,,4", "'' is no failing exit code"}}) {
+           {"--fatal_exit_codes", "3,,4", "'' is no failing exit code"},
+           {"--quarantine_after", "-1", "expected 0 (off) or a number of failures in a row"},
+           {"--quarantine_cooldown", "60:30",
+            "the maximum (30) is shorter than the first "
+            "cooldown (60)"},
+           {"--quarantine_cooldown", "1:2:3", "expected SECONDS or SECONDS:MAX, e.g. 30:600"},
+           {"--quarantine_cooldown", "90000", "at most 86400 seconds (a day)"}}) {
     auto r = run_command(ddprun_fake({flag, value}, {"print=ran"}), {}, kJobLimit);
     INFO(flag << " " << value << ": " << r.err);
     CHECK(r.exit_code == 64);
