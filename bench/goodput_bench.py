@@ -317,7 +317,7 @@ def main() -> None:
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args()
     faults = schedule(args.seed, args.duration, args.gap)
-    print("faults:", ", ".join(f"{k} node {n} at {t:.0f} s" for t, k, n in faults), flush=True)
+    print("faults:", ", ".join(f"{k} at {t:.0f} s" for t, k, _ in faults), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         script = os.path.join(tmp, "goodput_train.py")
         with open(script, "w") as f:
