@@ -203,10 +203,12 @@ class Stepper {
                                 {"restart_count", restart->restart_count}}});
       s_.restart_count = restart->restart_count;
       if (restart->counted) {
-        // A failure: one more in a row, unless the group had run long enough to call it fresh.
+        // A failure: one more in a row when it repeats the last one (the rendezvous says so),
+        // unless the group had run long enough to call it fresh. A lost node, or a failure
+        // of another kind, starts the count afresh: no pause before its round.
         const bool ran_long =
             s_.group_started && now_ - *s_.group_started >= spec_.restart_backoff_reset;
-        s_.failures_in_a_row = ran_long ? 1 : s_.failures_in_a_row + 1;
+        s_.failures_in_a_row = ran_long || !restart->repeat ? 1 : s_.failures_in_a_row + 1;
       }
       if (restart->quarantine.count() > 0) {
         out_.push_back(EmitEvent{

@@ -127,8 +127,9 @@ constexpr OptionSpec kOptions[] = {
      "of output) and then none for this long, after logging its stacks; its group fails like "
      "a crash (default 0: off)."},
     {"restart_backoff", "", false, "SECONDS[:MAX]", "1:30", kSupervision,
-     "Pause before the next round after failures in a row (each within "
-     "--restart_backoff_reset of its group's start): none after the first, then SECONDS, "
+     "Pause before the next round after the same failure in a row (each within "
+     "--restart_backoff_reset of its group's start): none after the first, nor after a lost "
+     "node or a failure of another kind, then SECONDS, "
      "doubling up to MAX; a stop signal during the pause ends the job at once (default 1:30; "
      "0: no pause)."},
     {"restart_backoff_reset", "", false, "SECONDS", "60", kSupervision,

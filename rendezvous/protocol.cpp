@@ -259,7 +259,8 @@ struct ServerToJson {
             {"reason", m.reason},
             {"counted", m.counted},
             {"restart_count", m.restart_count},
-            {"quarantine_ms", m.quarantine.count()}};
+            {"quarantine_ms", m.quarantine.count()},
+            {"repeat", m.repeat}};
   }
   json operator()(const Closed& m) const {
     return {{"type", "closed"},     {"outcome", std::string(name_of(m.outcome, kJobOutcomeNames))},
@@ -393,6 +394,7 @@ std::variant<ServerMessage, std::string> read_server(const std::string& type, Re
     m.counted = r.boolean("counted");
     m.restart_count = r.integer("restart_count");
     if (r.has("quarantine_ms")) m.quarantine = r.millis("quarantine_ms");
+    if (r.has("repeat")) m.repeat = r.boolean("repeat");
     if (r.error()) return *r.error();
     return m;
   }

@@ -167,6 +167,10 @@ struct Restart {
   /// Non-zero when this node is quarantined for that long (--quarantine_after): it stops its
   /// workers, joins again and waits; `reason` says why.
   Millis quarantine{0};
+  /// The failure is the same as the one before it, with no progress between (what
+  /// --crash_loop_stop counts): only such a restart makes --restart_backoff's pause grow. True
+  /// when a peer does not say (it backs off on every failure in a row, as before).
+  bool repeat = true;
 };
 
 /// How a job ended.

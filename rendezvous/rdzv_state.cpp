@@ -286,7 +286,7 @@ std::string budget_used_up(const JobState& s, const std::string& reason) {
 /// Stops the running round and forms the next one. `rejoiner` (if any) already asked to join
 /// and goes straight to Joined instead of being told to restart.
 void restart_round(Step& st, const std::string& reason, bool counted, Closed if_no_budget,
-                   const std::string& rejoiner = {}) {
+                   const std::string& rejoiner = {}, bool repeat = false) {
   JobState& s = st.s;
   DDPRUN_CHECK(s.phase == JobPhase::Running, "restart_round: no round is running");
   forget_old_restarts(s, st.now);
@@ -312,7 +312,9 @@ void restart_round(Step& st, const std::string& reason, bool counted, Closed if_
       continue;
     }
     node.state = NodeState::Stopping;
-    send(st, id, Restart{s.round + 1, reason, counted, s.restart_count});
+    Restart restart{s.round + 1, reason, counted, s.restart_count};
+    restart.repeat = repeat;
+    send(st, id, std::move(restart));
   }
   ++s.round;
   s.phase = JobPhase::Joining;
@@ -617,12 +619,14 @@ void quarantine_and_restart(Step& st, const std::string& identity, const std::st
                     " (--quarantine_after " + std::to_string(s.settings.quarantine_after) + ")",
                 true, std::move(if_no_budget));
   if (s.phase == JobPhase::Closed) return;  // the budget was used up: everyone heard the end
-  for (const std::string& id : ids)
-    send(st, id,
-         Restart{s.round,
-                 "node " + names + " is quarantined for " + duration_text(cooldown) + ": " +
-                     standing.why,
-                 true, s.restart_count, cooldown});
+  for (const std::string& id : ids) {
+    Restart restart{
+        s.round,
+        "node " + names + " is quarantined for " + duration_text(cooldown) + ": " + standing.why,
+        true, s.restart_count, cooldown};
+    restart.repeat = false;  // it waits out its cooldown, no back-off on top
+    send(st, id, std::move(restart));
+  }
 }
 
 /// Ends quarantines that are over, or that keep the forming round under min_nodes: the node is
@@ -824,8 +828,9 @@ void on_workers_failed(Step& st, const std::string& id, const WorkersFailed& fai
     // Running -> Joining (counted), the failing node Quarantined: its workers failed again
     return quarantine_and_restart(st, culprit, reason, ends);
   }
-  // Running -> Joining (counted): a worker failed
-  restart_round(st, reason, true, ends);
+  // Running -> Joining (counted): a worker failed; the same failure again makes the nodes'
+  // pause before the next round grow (--restart_backoff)
+  restart_round(st, reason, true, ends, {}, s.failure_repeats >= 2);
 }
 
 void on_workers_succeeded(Step& st, const std::string& id, const WorkersSucceeded& succeeded) {

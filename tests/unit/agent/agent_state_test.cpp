@@ -703,11 +703,13 @@ namespace {
 
 /// A one-worker group that runs `ran` and fails; the rendezvous asks for restart `count`; the
 /// group is drained. Leaves the agent between rounds (or rejoining), with that step's effects.
-void fail_and_restart(Agent& a, int count, std::chrono::milliseconds ran) {
+void fail_and_restart(Agent& a, int count, std::chrono::milliseconds ran, bool repeat = true) {
   auto pids = a.running_group(count - 1);
   a.now += ran;
   a.on(WorkerExited{pids[0], {1, 0}, true});
-  a.on(NoticeReceived{rdzv::Restart{count, "worker failed", true, count}});
+  rdzv::Restart restart{count, "worker failed", true, count};
+  restart.repeat = repeat;
+  a.on(NoticeReceived{restart});
   a.on(OutputDrained{});
 }
 
@@ -765,6 +767,24 @@ TEST_CASE("back-off: a group that ran past the reset period starts the schedule 
   CHECK(a.has<JoinRound>());
   CHECK_FALSE(a.emitted("restart_delayed"));
   CHECK(a.state.failures_in_a_row == 1);
+}
+
+TEST_CASE(
+    "back-off: a failure that does not repeat the last one (another cause, a lost node) "
+    "rejoins at once",
+    "[agent][unit]") {
+  Agent a(1, 10);
+  fail_and_restart(a, 1, 100ms);
+  fail_and_restart(a, 2, 100ms);
+  a.now += 1s;
+  a.on(TimerFired{AgentTimer::Backoff});
+  REQUIRE(a.has<JoinRound>());
+  fail_and_restart(a, 3, 100ms, /*repeat=*/false);
+  CHECK(a.has<JoinRound>());
+  CHECK_FALSE(a.emitted("restart_delayed"));
+  CHECK(a.state.failures_in_a_row == 1);
+  fail_and_restart(a, 4, 100ms);  // the same again: the schedule starts from its base
+  CHECK(a.event("restart_delayed")["delay_ms"] == 1000);
 }
 
 TEST_CASE("back-off: a stop signal during the pause ends the job at once", "[agent][unit]") {

@@ -610,6 +610,21 @@ TEST_CASE("the same failure --crash_loop_stop times in a row without progress en
                                  Catch::Contains("--crash_loop_stop 3"));
 }
 
+TEST_CASE("a restart says whether its failure repeats the last one, for the nodes' back-off",
+          "[rdzv][unit][policy]") {
+  RdzvSettings settings = nnodes(2, 2, 50);
+  settings.crash_loop_limit = 0;
+  Job job = running_job({"a", "b"}, settings);
+  CHECK_FALSE(to<Restart>(job.send("b", failure(0, 1, 1, "ValueError")), "a").at(0).repeat);
+  rejoin(job, settings);
+  CHECK(to<Restart>(job.send("b", failure(1, 1, 1, "ValueError")), "a").at(0).repeat);
+  rejoin(job, settings);
+  CHECK_FALSE(to<Restart>(job.send("b", failure(2, 1, 7, "ValueError")), "a").at(0).repeat);
+  rejoin(job, settings);
+  const auto& lost = job.apply(Disconnected{id_of("b")});
+  CHECK_FALSE(to<Restart>(lost, "a").at(0).repeat);
+}
+
 TEST_CASE("progress, another exit or exception type, or a lost node breaks a crash loop",
           "[rdzv][unit][policy]") {
   RdzvSettings settings = nnodes(2, 2, 50);
