@@ -12,6 +12,7 @@
 #include <map>
 #include <random>
 #include <string_view>
+#include <tuple>
 #include <utility>
 
 #include <CLI/CLI.hpp>
@@ -636,20 +637,31 @@ Check parse_shutdown_timeout(const RawValue& v, LaunchConfig& config) {
   return std::nullopt;
 }
 
-Check parse_restart_backoff(const RawValue& v, LaunchConfig& config) {
-  const std::string fix = ": expected SECONDS or SECONDS:MAX, e.g. 1:30 (0: no pause)";
+/// SECONDS or SECONDS:MAX, each 0 to a day, MAX not under SECONDS (`first` names SECONDS in
+/// that message, `fix` shows the form); without MAX, `default_max` (at least SECONDS).
+common::Result<std::pair<double, double>> parse_seconds_range(const RawValue& v,
+                                                              const std::string& fix,
+                                                              const std::string& first,
+                                                              std::optional<double> default_max) {
   const std::vector<std::string> parts = split(trim(v.text), ':');
   if (parts.size() > 2) return common::Error{describe(v) + fix};
   auto base = parse_double(trim(parts.front()));
-  auto max = parts.size() == 2 ? parse_double(trim(parts.back())) : std::optional<double>(30.0);
+  auto max = parts.size() == 2 ? parse_double(trim(parts.back())) : default_max;
+  if (parts.size() == 1 && !max) max = base;
   if (!base || !max || *base < 0 || *max < 0) return common::Error{describe(v) + fix};
   if (*base > 86400 || *max > 86400)
     return common::Error{describe(v) + ": at most 86400 seconds (a day)"};
   if (parts.size() == 2 && *max < *base)
     return common::Error{describe(v) + ": the maximum (" + trim(parts.back()) +
-                         ") is shorter than the first pause (" + trim(parts.front()) + ")"};
-  config.restart_backoff = *base;
-  config.restart_backoff_max = std::max(*max, *base);
+                         ") is shorter than the " + first + " (" + trim(parts.front()) + ")"};
+  return std::pair<double, double>{*base, std::max(*max, *base)};
+}
+
+Check parse_restart_backoff(const RawValue& v, LaunchConfig& config) {
+  auto range = parse_seconds_range(v, ": expected SECONDS or SECONDS:MAX, e.g. 1:30 (0: no pause)",
+                                   "first pause", 30.0);
+  if (!range.ok()) return range.error();
+  std::tie(config.restart_backoff, config.restart_backoff_max) = *range;
   return std::nullopt;
 }
 
@@ -690,19 +702,10 @@ Check parse_quarantine_after(const RawValue& v, LaunchConfig& config) {
 }
 
 Check parse_quarantine_cooldown(const RawValue& v, LaunchConfig& config) {
-  const std::string fix = ": expected SECONDS or SECONDS:MAX, e.g. 30:600";
-  const std::vector<std::string> parts = split(trim(v.text), ':');
-  if (parts.size() > 2) return common::Error{describe(v) + fix};
-  auto base = parse_double(trim(parts.front()));
-  auto max = parts.size() == 2 ? parse_double(trim(parts.back())) : base;
-  if (!base || !max || *base < 0 || *max < 0) return common::Error{describe(v) + fix};
-  if (*base > 86400 || *max > 86400)
-    return common::Error{describe(v) + ": at most 86400 seconds (a day)"};
-  if (*max < *base)
-    return common::Error{describe(v) + ": the maximum (" + trim(parts.back()) +
-                         ") is shorter than the first cooldown (" + trim(parts.front()) + ")"};
-  config.quarantine_cooldown = *base;
-  config.quarantine_cooldown_max = *max;
+  auto range = parse_seconds_range(v, ": expected SECONDS or SECONDS:MAX, e.g. 30:600",
+                                   "first cooldown", std::nullopt);
+  if (!range.ok()) return range.error();
+  std::tie(config.quarantine_cooldown, config.quarantine_cooldown_max) = *range;
   return std::nullopt;
 }
 

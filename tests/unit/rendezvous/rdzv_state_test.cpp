@@ -1511,6 +1511,14 @@ void rejoin_all(Job& job, const std::vector<std::string>& names, const RdzvSetti
   REQUIRE(job.state.phase == JobPhase::Running);
 }
 
+/// b's workers fail in round 0 and, after everyone rejoined, in round 1: with a spare and
+/// --quarantine_after 2, b is quarantined.
+void b_fails_twice(Job& job, const RdzvSettings& settings) {
+  job.send("b", failure(0, 1, 1));
+  rejoin_all(job, {"a", "b"}, settings);
+  job.send("b", failure(1, 1, 1));
+}
+
 /// Nodes a, b running at max 2, and c waiting as a spare.
 Job with_spare(const RdzvSettings& settings) {
   Job job = running_job({"a", "b"}, settings);
@@ -1594,9 +1602,7 @@ TEST_CASE(
     "[rdzv][unit][spares]") {
   const RdzvSettings settings = quarantining(2, 2);
   Job job = with_spare(settings);
-  job.send("b", failure(0, 1, 1));
-  rejoin_all(job, {"a", "b"}, settings);
-  job.send("b", failure(1, 1, 1));
+  b_fails_twice(job, settings);
   job.join(join_of("b", settings));
   rejoin_all(job, {"a"}, settings);
   // The cooldown passes: b is forgotten and told to join again (not counted).
@@ -1696,9 +1702,7 @@ TEST_CASE(
     "[rdzv][unit][spares]") {
   const RdzvSettings settings = quarantining(2, 2);
   Job job = with_spare(settings);
-  job.send("b", failure(0, 1, 1));
-  rejoin_all(job, {"a", "b"}, settings);
-  job.send("b", failure(1, 1, 1));
+  b_fails_twice(job, settings);
   // b's agent dies and another starts on the same host (same address): a new node id.
   job.apply(Disconnected{id_of("b")});
   Join again = join_of("b", settings);
