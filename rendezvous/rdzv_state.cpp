@@ -634,7 +634,11 @@ void quarantine_and_restart(Step& st, const std::string& identity, const std::st
 /// spare while the round runs).
 void release_quarantines(Step& st) {
   JobState& s = st.s;
-  if (s.phase == JobPhase::Closed) return;
+  // Every step runs this (a heartbeat too): without a quarantine it costs no pass over nodes.
+  if (s.phase == JobPhase::Closed ||
+      std::none_of(s.standing.begin(), s.standing.end(),
+                   [](const auto& entry) { return entry.second.until.has_value(); }))
+    return;
   const bool short_of_nodes = s.phase == JobPhase::Joining && !s.settings_from.empty() &&
                               count_in(s, NodeState::Joined) + count_in(s, NodeState::Stopping) +
                                       count_in(s, NodeState::WaitListed) <
