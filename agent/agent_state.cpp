@@ -301,6 +301,34 @@ class Stepper {
     if (e.step) s_.workers[e.index].stepped = true;
   }
 
+  void on(const HungInspected& e) {
+    for (const InspectedWorker& seen : e.workers) {
+      auto it = std::find_if(s_.workers.begin(), s_.workers.end(), [&](const WorkerSlot& w) {
+        return w.pid == seen.pid && w.inspecting;
+      });
+      if (it == s_.workers.end()) continue;
+      WorkerSlot& w = *it;
+      w.inspecting = false;
+      if (!w.running || w.hung || s_.phase != AgentPhase::Running) continue;
+      w.hung = true;
+      // Stopped or stuck in the kernel: nothing a peer does can hold it there. Asleep or
+      // running, it may be waiting in a collective for a peer that hung.
+      w.hung_alone = seen.state == 'T' || seen.state == 't' || seen.state == 'D';
+      const long long silent_ms =
+          std::chrono::duration_cast<std::chrono::milliseconds>(now_ - *w.last_progress).count();
+      log(LogLevel::Warn,
+          fmt::format("worker rank {} (local rank {}, pid {}) made no progress for {} ms "
+                      "(--watchdog_timeout), {}: killing it",
+                      w.placement.global_rank, w.placement.local_rank, w.pid, silent_ms,
+                      hung_state_text(seen.state)));
+      kill_hung(
+          {w.pid},
+          fmt::format("made no progress for {} ms (--watchdog_timeout)",
+                      std::chrono::duration_cast<std::chrono::milliseconds>(spec_.watchdog_timeout)
+                          .count()));
+    }
+  }
+
   void on(const SignalReceived& e) {
     if (s_.phase == AgentPhase::Finished) return;
     const int sig = e.sig;
@@ -544,6 +572,8 @@ class Stepper {
                         describe_exit(root.status));
         log(LogLevel::Warn, what + "; stopping the group");
         const bool progress = made_progress();
+        // A watchdog kill of a worker that was not stopped blames no node (check_watchdog).
+        const bool culprit = !root.hung || root.hung_alone;
         out_.push_back(EmitEvent{"failure_detected",
                                  {{"rank", root.placement.global_rank},
                                   {"local_rank", root.placement.local_rank},
@@ -554,10 +584,11 @@ class Stepper {
                                   {"progress", progress},
                                   {"how", root.launch_failed ? "launch"
                                           : root.hung        ? "watchdog"
-                                                             : "exit"}}});
+                                                             : "exit"},
+                                  {"culprit", culprit}}});
         out_.push_back(ReportFailure{
             rdzv::WorkersFailed{s_.round.round, what, root.status.code, root.status.signal,
-                                root.placement.global_rank, root.exception, progress}});
+                                root.placement.global_rank, root.exception, progress, culprit}});
         stop_group(StopReason::WorkerFailed, SIGTERM);
         return;
       }
@@ -609,23 +640,33 @@ class Stepper {
   }
 
   /// A worker that reported progress once (a report, or a line of output) and then nothing for
-  /// --watchdog_timeout is hung: kill_hung ends it and its group fails as if it had crashed.
+  /// --watchdog_timeout is hung: its process state is read first (HungInspected), then
+  /// kill_hung ends it and its group fails as if it had crashed.
   void check_watchdog() {
+    std::vector<pid_t> silent;
     for (auto& w : s_.workers) {
-      if (!w.running || w.hung || !w.last_progress) continue;
+      if (!w.running || w.hung || w.inspecting || !w.last_progress) continue;
       if (now_ - *w.last_progress < spec_.watchdog_timeout) continue;
-      w.hung = true;
-      log(LogLevel::Warn,
-          fmt::format("worker rank {} (local rank {}, pid {}) made no progress for {} ms "
-                      "(--watchdog_timeout): killing it",
-                      w.placement.global_rank, w.placement.local_rank, w.pid,
-                      std::chrono::duration_cast<std::chrono::milliseconds>(now_ - *w.last_progress)
-                          .count()));
-      kill_hung(
-          {w.pid},
-          fmt::format("made no progress for {} ms (--watchdog_timeout)",
-                      std::chrono::duration_cast<std::chrono::milliseconds>(spec_.watchdog_timeout)
-                          .count()));
+      w.inspecting = true;
+      silent.push_back(w.pid);
+    }
+    if (!silent.empty()) out_.push_back(InspectHung{std::move(silent)});
+  }
+
+  static std::string hung_state_text(char state) {
+    switch (state) {
+      case 'T':
+      case 't':
+        return "and it is stopped (state T): it hung by itself";
+      case 'D':
+        return "and it is stuck in the kernel (state D): it hung by itself";
+      case 0:
+        return "and its state could not be read";
+      default:
+        return fmt::format(
+            "and it is not stopped (state {}): it may be waiting for a peer that "
+            "hung, so no node is blamed for it",
+            state);
     }
   }
 

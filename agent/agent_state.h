@@ -107,9 +107,14 @@ struct WorkerSlot {
   WorkerPlacement placement;
   pid_t pid = -1;  ///< -1 until started
   bool running = false;
-  bool launch_failed = false;              ///< the process could not be started
-  ExitStatus status;                       ///< once it has exited
-  bool hung = false;                       ///< killed by the watchdog
+  bool launch_failed = false;  ///< the process could not be started
+  ExitStatus status;           ///< once it has exited
+  bool hung = false;           ///< killed by the watchdog
+  /// The watchdog found it stopped (SIGSTOP, a debugger) or stuck in the kernel: it hung by
+  /// itself. A hung worker that is merely asleep may be waiting in a collective for a peer
+  /// that hung, so its failure blames no node (docs/design.md, "Who hung").
+  bool hung_alone = false;
+  bool inspecting = false;                 ///< InspectHung is out for it
   std::optional<TimePoint> last_progress;  ///< the last report it sent
   /// It reported a training step (the SDK's per-step heartbeat or first_step): the group made
   /// progress, so its failure is no crash loop (--crash_loop_stop).
@@ -255,6 +260,15 @@ struct SignalReceived {
 struct TimerFired {
   AgentTimer timer = AgentTimer::StopDeadline;
 };
+/// What InspectHung found of a silent worker: its process state from /proc ('S', 'T', 'D'...;
+/// 0 when it could not be read).
+struct InspectedWorker {
+  pid_t pid = -1;
+  char state = 0;
+};
+struct HungInspected {
+  std::vector<InspectedWorker> workers;
+};
 /// Drain: every output pipe of the ended group closed, or the drain deadline passed.
 struct OutputDrained {};
 /// The zygote is ready (standbys fork from it) or gone (workers start afresh).
@@ -272,7 +286,7 @@ struct HealthChecked {
 using AgentEvent =
     std::variant<AgentStarted, RoundReady, RoundFailed, NoticeReceived, GroupPrepared,
                  WorkerLaunched, WorkerExited, ProgressReported, SignalReceived, TimerFired,
-                 OutputDrained, ZygoteSettled, HealthChecked>;
+                 HungInspected, OutputDrained, ZygoteSettled, HealthChecked>;
 
 // ---- effects --------------------------------------------------------------------------------
 
@@ -324,6 +338,11 @@ struct Log {
   LogLevel level = LogLevel::Info;
   std::string text;
 };
+/// The watchdog judges these workers silent: read their process states (HungInspected
+/// follows at once) before they are killed.
+struct InspectHung {
+  std::vector<pid_t> pids;
+};
 /// Record where each thread of these hung workers is (native stacks) before they are killed.
 struct DumpStacks {
   std::vector<pid_t> pids;
@@ -340,10 +359,10 @@ struct Finish {
   int code = 0;
 };
 
-using AgentEffect =
-    std::variant<JoinRound, RunHealthCheck, PrepareGroup, LaunchWorker, SignalWorkers,
-                 RecordFailure, ReportFailure, ReportSuccess, Leave, Drain, ArmTimer, CancelTimer,
-                 EmitEvent, Log, DumpStacks, ScheduleStandbys, ReportJobFailure, Finish>;
+using AgentEffect = std::variant<JoinRound, RunHealthCheck, PrepareGroup, LaunchWorker,
+                                 SignalWorkers, RecordFailure, ReportFailure, ReportSuccess, Leave,
+                                 Drain, ArmTimer, CancelTimer, EmitEvent, Log, InspectHung,
+                                 DumpStacks, ScheduleStandbys, ReportJobFailure, Finish>;
 
 /// Applies `event` at time `now` to `state` (in place: a group may have thousands of slots)
 /// and returns what the executor must do, in order.

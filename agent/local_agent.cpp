@@ -22,6 +22,7 @@
 #include "agent/event_log.h"
 #include "agent/failure_report.h"
 #include "agent/health_check.h"
+#include "agent/process_tree.h"
 #include "agent/stack_dump.h"
 #include "agent/standby_supply.h"
 #include "agent/worker_command.h"
@@ -255,6 +256,12 @@ class LocalAgent::Impl {
     constexpr spdlog::level::level_enum kLevels[] = {spdlog::level::debug, spdlog::level::info,
                                                      spdlog::level::warn, spdlog::level::err};
     spdlog::log(kLevels[static_cast<int>(e.level)], "{}", e.text);
+  }
+
+  void execute(const InspectHung& e) {
+    HungInspected seen;
+    for (pid_t pid : e.pids) seen.workers.push_back({pid, read_process_state(pid)});
+    apply(std::move(seen));
   }
 
   /// Native stacks of hung workers, in ddprun's log and the event log, before they are killed.

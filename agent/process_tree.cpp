@@ -32,7 +32,15 @@ std::optional<ProcessIds> ids_from_stat(const std::string& stat) {
   long parent = 0, group = 0, session = 0;
   if (!(fields >> state >> parent >> group >> session) || parent < 0) return std::nullopt;
   return ProcessIds{static_cast<pid_t>(parent), static_cast<pid_t>(group),
-                    static_cast<pid_t>(session)};
+                    static_cast<pid_t>(session), state.size() == 1 ? state[0] : '\0'};
+}
+
+char read_process_state(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(in, stat)) return 0;
+  auto ids = ids_from_stat(stat);
+  return ids ? ids->state : '\0';
 }
 
 std::optional<pid_t> parent_from_stat(const std::string& stat) {

@@ -14,6 +14,7 @@ struct ProcessIds {
   pid_t parent = 0;
   pid_t group = 0;    ///< its process group
   pid_t session = 0;  ///< its session
+  char state = 0;     ///< 'R', 'S', 'D', 'T' (stopped), 't' (traced), 'Z'...
 };
 
 /// The parent, process group and session from the text of /proc/<pid>/stat
@@ -23,6 +24,9 @@ std::optional<ProcessIds> ids_from_stat(const std::string& stat);
 
 /// The parent pid alone (ids_from_stat).
 std::optional<pid_t> parent_from_stat(const std::string& stat);
+
+/// The state letter of /proc/<pid>/stat; 0 when the process is gone or the text unreadable.
+char read_process_state(pid_t pid);
 
 /// Every process's ids, read from /proc (a process gone while it was read is left out).
 std::map<pid_t, ProcessIds> read_process_ids();

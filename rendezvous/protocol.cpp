@@ -213,9 +213,9 @@ struct AgentToJson {
   }
   json operator()(const Heartbeat&) const { return {{"type", "heartbeat"}}; }
   json operator()(const WorkersFailed& m) const {
-    return {{"type", "workers_failed"}, {"round", m.round},      {"description", m.description},
-            {"exit_code", m.exit_code}, {"signal", m.signal},    {"rank", m.rank},
-            {"exception", m.exception}, {"progress", m.progress}};
+    return {{"type", "workers_failed"}, {"round", m.round},       {"description", m.description},
+            {"exit_code", m.exit_code}, {"signal", m.signal},     {"rank", m.rank},
+            {"exception", m.exception}, {"progress", m.progress}, {"culprit", m.culprit}};
   }
   json operator()(const WorkersSucceeded& m) const {
     return {{"type", "workers_succeeded"}, {"round", m.round}};
@@ -327,6 +327,7 @@ std::variant<AgentMessage, std::string> read_agent(const std::string& type, Read
     if (r.has("rank")) m.rank = r.integer("rank");
     if (r.has("exception")) m.exception = r.str("exception", kMaxIdentifierBytes);
     m.progress = r.has("progress") ? r.boolean("progress") : true;
+    m.culprit = r.has("culprit") ? r.boolean("culprit") : true;
     if (r.error()) return *r.error();
     return m;
   }

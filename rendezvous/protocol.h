@@ -107,6 +107,11 @@ struct WorkersFailed {
   /// worker reported a training step, or the group ran for --restart_backoff_reset. Assumed
   /// (never a crash loop) when an agent does not say: older agents send no such field.
   bool progress = true;
+  /// Whether this node's worker caused the failure. False when the watchdog killed a worker
+  /// that was not stopped: the peers of a hung worker wait silently in the collective, and
+  /// whichever node's watchdog fires first reports (docs/design.md, "Who hung"). Then no
+  /// node's failures are counted for quarantine. Assumed when an older agent does not say.
+  bool culprit = true;
 };
 
 /// Every worker of this node exited 0 in `round`.

@@ -825,6 +825,13 @@ void on_workers_failed(Step& st, const std::string& id, const WorkersFailed& fai
     ends.do_not_requeue = true;
     return close_job(st, ends);
   }
+  if (!failed.culprit) {
+    // Running -> Joining (counted), no node blamed: a watchdog killed a worker that was only
+    // waiting, perhaps for a peer that hung (the hung one is stopped with the group). Every
+    // node's run of failures stays as it was.
+    return restart_round(st, reason + " (no node is blamed for a hang: its worker was waiting)",
+                         true, ends, {}, s.failure_repeats >= 2);
+  }
   const std::string culprit = node_identity(node.request);
   const int in_a_row = count_failure(s, culprit);
   if (s.settings.quarantine_after > 0 && in_a_row >= s.settings.quarantine_after &&

@@ -561,3 +561,43 @@ TEST_CASE(
   CHECK(contains(rs.out, "[default0]:GROUP_RANK=" + rank_lost));
   for (const auto& [rank, pid] : read_pids(pids)) CHECK(wait_gone(pid));
 }
+
+TEST_CASE(
+    "a hang is not blamed on a node whose worker was only waiting: the first watchdog to fire "
+    "is a waiting node's, and nobody is quarantined",
+    "[integration][multinode][spares]") {
+  const int port = free_port();
+  Subprocess daemon({RDZVD_BIN, "--port", std::to_string(port), "--host", "127.0.0.1"});
+  const std::string endpoint = "127.0.0.1:" + std::to_string(port);
+  const std::vector<std::string> flags{
+      "--nnodes",           "2", "--max_restarts",     "1",
+      "--restart_backoff",  "0", "--quarantine_after", "1",
+      "--watchdog_timeout", "1", "--rdzv_conf",        kFastConf + ",is_host=0"};
+  // As in a collective hang, both workers go silent; the waiting one (asleep) first, so its
+  // node's watchdog fires first. The one that hung stops itself (SIGSTOP) 3 s later.
+  auto waiting = start_node(
+      endpoint, node_addr(0), flags,
+      {"env=GROUP_RANK", "exit_if_restart=1:0", "sleep=4000", "report=heartbeat", "hang"});
+  auto hung = start_node(endpoint, node_addr(1), flags,
+                         {"env=GROUP_RANK", "exit_if_restart=1:0", "sleep=4000", "report=heartbeat",
+                          "sleep=3000", "report=heartbeat", "signal=19"});
+  REQUIRE(waiting->wait_for_output("GROUP_RANK=", kJobLimit));
+  auto spare = start_node(endpoint, node_addr(2), flags, {"env=GROUP_RANK", "exit=0"});
+  auto rw = waiting->wait(kJobLimit);
+  auto rh = hung->wait(kJobLimit);
+  auto rs = spare->wait(kJobLimit);
+  INFO(rw.out << rw.err << "\n--- hung:\n"
+              << rh.out << rh.err << "\n--- spare:\n"
+              << rs.out << rs.err << "\n--- daemon:\n"
+              << daemon.err_so_far());
+  CHECK(rw.exit_code == 0);
+  CHECK(rh.exit_code == 0);
+  CHECK(rs.exit_code == 0);
+  CHECK(contains(rw.err, "it is not stopped (state S): it may be waiting for a peer that hung"));
+  CHECK(contains(rh.err, "no node is blamed for a hang: its worker was waiting"));
+  // With --quarantine_after 1 and a spare, blaming the waiting node would have quarantined it.
+  CHECK_FALSE(contains(rw.err + rh.err + rs.err, "is quarantined"));
+  CHECK_FALSE(contains(rs.out, "GROUP_RANK="));  // the spare was never needed
+  daemon.send(SIGTERM);
+  daemon.wait(std::chrono::seconds(10));
+}

@@ -82,6 +82,16 @@ struct Agent {
     return pids;
   }
 
+  /// Answers the last step's InspectHung as the executor would: each silent worker's process
+  /// is in `proc_state` ('S' asleep, 'T' stopped...).
+  void inspected(char proc_state) {
+    REQUIRE(has<InspectHung>());
+    HungInspected seen;
+    const std::vector<pid_t> silent = effects<InspectHung>().front().pids;
+    for (pid_t pid : silent) seen.workers.push_back({pid, proc_state});
+    on(seen);
+  }
+
   /// A running group of spec.local_world_size workers.
   std::vector<pid_t> running_group(int restart_count = 0) {
     round(restart_count);
@@ -454,12 +464,43 @@ TEST_CASE("agent: the watchdog kills a worker that stopped reporting", "[agent][
   a.on(ProgressReported{1});
   a.now += 1s;
   a.on(TimerFired{AgentTimer::Watchdog});
-  CHECK(a.logged("made no progress for 2000 ms"));
-  CHECK(a.effects<SignalWorkers>().at(0).pids == std::vector<pid_t>{pids[0]});
   CHECK(a.effects<ArmTimer>().at(0).at == a.now + 500ms);
-  a.on(WorkerExited{pids[0], {0, SIGKILL}, false});
-  CHECK(a.state.workers[0].hung);
-  CHECK(a.event("failure_detected")["how"] == "watchdog");
+  // Its process state is read before it is killed.
+  CHECK(a.effects<InspectHung>().at(0).pids == std::vector<pid_t>{pids[0]});
+  CHECK_FALSE(a.has<SignalWorkers>());
+  SECTION("stopped: it hung by itself, and its node is blamed") {
+    a.inspected('T');
+    CHECK(a.logged("made no progress for 2000 ms (--watchdog_timeout), and it is stopped"));
+    CHECK(a.effects<SignalWorkers>().at(0).pids == std::vector<pid_t>{pids[0]});
+    a.on(WorkerExited{pids[0], {0, SIGKILL}, false});
+    CHECK(a.state.workers[0].hung);
+    CHECK(a.event("failure_detected")["how"] == "watchdog");
+    CHECK(a.event("failure_detected")["culprit"] == true);
+    CHECK(a.effects<ReportFailure>().at(0).failure.culprit);
+  }
+  SECTION("asleep: perhaps waiting for a peer that hung, so no node is blamed") {
+    a.inspected('S');
+    CHECK(a.logged("it is not stopped (state S): it may be waiting for a peer that hung"));
+    CHECK(a.effects<SignalWorkers>().at(0).pids == std::vector<pid_t>{pids[0]});
+    a.on(WorkerExited{pids[0], {0, SIGKILL}, false});
+    CHECK(a.event("failure_detected")["culprit"] == false);
+    CHECK_FALSE(a.effects<ReportFailure>().at(0).failure.culprit);
+  }
+  SECTION("stuck in the kernel: blamed") {
+    a.inspected('D');
+    a.on(WorkerExited{pids[0], {0, SIGKILL}, false});
+    CHECK(a.effects<ReportFailure>().at(0).failure.culprit);
+  }
+  SECTION("it exited before the answer: nothing is killed") {
+    a.on(WorkerExited{pids[0], {0, 0}, false});
+    a.on(HungInspected{{{pids[0], 0}}});
+    CHECK_FALSE(a.has<SignalWorkers>());
+    CHECK_FALSE(a.state.workers[0].hung);
+  }
+  SECTION("a crash, not the watchdog, always blames its node") {
+    a.on(WorkerExited{pids[1], {1, 0}, false});
+    CHECK(a.effects<ReportFailure>().at(0).failure.culprit);
+  }
 }
 
 TEST_CASE("agent: a worker that never reported is not judged by the watchdog", "[agent][unit]") {
@@ -640,6 +681,7 @@ TEST_CASE("agent: a hung worker's stacks are taken before it is killed", "[agent
   a.on(ProgressReported{1});
   a.now += 2s;
   a.on(TimerFired{AgentTimer::Watchdog});
+  a.inspected('T');
   REQUIRE(a.last.size() >= 3);
   const auto dump = a.effects<DumpStacks>().at(0);
   CHECK(dump.pids == std::vector<pid_t>{pids[1]});
@@ -676,13 +718,15 @@ TEST_CASE("agent: a hung Python worker gets SIGABRT for its traceback and SIGKIL
   a.on(ProgressReported{0});
   a.now += 3s;
   a.on(TimerFired{AgentTimer::Watchdog});
+  CHECK(a.effects<ArmTimer>().at(0).timer == AgentTimer::Watchdog);  // the next look
+  a.inspected('S');
   CHECK(a.has<DumpStacks>());
   const auto abort = a.effects<SignalWorkers>().at(0);
   CHECK(abort.pids == std::vector<pid_t>{pids[0]});
   CHECK(abort.sig == SIGABRT);
   CHECK(abort.then_continue);  // a stopped worker must run to print
   const auto grace = a.effects<ArmTimer>();
-  REQUIRE(grace.size() == 2);  // the traceback deadline and the next watchdog look
+  REQUIRE(grace.size() == 1);
   CHECK(grace[0].timer == AgentTimer::TracebackDeadline);
   CHECK(grace[0].at == a.now + 2s);
   SECTION("it printed and died of the SIGABRT: nothing left to kill") {

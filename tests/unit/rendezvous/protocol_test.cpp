@@ -90,11 +90,12 @@ TEST_CASE("every other agent message survives the trip through JSON", "[rdzv][un
   WorkersFailed f = agent_round_trip(WorkersFailed{4, "rank 3 exited with 1", 1, 0});
   CHECK(f.round == 4);
   CHECK(f.description == "rank 3 exited with 1");
-  WorkersFailed policy{4, "rank 3 exited with 1", 1, 0, 3, "ValueError", false};
+  WorkersFailed policy{4, "rank 3 exited with 1", 1, 0, 3, "ValueError", false, false};
   WorkersFailed p = agent_round_trip(policy);
   CHECK(p.rank == 3);
   CHECK(p.exception == "ValueError");
   CHECK_FALSE(p.progress);
+  CHECK_FALSE(p.culprit);
   // An older agent's report has none of the failure policy's fields: never a crash loop.
   auto old = parse_agent_message(json{{"type", "workers_failed"},
                                       {"round", 1},
@@ -104,6 +105,7 @@ TEST_CASE("every other agent message survives the trip through JSON", "[rdzv][un
   const auto& from_old = std::get<WorkersFailed>(std::get<AgentMessage>(old));
   CHECK(from_old.rank == -1);
   CHECK(from_old.progress);
+  CHECK(from_old.culprit);  // and its node is blamed, as before
   CHECK(agent_round_trip(WorkersSucceeded{7}).round == 7);
   CHECK(agent_round_trip(Leave{"received SIGTERM"}).reason == "received SIGTERM");
   CHECK(agent_round_trip(StatusQuery{"j", std::nullopt}).run_id == "j");

@@ -1597,6 +1597,37 @@ TEST_CASE("a node whose workers fail twice in a row is quarantined and a spare t
 }
 
 TEST_CASE(
+    "a watchdog kill of a worker that was only waiting blames no node: counted as a restart, "
+    "no node's run of failures changes",
+    "[rdzv][unit][spares]") {
+  const RdzvSettings settings = quarantining(2, 2);
+  Job job = with_spare(settings);
+  job.send("b", failure(0, 1, 1));
+  REQUIRE(job.state.standing.at("b/b").failures_in_a_row == 1);
+  rejoin_all(job, {"a", "b"}, settings);
+  // A hang: a's watchdog fired first, on a worker that was asleep in the collective.
+  WorkersFailed hang = failure(1, 0, 0);
+  hang.signal = 9;  // SIGKILL
+  hang.culprit = false;
+  const auto& out = job.send("a", hang);
+  CHECK(job.state.restart_count == 2);
+  CHECK(to<Restart>(out, "b").at(0).counted);
+  CHECK_THAT(to<Restart>(out, "b").at(0).reason, Catch::Contains("no node is blamed for a hang"));
+  CHECK(job.state.standing.count("a/a") == 0);
+  CHECK(job.state.standing.at("b/b").failures_in_a_row == 1);
+  rejoin_all(job, {"a", "b"}, settings);
+  // Twice in a row, still nobody is quarantined.
+  hang.round = job.state.round;
+  job.send("b", hang);
+  CHECK(job.node("b").state == NodeState::Stopping);
+  CHECK(job.node("c").state == NodeState::WaitListed);
+  rejoin_all(job, {"a", "b"}, settings);
+  // b's own failure next is its second in a row: the hangs between did not end its run.
+  job.send("b", failure(job.state.round, 1, 1));
+  CHECK(job.node("b").state == NodeState::Quarantined);
+}
+
+TEST_CASE(
     "a quarantine ends after its cooldown: the node joins again as a spare, and the next "
     "cooldown is twice as long, at most the maximum",
     "[rdzv][unit][spares]") {
