@@ -13,18 +13,27 @@ schedule of faults, at least --gap seconds apart:
                 started again --return-after seconds later (the machine is back)
   hung_worker   SIGSTOP of a worker (a hang: ddprun's --watchdog_timeout kills it; the
                 peers' collective times out after 60 s otherwise)
+  partition     the node's network is cut for --partition-for seconds (its link to the
+                others goes down, then up again; connections survive a short cut)
   bad_node      from then on, the workers of a node fail 1 s after every start (a broken
                 GPU); kept last, as such a machine stays broken
 
 Each fault hits a node whose worker trains at that moment, never node 0, which hosts the
-rendezvous (both launchers' c10d, `is_host`); the seed picks which. Goodput = the step the
+rendezvous (both launchers' c10d, `is_host`); the seed picks which.
+
+Run as root (with iproute2), the bench re-runs itself in private network, mount and UTS
+namespaces and gives every node a network namespace of its own, joined by a bridge: node N is
+host gnodeN at 10.77.0.(N+2) (an /etc/hosts seen only by the bench), so that a partition cuts
+one node off, as a broken switch port would. Nothing of this outlives the bench; without root
+the nodes share loopback and the partition is left out of the schedule. Goodput = the step the
 job reached at the end of the faulty run / the step the same launcher reached in the same wall
 time without faults (steps since the last snapshot are lost at a restart: the step counter
 resumes from the snapshot). Recovery per fault: from the fault to the first progress line of
-the resumed group (its step no higher than the line before).
+the resumed group (its step no higher than the line before) or, when training only stalled
+(a partition), the first line after the stall.
 
     cmake --build build --target ddprun
-    /usr/bin/python3 bench/goodput_bench.py --ddprun build/bin/ddprun --duration 300 --markdown
+    /usr/bin/python3 bench/goodput_bench.py --ddprun build/bin/ddprun --duration 600 --markdown
 
 ddprun runs with its defaults (back-off, crash-loop stop, quarantine 30:600) plus
 --watchdog_timeout 20; torchrun is Debian's 1.13 through bench/torchrun_shim.py with
@@ -37,6 +46,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -97,6 +107,60 @@ while True:
 """
 
 NODES = 3  # nodes of the job; agent NODES is the spare
+STALL = 2.0  # seconds without a progress line that count as a stall (lines come every ~0.6 s)
+SUBNET = "10.77.0"  # node N is SUBNET.(N + 2) when the nodes have network namespaces
+INNER = "GOODPUT_BENCH_NAMESPACES"  # set in the re-run inside the bench's own namespaces
+
+
+def node_addr(node: int, netns: bool) -> str:
+    return f"{SUBNET}.{node + 2}" if netns else f"127.0.0.{node + 2}"
+
+
+def ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True)
+
+
+def set_up_network() -> None:
+    """In the bench's private namespaces: one network namespace per agent (the spare's
+    included), each joined to a bridge by a veth pair, and an /etc/hosts naming them."""
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", "/run/netns"], check=True)
+    ip("link", "set", "lo", "up")
+    ip("link", "add", "gpbr", "type", "bridge")
+    ip("addr", "add", f"{SUBNET}.1/24", "dev", "gpbr")
+    ip("link", "set", "gpbr", "up")
+    hosts = "127.0.0.1 localhost\n"
+    for node in range(NODES + 1):
+        ns = f"gp{node}"
+        ip("netns", "add", ns)
+        ip("link", "add", f"gph{node}", "type", "veth", "peer", "name", "eth0", "netns", ns)
+        ip("link", "set", f"gph{node}", "master", "gpbr", "up")
+        ip("-n", ns, "addr", "add", f"{node_addr(node, True)}/24", "dev", "eth0")
+        ip("-n", ns, "link", "set", "eth0", "up")
+        ip("-n", ns, "link", "set", "lo", "up")
+        hosts += f"{node_addr(node, True)} gnode{node}\n"
+    fd, path = tempfile.mkstemp(prefix="goodput-hosts-")
+    with os.fdopen(fd, "w") as f:
+        f.write(hosts)
+    subprocess.run(["mount", "--bind", path, "/etc/hosts"], check=True)
+    os.unlink(path)  # the mount keeps it while the bench runs
+
+
+def in_namespaces() -> bool:
+    """Re-runs the bench in namespaces of its own when it can (root and iproute2); returns
+    whether the nodes have network namespaces."""
+    if os.environ.get(INNER) == "1":
+        set_up_network()
+        return True
+    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("unshare"):
+        print("not root or no iproute2: the nodes share loopback; no partition", flush=True)
+        return False
+    env = dict(os.environ, **{INNER: "1"})
+    inner = subprocess.Popen(["unshare", "--net", "--mount", "--uts", "--propagation", "private",
+                              sys.executable, os.path.abspath(__file__), *sys.argv[1:]], env=env)
+    # Ctrl-C reaches both; SIGTERM is passed on: the inner bench stops its jobs, then ends.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: inner.send_signal(signal.SIGTERM))
+    raise SystemExit(inner.wait())
 
 
 def free_port() -> int:
@@ -148,6 +212,7 @@ class Job:
 
     def __init__(self, launcher: str, ddprun: str, work: str, script: str, args) -> None:
         self.launcher, self.ddprun, self.work, self.script, self.args = launcher, ddprun, work, script, args
+        self.netns = args.netns
         self.port = free_port()
         self.agents: dict[int, subprocess.Popen] = {}
         for sub in ("pids", "bad", "logs"):
@@ -157,14 +222,20 @@ class Job:
     def command(self, node: int) -> list[str]:
         host = "1" if node == 0 else "0"
         common = ["--nnodes", str(NODES), "--nproc_per_node", "1", "--max_restarts", "10",
-                  "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.2:{self.port}",
-                  "--rdzv_id", "goodput"]
+                  "--rdzv_backend", "c10d", "--rdzv_endpoint",
+                  f"{node_addr(0, self.netns)}:{self.port}", "--rdzv_id", "goodput"]
         if self.launcher == "ddprun":
-            return [self.ddprun, *common, "--rdzv_conf", f"is_host={host}",
-                    "--local_addr", f"127.0.0.{node + 2}", "--watchdog_timeout", "20",
-                    "--event_log", os.path.join(self.work, f"events.{node}.jsonl"), self.script]
-        return [sys.executable, SHIM, *common, "--rdzv_conf", f"is_host={host}",
-                "--monitor_interval", "0.1", self.script]
+            command = [self.ddprun, *common, "--rdzv_conf", f"is_host={host}",
+                       "--local_addr", node_addr(node, self.netns), "--watchdog_timeout", "20",
+                       "--event_log", os.path.join(self.work, f"events.{node}.jsonl"), self.script]
+        else:
+            command = [sys.executable, SHIM, *common, "--rdzv_conf", f"is_host={host}",
+                       "--monitor_interval", "0.1", self.script]
+        if not self.netns:
+            return command
+        # Its own network namespace and host name (the same pid: each step execs the next).
+        return ["ip", "netns", "exec", f"gp{node}", "unshare", "--uts", "sh", "-c",
+                f'hostname gnode{node} && exec "$@"', "sh", *command]
 
     def start(self, node: int) -> None:
         env = dict(os.environ, GOODPUT_DIR=self.work, GOODPUT_NODE=str(node),
@@ -210,11 +281,11 @@ class Job:
                 pass
 
 
-def schedule(seed: int, duration: float, gap: float) -> list[tuple[float, str, int]]:
+def schedule(seed: int, duration: float, gap: float, netns: bool) -> list[tuple[float, str, int]]:
     """The faults: (seconds after the first step, kind, which), bad_node last. `which` picks
     the target among the nodes training at the time (never node 0, the host)."""
     rng = random.Random(seed)
-    kinds = ["worker_kill", "agent_kill", "hung_worker"]
+    kinds = ["worker_kill", "agent_kill", "hung_worker"] + (["partition"] if netns else [])
     rng.shuffle(kinds)
     kinds.append("bad_node")
     faults = []
@@ -238,6 +309,15 @@ def worker_alive(pid: int | None) -> bool:
 def run(launcher: str, args, script: str, faults: list[tuple[float, str, int]]) -> dict:
     work = tempfile.mkdtemp(prefix=f"goodput-{launcher}-")
     job = Job(launcher, args.ddprun, work, script, args)
+    try:
+        return run_job(job, launcher, args, faults)
+    except BaseException:
+        job.stop()  # interrupted (Ctrl-C, SIGTERM): leave no agent or worker behind
+        raise
+
+
+def run_job(job: Job, launcher: str, args, faults: list[tuple[float, str, int]]) -> dict:
+    work = job.work
     for node in range(NODES):
         job.start(node)
     began = time.monotonic()
@@ -252,6 +332,7 @@ def run(launcher: str, args, script: str, faults: list[tuple[float, str, int]]) 
     injected = []
     pending = list(faults)
     returns: list[tuple[float, int]] = []
+    heals: list[tuple[float, int]] = []
     end = t0 + args.duration
     while time.monotonic() < end:
         now = time.monotonic()
@@ -259,6 +340,10 @@ def run(launcher: str, args, script: str, faults: list[tuple[float, str, int]]) 
             if now >= at:
                 job.start(node)  # the lost machine is back: a new agent
                 returns.remove((at, node))
+        for at, node in list(heals):
+            if now >= at:
+                ip("link", "set", f"gph{node}", "up")  # the partition is over
+                heals.remove((at, node))
         if pending and now - t0 >= pending[0][0]:
             _, kind, which = pending.pop(0)
             training = [n for n in sorted(job.agents) if n != 0 and worker_alive(job.worker_pid(n))]
@@ -274,6 +359,9 @@ def run(launcher: str, args, script: str, faults: list[tuple[float, str, int]]) 
             elif kind == "agent_kill" and node in job.agents:
                 kill_session(job.agents[node].pid)
                 returns.append((now + args.return_after, node))
+            elif kind == "partition":
+                ip("link", "set", f"gph{node}", "down")
+                heals.append((now + args.partition_for, node))
             elif kind == "bad_node":
                 open(os.path.join(work, "bad", str(node)), "w").close()
                 signal_worker(pid, signal.SIGKILL)  # the device fails now, and at every start
@@ -285,20 +373,23 @@ def run(launcher: str, args, script: str, faults: list[tuple[float, str, int]]) 
     final = max((s for s, t in steps if t <= end), default=0)
     codes = {node: a.poll() for node, a in job.agents.items()}
     job.stop()
+    for at, node in heals:
+        ip("link", "set", f"gph{node}", "up")
     recoveries = []
     for at, kind, node in injected:
         # The first progress line of a resumed group: its step is not above the line before it
-        # (the counter went back to the snapshot's).
-        before = [s for s, t in steps if t < at]
-        last = before[-1] if before else 0
+        # (the counter went back to the snapshot's); or, when training only stalled, the first
+        # line after a pause of over STALL seconds.
+        before = [(s, t) for s, t in steps if t < at]
+        last, last_t = before[-1] if before else (0, at)
         recovered = None
         for s, t in steps:
             if t < at:
                 continue
-            if s <= last:
+            if s <= last or t - max(last_t, at) > STALL:
                 recovered = t - at
                 break
-            last = s
+            last, last_t = s, t
         recoveries.append((kind, node, recovered))
     return {"launcher": launcher, "final_step": final, "codes": codes, "work": work,
             "recoveries": recoveries, "ended_early": all(c is not None for c in codes.values())}
@@ -307,8 +398,10 @@ def run(launcher: str, args, script: str, faults: list[tuple[float, str, int]]) 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ddprun", required=True)
-    ap.add_argument("--duration", type=float, default=300.0, help="seconds of training per run")
-    ap.add_argument("--gap", type=float, default=60.0, help="seconds between faults")
+    ap.add_argument("--duration", type=float, default=600.0, help="seconds of training per run")
+    ap.add_argument("--gap", type=float, default=100.0, help="seconds between faults")
+    ap.add_argument("--partition-for", type=float, default=10.0,
+                    help="seconds a partition lasts")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--snapshot-every", type=float, default=5.0)
     ap.add_argument("--step-sleep", type=float, default=0.05)
@@ -316,7 +409,9 @@ def main() -> None:
     ap.add_argument("--only", choices=["ddprun", "torchrun"])
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args()
-    faults = schedule(args.seed, args.duration, args.gap)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the jobs, as Ctrl-C does
+    args.netns = in_namespaces()
+    faults = schedule(args.seed, args.duration, args.gap, args.netns)
     print("faults:", ", ".join(f"{k} at {t:.0f} s" for t, k, _ in faults), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         script = os.path.join(tmp, "goodput_train.py")
