@@ -1,5 +1,7 @@
 #include "agent/line_buffer.h"
 
+#include "common/strings.h"
+
 #include <cctype>
 #include <optional>
 
@@ -29,13 +31,6 @@ std::vector<std::string> LineBuffer::finish() {
   return lines;
 }
 
-namespace {
-
-bool identifier_start(char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_'; }
-bool identifier_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
-
-}  // namespace
-
 std::string console_prefix(std::string_view tmpl, const std::string& role, int rank,
                            int local_rank) {
   return console_prefix(tmpl, role, std::to_string(rank), std::to_string(local_rank));
@@ -50,35 +45,7 @@ std::string console_prefix(std::string_view tmpl, const std::string& role, const
     if (name == "local_rank") return local_ranks;
     return std::nullopt;
   };
-  std::string out;
-  size_t i = 0;
-  while (i < tmpl.size()) {
-    if (tmpl[i] != '$' || i + 1 == tmpl.size()) {
-      out += tmpl[i++];
-      continue;
-    }
-    if (tmpl[i + 1] == '$') {  // "$$" is one "$"
-      out += '$';
-      i += 2;
-      continue;
-    }
-    const bool braced = tmpl[i + 1] == '{';
-    size_t start = i + (braced ? 2 : 1);
-    size_t end = start;
-    if (end < tmpl.size() && identifier_start(tmpl[end]))
-      while (end < tmpl.size() && identifier_char(tmpl[end])) ++end;
-    const bool closed = !braced || (end < tmpl.size() && tmpl[end] == '}');
-    std::optional<std::string> value;
-    if (end > start && closed) value = value_of(tmpl.substr(start, end - start));
-    if (!value) {  // safe_substitute keeps what it cannot replace
-      out += '$';
-      ++i;
-      continue;
-    }
-    out += *value;
-    i = end + (braced ? 1 : 0);
-  }
-  return out;
+  return common::safe_substitute(tmpl, value_of);
 }
 
 }  // namespace ddprun::agent

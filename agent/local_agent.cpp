@@ -426,7 +426,7 @@ class LocalAgent::Impl {
     if (attempt_.executable.empty()) {
       files.launch_error = attempt_.missing_command;
     } else {
-      ProcessSpec spec{attempt_.executable, opt_.spec.argv,
+      ProcessSpec spec{attempt_.executable, argv_for_local_rank(opt_.spec.argv, p.local_rank),
                        to_envp(attempt_.envs.at(p.local_rank))};
       spec.cgroup_procs_fd = cgroup_procs_fd_;
       if (static_cast<size_t>(p.local_rank) < opt_.cpus_by_local_rank.size())

@@ -59,8 +59,11 @@ std::string standby_memory_shortfall(const std::string& meminfo, int local_world
   return "";
 }
 
-std::string encode_standby_handover(const EnvMap& env) {
-  return nlohmann::json{{"env", env}}.dump();
+std::string encode_standby_handover(const EnvMap& env,
+                                    const std::vector<std::string>& script_argv) {
+  nlohmann::json message{{"env", env}};
+  if (!script_argv.empty()) message["argv"] = script_argv;
+  return message.dump();
 }
 
 std::string StandbyPool::start(int local_rank, ProcessSpec spec) {
@@ -80,9 +83,10 @@ std::string StandbyPool::start(int local_rank, ProcessSpec spec) {
   return "";
 }
 
-std::map<int, LaunchedProcess> StandbyPool::hand_over(const std::map<int, EnvMap>& worker_envs,
-                                                      std::vector<std::string>& warnings,
-                                                      std::chrono::milliseconds ack_timeout) {
+std::map<int, LaunchedProcess> StandbyPool::hand_over(
+    const std::map<int, EnvMap>& worker_envs, std::vector<std::string>& warnings,
+    std::chrono::milliseconds ack_timeout,
+    const std::map<int, std::vector<std::string>>& script_argvs) {
   std::vector<std::pair<int, Standby>> waiting;  // sent, not yet acknowledged
   for (const auto& [local_rank, env] : worker_envs) {
     auto it = standbys_.find(local_rank);
@@ -99,7 +103,9 @@ std::map<int, LaunchedProcess> StandbyPool::hand_over(const std::map<int, EnvMap
       discard(s);
       continue;
     }
-    const std::string message = encode_standby_handover(env);
+    auto argv = script_argvs.find(local_rank);
+    const std::string message = encode_standby_handover(
+        env, argv == script_argvs.end() ? std::vector<std::string>{} : argv->second);
     ssize_t n;
     do {
       n = ::send(s.handover_fd, message.data(), message.size(), MSG_NOSIGNAL | MSG_DONTWAIT);

@@ -44,8 +44,10 @@ inline constexpr long long kStandbyMemoryPerRankMiB = 256;
 /// or "" when it has enough or the text does not say.
 std::string standby_memory_shortfall(const std::string& meminfo, int local_world_size);
 
-/// The hand-over message: the complete environment of the worker the standby becomes.
-std::string encode_standby_handover(const EnvMap& env);
+/// The hand-over message: the complete environment of the worker the standby becomes and, when
+/// not empty, the script and arguments it runs instead of its own (standby_script_argv).
+std::string encode_standby_handover(const EnvMap& env,
+                                    const std::vector<std::string>& script_argv = {});
 
 /// Standby processes for --standby_workers: one per local rank, started while the group runs.
 /// Each has the program loaded and waits for the environment of the worker it becomes: a C++
@@ -81,9 +83,12 @@ class StandbyPool {
   /// could not be written to, or was started with a different value of a start-only variable
   /// (is_start_only_variable) is discarded and its rank left out, so the caller starts it
   /// afresh. `warnings` gets one line for each standby discarded for a reason a user should know.
+  /// `script_argvs`: by local rank, the script and arguments a Python standby runs instead of
+  /// its own (encode_standby_handover).
   std::map<int, LaunchedProcess> hand_over(
       const std::map<int, EnvMap>& worker_envs, std::vector<std::string>& warnings,
-      std::chrono::milliseconds ack_timeout = kHandoverAckTimeout);
+      std::chrono::milliseconds ack_timeout = kHandoverAckTimeout,
+      const std::map<int, std::vector<std::string>>& script_argvs = {});
 
   /// Called for every reaped child: true when `pid` was a standby. A standby that ends on its
   /// own (the program does not wait in the SDK) disables the pool, with a warning that ends

@@ -60,9 +60,9 @@ struct StandbySupply::Impl {
       ProcessSpec ps{
           executable,
           settings.python_bootstrap.empty()
-              ? settings.spec.argv
-              : build_python_standby_command(settings.spec.argv, settings.python_bootstrap,
-                                             settings.preload),
+              ? argv_for_local_rank(settings.spec.argv, local)
+              : build_python_standby_command(argv_for_local_rank(settings.spec.argv, local),
+                                             settings.python_bootstrap, settings.preload),
           to_envp(build_standby_env(settings.agent_env, settings.spec, local, settings.run_id))};
       if (settings.cleanup != nullptr) ps.cgroup_procs_fd = settings.cleanup->standby_procs_fd();
       if (std::string why = pool.start(local, std::move(ps)); !why.empty())
@@ -171,7 +171,14 @@ std::map<int, LaunchedProcess> StandbySupply::hand_over(const std::string& execu
   // imports torch once, not once per worker.
   if (s.zygote_ready()) s.start_standbys(executable);
   std::vector<std::string> warnings;
-  auto handed = s.pool.hand_over(envs, warnings);
+  // A Python standby forked from the zygote has the script's arguments as written; the worker
+  // of each local rank gets its own (${local_rank} substituted) in the hand-over.
+  std::map<int, std::vector<std::string>> script_argvs;
+  if (!s.settings.python_bootstrap.empty())
+    for (const auto& [local_rank, env] : envs)
+      if (auto argv = standby_script_argv(s.settings.spec.argv, local_rank); !argv.empty())
+        script_argvs[local_rank] = std::move(argv);
+  auto handed = s.pool.hand_over(envs, warnings, kHandoverAckTimeout, script_argvs);
   for (const auto& line : warnings) spdlog::warn("{}", line);
   return handed;
 }

@@ -5,16 +5,22 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "common/strings.h"
 
 namespace ddprun::agent {
 
+const char* const kRunPathCode =
+    "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], "
+    "run_name='__main__')";
+
 bool runs_under_python(const CommandRequest& req,
                        const std::function<bool(const std::string&)>& is_executable_file) {
   const bool is_py = req.script.size() >= 3 && req.script.ends_with(".py");
-  return !req.no_python && (req.module || is_py || !is_executable_file(req.script));
+  return req.run_path ||
+         (!req.no_python && (req.module || is_py || !is_executable_file(req.script)));
 }
 
 std::vector<std::string> build_worker_command(
@@ -24,23 +30,64 @@ std::vector<std::string> build_worker_command(
     argv.push_back(req.script);
   } else {
     argv = {req.python_exec, "-u"};
-    if (req.module) argv.push_back("-m");
+    if (req.run_path) {
+      argv.insert(argv.end(), {"-c", kRunPathCode});
+    } else if (req.module) {
+      argv.push_back("-m");
+    }
     argv.push_back(req.script);
   }
+  if (!req.local_rank_arg.empty()) argv.push_back("--" + req.local_rank_arg + "=${local_rank}");
   argv.insert(argv.end(), req.script_args.begin(), req.script_args.end());
   return argv;
+}
+
+std::vector<std::string> argv_for_local_rank(const std::vector<std::string>& argv, int local_rank) {
+  const std::string value = std::to_string(local_rank);
+  auto value_of = [&](std::string_view name) -> std::optional<std::string> {
+    if (name == "local_rank") return value;
+    return std::nullopt;
+  };
+  std::vector<std::string> out;
+  out.reserve(argv.size());
+  for (size_t i = 0; i < argv.size(); ++i)
+    out.push_back(i == 0 || argv[i].find('$') == std::string::npos
+                      ? argv[i]
+                      : common::safe_substitute(argv[i], value_of));
+  return out;
+}
+
+namespace {
+
+/// Where the script (or module) is in a `python -u [-m|-c CODE] script args` command.
+size_t script_index(const std::vector<std::string>& worker_argv) {
+  if (worker_argv.size() > 2 && worker_argv[2] == "-c") return 4;
+  if (worker_argv.size() > 2 && worker_argv[2] == "-m") return 3;
+  return 2;
+}
+
+}  // namespace
+
+std::vector<std::string> standby_script_argv(const std::vector<std::string>& worker_argv,
+                                             int local_rank) {
+  const std::vector<std::string> own = argv_for_local_rank(worker_argv, local_rank);
+  if (own == worker_argv) return {};
+  const size_t at = std::min(script_index(worker_argv), own.size());
+  return std::vector<std::string>(own.begin() + static_cast<std::ptrdiff_t>(at), own.end());
 }
 
 std::vector<std::string> build_python_standby_command(const std::vector<std::string>& worker_argv,
                                                       const std::string& bootstrap,
                                                       const std::vector<std::string>& preload,
                                                       bool zygote) {
-  // worker_argv is {python, "-u", [-m,] script, args...}.
+  // worker_argv is {python, "-u", [-m | -c kRunPathCode,] script, args...}.
   std::vector<std::string> argv{worker_argv.at(0), "-u", bootstrap};
   if (zygote) argv.push_back("--zygote");
   if (!preload.empty()) argv.push_back("--preload=" + common::join(preload, ","));
+  const bool run_path = script_index(worker_argv) == 4;
+  if (run_path) argv.push_back("--run-path");
   argv.push_back("--");
-  argv.insert(argv.end(), worker_argv.begin() + 2, worker_argv.end());
+  argv.insert(argv.end(), worker_argv.begin() + (run_path ? 4 : 2), worker_argv.end());
   return argv;
 }
 

@@ -13,7 +13,15 @@ struct CommandRequest {
   bool module = false;                  ///< -m
   bool no_python = false;               ///< --no_python
   std::string python_exec = "python3";  ///< PYTHON_EXEC, else python3
+  bool run_path = false;                ///< --run_path: runpy.run_path(script) in python -u -c
+  /// --local_rank_arg: "local-rank" or "local_rank" puts `--<it>=${local_rank}` after the
+  /// script, as torch.distributed.launch does (2.x spells it with a dash, 1.x with "_").
+  std::string local_rank_arg{};
 };
+
+/// The code `python -u -c` runs for --run_path, as torchrun's run_script_path: sys.argv becomes
+/// [script, args...] and runpy.run_path(script, run_name="__main__") runs it.
+extern const char* const kRunPathCode;
 
 /// Builds a worker's argv: `python -u script args`, `python -u -m module args`, or the script
 /// itself with --no_python or when it is an executable that is not a .py file.
@@ -21,13 +29,27 @@ struct CommandRequest {
 std::vector<std::string> build_worker_command(
     const CommandRequest& req, const std::function<bool(const std::string&)>& is_executable_file);
 
+/// The argv of the worker of `local_rank`, as torchrun's agent makes each worker's
+/// (macros.substitute, Python's string.Template.safe_substitute): `${local_rank}` and
+/// `$local_rank` in every argument after the program become the local rank, `$$` becomes `$`,
+/// and anything else is kept byte for byte.
+std::vector<std::string> argv_for_local_rank(const std::vector<std::string>& argv, int local_rank);
+
+/// For a Python standby forked from the node's zygote, which was started with the script and
+/// arguments as written: the script (or module) and arguments the worker of `local_rank` runs
+/// instead (argv_for_local_rank of `worker_argv`, the `python -u [-m|-c CODE] script args`
+/// command); empty when they are the same.
+std::vector<std::string> standby_script_argv(const std::vector<std::string>& worker_argv,
+                                             int local_rank);
+
 /// True when the request runs under the Python interpreter (`python -u [-m] script`), as
 /// build_worker_command decides.
 bool runs_under_python(const CommandRequest& req,
                        const std::function<bool(const std::string&)>& is_executable_file);
 
 /// The command of a Python standby (--standby_workers): `python -u <bootstrap> [--zygote]
-/// [--preload=a,b] -- <script or -m module> args`, from the worker's `python -u ...` command;
+/// [--preload=a,b] [--run-path] -- <script or -m module> args`, from the worker's `python -u
+/// ...` command (--run-path for `python -u -c kRunPathCode script args`);
 /// with `zygote`, the node's zygote that forks the standbys (agent/python_zygote.h).
 std::vector<std::string> build_python_standby_command(const std::vector<std::string>& worker_argv,
                                                       const std::string& bootstrap,

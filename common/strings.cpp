@@ -124,4 +124,47 @@ std::string to_lower(std::string_view text) {
   return out;
 }
 
+namespace {
+
+bool identifier_start(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+}
+bool identifier_char(char c) { return identifier_start(c) || (c >= '0' && c <= '9'); }
+
+}  // namespace
+
+std::string safe_substitute(
+    std::string_view text,
+    const std::function<std::optional<std::string>(std::string_view)>& value_of) {
+  std::string out;
+  size_t i = 0;
+  while (i < text.size()) {
+    if (text[i] != '$' || i + 1 == text.size()) {
+      out += text[i++];
+      continue;
+    }
+    if (text[i + 1] == '$') {  // "$$" is one "$"
+      out += '$';
+      i += 2;
+      continue;
+    }
+    const bool braced = text[i + 1] == '{';
+    const size_t start = i + (braced ? 2 : 1);
+    size_t end = start;
+    if (end < text.size() && identifier_start(text[end]))
+      while (end < text.size() && identifier_char(text[end])) ++end;
+    const bool closed = !braced || (end < text.size() && text[end] == '}');
+    std::optional<std::string> value;
+    if (end > start && closed) value = value_of(text.substr(start, end - start));
+    if (!value) {  // kept as written
+      out += '$';
+      ++i;
+      continue;
+    }
+    out += *value;
+    i = end + (braced ? 1 : 0);
+  }
+  return out;
+}
+
 }  // namespace ddprun::common

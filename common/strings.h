@@ -1,4 +1,5 @@
 #pragma once
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -29,5 +30,13 @@ std::string printable(std::string_view text);
 bool has_control_characters(std::string_view text);
 /// Lower-cases ASCII letters.
 std::string to_lower(std::string_view text);
+
+/// Python's string.Template(text).safe_substitute(...): `$name` and `${name}` are replaced by
+/// value_of(name) when it has one, `$$` is one `$`, and anything else (an unknown name, a
+/// lone `$`, an unclosed brace) is kept as written. Names are ASCII letters, digits and `_`,
+/// not starting with a digit.
+std::string safe_substitute(
+    std::string_view text,
+    const std::function<std::optional<std::string>(std::string_view)>& value_of);
 
 }  // namespace ddprun::common

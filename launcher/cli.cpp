@@ -189,7 +189,12 @@ constexpr OptionSpec kOptions[] = {
     {"no_python", "", true, "", "", kProgram,
      "Run the script as a program, without python -u in front (any executable works)."},
     {"run_path", "", true, "", "", kProgram,
-     "Not supported: workers always run as separate processes."},
+     "Run the script with runpy.run_path(script, run_name=\"__main__\") in each worker (python "
+     "-u -c), as torchrun does."},
+    {"local_rank_arg", "", false, "local-rank|local_rank", "", kProgram,
+     "For scripts written for torch.distributed.launch: put --local-rank=N (its 2.x spelling) "
+     "or --local_rank=N (1.x) after the script, N being the worker's local rank; LOCAL_RANK is "
+     "set as always (default: none, as torchrun)."},
     {"log_dir", "", false, "DIR", "", kLogs,
      "Directory for the workers' log files."},
     {"event_log", "", false, "PATH", "", kLogs,
@@ -215,9 +220,9 @@ constexpr OptionSpec kOptions[] = {
      "filtered_stdout.log in the attempt's log directory, with their console prefix."},
     {"duplicate_stderr_filters", "", false, "TEXT,...", "", kLogs,
      "Like --duplicate_stdout_filters, for stderr lines, to filtered_stderr.log."},
-    {"logs_specs", "", false, "NAME", "", kLogs,
-     "Not supported: ddprun loads no torchrun.logs_specs plugins; given, ddprun stops with an "
-     "error. Logs are laid out as torchrun's default does."},
+    {"logs_specs", "", false, "default", "default", kLogs,
+     "torchrun's log layout plugin: only default (torchrun's DefaultLogsSpecs, the layout "
+     "ddprun always uses) is accepted; ddprun loads no torchrun.logs_specs plugins."},
     {"event_log_handler", "", false, "null", "null", kLogs,
      "torchrun's event handler name: only null (the default) is accepted; for ddprun's event "
      "timeline use --event_log."},
@@ -1027,16 +1032,26 @@ ParseResult build_config(const std::map<std::string_view, RawValue>& raw,
   LaunchConfig config;
   auto get = [&raw](std::string_view name) -> const RawValue& { return raw.at(name); };
 
-  // Program flags first: they say how the script runs, and --run_path is refused outright.
-  if (switches.at("run_path")) {
-    const std::string named = describe_switch(get("run_path"));
-    return UsageError{named +
-                      " is not supported by ddprun: workers always run as separate processes; "
-                      "drop " +
-                      named + " (the script runs as python -u <script>)"};
-  }
+  // Program flags first: they say how the script runs.
   config.module = switches.at("module");
   config.no_python = switches.at("no_python");
+  config.run_path = switches.at("run_path");
+  if (config.run_path && (config.module || config.no_python)) {
+    // torchrun ignores -m and --no_python next to --run_path; say so instead.
+    const std::string other = describe_switch(get(config.module ? "module" : "no_python"));
+    return UsageError{describe_switch(get("run_path")) + " and " + other +
+                      " cannot be combined: --run_path runs the script file with "
+                      "runpy.run_path under python; keep one"};
+  }
+  if (const RawValue& v = get("local_rank_arg"); v.given) {
+    const std::string spelling = trim(v.text);
+    if (spelling != "local-rank" && spelling != "local_rank")
+      return UsageError{describe(v) +
+                        ": expected local-rank (the script parses --local-rank, as "
+                        "torch.distributed.launch 2.x passes it) or local_rank (--local_rank, "
+                        "torch 1.x)"};
+    config.local_rank_arg = spelling;
+  }
   if (config.module && config.no_python) {
     return UsageError{describe_switch(get("module")) + " and " + describe_switch(get("no_python")) +
                       " cannot be combined: -m runs python -u -m <script>, --no_python runs "
@@ -1128,10 +1143,11 @@ ParseResult build_config(const std::map<std::string_view, RawValue>& raw,
   if (auto e =
           parse_duplicate_filters(get("duplicate_stderr_filters"), config.duplicate_stderr_filters))
     return UsageError{e->message};
-  if (get("logs_specs").given)
+  if (trim(get("logs_specs").text) != "default")
     return UsageError{describe(get("logs_specs")) +
-                      ": ddprun loads no torchrun.logs_specs plugins; drop it (logs are laid out "
-                      "as torchrun's DefaultLogsSpecs does: --log_dir, --redirects, --tee)"};
+                      ": ddprun loads no torchrun.logs_specs plugins; drop it or use default "
+                      "(logs are laid out as torchrun's DefaultLogsSpecs does: --log_dir, "
+                      "--redirects, --tee)"};
   if (trim(get("event_log_handler").text) != "null")
     return UsageError{describe(get("event_log_handler")) +
                       ": ddprun has no torchrun event handlers; drop it or use null, and pass "

@@ -350,8 +350,13 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
   opt.spec.max_restarts = config.max_restarts;
   opt.spec.shutdown_timeout =
       std::chrono::milliseconds(static_cast<long long>(config.shutdown_timeout * 1000.0));
-  agent::CommandRequest req{config.script, config.script_args, config.module, config.no_python,
-                            env_or(env, "PYTHON_EXEC", "python3")};
+  agent::CommandRequest req{config.script,
+                            config.script_args,
+                            config.module,
+                            config.no_python,
+                            env_or(env, "PYTHON_EXEC", "python3"),
+                            config.run_path,
+                            config.local_rank_arg};
   opt.spec.argv = agent::build_worker_command(req, agent::is_executable_file);
   if (!config.no_python) {
     const std::string found =

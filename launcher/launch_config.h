@@ -91,8 +91,10 @@ struct LaunchConfig {
   agent::CleanupMode cleanup = agent::CleanupMode::Auto;
 
   // How workers are started.
-  bool module = false;     ///< -m: python -u -m <script>
-  bool no_python = false;  ///< --no_python: exec the script directly
+  bool module = false;           ///< -m: python -u -m <script>
+  bool no_python = false;        ///< --no_python: exec the script directly
+  bool run_path = false;         ///< --run_path: runpy.run_path(script) under python -u -c
+  std::string local_rank_arg{};  ///< --local_rank_arg: "local-rank", "local_rank" or ""
 
   // Logs.
   std::string log_dir;    ///< "" when not given

@@ -47,20 +47,24 @@ _BOOTSTRAP_FILE = os.path.realpath(__file__)
 
 
 def parse_command(argv):
-    """(preload names, zygote, is_module, target, args) from this bootstrap's arguments."""
+    """(preload names, zygote, run_path, is_module, target, args) from this bootstrap's
+    arguments. run_path: --run_path, the script runs as runpy.run_path runs it."""
     preload = []
     zygote = False
+    run_path = False
     i = 0
     while i < len(argv) and argv[i] != "--":
         if argv[i].startswith("--preload="):
             preload += [m.strip() for m in argv[i][len("--preload="):].split(",") if m.strip()]
         elif argv[i] == "--zygote":
             zygote = True
+        elif argv[i] == "--run-path":
+            run_path = True
         i += 1
     rest = argv[i + 1:]
     if rest and rest[0] == "-m":
-        return preload, zygote, True, rest[1], rest[2:]
-    return preload, zygote, False, rest[0], rest[1:]
+        return preload, zygote, run_path, True, rest[1], rest[2:]
+    return preload, zygote, run_path, False, rest[0], rest[1:]
 
 
 def top_level_imports(path):
@@ -393,7 +397,8 @@ def become_standby(agent, env, fds):
 
 
 def wait_for_handover(fd):
-    """The worker's environment, or None for end of file without a message."""
+    """(the worker's environment, the script and arguments it runs instead of this process's
+    own or None), or None for end of file without a message."""
     chunks = []
     while True:
         chunk = os.read(fd, 65536)
@@ -410,6 +415,10 @@ def wait_for_handover(fd):
                 isinstance(k, str) and k and "=" not in k and isinstance(v, str)
                 for k, v in env.items()):
             raise ValueError("bad variable")
+        argv = doc.get("argv")
+        if argv is not None and (not isinstance(argv, list) or not argv
+                                 or not all(isinstance(a, str) for a in argv)):
+            raise ValueError("bad argv")
     except (ValueError, KeyError, TypeError) as e:
         os.close(fd)
         sys.stderr.write(f"ddprun standby: bad hand-over from ddprun: {e}\n")
@@ -419,10 +428,10 @@ def wait_for_handover(fd):
         os.write(fd, ACK)
     finally:
         os.close(fd)
-    return env
+    return env, argv
 
 
-def become_worker(env, is_module, target, args):
+def become_worker(env, run_path, is_module, target, args):
     # os.environ and the C environment (getenv, what libraries and child processes see) both
     # become exactly the worker's: clear() unsets each variable, assignment sets it.
     os.environ.clear()
@@ -437,7 +446,12 @@ def become_worker(env, is_module, target, args):
     import torch.distributed
 
     torch.distributed.set_debug_level_from_env()
-    if is_module:
+    if run_path:
+        # As `python -c CODE script args` with CODE runpy.run_path(script): "" (the current
+        # directory) first on the path, argv[0] the script.
+        sys.path.insert(0, "")
+        sys.argv = [target] + list(args)
+    elif is_module:
         # As `python -m`: the current directory first on the path, argv[0] set by runpy.
         sys.path.insert(0, os.getcwd())
         sys.argv = ["-m"] + list(args)
@@ -486,7 +500,14 @@ def fresh_main_module(file_path):
     return module
 
 
-def run_script(is_module, target):
+def run_script(run_path, is_module, target):
+    if run_path:
+        import runpy
+
+        # What --run_path runs: runpy.run_path gives __main__ the path as typed.
+        fresh_main_module(None)
+        runpy.run_path(target, run_name="__main__")
+        return
     if is_module:
         import runpy
 
@@ -513,7 +534,7 @@ def report_uncaught(error):
 
 
 def main():
-    preload_names, zygote, is_module, target, args = parse_command(sys.argv[1:])
+    preload_names, zygote, run_path, is_module, target, args = parse_command(sys.argv[1:])
     # `python ddprun_standby.py` put this file's directory first on the path: the worker must
     # not see it, and nothing is preloaded from it.
     if sys.path and os.path.realpath(sys.path[0] or ".") == os.path.dirname(_BOOTSTRAP_FILE):
@@ -538,14 +559,17 @@ def main():
     if zygote:
         fd = serve_forks(fd)  # returns in each forked standby
 
-    env = wait_for_handover(fd)
-    if env is None:
+    handed = wait_for_handover(fd)
+    if handed is None:
         os._exit(0)  # never became a worker: nothing to clean up or report
-    become_worker(env, is_module, target, args)
+    env, own_argv = handed
+    if own_argv is not None:  # this rank's own script and arguments (${local_rank} replaced)
+        target, args = own_argv[0], own_argv[1:]
+    become_worker(env, run_path, is_module, target, args)
     wait_for_store(env)
-    del env
+    del env, handed
     try:
-        run_script(is_module, target)
+        run_script(run_path, is_module, target)
     except (SystemExit, KeyboardInterrupt):
         raise  # exit code, and SIGINT's own exit, exactly as in a fresh interpreter
     except BaseException as e:  # noqa: BLE001

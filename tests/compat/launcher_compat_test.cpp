@@ -2,8 +2,10 @@
 // (tests/compat/scripts/launcher_checks.py) and Debian's torch 1.13: one file per rank, the
 // init methods, is_torchelastic_launched, -m and --no_python, two elastic agents, log capture
 // with --redirects and --tee together, and @record failures.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -140,4 +142,117 @@ TEST_CASE("a rank that fails under @record is named with its exception", "[pytho
   CHECK(r.err.find("RuntimeError: rank 1 fails on purpose") != std::string::npos);
   CHECK(fs::exists(dir.path() + "/0"));
   CHECK_FALSE(fs::exists(dir.path() + "/1"));
+}
+
+namespace {
+
+const std::string kProbe = kScripts + "/argv_probe.py";
+
+/// The probe's lines ("probe local_rank=..."), without console prefixes, in order.
+std::vector<std::string> probe_lines(const std::string& out) {
+  std::vector<std::string> lines;
+  for (size_t at = out.find("probe "); at != std::string::npos; at = out.find("probe ", at + 1))
+    lines.push_back(out.substr(at, out.find('\n', at) - at));
+  std::sort(lines.begin(), lines.end());
+  return lines;
+}
+
+/// torchrun 1.13 (bench/torchrun_shim.py) on one node with two workers.
+CommandResult torchrun(const std::vector<std::string>& flags,
+                       const std::vector<std::string>& program,
+                       const std::map<std::string, std::string>& env = kPython) {
+  std::vector<std::string> argv{"/usr/bin/python3",
+                                std::string(DDPRUN_SOURCE_DIR) + "/bench/torchrun_shim.py",
+                                "--standalone", "--nproc_per_node", "2"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  argv.insert(argv.end(), program.begin(), program.end());
+  return run_command_diagnosed(argv, env, kLimit);
+}
+
+/// ddprun on one node with two workers: fresh interpreters or forks of the zygote.
+CommandResult ddprun2(bool forked, std::vector<std::string> flags,
+                      const std::vector<std::string>& program,
+                      const std::map<std::string, std::string>& env = kPython) {
+  std::vector<std::string> launcher{"--standalone", "--nproc_per_node", "2",
+                                    forked ? "--standby_workers=on" : "--standby_workers=off"};
+  launcher.insert(launcher.end(), flags.begin(), flags.end());
+  return run_command_diagnosed(ddprun_cmd(launcher, program), env, kLimit);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "${local_rank} in the script's arguments becomes each worker's local rank, as torchrun "
+    "substitutes it",
+    "[python][integration]") {
+  require_torch();
+  const std::vector<std::string> program{
+      kProbe, "--out=ckpt/${local_rank}", "$local_rank", "cost$$5", "${rank}", "$"};
+  auto theirs = torchrun({}, program);
+  INFO("torchrun:\n" << theirs.out << theirs.err);
+  REQUIRE(theirs.exit_code == 0);
+  const auto expected = probe_lines(theirs.out);
+  REQUIRE(expected.size() == 2);
+  CHECK_THAT(expected[1], Catch::Contains("'--out=ckpt/1', '1', 'cost$5', '${rank}', '$'"));
+  for (bool forked : {false, true}) {
+    auto ours = ddprun2(forked, {}, program);
+    INFO((forked ? "forked" : "fresh") << ":\n" << ours.out << ours.err);
+    CHECK(ours.exit_code == 0);
+    CHECK(probe_lines(ours.out) == expected);
+  }
+}
+
+TEST_CASE("--run_path runs the script with runpy.run_path in each worker, as torchrun does",
+          "[python][integration]") {
+  require_torch();
+  auto theirs = torchrun({"--run_path"}, {kProbe, "--lr", "1"});
+  INFO("torchrun:\n" << theirs.out << theirs.err);
+  REQUIRE(theirs.exit_code == 0);
+  const auto expected = probe_lines(theirs.out);
+  REQUIRE(expected.size() == 2);
+  CHECK_THAT(expected[0], Catch::Contains("name=__main__ file=" + kProbe));
+  for (bool forked : {false, true}) {
+    auto ours = ddprun2(forked, {"--run_path"}, {kProbe, "--lr", "1"});
+    INFO((forked ? "forked" : "fresh") << ":\n" << ours.out << ours.err);
+    CHECK(ours.exit_code == 0);
+    CHECK(probe_lines(ours.out) == expected);
+    // PyTorch's own check of --run_path: every rank ran the script (launcher_checks.py).
+    TempDir dir;
+    auto checks = ddprun2(forked, {"--run_path"}, {kChecks, "--touch_dir", dir.path()});
+    INFO(checks.out << checks.err);
+    CHECK(checks.exit_code == 0);
+    CHECK(touched(dir.path(), 2));
+  }
+}
+
+TEST_CASE(
+    "a script written for torch.distributed.launch gets --local-rank=N from "
+    "--local_rank_arg",
+    "[python][integration]") {
+  require_torch();
+  auto env = kPython;
+  env["PROBE_LOCAL_RANK_FLAG"] = "--local-rank";
+  // torchrun never passes it: the script fails as under ddprun without the flag.
+  auto theirs = torchrun({}, {kProbe}, env);
+  CHECK(theirs.exit_code != 0);
+  CHECK_THAT(theirs.out + theirs.err,
+             Catch::Contains("the following arguments are required: --local-rank"));
+  auto without = ddprun2(false, {}, {kProbe}, env);
+  CHECK(without.exit_code == 2);
+  CHECK_THAT(without.out + without.err,
+             Catch::Contains("the following arguments are required: --local-rank"));
+  for (bool forked : {false, true}) {
+    auto ours = ddprun2(forked, {"--local_rank_arg", "local-rank"}, {kProbe, "--lr", "1"}, env);
+    INFO((forked ? "forked" : "fresh") << ":\n" << ours.out << ours.err);
+    CHECK(ours.exit_code == 0);
+    const auto lines = probe_lines(ours.out);
+    REQUIRE(lines.size() == 2);
+    CHECK_THAT(lines[1], Catch::Contains("'--local-rank=1', '--lr', '1']"));
+  }
+  // A torch 1.x script reads --local_rank.
+  env["PROBE_LOCAL_RANK_FLAG"] = "--local_rank";
+  auto old = ddprun2(true, {"--local_rank_arg", "local_rank"}, {kProbe}, env);
+  INFO(old.out << old.err);
+  CHECK(old.exit_code == 0);
+  CHECK(probe_lines(old.out).size() == 2);
 }

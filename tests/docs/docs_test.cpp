@@ -330,7 +330,11 @@ const std::set<std::string> kForeignFlags = {
     // systemctl, apt-get
     "--now", "--no-install-recommends",
     // usage.md's "--flag value" and the stand-ins' own arguments
-    "--flag", "--lr", "--epochs",
+    "--flag", "--lr", "--epochs", "--out",
+    // what --local_rank_arg passes to a script written for torch.distributed.launch
+    "--local-rank", "--local_rank",
+    // bench/goodput_bench.py (benchmarks.md)
+    "--partition-for", "--gap", "--return-after", "--snapshot-every", "--step-sleep",
     // etcd and etcdctl (operations.md#the-rendezvous-on-etcd), etcd_rdzv_bench and
     // bench/torch_rdzv_bench.py --backend etcd-v2 (benchmarks.md)
     "--enable-v2", "--endpoints", "--rdzvd", "--timeout", "--backend"};

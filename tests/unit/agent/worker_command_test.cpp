@@ -114,3 +114,59 @@ TEST_CASE("automatic standbys read the script, or the module's file under the di
   CHECK(python_source_of(scripts_package, dir + "/..").empty());  // no __main__.py there
   CHECK(python_source_of(CommandRequest{"no_such_script.py", {}}, dir).empty());
 }
+
+TEST_CASE("--run_path runs the script through runpy.run_path under python -u -c", "[agent][unit]") {
+  CommandRequest r{"./trainer", {"--lr", "1"}};
+  r.run_path = true;
+  CHECK(runs_under_python(r, always));  // even an executable: runpy runs the file
+  CHECK(build_worker_command(r, always) ==
+        Argv{"python3", "-u", "-c", kRunPathCode, "./trainer", "--lr", "1"});
+  CHECK(std::string(kRunPathCode).find("runpy.run_path(sys.argv[0], run_name='__main__')") !=
+        std::string::npos);
+  // Its standby runs the bootstrap, told to run the script the same way.
+  CHECK(build_python_standby_command(build_worker_command(r, always), "/b.py", {}) ==
+        Argv{"python3", "-u", "/b.py", "--run-path", "--", "./trainer", "--lr", "1"});
+}
+
+TEST_CASE("--local_rank_arg puts --local-rank=${local_rank} right after the script",
+          "[agent][unit]") {
+  CommandRequest r{"train.py", {"--lr", "1"}};
+  r.local_rank_arg = "local-rank";
+  const Argv argv = build_worker_command(r, always);
+  CHECK(argv == Argv{"python3", "-u", "train.py", "--local-rank=${local_rank}", "--lr", "1"});
+  CHECK(argv_for_local_rank(argv, 3) ==
+        Argv{"python3", "-u", "train.py", "--local-rank=3", "--lr", "1"});
+  r.local_rank_arg = "local_rank";
+  r.module = true;
+  CHECK(argv_for_local_rank(build_worker_command(r, always), 0) ==
+        Argv{"python3", "-u", "-m", "train.py", "--local_rank=0", "--lr", "1"});
+  CommandRequest program{"./trainer", {}};
+  program.local_rank_arg = "local-rank";
+  CHECK(argv_for_local_rank(build_worker_command(program, always), 1) ==
+        Argv{"./trainer", "--local-rank=1"});
+}
+
+TEST_CASE("each worker's arguments get its local rank as torchrun's macros.substitute gives it",
+          "[agent][unit]") {
+  const Argv argv{"py$$",        "-u",      "t.py",         "--out=ckpt/${local_rank}",
+                  "$local_rank", "cost$$5", "$local_ranks", "${local_rank",
+                  "${rank}",     "$",       "$1",           "a${local_rank}b"};
+  // Not the program itself; in every argument after it, Template.safe_substitute's rules.
+  CHECK(argv_for_local_rank(argv, 2) == Argv{"py$$", "-u", "t.py", "--out=ckpt/2", "2", "cost$5",
+                                             "$local_ranks", "${local_rank", "${rank}", "$", "$1",
+                                             "a2b"});
+  const Argv plain{"python3", "-u", "t.py", "--lr", "0.1"};
+  CHECK(argv_for_local_rank(plain, 5) == plain);
+}
+
+TEST_CASE("a standby forked from the zygote is handed its own rank's script arguments",
+          "[agent][unit][standby]") {
+  const Argv same{"python3", "-u", "t.py", "--lr", "1"};
+  CHECK(standby_script_argv(same, 1).empty());  // nothing to change: the hand-over says none
+  CHECK(standby_script_argv(Argv{"python3", "-u", "t.py", "--local-rank=${local_rank}"}, 1) ==
+        Argv{"t.py", "--local-rank=1"});
+  CHECK(standby_script_argv(Argv{"python3", "-u", "-m", "pkg.t", "--r=$local_rank"}, 0) ==
+        Argv{"pkg.t", "--r=0"});
+  CHECK(standby_script_argv(Argv{"python3", "-u", "-c", kRunPathCode, "t.py", "${local_rank}"},
+                            4) == Argv{"t.py", "4"});
+}

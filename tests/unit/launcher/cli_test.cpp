@@ -284,7 +284,10 @@ TEST_CASE("an error in a PET_ variable names the variable, not the flag", "[laun
   CHECK_THAT(parse_error({"train.py"}, {{"PET_NNODES", "abc"}}), StartsWith("PET_NNODES=abc: "));
   CHECK_THAT(parse_error({"train.py"}, {{"PET_MAX_RESTARTS", "-2"}}),
              StartsWith("PET_MAX_RESTARTS=-2: must be 0 or more"));
-  CHECK_THAT(parse_error({"train.py"}, {{"PET_RUN_PATH", "1"}}), StartsWith("PET_RUN_PATH=1"));
+  CHECK_THAT(parse_error({"-m", "pkg"}, {{"PET_RUN_PATH", "1"}}),
+             StartsWith("PET_RUN_PATH=1 and -m cannot be combined"));
+  CHECK_THAT(parse_error({"train.py"}, {{"PET_LOCAL_RANK_ARG", "x"}}),
+             StartsWith("PET_LOCAL_RANK_ARG=x: expected"));
 }
 
 TEST_CASE("an error names the flag in the spelling the user typed", "[launcher][unit]") {
@@ -556,12 +559,25 @@ TEST_CASE("the option --signals_to_handle refuses signals that cannot be handled
              StartsWith("--signals_to_handle \"\": expected"));
 }
 
-TEST_CASE("the option --run_path is refused with the reason and the fix", "[launcher][unit]") {
-  const std::string message = parse_error({"--run_path", "train.py"});
-  CHECK_THAT(message, StartsWith("--run_path is not supported by ddprun"));
-  CHECK_THAT(message, Contains("separate processes"));
-  CHECK_THAT(message, Contains("drop --run_path"));
-  CHECK_THAT(parse_error({"--run-path", "train.py"}), StartsWith("--run-path is not supported"));
+TEST_CASE("the option --run_path runs the script with runpy; with -m or --no_python it is refused",
+          "[launcher][unit]") {
+  CHECK(parse_ok({"--run_path", "train.py"}).run_path);
+  CHECK(parse_ok({"--run-path", "train.py"}).run_path);
+  CHECK(parse_ok({"train.py"}, {{"PET_RUN_PATH", "1"}}).run_path);
+  CHECK_FALSE(parse_ok({"train.py"}).run_path);
+  CHECK_THAT(parse_error({"--run_path", "-m", "pkg"}),
+             StartsWith("--run_path and -m cannot be combined"));
+  CHECK_THAT(parse_error({"--run_path", "--no_python", "x"}),
+             StartsWith("--run_path and --no_python cannot be combined"));
+}
+
+TEST_CASE("the option --local_rank_arg takes local-rank or local_rank", "[launcher][unit]") {
+  CHECK(parse_ok({"--local_rank_arg", "local-rank", "train.py"}).local_rank_arg == "local-rank");
+  CHECK(parse_ok({"--local-rank-arg=local_rank", "train.py"}).local_rank_arg == "local_rank");
+  CHECK(parse_ok({"train.py"}).local_rank_arg.empty());
+  CHECK_THAT(parse_error({"--local_rank_arg", "rank", "train.py"}),
+             StartsWith("--local_rank_arg rank: expected local-rank") &&
+                 Contains("or local_rank (--local_rank, torch 1.x)"));
 }
 
 TEST_CASE("the option -m and --no_python cannot be combined", "[launcher][unit]") {
@@ -877,7 +893,11 @@ TEST_CASE("torchrun 2.x flags are accepted where ddprun does what they ask", "[l
 TEST_CASE("torchrun 2.x flags ddprun does not implement are refused saying so",
           "[launcher][unit]") {
   CHECK_THAT(parse_error({"--logs-specs", "mine", "train.py"}),
-             StartsWith("--logs-specs mine: ddprun loads no torchrun.logs_specs plugins"));
+             StartsWith("--logs-specs mine: ddprun loads no torchrun.logs_specs plugins") &&
+                 Contains("drop it or use default"));
+  // torchrun 2.x registers "default" itself: scripts and sbatch files pass it.
+  parse_ok({"--logs_specs", "default", "train.py"});
+  parse_ok({"--logs-specs=default", "train.py"});
   CHECK_THAT(parse_error({"--event_log_handler", "console", "train.py"}),
              Contains("--event_log PATH"));
   CHECK_THAT(parse_error({"--numa-binding", "socket", "train.py"}),
