@@ -822,6 +822,13 @@ void on_workers_failed(Step& st, const std::string& id, const WorkersFailed& fai
                    std::to_string(s.settings.crash_loop_limit) +
                    ") with no progress in between: no training step was reported and no group "
                    "ran for --restart_backoff_reset";
+    // Every one of them on one machine: a broken machine looks the same as a broken script.
+    const auto standing = s.standing.find(node_identity(node.request));
+    if (failed.culprit && standing != s.standing.end() &&
+        standing->second.failures_in_a_row + 1 >= s.failure_repeats)
+      ends.message += "; each time on node " + node.request.name +
+                      " (no spare could take its place): if that machine is at fault, leave it "
+                      "out (sbatch --exclude, a node selector) and requeue the job";
     ends.do_not_requeue = true;
     return close_job(st, ends);
   }

@@ -608,6 +608,25 @@ TEST_CASE("the same failure --crash_loop_stop times in a row without progress en
   CHECK_THAT(closed.message, Catch::Contains("worker rank 3 exited with code 1") &&
                                  Catch::Contains("the same failure 3 times in a row") &&
                                  Catch::Contains("--crash_loop_stop 3"));
+  // Each failure came from node b: it may be the machine, and the message says what to do.
+  CHECK_THAT(closed.message, Catch::Contains("each time on node b (no spare could take its "
+                                             "place): if that machine is at fault, leave it out"));
+}
+
+TEST_CASE("a crash loop reported by several nodes does not name one machine",
+          "[rdzv][unit][policy]") {
+  RdzvSettings settings = nnodes(2, 2, 50);
+  settings.crash_loop_limit = 3;
+  Job job = running_job({"a", "b"}, settings);
+  job.send("b", failure(0, 3, 1, "ValueError"));
+  rejoin(job, settings);
+  job.send("a", failure(1, 0, 1, "ValueError"));
+  rejoin(job, settings);
+  const auto& out = job.send("b", failure(2, 3, 1, "ValueError"));
+  REQUIRE(job.state.phase == JobPhase::Closed);
+  const auto closed = to<Closed>(out, "a").at(0);
+  CHECK_THAT(closed.message, Catch::Contains("the same failure 3 times in a row"));
+  CHECK_THAT(closed.message, !Catch::Contains("each time on node"));
 }
 
 TEST_CASE("a restart says whether its failure repeats the last one, for the nodes' back-off",
