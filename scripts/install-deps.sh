@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages ddprun needs to build, test and run its demo, and debootstrap,
 # which makes the Debian 13 root of the torch 2.6 tests (scripts/debian13-root.sh), and ccache,
-# which scripts/test.sh compiles through.
+# which scripts/test.sh compiles through, and lintian, which checks the Debian packages.
 # Idempotent: packages already present are skipped by apt-get; safe to run again.
 set -euo pipefail
 
@@ -11,7 +11,7 @@ packages=(
   libssl-dev openssl nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev catch2
   libtorch-dev libgloo-dev python3-torch python3-numpy
   procps iproute2 time clang-format groff-base man-db clang-14 libclang-rt-14-dev
-  systemd dpkg-dev
+  systemd dpkg-dev lintian
   prometheus-cpp-dev prometheus chromium
   elfutils gdb
   slurmctld slurmd slurm-client munge
