@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """How fast ddprun stops when SIGTERM comes while a large group starts.
 
-Starts `ddprun --nproc_per_node N --no_python /bin/sh -c 'echo $$ >> PIDS; exec sleep MARK'`,
+Starts `ddprun --nproc_per_node N --no_python /bin/sh -c 'echo $$$$ >> PIDS; exec sleep MARK'`
+(ddprun, as torchrun, turns `$$` in a worker's arguments into `$`: the shell sees `$$`),
 sends SIGTERM as soon as the first worker has written its pid, and measures the time from the
 signal to ddprun's exit, how many workers had started by then, and how many processes running
 `sleep MARK` are left after the exit (MARK is a number of seconds unique to the run, so only
@@ -31,7 +32,7 @@ def one_run(ddprun: str, workers: int, extra: list[str]) -> tuple[float, int, in
     with tempfile.TemporaryDirectory() as tmp:
         pids = os.path.join(tmp, "pids")
         cmd = [ddprun, "--nproc_per_node", str(workers), *extra, "--no_python", "/bin/sh", "-c",
-               f"echo $$ >> {pids}; exec sleep {mark}"]
+               f"echo $$$$ >> {pids}; exec sleep {mark}"]  # the shell gets `$$`
         job = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 60

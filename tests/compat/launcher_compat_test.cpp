@@ -202,7 +202,7 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("--run_path runs the script with runpy.run_path in each worker, as torchrun does",
+TEST_CASE("the option --run_path runs the script with runpy.run_path in each worker, as torchrun does",
           "[python][integration]") {
   require_torch();
   auto theirs = torchrun({"--run_path"}, {kProbe, "--lr", "1"});

@@ -572,15 +572,18 @@ TEST_CASE(
   const std::vector<std::string> flags{
       "--nnodes",           "2", "--max_restarts",     "1",
       "--restart_backoff",  "0", "--quarantine_after", "1",
-      "--watchdog_timeout", "1", "--rdzv_conf",        kFastConf + ",is_host=0"};
+      "--watchdog_timeout", "2", "--rdzv_conf",        kFastConf + ",is_host=0"};
   // As in a collective hang, both workers go silent; the waiting one (asleep) first, so its
-  // node's watchdog fires first. The one that hung stops itself (SIGSTOP) 3 s later.
+  // node's watchdog fires first (2 s after). The one that hung reports every 0.3 s (well
+  // within the watchdog's 2 s) for 6 s more, then stops itself (SIGSTOP).
   auto waiting = start_node(
       endpoint, node_addr(0), flags,
       {"env=GROUP_RANK", "exit_if_restart=1:0", "sleep=4000", "report=heartbeat", "hang"});
-  auto hung = start_node(endpoint, node_addr(1), flags,
-                         {"env=GROUP_RANK", "exit_if_restart=1:0", "sleep=4000", "report=heartbeat",
-                          "sleep=3000", "report=heartbeat", "signal=19"});
+  std::vector<std::string> hangs_later{"env=GROUP_RANK", "exit_if_restart=1:0", "sleep=4000"};
+  for (int i = 0; i < 20; ++i)
+    hangs_later.insert(hangs_later.end(), {"report=heartbeat", "sleep=300"});
+  hangs_later.push_back("signal=19");
+  auto hung = start_node(endpoint, node_addr(1), flags, hangs_later);
   REQUIRE(waiting->wait_for_output("GROUP_RANK=", kJobLimit));
   auto spare = start_node(endpoint, node_addr(2), flags, {"env=GROUP_RANK", "exit=0"});
   auto rw = waiting->wait(kJobLimit);

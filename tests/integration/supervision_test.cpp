@@ -275,7 +275,8 @@ TEST_CASE("a standby that never acknowledges its hand-over is killed and its ran
   TempDir dir;
   const std::string pidfile = dir.path() + "/standbys";
   const std::string events = dir.path() + "/events.jsonl";
-  const std::string script = "if [ -n \"$DDPRUN_STANDBY_FD\" ]; then echo $$ >> " + pidfile +
+  // "$$$$": ddprun, as torchrun, turns "$$" in a worker's arguments into "$" (the shell's $$).
+  const std::string script = "if [ -n \"$DDPRUN_STANDBY_FD\" ]; then echo $$$$ >> " + pidfile +
                              "; exec sleep 60; fi; "
                              "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then "
                              "  if [ \"$RANK\" = 1 ]; then "

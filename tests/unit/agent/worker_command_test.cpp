@@ -115,7 +115,7 @@ TEST_CASE("automatic standbys read the script, or the module's file under the di
   CHECK(python_source_of(CommandRequest{"no_such_script.py", {}}, dir).empty());
 }
 
-TEST_CASE("--run_path runs the script through runpy.run_path under python -u -c", "[agent][unit]") {
+TEST_CASE("the option --run_path runs the script through runpy.run_path under python -u -c", "[agent][unit]") {
   CommandRequest r{"./trainer", {"--lr", "1"}};
   r.run_path = true;
   CHECK(runs_under_python(r, always));  // even an executable: runpy runs the file
@@ -128,7 +128,7 @@ TEST_CASE("--run_path runs the script through runpy.run_path under python -u -c"
         Argv{"python3", "-u", "/b.py", "--run-path", "--", "./trainer", "--lr", "1"});
 }
 
-TEST_CASE("--local_rank_arg puts --local-rank=${local_rank} right after the script",
+TEST_CASE("the option --local_rank_arg puts --local-rank=${local_rank} after the script",
           "[agent][unit]") {
   CommandRequest r{"train.py", {"--lr", "1"}};
   r.local_rank_arg = "local-rank";
