@@ -219,11 +219,7 @@ class Stepper {
             "stopping workers: " + restart->reason +
                 "; this node waits out its quarantine, then checks itself and joins again");
       } else {
-        log(LogLevel::Warn,
-            restart->counted
-                ? fmt::format("restarting workers: restart {} of {} ({})", restart->restart_count,
-                              spec_.max_restarts, restart->reason)
-                : "restarting workers for a new round: " + restart->reason);
+        log(LogLevel::Warn, restarting_text(*restart));
       }
       s_.restart = *restart;
     } else if (const auto* closed = std::get_if<rdzv::Closed>(&e.notice)) {
@@ -651,6 +647,20 @@ class Stepper {
       silent.push_back(w.pid);
     }
     if (!silent.empty()) out_.push_back(InspectHung{std::move(silent)});
+  }
+
+  /// "restart 3 of 5", or with --restart_window, where the job's count may pass the budget,
+  /// "restart 7 (2 of --max_restarts 5 in the last 3600 s)".
+  std::string restarting_text(const rdzv::Restart& restart) const {
+    if (!restart.counted) return "restarting workers for a new round: " + restart.reason;
+    if (restart.window.count() <= 0)
+      return fmt::format("restarting workers: restart {} of {} ({})", restart.restart_count,
+                         spec_.max_restarts, restart.reason);
+    return fmt::format(
+        "restarting workers: restart {} ({} of --max_restarts {} in the last {} s) "
+        "({})",
+        restart.restart_count, restart.window_restarts, spec_.max_restarts,
+        std::chrono::duration<double>(restart.window).count(), restart.reason);
   }
 
   static std::string hung_state_text(char state) {

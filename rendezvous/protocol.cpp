@@ -260,7 +260,9 @@ struct ServerToJson {
             {"counted", m.counted},
             {"restart_count", m.restart_count},
             {"quarantine_ms", m.quarantine.count()},
-            {"repeat", m.repeat}};
+            {"repeat", m.repeat},
+            {"window_restarts", m.window_restarts},
+            {"window_ms", m.window.count()}};
   }
   json operator()(const Closed& m) const {
     return {{"type", "closed"},     {"outcome", std::string(name_of(m.outcome, kJobOutcomeNames))},
@@ -396,6 +398,10 @@ std::variant<ServerMessage, std::string> read_server(const std::string& type, Re
     m.restart_count = r.integer("restart_count");
     if (r.has("quarantine_ms")) m.quarantine = r.millis("quarantine_ms");
     if (r.has("repeat")) m.repeat = r.boolean("repeat");
+    if (r.has("window_ms")) {
+      m.window = r.millis("window_ms");
+      m.window_restarts = r.integer("window_restarts");
+    }
     if (r.error()) return *r.error();
     return m;
   }

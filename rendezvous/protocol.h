@@ -176,6 +176,10 @@ struct Restart {
   /// --crash_loop_stop counts): only such a restart makes --restart_backoff's pause grow. True
   /// when a peer does not say (it backs off on every failure in a row, as before).
   bool repeat = true;
+  /// With --restart_window (`window` > 0): the counted restarts within it, this one included,
+  /// which --max_restarts is held against; restart_count counts every restart of the job.
+  int window_restarts = 0;
+  Millis window{0};
 };
 
 /// How a job ended.

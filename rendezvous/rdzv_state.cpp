@@ -314,6 +314,10 @@ void restart_round(Step& st, const std::string& reason, bool counted, Closed if_
     node.state = NodeState::Stopping;
     Restart restart{s.round + 1, reason, counted, s.restart_count};
     restart.repeat = repeat;
+    if (s.settings.restart_window.count() > 0) {
+      restart.window_restarts = static_cast<int>(s.window_restarts.size());
+      restart.window = s.settings.restart_window;
+    }
     send(st, id, std::move(restart));
   }
   ++s.round;

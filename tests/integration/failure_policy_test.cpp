@@ -130,6 +130,9 @@ TEST_CASE("with --restart_window a failure the window has forgotten costs nothin
                        {}, kJobLimit);
   INFO(r.out << r.err);
   CHECK(r.exit_code == 0);
+  // The log counts the job's restarts and the window's: never "restart 3 of 1".
+  CHECK(contains(r.err, "restarting workers: restart 3 (1 of --max_restarts 1 in the last 1 s)"));
+  CHECK_FALSE(contains(r.err, "restart 3 of 1"));
   // Without the window the same job ends after its one restart.
   auto plain =
       run_command(ddprun_fake(with(kNoPause, {"--max_restarts", "1", "--crash_loop_stop", "0"}),

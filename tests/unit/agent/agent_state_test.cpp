@@ -339,6 +339,19 @@ TEST_CASE("agent: Running -> Stopping on a failure reports it and stops the othe
   CHECK(a.event("failure_detected")["how"] == "exit");
 }
 
+TEST_CASE("agent: with --restart_window the restart names the window's count, not N of M",
+          "[agent][unit]") {
+  // The job's count may pass --max_restarts: the budget holds only the window's restarts.
+  Agent a(2, 1);
+  a.running_group();
+  rdzv::Restart windowed{2, "worker failed", true, 7};
+  windowed.window_restarts = 1;
+  windowed.window = std::chrono::hours(1);
+  a.on(NoticeReceived{windowed});
+  CHECK(a.logged(
+      "restarting workers: restart 7 (1 of --max_restarts 1 in the last 3600 s) (worker failed)"));
+}
+
 TEST_CASE("agent: Stopping -> Draining -> Rendezvous on a restart, timing the teardown",
           "[agent][unit]") {
   Agent a(2, 1);

@@ -126,6 +126,13 @@ TEST_CASE("every server message survives the trip through JSON", "[rdzv][unit]")
   Restart s = server_round_trip(Restart{3, "node b lost", true, 2});
   CHECK(s.counted);
   CHECK(s.restart_count == 2);
+  CHECK(s.window == Millis(0));
+  Restart windowed{4, "crash", true, 9};
+  windowed.window_restarts = 2;
+  windowed.window = Millis(3600000);
+  Restart w2 = server_round_trip(windowed);
+  CHECK(w2.window_restarts == 2);
+  CHECK(w2.window == Millis(3600000));
   Closed c = server_round_trip(Closed{JobOutcomeKind::TimedOut, "join timeout", 0, 0});
   CHECK(c.outcome == JobOutcomeKind::TimedOut);
   CHECK_FALSE(c.do_not_requeue);

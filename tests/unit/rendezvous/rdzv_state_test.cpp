@@ -699,7 +699,9 @@ TEST_CASE("with --restart_window the budget counts only the restarts of the last
   job.pass(201s);  // the first restart is now 601 s old: one restart in the window
   const auto& out = job.send("a", failure(2, 0, 1));
   REQUIRE(count_of<Restart>(out) == 2);
-  CHECK(to<Restart>(out, "a").at(0).restart_count == 3);  // workers still see every restart
+  CHECK(to<Restart>(out, "a").at(0).restart_count == 3);    // workers still see every restart
+  CHECK(to<Restart>(out, "a").at(0).window_restarts == 2);  // the budget's count, for the log
+  CHECK(to<Restart>(out, "a").at(0).window == 600s);
   CHECK(job.state.window_restarts.size() == 2);
   rejoin(job, settings);
   const auto& closing = job.send("a", failure(3, 0, 1));
