@@ -574,16 +574,18 @@ TEST_CASE(
       "--restart_backoff",  "0", "--quarantine_after", "1",
       "--watchdog_timeout", "2", "--rdzv_conf",        kFastConf + ",is_host=0"};
   // As in a collective hang, both workers go silent; the waiting one (asleep) first, so its
-  // node's watchdog fires first (2 s after). The one that hung reports every 0.3 s (well
-  // within the watchdog's 2 s) for 6 s more, then stops itself (SIGSTOP).
-  auto waiting = start_node(
-      endpoint, node_addr(0), flags,
-      {"env=GROUP_RANK", "exit_if_restart=1:0", "sleep=4000", "report=heartbeat", "hang"});
-  std::vector<std::string> hangs_later{"env=GROUP_RANK", "exit_if_restart=1:0", "sleep=4000"};
-  for (int i = 0; i < 20; ++i)
-    hangs_later.insert(hangs_later.end(), {"report=heartbeat", "sleep=300"});
-  hangs_later.push_back("signal=19");
-  auto hung = start_node(endpoint, node_addr(1), flags, hangs_later);
+  // node's watchdog fires first. Each first shows progress every 0.3 s, well within the
+  // watchdog's 2 s (the GROUP_RANK line counts too): the waiting one for 3 s, then it sleeps;
+  // the one that hung for 9 s, then it stops itself (SIGSTOP), 4 s after the other's watchdog.
+  auto reporting = [](int times, const std::string& then) {
+    std::vector<std::string> actions{"env=GROUP_RANK", "exit_if_restart=1:0"};
+    for (int i = 0; i < times; ++i)
+      actions.insert(actions.end(), {"report=heartbeat", "sleep=300"});
+    actions.push_back(then);
+    return actions;
+  };
+  auto waiting = start_node(endpoint, node_addr(0), flags, reporting(10, "hang"));
+  auto hung = start_node(endpoint, node_addr(1), flags, reporting(30, "signal=19"));
   REQUIRE(waiting->wait_for_output("GROUP_RANK=", kJobLimit));
   auto spare = start_node(endpoint, node_addr(2), flags, {"env=GROUP_RANK", "exit=0"});
   auto rw = waiting->wait(kJobLimit);
