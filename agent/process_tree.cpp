@@ -35,11 +35,20 @@ std::optional<ProcessIds> ids_from_stat(const std::string& stat) {
                     static_cast<pid_t>(session), state.size() == 1 ? state[0] : '\0'};
 }
 
-char read_process_state(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+namespace {
+
+/// The ids in /proc/<pid>/stat; nullopt when the process is gone or the text unreadable.
+std::optional<ProcessIds> read_ids(const std::filesystem::path& proc_dir) {
+  std::ifstream in(proc_dir / "stat");
   std::string stat;
-  if (!std::getline(in, stat)) return 0;
-  auto ids = ids_from_stat(stat);
+  if (!std::getline(in, stat)) return std::nullopt;  // ended while we looked
+  return ids_from_stat(stat);
+}
+
+}  // namespace
+
+char read_process_state(pid_t pid) {
+  auto ids = read_ids(std::filesystem::path("/proc") / std::to_string(pid));
   return ids ? ids->state : '\0';
 }
 
@@ -56,10 +65,7 @@ std::map<pid_t, ProcessIds> read_process_ids() {
     const std::string name = entry.path().filename().string();
     auto pid = common::parse_int(name);
     if (!pid || *pid <= 0) continue;
-    std::ifstream in(entry.path() / "stat");
-    std::string stat;
-    if (!std::getline(in, stat)) continue;  // ended while we looked
-    if (auto ids = ids_from_stat(stat)) found[static_cast<pid_t>(*pid)] = *ids;
+    if (auto ids = read_ids(entry.path())) found[static_cast<pid_t>(*pid)] = *ids;
   }
   return found;
 }
