@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "rendezvous/free_port.h"
@@ -157,13 +158,21 @@ std::vector<std::string> probe_lines(const std::string& out) {
   return lines;
 }
 
-/// torchrun 1.13 (bench/torchrun_shim.py) on one node with two workers.
+/// torchrun 1.13 (bench/torchrun_shim.py) on one node with two workers. Not `--standalone`:
+/// torch 1.13 hosts that rendezvous on the fixed localhost:29400, which the SLURM tests,
+/// running beside these, need for the endpoint ddprun derives from the node list.
 CommandResult torchrun(const std::vector<std::string>& flags,
                        const std::vector<std::string>& program,
                        const std::map<std::string, std::string>& env = kPython) {
-  std::vector<std::string> argv{"/usr/bin/python3",
-                                std::string(DDPRUN_SOURCE_DIR) + "/bench/torchrun_shim.py",
-                                "--standalone", "--nproc_per_node", "2"};
+  const auto port = ddprun::rdzv::find_free_port("127.0.0.1");
+  REQUIRE(std::holds_alternative<int>(port));
+  std::vector<std::string> argv{
+      "/usr/bin/python3", std::string(DDPRUN_SOURCE_DIR) + "/bench/torchrun_shim.py",
+      "--nnodes",         "1",
+      "--rdzv_backend",   "c10d",
+      "--rdzv_id",        "compat",
+      "--rdzv_endpoint",  "127.0.0.1:" + std::to_string(std::get<int>(port)),
+      "--nproc_per_node", "2"};
   argv.insert(argv.end(), flags.begin(), flags.end());
   argv.insert(argv.end(), program.begin(), program.end());
   return run_command_diagnosed(argv, env, kLimit);
@@ -202,8 +211,9 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("the option --run_path runs the script with runpy.run_path in each worker, as torchrun does",
-          "[python][integration]") {
+TEST_CASE(
+    "the option --run_path runs the script with runpy.run_path in each worker, as torchrun does",
+    "[python][integration]") {
   require_torch();
   auto theirs = torchrun({"--run_path"}, {kProbe, "--lr", "1"});
   INFO("torchrun:\n" << theirs.out << theirs.err);
