@@ -238,7 +238,8 @@ class Stepper {
   }
 
   void on(const GroupPrepared& e) {
-    if (s_.phase != AgentPhase::Launching) return;
+    if (s_.phase != AgentPhase::Launching || !s_.preparing) return;
+    s_.preparing = false;
     if (!e.ok) return finish(job_exit_code(JobOutcome::of(JobEnd::Internal)));
     // The standbys handed over run already: they are workers before any launch.
     for (const auto& [local_rank, pid] : e.handed) {
@@ -249,6 +250,8 @@ class Stepper {
       }
     }
     s_.from_standby = static_cast<int>(e.handed.size());
+    // Launching -> Stopping: a stop came during the hand-over; it reaches the workers now.
+    if (s_.stop_reason != StopReason::None) signal_stop();
     continue_launch();
   }
 
@@ -485,6 +488,7 @@ class Stepper {
     s_.stop_reason = StopReason::None;
     s_.next_launch = 0;
     s_.from_standby = 0;
+    s_.preparing = true;
     out_.push_back(PrepareGroup{});
   }
 
@@ -606,16 +610,27 @@ class Stepper {
     if (s_.stop_reason == StopReason::None) s_.stop_started = now_;
     if (s_.stop_reason == StopReason::None || reason == StopReason::Signalled)
       s_.stop_reason = reason;
-    // A stopped (SIGSTOP) worker acts on the stop signal only once continued.
-    out_.push_back(SignalWorkers{running_pids(s_), sig, sig != SIGKILL});
-    out_.push_back(ArmTimer{AgentTimer::StopDeadline, now_ + spec_.shutdown_timeout});
+    s_.stop_signal = sig;
+    // Launching, standbys being handed over: GroupPrepared stops the group (signal_stop).
+    if (s_.phase == AgentPhase::Launching && s_.preparing) return;
+    signal_stop();
     // Launching -> Stopping: the workers not started yet never start.
     if (s_.phase == AgentPhase::Launching) return end_launch();
     if (s_.phase == AgentPhase::Running) s_.phase = AgentPhase::Stopping;
     evaluate();
   }
 
+  /// The stop signal to every running worker, and the deadline after which SIGKILL follows.
+  void signal_stop() {
+    const int sig = s_.stop_signal;
+    // A stopped (SIGSTOP) worker acts on the stop signal only once continued.
+    out_.push_back(SignalWorkers{running_pids(s_), sig, sig != SIGKILL});
+    out_.push_back(ArmTimer{AgentTimer::StopDeadline, now_ + spec_.shutdown_timeout});
+  }
+
   void kill_remaining() {
+    // During a hand-over: the standbys that take it over are killed as they become workers.
+    if (s_.preparing) s_.stop_signal = SIGKILL;
     if (auto pids = running_pids(s_); !pids.empty())
       out_.push_back(SignalWorkers{std::move(pids), SIGKILL, false});
   }

@@ -149,7 +149,12 @@ struct AgentState {
   /// is the root cause.
   std::vector<size_t> failures;
   StopReason stop_reason = StopReason::None;
+  /// The signal the stop sends (SIGTERM, the received one, SIGKILL after a second).
+  int stop_signal = 0;
   TimePoint stop_started;
+  /// Launching: PrepareGroup is out and GroupPrepared has not come (standbys are being handed
+  /// over). A stop meanwhile waits for it: the standbys that take over are workers to stop.
+  bool preparing = false;
   /// Draining: whether the group succeeded (report success after) or was stopped.
   bool drain_after_success = false;
   /// The next slot to start (Launching).

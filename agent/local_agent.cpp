@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "agent/agent_signals.h"
 #include "agent/agent_state.h"
@@ -140,9 +141,9 @@ class LocalAgent::Impl {
 
  private:
   StandbySettings standby_settings() const {
-    return StandbySettings{
-        opt_.standby_workers, opt_.python_bootstrap, opt_.standby_preload, opt_.spec,
-        opt_.agent_env,       rdzv_.run_id(),        opt_.cleanup};
+    return StandbySettings{opt_.standby_workers, opt_.python_bootstrap, opt_.standby_preload,
+                           opt_.spec,            opt_.agent_env,        rdzv_.run_id(),
+                           opt_.cleanup,         opt_.standby_delay};
   }
 
   bool fail_to_start() {
@@ -319,6 +320,10 @@ class LocalAgent::Impl {
   }
 
   void reap_children() {
+    if (handing_over_) {
+      reap_deferred_ = true;
+      return;
+    }
     for (const ProcessExit& exit : launcher_.reap()) {
       if (standbys_.on_exit(exit.pid, exit.status)) continue;
       if (health_ && health_->on_exit(exit.pid, exit.status)) continue;
@@ -401,8 +406,17 @@ class LocalAgent::Impl {
     spdlog::debug("starting {} workers (restart {}): master {}:{}", opt_.spec.local_world_size,
                   state_.restart_count, state_.round.master_addr, state_.round.master_port);
     // Standbys first, all at once: each must acknowledge its hand-over before it counts as the
-    // worker; the ranks whose standby did not start afresh, one per turn.
-    const auto handed = standbys_.hand_over(attempt_.executable, attempt_.envs);
+    // worker; the ranks whose standby did not start afresh, one per turn. The acknowledgements
+    // arrive as the loop turns; until they have, exits are left unreaped (a standby that took
+    // over and ended at once is reaped as the worker it became).
+    handing_over_ = true;
+    standbys_.hand_over(attempt_.executable, attempt_.envs,
+                        [this](std::map<int, LaunchedProcess> handed) { group_handed(handed); });
+  }
+
+  /// The hand-over is over: the standbys that took it are workers.
+  void group_handed(const std::map<int, LaunchedProcess>& handed) {
+    handing_over_ = false;
     cgroup_procs_fd_ = opt_.cleanup != nullptr ? opt_.cleanup->begin_group() : -1;
     GroupPrepared prepared;
     for (const auto& [local_rank, process] : handed) {
@@ -412,6 +426,7 @@ class LocalAgent::Impl {
       prepared.handed[local_rank] = process.pid;
     }
     apply(std::move(prepared));
+    if (std::exchange(reap_deferred_, false)) reap_children();
   }
 
   const WorkerPlacement& placement_of(int local_rank) const {
@@ -499,6 +514,8 @@ class LocalAgent::Impl {
   std::map<int, WorkerFiles> files_;  ///< by local rank
   std::vector<ProcessFailure> failures_;
   int cgroup_procs_fd_ = -1;
+  bool handing_over_ = false;   ///< standbys' acknowledgements awaited (GroupPrepared to come)
+  bool reap_deferred_ = false;  ///< SIGCHLD came meanwhile: reap once the hand-over is over
   StandbySupply standbys_;
   bool finished_ = false;
   int exit_code_ = 0;

@@ -55,6 +55,9 @@ struct AgentOptions {
   /// --standby_workers: keep a standby process per local rank for the next restart
   /// (agent/standby_pool.h).
   bool standby_workers = false;
+  /// How long after a group starts its standbys for the next restart start (they load while
+  /// the workers train, not while they start).
+  std::chrono::milliseconds standby_delay{1'000};
   /// With standby_workers, for a Python script: the bootstrap (agent/python/ddprun_standby.py)
   /// the standbys run, which imports torch and waits; "" when the program itself waits (the C++
   /// worker SDK).

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <utility>
 
 #include "common/log.h"
 
@@ -83,11 +84,10 @@ std::string StandbyPool::start(int local_rank, ProcessSpec spec) {
   return "";
 }
 
-std::map<int, LaunchedProcess> StandbyPool::hand_over(
+std::map<int, int> StandbyPool::begin_hand_over(
     const std::map<int, EnvMap>& worker_envs, std::vector<std::string>& warnings,
-    std::chrono::milliseconds ack_timeout,
     const std::map<int, std::vector<std::string>>& script_argvs) {
-  std::vector<std::pair<int, Standby>> waiting;  // sent, not yet acknowledged
+  std::map<int, int> fds;
   for (const auto& [local_rank, env] : worker_envs) {
     auto it = standbys_.find(local_rank);
     if (it == standbys_.end()) continue;
@@ -118,16 +118,65 @@ std::map<int, LaunchedProcess> StandbyPool::hand_over(
       continue;
     }
     ::shutdown(s.handover_fd, SHUT_WR);  // end of file ends the message; the ack comes back
-    waiting.emplace_back(local_rank, std::move(s));
+    fds[local_rank] = s.handover_fd;
+    sent_.emplace(local_rank, std::move(s));
   }
+  return fds;
+}
 
+bool StandbyPool::on_ack_readable(int local_rank, std::vector<std::string>& warnings) {
+  auto it = sent_.find(local_rank);
+  if (it == sent_.end()) return true;
+  Standby& s = it->second;
+  char ack = 0;
+  ssize_t got;
+  do {
+    got = ::recv(s.handover_fd, &ack, 1, MSG_DONTWAIT);
+  } while (got < 0 && errno == EINTR);
+  if (got < 0 && errno == EAGAIN) return false;
+  if (got == 1 && ack == common::kStandbyAck) {
+    // Init -> Healthy for this rank: the standby took the hand-over and is the worker.
+    close_fd(s.handover_fd);
+    taken_.emplace(local_rank, s.process);
+  } else {
+    warnings.push_back(
+        fmt::format("the standby for local rank {} (pid {}) ended without taking its hand-over: "
+                    "starting the rank afresh",
+                    local_rank, s.process.pid));
+    discard(s);
+  }
+  sent_.erase(it);
+  return true;
+}
+
+std::map<int, LaunchedProcess> StandbyPool::end_hand_over(std::chrono::milliseconds ack_timeout,
+                                                          std::vector<std::string>& warnings) {
+  for (auto& [local_rank, s] : sent_) {
+    warnings.push_back(fmt::format(
+        "the standby for local rank {} (pid {}) did not acknowledge its hand-over within {} ms "
+        "(still loading the program?): killing it and starting the rank afresh",
+        local_rank, s.process.pid, ack_timeout.count()));
+    discard(s);
+  }
+  sent_.clear();
+  return std::exchange(taken_, {});
+}
+
+std::map<int, LaunchedProcess> StandbyPool::hand_over(
+    const std::map<int, EnvMap>& worker_envs, std::vector<std::string>& warnings,
+    std::chrono::milliseconds ack_timeout,
+    const std::map<int, std::vector<std::string>>& script_argvs) {
+  std::map<int, int> waiting = begin_hand_over(worker_envs, warnings, script_argvs);
   // Every standby was sent its message: wait for all the acknowledgements at once, so the
   // deadline bounds the whole restart, not each rank.
-  std::map<int, LaunchedProcess> workers;
   const auto deadline = std::chrono::steady_clock::now() + ack_timeout;
   while (!waiting.empty()) {
     std::vector<pollfd> fds;
-    for (const auto& [local_rank, s] : waiting) fds.push_back(pollfd{s.handover_fd, POLLIN, 0});
+    std::vector<int> ranks;
+    for (const auto& [local_rank, fd] : waiting) {
+      fds.push_back(pollfd{fd, POLLIN, 0});
+      ranks.push_back(local_rank);
+    }
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     const int ready =
@@ -135,34 +184,10 @@ std::map<int, LaunchedProcess> StandbyPool::hand_over(
                static_cast<int>(std::max<long long>(0, static_cast<long long>(left.count()))));
     if (ready < 0 && errno == EINTR) continue;
     if (ready <= 0) break;  // the deadline passed (or poll failed): the rest are discarded
-    for (size_t i = fds.size(); i-- > 0;) {
-      if (fds[i].revents == 0) continue;
-      auto& [local_rank, s] = waiting[i];
-      char ack = 0;
-      const ssize_t got = ::recv(s.handover_fd, &ack, 1, MSG_DONTWAIT);
-      if (got < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-      if (got == 1 && ack == common::kStandbyAck) {
-        // Init -> Healthy for this rank: the standby took the hand-over and is the worker.
-        close_fd(s.handover_fd);
-        workers.emplace(local_rank, s.process);
-      } else {
-        warnings.push_back(fmt::format(
-            "the standby for local rank {} (pid {}) ended without taking its hand-over: "
-            "starting the rank afresh",
-            local_rank, s.process.pid));
-        discard(s);
-      }
-      waiting.erase(waiting.begin() + static_cast<std::ptrdiff_t>(i));
-    }
+    for (size_t i = 0; i < fds.size(); ++i)
+      if (fds[i].revents != 0 && on_ack_readable(ranks[i], warnings)) waiting.erase(ranks[i]);
   }
-  for (auto& [local_rank, s] : waiting) {
-    warnings.push_back(fmt::format(
-        "the standby for local rank {} (pid {}) did not acknowledge its hand-over within {} ms "
-        "(still loading the program?): killing it and starting the rank afresh",
-        local_rank, s.process.pid, ack_timeout.count()));
-    discard(s);
-  }
-  return workers;
+  return end_hand_over(ack_timeout, warnings);
 }
 
 bool StandbyPool::on_exit(pid_t pid, const ExitStatus& status) {
@@ -195,6 +220,16 @@ void StandbyPool::discard(Standby& s) {
 }
 
 void StandbyPool::clear() {
+  for (auto& [local_rank, s] : sent_) discard(s);
+  sent_.clear();
+  // Acknowledged but not yet workers: the job ended before the group started.
+  for (auto& [local_rank, process] : taken_) {
+    close_fd(process.stdout_fd);
+    close_fd(process.stderr_fd);
+    launcher_->signal_group(process.pid, SIGKILL);
+    discarded_.insert(process.pid);
+  }
+  taken_.clear();
   while (!standbys_.empty()) {
     discard(standbys_.begin()->second);
     standbys_.erase(standbys_.begin());

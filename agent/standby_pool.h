@@ -90,6 +90,24 @@ class StandbyPool {
       std::chrono::milliseconds ack_timeout = kHandoverAckTimeout,
       const std::map<int, std::vector<std::string>>& script_argvs = {});
 
+  /// The same, without waiting, for an event loop (StandbySupply): sends each standby named in
+  /// `worker_envs` its hand-over and returns the descriptors its acknowledgement arrives on, by
+  /// local rank; the loop calls on_ack_readable for each as it becomes readable, and
+  /// end_hand_over once every rank is settled or the deadline passed. Only one hand-over is out
+  /// at a time.
+  std::map<int, int> begin_hand_over(
+      const std::map<int, EnvMap>& worker_envs, std::vector<std::string>& warnings,
+      const std::map<int, std::vector<std::string>>& script_argvs = {});
+  /// Reads what arrived for `local_rank`'s hand-over: true once the rank is settled (it
+  /// acknowledged, or it ended without doing so and was discarded), false to wait on.
+  bool on_ack_readable(int local_rank, std::vector<std::string>& warnings);
+  /// Ends the hand-over: every standby that has not acknowledged is discarded (a warning says
+  /// it did not within `ack_timeout`); returns the processes that took over, by local rank.
+  std::map<int, LaunchedProcess> end_hand_over(std::chrono::milliseconds ack_timeout,
+                                               std::vector<std::string>& warnings);
+  /// Ranks whose acknowledgement is still awaited.
+  size_t awaiting_acks() const { return sent_.size(); }
+
   /// Called for every reaped child: true when `pid` was a standby. A standby that ends on its
   /// own (the program does not wait in the SDK) disables the pool, with a warning that ends
   /// with `hint` (set_exit_hint).
@@ -130,7 +148,10 @@ class StandbyPool {
 
   ProcessLauncher* launcher_;
   std::map<int, Standby> standbys_;  ///< by local rank
-  std::set<pid_t> discarded_;        ///< killed by us, not yet reaped
+  /// The hand-over under way: sent, the acknowledgement awaited; and acknowledged (workers).
+  std::map<int, Standby> sent_;
+  std::map<int, LaunchedProcess> taken_;
+  std::set<pid_t> discarded_;  ///< killed by us, not yet reaped
   bool enabled_ = true;
   std::string exit_hint_ =
       "--standby_workers needs a program that calls the ddprun worker SDK's "

@@ -1,5 +1,6 @@
 #include "agent/standby_supply.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
@@ -16,9 +17,6 @@ namespace asio = boost::asio;
 
 namespace {
 
-/// Standby processes start this long after a group: they load the program (and libtorch) while
-/// the workers train, not while they start.
-constexpr std::chrono::milliseconds kStandbyDelay{1000};
 /// How long a group waits for the Python zygote to import torch before it starts without it
 /// (a fresh interpreter per worker would spend as long importing the same modules).
 constexpr std::chrono::seconds kZygoteReadyTimeout{60};
@@ -36,7 +34,8 @@ struct StandbySupply::Impl {
         standby_timer(io),
         zygote_timer(io),
         zygote_wait(io),
-        pool(launcher_) {
+        pool(launcher_),
+        ack_timer(io) {
     if (!settings.python_bootstrap.empty())
       pool.set_exit_hint("a Python standby imports torch and waits in ddprun's bootstrap (" +
                          settings.python_bootstrap + "); " + zygote_hint());
@@ -115,6 +114,41 @@ struct StandbySupply::Impl {
   common::TimePoint zygote_started;
   std::function<void(bool)> on_settled;
   bool stopped = false;
+
+  // The hand-over under way: a wait on a copy of each standby's socket, and its deadline.
+  std::map<int, std::unique_ptr<asio::posix::stream_descriptor>> ack_waits;
+  asio::steady_timer ack_timer;
+  std::function<void(std::map<int, LaunchedProcess>)> handed;
+  std::vector<std::string> handover_warnings;
+
+  uint64_t handover_generation = 0;  ///< a wait's completion for an earlier hand-over is stale
+
+  void await_ack(int local_rank) {
+    auto it = ack_waits.find(local_rank);
+    if (it == ack_waits.end()) return;
+    it->second->async_wait(
+        asio::posix::stream_descriptor::wait_read,
+        [this, local_rank, generation = handover_generation](const boost::system::error_code& ec) {
+          if (ec || !handed || generation != handover_generation) return;  // that one ended
+          if (!pool.on_ack_readable(local_rank, handover_warnings)) return await_ack(local_rank);
+          ack_waits.erase(local_rank);
+          if (ack_waits.empty()) end_hand_over();
+        });
+  }
+
+  /// Every rank settled, or the deadline passed: what took over are workers.
+  void end_hand_over() {
+    ++handover_generation;
+    ack_timer.cancel();
+    for (auto& [local_rank, wait] : ack_waits) {
+      boost::system::error_code ignored;
+      wait->close(ignored);  // a copy: the standby's socket stays the pool's
+    }
+    ack_waits.clear();
+    auto workers = pool.end_hand_over(kHandoverAckTimeout, handover_warnings);
+    for (const auto& line : std::exchange(handover_warnings, {})) spdlog::warn("{}", line);
+    if (auto done = std::exchange(handed, nullptr)) done(std::move(workers));
+  }
 };
 
 StandbySupply::StandbySupply(asio::io_context& io, ProcessLauncher& launcher,
@@ -163,14 +197,13 @@ bool StandbySupply::start_zygote(std::function<void(bool ready)> settled) {
   return true;
 }
 
-std::map<int, LaunchedProcess> StandbySupply::hand_over(const std::string& executable,
-                                                        const std::map<int, EnvMap>& envs) {
+void StandbySupply::hand_over(const std::string& executable, const std::map<int, EnvMap>& envs,
+                              std::function<void(std::map<int, LaunchedProcess>)> done) {
   Impl& s = *impl_;
-  if (!s.settings.enabled || executable.empty()) return {};
+  if (!s.settings.enabled || executable.empty() || s.stopped || s.handed) return done({});
   // With a zygote, the ranks without a standby get one now (a fork each): the first group
   // imports torch once, not once per worker.
   if (s.zygote_ready()) s.start_standbys(executable);
-  std::vector<std::string> warnings;
   // A Python standby forked from the zygote has the script's arguments as written; the worker
   // of each local rank gets its own (${local_rank} substituted) in the hand-over.
   std::map<int, std::vector<std::string>> script_argvs;
@@ -178,15 +211,35 @@ std::map<int, LaunchedProcess> StandbySupply::hand_over(const std::string& execu
     for (const auto& [local_rank, env] : envs)
       if (auto argv = standby_script_argv(s.settings.spec.argv, local_rank); !argv.empty())
         script_argvs[local_rank] = std::move(argv);
-  auto handed = s.pool.hand_over(envs, warnings, kHandoverAckTimeout, script_argvs);
-  for (const auto& line : warnings) spdlog::warn("{}", line);
-  return handed;
+  s.handed = std::move(done);
+  // Every standby is sent its message at once; the deadline bounds the whole hand-over.
+  for (const auto& [local_rank, fd] :
+       s.pool.begin_hand_over(envs, s.handover_warnings, script_argvs)) {
+    auto wait = std::make_unique<asio::posix::stream_descriptor>(s.ack_timer.get_executor());
+    const int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    boost::system::error_code ec;
+    if (copy >= 0) wait->assign(copy, ec);
+    if (copy < 0 || ec) {
+      if (copy >= 0) ::close(copy);
+      continue;  // not watched: settled at the deadline, as a standby that never answered
+    }
+    s.ack_waits.emplace(local_rank, std::move(wait));
+  }
+  if (s.pool.awaiting_acks() == 0) return s.end_hand_over();
+  for (const auto& [local_rank, wait] : s.ack_waits) s.await_ack(local_rank);
+  s.ack_timer.expires_after(kHandoverAckTimeout);
+  s.ack_timer.async_wait(
+      [&s, generation = s.handover_generation](const boost::system::error_code& ec) {
+        if (!ec && s.handed && generation == s.handover_generation) s.end_hand_over();
+      });
 }
+
+bool StandbySupply::handing_over() const { return impl_->handed != nullptr; }
 
 void StandbySupply::schedule(const std::string& executable) {
   Impl& s = *impl_;
   if (!s.settings.enabled || executable.empty()) return;
-  s.standby_timer.expires_after(kStandbyDelay);
+  s.standby_timer.expires_after(s.settings.delay);
   s.standby_timer.async_wait([&s, executable](const boost::system::error_code& ec) {
     if (!ec && !s.stopped) s.start_standbys(executable);
   });
@@ -228,6 +281,11 @@ void StandbySupply::stop() {
   s.zygote_timer.cancel();
   boost::system::error_code ignored;
   s.zygote_wait.close(ignored);
+  s.handed = nullptr;
+  ++s.handover_generation;
+  s.ack_timer.cancel();
+  for (auto& [local_rank, wait] : s.ack_waits) wait->close(ignored);
+  s.ack_waits.clear();
   s.pool.clear();
   if (s.zygote != nullptr) s.zygote->stop();
 }

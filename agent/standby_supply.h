@@ -1,6 +1,6 @@
 #pragma once
 // Where the next group's standbys come from (--standby_workers): a StandbyPool of one standby
-// per local rank, started a while after each group (kStandbyDelay), and for a Python script the
+// per local rank, started a while after each group (StandbySettings::delay), and for a Python script the
 // node's zygote (agent/python_zygote.h), which imports torch while the first rendezvous forms
 // and forks every standby. LocalAgent asks it for handed-over workers when a group starts and
 // hands it every reaped pid first.
@@ -36,6 +36,8 @@ struct StandbySettings {
   EnvMap agent_env;
   std::string run_id;
   GroupCleanup* cleanup = nullptr;  ///< needed for a zygote (a subreaper adopts its forks)
+  /// How long after a group its standbys start (AgentOptions::standby_delay).
+  std::chrono::milliseconds delay{1'000};
 };
 
 class StandbySupply {
@@ -54,10 +56,14 @@ class StandbySupply {
   bool start_zygote(std::function<void(bool ready)> settled);
 
   /// A group starts with `executable`: hands each local rank's standby the environment in
-  /// `envs` (by local rank; forking standbys from a ready zygote first). Returns the processes
-  /// that took over, by local rank: they are workers now.
-  std::map<int, LaunchedProcess> hand_over(const std::string& executable,
-                                           const std::map<int, EnvMap>& envs);
+  /// `envs` (by local rank; forking standbys from a ready zygote first), and calls `done` with
+  /// the processes that took over, by local rank: they are workers now. The acknowledgements
+  /// are awaited on the event loop (kHandoverAckTimeout at most), never by blocking it; `done`
+  /// may be called before hand_over returns (nothing to wait for). Not called once stop()ped.
+  void hand_over(const std::string& executable, const std::map<int, EnvMap>& envs,
+                 std::function<void(std::map<int, LaunchedProcess>)> done);
+  /// A hand-over is under way (its `done` not called yet).
+  bool handing_over() const;
   /// The group started: standbys for its next restart start a while from now.
   void schedule(const std::string& executable);
 

@@ -287,6 +287,67 @@ TEST_CASE("agent: a stop before any worker started drains nothing and leaves", "
   CHECK(a.effects<Finish>().at(0).code == 128 + SIGTERM);
 }
 
+TEST_CASE("agent: a stop during the standbys' hand-over stops those that took it over",
+          "[agent][unit]") {
+  // The hand-over's acknowledgements arrive as the loop turns: a signal can come first.
+  Agent a(3);
+  a.round();
+  REQUIRE(a.has<PrepareGroup>());
+  a.on(SignalReceived{SIGTERM});
+  CHECK(a.state.phase == AgentPhase::Launching);
+  CHECK_FALSE(a.has<SignalWorkers>());  // no worker yet: the stop waits for the hand-over
+  a.on(GroupPrepared{true, {{0, 500}, {2, 502}}});
+  // Launching -> Stopping: the two that took over are stopped, rank 1 never starts.
+  CHECK_FALSE(a.has<LaunchWorker>());
+  REQUIRE(a.has<SignalWorkers>());
+  CHECK(a.effects<SignalWorkers>().at(0).pids == std::vector<pid_t>{500, 502});
+  CHECK(a.effects<SignalWorkers>().at(0).sig == SIGTERM);
+  CHECK(a.has<ArmTimer>());
+  CHECK(a.state.phase == AgentPhase::Stopping);
+  a.on(WorkerExited{500, {0, SIGTERM}, false});
+  a.on(WorkerExited{502, {0, SIGTERM}, false});
+  CHECK(a.state.phase == AgentPhase::Draining);
+  a.on(OutputDrained{});
+  CHECK(a.effects<Finish>().at(0).code == 128 + SIGTERM);
+}
+
+TEST_CASE("agent: a restart notice or a second signal during the hand-over acts once it is over",
+          "[agent][unit]") {
+  SECTION("a restart notice stops the handed-over workers, then the node rejoins") {
+    Agent a(2, 3);
+    a.round();
+    rdzv::Restart restart;
+    restart.reason = "node b failed";
+    restart.restart_count = 1;
+    restart.counted = true;
+    a.on(NoticeReceived{restart});
+    CHECK_FALSE(a.has<SignalWorkers>());
+    a.on(GroupPrepared{true, {{0, 500}}});
+    CHECK(a.effects<SignalWorkers>().at(0).pids == std::vector<pid_t>{500});
+    a.on(WorkerExited{500, {0, SIGTERM}, false});
+    a.on(OutputDrained{});
+    CHECK(a.has<JoinRound>());
+  }
+  SECTION("a second signal kills them") {
+    Agent a(2);
+    a.round();
+    a.on(SignalReceived{SIGINT});
+    a.on(SignalReceived{SIGINT});
+    a.on(GroupPrepared{true, {{0, 500}, {1, 501}}});
+    REQUIRE(a.has<SignalWorkers>());
+    CHECK(a.effects<SignalWorkers>().at(0).pids == std::vector<pid_t>{500, 501});
+    CHECK(a.effects<SignalWorkers>().at(0).sig == SIGKILL);
+  }
+}
+
+TEST_CASE("agent: a GroupPrepared that nothing asked for changes nothing", "[agent][unit]") {
+  Agent a(2);
+  a.running_group();
+  a.on(GroupPrepared{true, {{0, 900}}});
+  CHECK(a.last.empty());
+  CHECK(running_pids(a.state) == std::vector<pid_t>{100, 101});
+}
+
 TEST_CASE("agent: an exit during Launching is judged once launching ends", "[agent][unit]") {
   Agent a(2);
   a.round();

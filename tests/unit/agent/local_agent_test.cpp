@@ -4,15 +4,20 @@
 // signal_set turns into a reap() of the fake, as the kernel's SIGCHLD would.
 #include "agent/local_agent.h"
 
+#include <sys/socket.h>
+
+#include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "common/exit_codes.h"
+#include "common/standby_protocol.h"
 #include "rendezvous/local_rendezvous.h"
 #include "tests/support/fake_clock.h"
 #include "tests/support/fake_process_launcher.h"
@@ -74,6 +79,15 @@ struct Job {
   std::vector<pid_t> running() const {
     return std::vector<pid_t>(launcher.running.begin(), launcher.running.end());
   }
+  /// The made-up standbys launched so far (their environment names the hand-over descriptor).
+  std::vector<pid_t> standbys() const {
+    std::vector<pid_t> pids;
+    const pid_t first = launcher.next_pid - static_cast<pid_t>(launcher.specs.size());
+    for (size_t i = 0; i < launcher.specs.size(); ++i)
+      if (!env_of(launcher.specs[i], "DDPRUN_STANDBY_FD").empty())
+        pids.push_back(first + static_cast<pid_t>(i));
+    return pids;
+  }
   bool runs(size_t n) {
     return poll_until([&] { return launcher.running.size() == n; });
   }
@@ -82,7 +96,106 @@ struct Job {
   }
 };
 
+/// Whether the hand-over written to a made-up standby's descriptor has arrived whole (its end
+/// of file seen); reads without blocking, appending to `got`.
+bool handover_read(int fd, std::string& got) {
+  char chunk[4096];
+  while (true) {
+    const ssize_t n = ::recv(fd, chunk, sizeof chunk, MSG_DONTWAIT);
+    if (n == 0) return true;
+    if (n < 0) return false;
+    got.append(chunk, static_cast<size_t>(n));
+  }
+}
+
 }  // namespace
+
+TEST_CASE("local agent: 8 standbys are handed over while the event loop keeps turning",
+          "[agent][unit][standby]") {
+  // The acknowledgements come one per turn of the loop, from this thread: a hand-over that
+  // waited for them inside a handler would stall the loop and then give every rank up.
+  Job job(8, 1, [](AgentOptions& opt) {
+    opt.standby_workers = true;
+    opt.standby_delay = std::chrono::milliseconds(0);
+  });
+  REQUIRE(job.agent->start());
+  // The group, then (at once, here) a standby per rank for its restart.
+  REQUIRE(job.poll_until([&] { return job.launcher.running.size() == 16; }));
+  const std::vector<pid_t> standbys = job.standbys();
+  REQUIRE(standbys.size() == 8);
+  job.launcher.end(job.running().front(), {1, 0});  // a failure: the group restarts
+
+  std::chrono::steady_clock::duration longest{0};
+  auto turn = [&] {
+    const auto began = std::chrono::steady_clock::now();
+    if (job.io.stopped()) job.io.restart();
+    job.io.poll_one();
+    longest = std::max(longest, std::chrono::steady_clock::now() - began);
+  };
+  std::map<pid_t, std::string> received;
+  size_t acked = 0;
+  for (int i = 0; i < 20000 && acked < standbys.size(); ++i) {
+    turn();
+    const pid_t next = standbys[acked];
+    if (!handover_read(job.launcher.inherited.at(next), received[next])) continue;
+    // From here on the hand-over is out: the turns measured are those while it is.
+    if (acked == 0) longest = {};
+    const char ack = ddprun::common::kStandbyAck;
+    REQUIRE(::send(job.launcher.inherited.at(next), &ack, 1, MSG_NOSIGNAL) == 1);
+    ++acked;
+    for (int t = 0; t < 3; ++t) turn();  // the loop turns between two acknowledgements
+  }
+  REQUIRE(acked == standbys.size());
+  for (pid_t pid : standbys) CHECK(received[pid].find("\"RANK\"") != std::string::npos);
+  // Every rank of the new group is a standby that took over: nothing started afresh (what
+  // was launched since is the next restart's standbys).
+  REQUIRE(job.poll_until([&] {
+    return std::all_of(standbys.begin(), standbys.end(),
+                       [&](pid_t pid) { return job.launcher.running.count(pid) > 0; });
+  }));
+  for (size_t i = 16; i < job.launcher.specs.size(); ++i)
+    CHECK_FALSE(env_of(job.launcher.specs[i], "DDPRUN_STANDBY_FD").empty());
+  // No turn ran long while the hand-over was out (0.14 ms measured on the 2-core machine);
+  // one that polled for its acknowledgements would take its whole 2 s deadline.
+  const auto longest_ms = std::chrono::duration<double, std::milli>(longest).count();
+  INFO("the longest turn of the loop during the hand-over took " << longest_ms << " ms");
+  CHECK(longest_ms < 100);
+  for (pid_t pid : standbys) job.launcher.end(pid, {0, 0});
+  REQUIRE(job.finished());
+  CHECK(job.agent->exit_code() == 0);
+}
+
+TEST_CASE(
+    "local agent: a standby that took over and ended during the hand-over is reaped as a "
+    "worker",
+    "[agent][unit][standby]") {
+  Job job(2, 1, [](AgentOptions& opt) {
+    opt.standby_workers = true;
+    opt.standby_delay = std::chrono::milliseconds(0);
+  });
+  REQUIRE(job.agent->start());
+  REQUIRE(job.poll_until([&] { return job.launcher.running.size() == 4; }));
+  REQUIRE(job.standbys().size() == 2);
+  const pid_t quick = job.standbys()[0];  // local rank 0's
+  const pid_t slow = job.standbys()[1];
+  job.launcher.end(job.running().front(), {1, 0});
+  std::string got;
+  REQUIRE(job.poll_until([&] { return handover_read(job.launcher.inherited.at(quick), got); }));
+  const char ack = ddprun::common::kStandbyAck;
+  REQUIRE(::send(job.launcher.inherited.at(quick), &ack, 1, MSG_NOSIGNAL) == 1);
+  // It fails at once, while rank 1's acknowledgement is still awaited.
+  for (int t = 0; t < 5; ++t) job.io.poll();
+  job.launcher.end(quick, {4, 0});
+  for (int t = 0; t < 5; ++t) job.io.poll();
+  std::string got_slow;
+  REQUIRE(job.poll_until([&] { return handover_read(job.launcher.inherited.at(slow), got_slow); }));
+  REQUIRE(::send(job.launcher.inherited.at(slow), &ack, 1, MSG_NOSIGNAL) == 1);
+  // Its exit is judged once it is a worker: the group fails and the budget (1) is spent.
+  REQUIRE(job.finished());
+  CHECK(job.agent->exit_code() == ddprun::common::kExitRestartsExhausted);
+  CHECK(std::find(job.launcher.signals.begin(), job.launcher.signals.end(),
+                  std::pair<pid_t, int>{slow, SIGTERM}) != job.launcher.signals.end());
+}
 
 TEST_CASE("local agent: a group whose workers exit 0 ends the job with 0", "[agent][unit]") {
   Job job(2);
