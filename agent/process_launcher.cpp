@@ -20,10 +20,9 @@ void close_fd(int& fd) {
   fd = -1;
 }
 
-std::variant<ChannelProcess, std::string> launch_with_channel(ProcessLauncher& launcher,
-                                                              ProcessSpec spec, int socket_type,
-                                                              const std::string& fd_variable,
-                                                              int send_buffer, int receive_buffer) {
+std::variant<int, std::string> open_channel(ProcessSpec& spec, int socket_type,
+                                            const std::string& fd_variable, int send_buffer,
+                                            int receive_buffer) {
   int fds[2] = {-1, -1};
   if (::socketpair(AF_UNIX, socket_type | SOCK_CLOEXEC, 0, fds) != 0)
     return std::string("socketpair: ") + std::strerror(errno);
@@ -32,13 +31,23 @@ std::variant<ChannelProcess, std::string> launch_with_channel(ProcessLauncher& l
     ::setsockopt(fds[0], SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof receive_buffer);
   spec.inherit_fd = fds[0];
   spec.envp.push_back(fd_variable + "=" + std::to_string(fds[0]));
+  return fds[1];
+}
+
+std::variant<ChannelProcess, std::string> launch_with_channel(ProcessLauncher& launcher,
+                                                              ProcessSpec spec, int socket_type,
+                                                              const std::string& fd_variable,
+                                                              int send_buffer, int receive_buffer) {
+  auto channel = open_channel(spec, socket_type, fd_variable, send_buffer, receive_buffer);
+  if (auto* why = std::get_if<std::string>(&channel)) return *why;
+  int agent_fd = std::get<int>(channel);
   auto launched = launcher.launch(spec);
-  close_fd(fds[0]);
+  close_fd(spec.inherit_fd);
   if (auto* why = std::get_if<std::string>(&launched)) {
-    close_fd(fds[1]);
+    close_fd(agent_fd);
     return *why;
   }
-  return ChannelProcess{std::get<LaunchedProcess>(launched), fds[1]};
+  return ChannelProcess{std::get<LaunchedProcess>(launched), agent_fd};
 }
 
 namespace {

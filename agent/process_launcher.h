@@ -74,6 +74,15 @@ struct ChannelProcess {
   int agent_fd = -1;
 };
 
+/// A new Unix socket pair of `socket_type` for a process about to start from `spec`: the child's
+/// end goes into `spec` (inherit_fd, and its number in the environment variable `fd_variable`),
+/// the agent's end is returned and sends with `send_buffer` bytes of room (the child's end
+/// receives with `receive_buffer`, when not 0). On failure, why. The caller closes
+/// spec.inherit_fd once the process has it.
+std::variant<int, std::string> open_channel(ProcessSpec& spec, int socket_type,
+                                            const std::string& fd_variable, int send_buffer,
+                                            int receive_buffer = 0);
+
 /// Starts `spec` with one end of a socket pair of `socket_type` inherited, its descriptor number
 /// in the environment variable `fd_variable`; the agent's end sends with `send_buffer` bytes of
 /// room (the child's end receives with `receive_buffer`, when not 0). On failure, why.

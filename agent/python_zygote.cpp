@@ -1,7 +1,6 @@
 #include "agent/python_zygote.h"
 
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -19,30 +18,25 @@
 namespace ddprun::agent {
 namespace {
 
-/// One message of the zygote, or why none came within `timeout` (`error` set).
+/// One message of the zygote, read without waiting: `text`, or `error` (`again`: nothing has
+/// arrived yet).
 struct Received {
   std::string text;
   std::string error;
+  bool again = false;
 };
 
-Received receive(int fd, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (true) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    pollfd p{fd, POLLIN, 0};
-    const int ready = ::poll(&p, 1, static_cast<int>(std::max<long long>(0, left.count())));
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready < 0) return {"", std::string("poll: ") + std::strerror(errno)};
-    if (ready == 0) return {"", "no answer within " + std::to_string(timeout.count()) + " ms"};
-    std::string buffer(64 * 1024, '\0');
-    const ssize_t n = ::recv(fd, buffer.data(), buffer.size(), MSG_DONTWAIT);
-    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (n < 0) return {"", std::string("recv: ") + std::strerror(errno)};
-    if (n == 0) return {"", "it closed its control socket"};
-    buffer.resize(static_cast<size_t>(n));
-    return {buffer, ""};
-  }
+Received receive(int fd) {
+  std::string buffer(64 * 1024, '\0');
+  ssize_t n;
+  do {
+    n = ::recv(fd, buffer.data(), buffer.size(), MSG_DONTWAIT);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return {"", "", true};
+  if (n < 0) return {"", std::string("recv: ") + std::strerror(errno)};
+  if (n == 0) return {"", "it closed its control socket"};
+  buffer.resize(static_cast<size_t>(n));
+  return {buffer, ""};
 }
 
 /// Sends `text` with `fds` attached (SCM_RIGHTS) as one message.
@@ -89,7 +83,8 @@ std::string PythonZygote::start(ProcessSpec spec) {
 
 PythonZygote::State PythonZygote::on_readable() {
   if (state_ != State::Starting) return state_;
-  const Received got = receive(control_fd_, std::chrono::milliseconds(0));
+  const Received got = receive(control_fd_);
+  if (got.again) return state_;
   if (!got.error.empty()) {
     // End of file: the interpreter ended (e.g. exit code 3, no torch); on_exit says how.
     give_up(got.error);
@@ -114,8 +109,8 @@ bool PythonZygote::on_exit(pid_t pid, const ExitStatus& status) {
   return true;
 }
 
-std::variant<LaunchedProcess, std::string> PythonZygote::launch(const ProcessSpec& spec) {
-  if (state_ != State::Ready) return std::string("the Python zygote is not running");
+std::string PythonZygote::request_fork(int tag, const ProcessSpec& spec) {
+  if (state_ != State::Ready) return "the Python zygote is not running";
   const EnvMap env = parse_envp(spec.envp);
   if (std::string names = start_only_differences(start_env_, env); !names.empty())
     return names + " differ(s) from the zygote's, and only take effect when a process starts";
@@ -132,30 +127,72 @@ std::variant<LaunchedProcess, std::string> PythonZygote::launch(const ProcessSpe
                                   {spec.inherit_fd, out[1], err[1]});
   close_fd(out[1]);
   close_fd(err[1]);
-  std::optional<pid_t> pid;
-  if (why.empty()) {
-    const Received got = receive(control_fd_, kZygoteForkTimeout);
-    if (!got.error.empty()) {
-      why = got.error;
-    } else {
-      auto doc = nlohmann::json::parse(got.text, nullptr, false);
-      if (doc.is_object() && doc.contains("pid") && doc["pid"].is_number_integer() &&
-          doc["pid"].get<long long>() > 0)
-        pid = static_cast<pid_t>(doc["pid"].get<long long>());
-      else if (doc.is_object() && doc.contains("error") && doc["error"].is_string())
-        why = "the Python zygote could not fork: " + doc["error"].get<std::string>();
-      else
-        why = "the Python zygote answered " + got.text.substr(0, 200);
-    }
-  }
-  if (!pid) {
+  if (!why.empty()) {
     close_fd(out[0]);
     close_fd(err[0]);
-    // A refused request leaves the zygote usable; silence or nonsense does not.
-    if (why.rfind("the Python zygote could not fork", 0) != 0) give_up(why);
+    give_up(why);  // a control socket that cannot be written to is a zygote gone
     return why;
   }
-  return LaunchedProcess{*pid, out[0], err[0]};
+  pending_.push_back(Pending{tag, out[0], err[0]});
+  return "";
+}
+
+std::vector<PythonZygote::Forked> PythonZygote::on_replies() {
+  std::vector<Forked> answered;
+  // Readable with nothing asked is the end of the zygote (end of file) or nonsense.
+  while (state_ == State::Ready) {
+    const Received got = receive(control_fd_);
+    if (got.again) break;
+    if (!got.error.empty()) {
+      give_up(got.error);
+      break;
+    }
+    if (pending_.empty()) {
+      give_up("it sent " + got.text.substr(0, 200) + " unasked");
+      break;
+    }
+    Pending p = pending_.front();
+    pending_.pop_front();
+    auto doc = nlohmann::json::parse(got.text, nullptr, false);
+    if (doc.is_object() && doc.contains("pid") && doc["pid"].is_number_integer() &&
+        doc["pid"].get<long long>() > 0) {
+      answered.push_back({p.tag, LaunchedProcess{static_cast<pid_t>(doc["pid"].get<long long>()),
+                                                 p.stdout_fd, p.stderr_fd}});
+      continue;
+    }
+    close_fd(p.stdout_fd);
+    close_fd(p.stderr_fd);
+    if (doc.is_object() && doc.contains("error") && doc["error"].is_string()) {
+      // A refused request leaves the zygote usable; nonsense does not.
+      answered.push_back(
+          {p.tag, "the Python zygote could not fork: " + doc["error"].get<std::string>()});
+      continue;
+    }
+    const std::string why = "the Python zygote answered " + got.text.substr(0, 200);
+    answered.push_back({p.tag, why});
+    give_up(why);
+  }
+  fail_pending(answered);
+  return answered;
+}
+
+std::vector<PythonZygote::Forked> PythonZygote::time_out() {
+  std::vector<Forked> answered;
+  if (!pending_.empty())
+    give_up("no answer to a fork request within " + std::to_string(kZygoteForkTimeout.count()) +
+            " ms");
+  fail_pending(answered);
+  return answered;
+}
+
+void PythonZygote::fail_pending(std::vector<Forked>& out) {
+  if (state_ != State::Gone) return;
+  for (Pending& p : pending_) {
+    close_fd(p.stdout_fd);
+    close_fd(p.stderr_fd);
+    out.push_back({p.tag, "the Python zygote is gone: " + failure_});
+  }
+  pending_.clear();
 }
 
 void PythonZygote::give_up(std::string why) {
@@ -183,6 +220,11 @@ std::string PythonZygote::stderr_tail() {
 
 void PythonZygote::stop() {
   close_fd(control_fd_);
+  for (Pending& p : pending_) {
+    close_fd(p.stdout_fd);
+    close_fd(p.stderr_fd);
+  }
+  pending_.clear();
   if (process_.pid > 0 && !reaped_) {
     launcher_.signal_group(process_.pid, SIGKILL);
     launcher_.wait(process_.pid);

@@ -2,8 +2,10 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <deque>
 #include <string>
 #include <variant>
+#include <vector>
 
 #include "agent/process_launcher.h"
 #include "agent/worker.h"
@@ -26,20 +28,21 @@ inline constexpr std::chrono::milliseconds kZygoteForkTimeout{5000};
 ///   SOCK_SEQPACKET pair, launch with
 ///   DDPRUN_ZYGOTE_FD=<its end>               ->   import torch, the script's imports
 ///   control socket readable: on_readable()   <-   {"ready": pid}
-///   launch(spec): {"env": ...} with the      ->   fork, fork again (the middle process exits:
-///   hand-over fd and two pipes attached            the standby becomes the agent's child)
-///   wait for the reply (kZygoteForkTimeout)  <-   {"pid": n} or {"error": "..."}
+///   request_fork(tag, spec): {"env": ...}    ->   fork, fork again (the middle process exits:
+///   with the hand-over fd and two pipes            the standby becomes the agent's child)
+///   attached; several may be out at once
+///   control socket readable: on_replies()    <-   {"pid": n} or {"error": "..."}, one per
+///   (kZygoteForkTimeout: time_out())               request, in the order they were sent
 ///   stop(): close, SIGKILL, reap             ->   end of file: exit 0
 ///
-/// As a ProcessLauncher it makes standbys for StandbyPool: launch(spec) forks one whose
-/// environment is spec.envp and whose hand-over descriptor is spec.inherit_fd (spec.executable,
-/// spec.argv and spec.cgroup_procs_fd are the zygote's own: the fork stays in its cgroup).
-class PythonZygote final : public ProcessLauncher {
+/// Nothing here blocks: the agent's event loop waits for the control socket to be readable
+/// (StandbySupply) and calls on_readable or on_replies.
+class PythonZygote {
  public:
   enum class State { Idle, Starting, Ready, Gone };
 
   explicit PythonZygote(ProcessLauncher& launcher) : launcher_(launcher) {}
-  ~PythonZygote() override { stop(); }
+  ~PythonZygote() { stop(); }
   PythonZygote(const PythonZygote&) = delete;
   PythonZygote& operator=(const PythonZygote&) = delete;
 
@@ -47,8 +50,8 @@ class PythonZygote final : public ProcessLauncher {
   /// environment): Idle -> Starting. Returns why it could not, or "".
   std::string start(ProcessSpec spec);
 
-  /// The agent's end of the control socket, readable once the zygote is ready or has ended
-  /// (-1 unless Starting or Ready). Owned here.
+  /// The agent's end of the control socket, readable once the zygote is ready, has answered a
+  /// fork request or has ended (-1 once Gone). Owned here.
   int control_fd() const { return control_fd_; }
 
   /// Reads what made control_fd() readable while Starting: Starting -> Ready on its ready
@@ -58,15 +61,29 @@ class PythonZygote final : public ProcessLauncher {
   /// Called for every reaped child: true when `pid` was the zygote (-> Gone).
   bool on_exit(pid_t pid, const ExitStatus& status);
 
-  /// Forks a standby (Ready only). A zygote that does not answer within kZygoteForkTimeout
-  /// or answers nonsense is killed (-> Gone).
-  std::variant<LaunchedProcess, std::string> launch(const ProcessSpec& spec) override;
-  bool signal_group(pid_t pgid, int sig) override { return launcher_.signal_group(pgid, sig); }
-  /// The forks are the agent's children (a subreaper adopts them): its launcher reaps them.
-  std::vector<ProcessExit> reap() override { return launcher_.reap(); }
-  void wait(pid_t pid) override { launcher_.wait(pid); }
+  /// Asks the zygote (Ready) to fork a standby whose environment is spec.envp and whose
+  /// hand-over descriptor is spec.inherit_fd (the caller closes its copy after); the answer
+  /// comes from on_replies() with `tag`. Returns why the request could not be sent, or "".
+  std::string request_fork(int tag, const ProcessSpec& spec);
 
-  /// Ends the zygote: closes the control socket (it exits on end of file), SIGKILL, reap.
+  /// A fork request's answer: the standby, with its output pipes, or why there is none.
+  struct Forked {
+    int tag = 0;
+    std::variant<LaunchedProcess, std::string> result;
+  };
+  /// Reads what made control_fd() readable while Ready: the answers that have arrived, in the
+  /// order the requests were sent (end of file or an unasked message: -> Gone). Once the zygote is
+  /// Gone (it ended, answered nonsense, or timed out) every request still out is answered
+  /// with why.
+  std::vector<Forked> on_replies();
+  /// Requests sent and not answered yet.
+  size_t forks_pending() const { return pending_.size(); }
+  /// No answer came within kZygoteForkTimeout: the zygote is given up (-> Gone) and every
+  /// request still out is answered with why.
+  std::vector<Forked> time_out();
+
+  /// Ends the zygote: closes the control socket (it exits on end of file), SIGKILL, reap; the
+  /// requests still out are dropped.
   void stop();
 
   State state() const { return state_; }
@@ -77,6 +94,16 @@ class PythonZygote final : public ProcessLauncher {
  private:
   void give_up(std::string why);
   std::string stderr_tail();
+  /// Every request still out, answered with failure_ (the zygote is Gone).
+  void fail_pending(std::vector<Forked>& out);
+
+  /// A request sent: the read ends of the standby's output pipes, until the answer.
+  struct Pending {
+    int tag = 0;
+    int stdout_fd = -1;
+    int stderr_fd = -1;
+  };
+  std::deque<Pending> pending_;
 
   ProcessLauncher& launcher_;
   State state_ = State::Idle;

@@ -84,6 +84,14 @@ std::string StandbyPool::start(int local_rank, ProcessSpec spec) {
   return "";
 }
 
+void StandbyPool::adopt(int local_rank, LaunchedProcess process, int handover_fd,
+                        EnvMap start_env) {
+  Standby s{process, handover_fd, std::move(start_env)};
+  if (!enabled_ || has(local_rank)) return discard(s);
+  spdlog::debug("standby for local rank {} forked (pid {})", local_rank, process.pid);
+  standbys_.emplace(local_rank, std::move(s));
+}
+
 std::map<int, int> StandbyPool::begin_hand_over(
     const std::map<int, EnvMap>& worker_envs, std::vector<std::string>& warnings,
     const std::map<int, std::vector<std::string>>& script_argvs) {

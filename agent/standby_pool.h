@@ -76,6 +76,11 @@ class StandbyPool {
   /// unless one is alive or the pool was disabled. Returns why it could not start, or "".
   std::string start(int local_rank, ProcessSpec spec);
 
+  /// Takes `process`, started elsewhere (forked by the Python zygote) with the other end of
+  /// `handover_fd` and the environment `start_env`, as the standby of `local_rank` (the pool
+  /// owns the descriptor from now on).
+  void adopt(int local_rank, LaunchedProcess process, int handover_fd, EnvMap start_env);
+
   /// Hands each standby named in `worker_envs` (by local rank) the environment of its worker,
   /// then waits at most `ack_timeout` in all for the acknowledgements. Returns, by local rank,
   /// the processes that acknowledged: each, with its output pipes, is now its rank's worker.
@@ -112,10 +117,6 @@ class StandbyPool {
   /// own (the program does not wait in the SDK) disables the pool, with a warning that ends
   /// with `hint` (set_exit_hint).
   bool on_exit(pid_t pid, const ExitStatus& status);
-
-  /// Where standbys come from from now on: the agent's launcher (exec), or a Python zygote
-  /// that forks them (agent/python_zygote.h).
-  void use_launcher(ProcessLauncher& launcher) { launcher_ = &launcher; }
 
   /// Disables the pool for the rest of the job and ends every standby.
   void disable() {

@@ -1,6 +1,7 @@
 #include "agent/standby_supply.h"
 
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
@@ -11,6 +12,7 @@
 #include "agent/standby_pool.h"
 #include "agent/worker_command.h"
 #include "common/log.h"
+#include "common/standby_protocol.h"
 
 namespace ddprun::agent {
 namespace asio = boost::asio;
@@ -35,6 +37,7 @@ struct StandbySupply::Impl {
         zygote_timer(io),
         zygote_wait(io),
         pool(launcher_),
+        fork_timer(io),
         ack_timer(io) {
     if (!settings.python_bootstrap.empty())
       pool.set_exit_hint("a Python standby imports torch and waits in ddprun's bootstrap (" +
@@ -50,9 +53,11 @@ struct StandbySupply::Impl {
     return zygote != nullptr && zygote->state() == PythonZygote::State::Ready;
   }
 
-  /// A standby for every local rank that has none (from the zygote when it runs).
+  /// A standby for every local rank that has none: forked by the zygote when it runs (the
+  /// answers come as the loop turns: settle_forks), else started at once (fork and exec).
   void start_standbys(const std::string& executable) {
     if (!pool.enabled() || executable.empty()) return;
+    if (zygote_ready()) return fork_standbys();
     nlohmann::json started = nlohmann::json::array();
     for (int local = 0; local < settings.spec.local_world_size; ++local) {
       if (pool.has(local)) continue;
@@ -70,8 +75,125 @@ struct StandbySupply::Impl {
         started.push_back(pool.pid_of(local));
     }
     if (!started.empty())
-      emit("standbys_started",
-           {{"count", started.size()}, {"pids", started}, {"forked", zygote_ready()}});
+      emit("standbys_started", {{"count", started.size()}, {"pids", started}, {"forked", false}});
+  }
+
+  /// One fork request per local rank without a standby, all sent at once; the zygote answers
+  /// them in order.
+  void fork_standbys() {
+    for (int local = 0; local < settings.spec.local_world_size && zygote_ready(); ++local) {
+      if (pool.has(local) || forking.count(local) > 0) continue;
+      ProcessSpec ps{
+          "",
+          {},
+          to_envp(build_standby_env(settings.agent_env, settings.spec, local, settings.run_id))};
+      EnvMap start_env = parse_envp(ps.envp);
+      auto channel = open_channel(ps, SOCK_STREAM, common::kStandbyFdVariable, 1 << 20);
+      if (const auto* why = std::get_if<std::string>(&channel)) {
+        spdlog::warn("cannot start a standby for local rank {}: {}", local, *why);
+        continue;
+      }
+      int agent_fd = std::get<int>(channel);
+      const std::string why = zygote->request_fork(local, ps);
+      close_fd(ps.inherit_fd);  // in the request now (or not needed)
+      if (!why.empty()) {
+        close_fd(agent_fd);
+        spdlog::warn("cannot start a standby for local rank {}: {}", local, why);
+        continue;
+      }
+      forking.emplace(local, Forking{agent_fd, std::move(start_env)});
+    }
+    // A zygote that went while the requests were sent answers the rest with why.
+    if (!zygote_ready()) return settle_forks(zygote->on_replies());
+    if (forking.empty()) return forks_settled();
+    await_replies();
+    fork_timer.expires_after(kZygoteForkTimeout);
+    fork_timer.async_wait([this](const boost::system::error_code& ec) {
+      if (!ec && !stopped && !forking.empty()) settle_forks(zygote->time_out());
+    });
+  }
+
+  /// The zygote's ready message (or its end) while it imports.
+  void await_ready() {
+    zygote_wait.async_wait(asio::posix::stream_descriptor::wait_read,
+                           [this](const boost::system::error_code& ec) {
+                             if (ec || stopped || zygote_settled) return;
+                             const PythonZygote::State state = zygote->on_readable();
+                             if (state == PythonZygote::State::Starting) return await_ready();
+                             settle(state);
+                           });
+  }
+
+  void await_replies() {
+    if (awaiting_replies) return;
+    awaiting_replies = true;
+    zygote_wait.async_wait(asio::posix::stream_descriptor::wait_read,
+                           [this](const boost::system::error_code& ec) {
+                             awaiting_replies = false;
+                             if (ec || stopped) return;
+                             settle_forks(zygote->on_replies());
+                           });
+  }
+
+  /// The zygote's answers: each fork is its rank's standby, or the rank has none this time.
+  void settle_forks(std::vector<PythonZygote::Forked> answers) {
+    for (auto& answer : answers) {
+      auto it = forking.find(answer.tag);
+      if (it == forking.end()) continue;  // not asked for by this supply: never happens
+      Forking f = std::move(it->second);
+      forking.erase(it);
+      if (auto* process = std::get_if<LaunchedProcess>(&answer.result)) {
+        pool.adopt(answer.tag, *process, f.agent_fd, std::move(f.start_env));
+        if (pool.pid_of(answer.tag) == process->pid) forked.push_back(process->pid);
+      } else {
+        close_fd(f.agent_fd);
+        spdlog::warn("cannot start a standby for local rank {}: {}", answer.tag,
+                     std::get<std::string>(answer.result));
+      }
+    }
+    if (!forking.empty()) return await_replies();
+    fork_timer.cancel();
+    forks_settled();
+  }
+
+  /// No fork request is out: say which standbys were forked, and go on with what waited.
+  void forks_settled() {
+    if (!forked.empty())
+      emit("standbys_started", {{"count", forked.size()}, {"pids", forked}, {"forked", true}});
+    forked = nlohmann::json::array();
+    if (auto next = std::exchange(after_forks, nullptr)) next();
+  }
+
+  /// Hands the standbys of the ranks in `envs` their workers' environments: the acks are
+  /// awaited on the loop (await_ack), under one deadline.
+  void send_hand_over(const std::map<int, EnvMap>& envs) {
+    // A Python standby forked from the zygote has the script's arguments as written; the worker
+    // of each local rank gets its own (${local_rank} substituted) in the hand-over.
+    std::map<int, std::vector<std::string>> script_argvs;
+    if (!settings.python_bootstrap.empty())
+      for (const auto& [local_rank, env] : envs)
+        if (auto argv = standby_script_argv(settings.spec.argv, local_rank); !argv.empty())
+          script_argvs[local_rank] = std::move(argv);
+    // Every standby is sent its message at once; the deadline bounds the whole hand-over.
+    for (const auto& [local_rank, fd] :
+         pool.begin_hand_over(envs, handover_warnings, script_argvs)) {
+      auto wait = std::make_unique<asio::posix::stream_descriptor>(ack_timer.get_executor());
+      const int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+      boost::system::error_code ec;
+      if (copy >= 0) wait->assign(copy, ec);
+      if (copy < 0 || ec) {
+        if (copy >= 0) ::close(copy);
+        continue;  // not watched: settled at the deadline, as a standby that never answered
+      }
+      ack_waits.emplace(local_rank, std::move(wait));
+    }
+    if (pool.awaiting_acks() == 0) return end_hand_over();
+    for (const auto& [local_rank, wait] : ack_waits) await_ack(local_rank);
+    ack_timer.expires_after(kHandoverAckTimeout);
+    ack_timer.async_wait(
+        [this, generation = handover_generation](const boost::system::error_code& ec) {
+          if (!ec && handed && generation == handover_generation) end_hand_over();
+        });
   }
 
   /// Starting -> Ready or Gone: standbys come from the zygote, or there are none.
@@ -79,11 +201,9 @@ struct StandbySupply::Impl {
     if (zygote_settled) return;
     zygote_settled = true;
     zygote_timer.cancel();
-    boost::system::error_code ignored;
-    zygote_wait.close(ignored);
     const bool ready = state == PythonZygote::State::Ready;
     if (ready) {
-      pool.use_launcher(*zygote);
+      // zygote_wait stays open: the answers to fork requests arrive on it.
       emit("zygote_ready",
            {{"pid", zygote->pid()},
             {"import_ms",
@@ -95,6 +215,8 @@ struct StandbySupply::Impl {
           "no standbys: the Python zygote (pid {}) failed: {}{}; workers start afresh",
           zygote->pid(), failure,
           failure.find("cannot import torch") != std::string::npos ? "; " + zygote_hint() : "");
+      boost::system::error_code ignored;
+      zygote_wait.close(ignored);
       pool.disable();
     }
     if (on_settled) on_settled(ready);
@@ -114,6 +236,18 @@ struct StandbySupply::Impl {
   common::TimePoint zygote_started;
   std::function<void(bool)> on_settled;
   bool stopped = false;
+
+  // Fork requests out to the zygote, by local rank: the agent's end of each standby's
+  // hand-over socket and the environment it starts with, until the zygote answers.
+  struct Forking {
+    int agent_fd = -1;
+    EnvMap start_env;
+  };
+  std::map<int, Forking> forking;
+  asio::steady_timer fork_timer;
+  bool awaiting_replies = false;
+  nlohmann::json forked = nlohmann::json::array();  ///< pids forked since the last event
+  std::function<void()> after_forks;  ///< a hand-over waiting for the forks to be answered
 
   // The hand-over under way: a wait on a copy of each standby's socket, and its deadline.
   std::map<int, std::unique_ptr<asio::posix::stream_descriptor>> ack_waits;
@@ -181,12 +315,8 @@ bool StandbySupply::start_zygote(std::function<void(bool ready)> settled) {
   s.on_settled = std::move(settled);
   s.zygote_started = s.clock.now();
   s.emit("zygote_started", {{"pid", s.zygote->pid()}});
-  s.zygote_wait.assign(::dup(s.zygote->control_fd()));
-  s.zygote_wait.async_wait(asio::posix::stream_descriptor::wait_read,
-                           [&s](const boost::system::error_code& ec) {
-                             if (ec || s.stopped || s.zygote_settled) return;
-                             s.settle(s.zygote->on_readable());
-                           });
+  s.zygote_wait.assign(::fcntl(s.zygote->control_fd(), F_DUPFD_CLOEXEC, 0));
+  s.await_ready();
   s.zygote_timer.expires_after(kZygoteReadyTimeout);
   s.zygote_timer.async_wait([&s](const boost::system::error_code& ec) {
     if (ec || s.stopped || s.zygote->state() != PythonZygote::State::Starting) return;
@@ -201,37 +331,15 @@ void StandbySupply::hand_over(const std::string& executable, const std::map<int,
                               std::function<void(std::map<int, LaunchedProcess>)> done) {
   Impl& s = *impl_;
   if (!s.settings.enabled || executable.empty() || s.stopped || s.handed) return done({});
-  // With a zygote, the ranks without a standby get one now (a fork each): the first group
-  // imports torch once, not once per worker.
-  if (s.zygote_ready()) s.start_standbys(executable);
-  // A Python standby forked from the zygote has the script's arguments as written; the worker
-  // of each local rank gets its own (${local_rank} substituted) in the hand-over.
-  std::map<int, std::vector<std::string>> script_argvs;
-  if (!s.settings.python_bootstrap.empty())
-    for (const auto& [local_rank, env] : envs)
-      if (auto argv = standby_script_argv(s.settings.spec.argv, local_rank); !argv.empty())
-        script_argvs[local_rank] = std::move(argv);
   s.handed = std::move(done);
-  // Every standby is sent its message at once; the deadline bounds the whole hand-over.
-  for (const auto& [local_rank, fd] :
-       s.pool.begin_hand_over(envs, s.handover_warnings, script_argvs)) {
-    auto wait = std::make_unique<asio::posix::stream_descriptor>(s.ack_timer.get_executor());
-    const int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
-    boost::system::error_code ec;
-    if (copy >= 0) wait->assign(copy, ec);
-    if (copy < 0 || ec) {
-      if (copy >= 0) ::close(copy);
-      continue;  // not watched: settled at the deadline, as a standby that never answered
-    }
-    s.ack_waits.emplace(local_rank, std::move(wait));
+  // With a zygote, the ranks without a standby get one now (a fork each): the first group
+  // imports torch once, not once per worker. The hand-over waits for the zygote's answers.
+  if (s.zygote_ready()) s.start_standbys(executable);
+  if (!s.forking.empty()) {
+    s.after_forks = [&s, envs] { s.send_hand_over(envs); };
+    return;
   }
-  if (s.pool.awaiting_acks() == 0) return s.end_hand_over();
-  for (const auto& [local_rank, wait] : s.ack_waits) s.await_ack(local_rank);
-  s.ack_timer.expires_after(kHandoverAckTimeout);
-  s.ack_timer.async_wait(
-      [&s, generation = s.handover_generation](const boost::system::error_code& ec) {
-        if (!ec && s.handed && generation == s.handover_generation) s.end_hand_over();
-      });
+  s.send_hand_over(envs);
 }
 
 bool StandbySupply::handing_over() const { return impl_->handed != nullptr; }
@@ -254,11 +362,15 @@ bool StandbySupply::on_exit(pid_t pid, const ExitStatus& status) {
   if (s.stopped) return true;
   if (!s.zygote_settled) {
     s.settle(PythonZygote::State::Gone);
-  } else if (s.pool.enabled()) {
-    spdlog::warn(
-        "the Python zygote (pid {}) ended: {}; standbys start one interpreter each from now on",
-        s.zygote->pid(), s.zygote->failure());
-    s.pool.use_launcher(s.launcher);
+  } else {
+    if (s.pool.enabled())
+      spdlog::warn(
+          "the Python zygote (pid {}) ended: {}; standbys start one interpreter each from now "
+          "on",
+          s.zygote->pid(), s.zygote->failure());
+    boost::system::error_code ignored;
+    s.zygote_wait.close(ignored);
+    if (!s.forking.empty()) s.settle_forks(s.zygote->on_replies());
   }
   return true;
 }
@@ -282,6 +394,10 @@ void StandbySupply::stop() {
   boost::system::error_code ignored;
   s.zygote_wait.close(ignored);
   s.handed = nullptr;
+  s.after_forks = nullptr;
+  s.fork_timer.cancel();
+  for (auto& [local_rank, f] : s.forking) close_fd(f.agent_fd);
+  s.forking.clear();
   ++s.handover_generation;
   s.ack_timer.cancel();
   for (auto& [local_rank, wait] : s.ack_waits) wait->close(ignored);

@@ -1,8 +1,8 @@
 #pragma once
 // Where the next group's standbys come from (--standby_workers): a StandbyPool of one standby
-// per local rank, started a while after each group (StandbySettings::delay), and for a Python script the
-// node's zygote (agent/python_zygote.h), which imports torch while the first rendezvous forms
-// and forks every standby. LocalAgent asks it for handed-over workers when a group starts and
+// per local rank, started a while after each group (StandbySettings::delay), and for a Python
+// script the node's zygote (agent/python_zygote.h), which imports torch while the first rendezvous
+// forms and forks every standby. LocalAgent asks it for handed-over workers when a group starts and
 // hands it every reaped pid first.
 #include <chrono>
 #include <functional>
