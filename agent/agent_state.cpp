@@ -9,6 +9,7 @@
 
 #include "agent/failure_report.h"
 #include "agent/worker_env.h"
+#include "common/check.h"
 #include "common/exit_codes.h"
 #include "common/signals.h"
 
@@ -255,8 +256,18 @@ class Stepper {
     continue_launch();
   }
 
+  void on(const LaunchTurn&) {
+    // A stop meanwhile ended Launching (end_launch): nothing more starts.
+    if (s_.phase != AgentPhase::Launching || s_.preparing || s_.stop_reason != StopReason::None ||
+        s_.next_launch >= s_.workers.size())
+      return;
+    out_.push_back(LaunchWorker{s_.next_launch, s_.workers[s_.next_launch].placement});
+  }
+
   void on(const WorkerLaunched& e) {
-    if (s_.phase != AgentPhase::Launching || e.index >= s_.workers.size()) return;
+    if (s_.phase != AgentPhase::Launching || e.index != s_.next_launch ||
+        e.index >= s_.workers.size())
+      return;
     WorkerSlot& w = s_.workers[e.index];
     if (e.pid > 0) {
       w.pid = e.pid;
@@ -465,6 +476,7 @@ class Stepper {
   }
 
   void join_now() {
+    DDPRUN_CHECK(idle(s_.phase), "a node joins a round only while nothing of it runs");
     // -> Rendezvous: join the next round.
     s_.phase = AgentPhase::Rendezvous;
     out_.push_back(EmitEvent{"rendezvous_start", {{"restart_count", s_.restart_count}}});
@@ -472,6 +484,8 @@ class Stepper {
   }
 
   void begin_group(const rdzv::RendezvousInfo& round) {
+    DDPRUN_CHECK(s_.phase == AgentPhase::Rendezvous || s_.phase == AgentPhase::AwaitingZygote,
+                 "a group begins from a completed round");
     // Rendezvous -> Launching: a fresh group for this round.
     s_.phase = AgentPhase::Launching;
     s_.round = round;
@@ -489,7 +503,9 @@ class Stepper {
     s_.next_launch = 0;
     s_.from_standby = 0;
     s_.preparing = true;
-    out_.push_back(PrepareGroup{});
+    std::vector<WorkerPlacement> placements;
+    for (const WorkerSlot& w : s_.workers) placements.push_back(w.placement);
+    out_.push_back(PrepareGroup{round, std::move(placements), s_.checkpoint_requested});
   }
 
   /// The next worker to start, one per event-loop turn: a stop that comes while a large group
@@ -498,13 +514,15 @@ class Stepper {
     while (s_.next_launch < s_.workers.size() && s_.workers[s_.next_launch].pid > 0)
       ++s_.next_launch;  // a handed-over standby's
     if (s_.next_launch < s_.workers.size() && s_.stop_reason == StopReason::None) {
-      out_.push_back(LaunchWorker{s_.next_launch});
+      out_.push_back(YieldTurn{});  // LaunchTurn launches it
       return;
     }
     end_launch();
   }
 
   void end_launch() {
+    DDPRUN_CHECK(s_.phase == AgentPhase::Launching && !s_.preparing,
+                 "launching ends once the group was prepared");
     // Init -> Stopped for the workers not started: a stop came while the group started.
     const size_t planned = s_.workers.size();
     std::vector<WorkerSlot> kept;
@@ -544,7 +562,16 @@ class Stepper {
 
   void record_failure(size_t index) {
     s_.failures.push_back(index);
-    out_.push_back(RecordFailure{index});
+    const WorkerSlot& w = s_.workers[index];
+    out_.push_back(RecordFailure{w.placement, w.pid, w.status, w.hung});
+  }
+
+  /// The pids of the group's workers that were started (their process groups).
+  std::vector<pid_t> started_pids() const {
+    std::vector<pid_t> pids;
+    for (const WorkerSlot& w : s_.workers)
+      if (w.pid > 0) pids.push_back(w.pid);
+    return pids;
   }
 
   /// After every observed exit, once the whole group was launched.
@@ -561,7 +588,7 @@ class Stepper {
         // Running -> Draining: every worker exited 0; report once the output is read.
         s_.phase = AgentPhase::Draining;
         s_.drain_after_success = true;
-        out_.push_back(Drain{});
+        out_.push_back(Drain{started_pids()});
         return;
       case Action::StopGroup: {
         // Running -> Stopping: report at once so that other nodes stop too, then stop ours.
@@ -607,6 +634,9 @@ class Stepper {
   }
 
   void stop_group(StopReason reason, int sig) {
+    DDPRUN_CHECK(s_.phase == AgentPhase::Launching || s_.phase == AgentPhase::Running ||
+                     s_.phase == AgentPhase::Stopping,
+                 "only a group that starts or runs is stopped");
     if (s_.stop_reason == StopReason::None) s_.stop_started = now_;
     if (s_.stop_reason == StopReason::None || reason == StopReason::Signalled)
       s_.stop_reason = reason;
@@ -636,12 +666,14 @@ class Stepper {
   }
 
   void group_stopped() {
+    DDPRUN_CHECK(s_.phase == AgentPhase::Stopping || s_.phase == AgentPhase::Running,
+                 "a group is down after it was stopped (or none of it started)");
     // Stopping -> Draining: every worker of the group has been reaped. A late SIGCHLD of the
     // old group finds no running slot and changes nothing.
     s_.phase = AgentPhase::Draining;
     s_.drain_after_success = false;
     out_.push_back(CancelTimer{AgentTimer::StopDeadline});
-    out_.push_back(Drain{});
+    out_.push_back(Drain{started_pids()});
   }
 
   void arm_watchdog() {
@@ -700,7 +732,11 @@ class Stepper {
   /// (PYTHONFAULTHANDLER=1), and SIGKILL once the grace has passed.
   void kill_hung(std::vector<pid_t> pids, std::string why) {
     if (pids.empty()) return;
-    out_.push_back(DumpStacks{pids, std::move(why)});
+    std::vector<WorkerRef> refs;
+    for (const WorkerSlot& w : s_.workers)
+      if (std::find(pids.begin(), pids.end(), w.pid) != pids.end())
+        refs.push_back({w.pid, w.placement.global_rank, w.placement.local_rank});
+    out_.push_back(DumpStacks{std::move(refs), std::move(why)});
     if (!spec_.python_tracebacks) {
       out_.push_back(SignalWorkers{std::move(pids), SIGKILL, false});
       return;
@@ -790,7 +826,7 @@ class Stepper {
     s_.checking = false;
     s_.phase = AgentPhase::Finished;
     s_.exit_code = code;
-    out_.push_back(Finish{code});
+    out_.push_back(Finish{code, running_pids(s_)});
   }
 
   AgentState& s_;
@@ -808,11 +844,26 @@ Duration restart_backoff(int failures_in_a_row, Duration base, Duration max) {
   return std::min(pause, std::max(max, base));
 }
 
+void check_invariants(const AgentState& s) {
+  DDPRUN_CHECK(!s.preparing || s.phase == AgentPhase::Launching,
+               "a group is prepared only while it launches");
+  DDPRUN_CHECK(s.next_launch <= s.workers.size() || s.phase != AgentPhase::Launching,
+               "the next launch is a slot of the group");
+  for (size_t f : s.failures)
+    DDPRUN_CHECK(f < s.workers.size(), "a recorded failure is a slot of the group");
+  DDPRUN_CHECK(s.phase != AgentPhase::Running || s.stop_reason == StopReason::None,
+               "a group being stopped is Stopping, not Running");
+  DDPRUN_CHECK(s.phase != AgentPhase::AwaitingZygote ||
+                   (s.waiting_round.has_value() && s.zygote == ZygotePhase::Starting),
+               "a group awaits the zygote with its round while the zygote starts");
+}
+
 std::vector<AgentEffect> agent_step(AgentState& state, const AgentEvent& event, TimePoint now,
                                     const AgentSpec& spec) {
   if (state.phase == AgentPhase::Finished) return {};
   Stepper stepper(state, now, spec);
   std::visit([&stepper](const auto& e) { stepper.on(e); }, event);
+  check_invariants(state);
   return stepper.take();
 }
 

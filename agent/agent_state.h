@@ -236,6 +236,8 @@ struct GroupPrepared {
   bool ok = true;  ///< false: the attempt's directories could not be made
   std::map<int, pid_t> handed;
 };
+/// The event loop turned after YieldTurn: the next worker may start.
+struct LaunchTurn {};
 /// LaunchWorker{index} was carried out: the pid, or the process could not start.
 struct WorkerLaunched {
   size_t index = 0;
@@ -289,7 +291,7 @@ struct HealthChecked {
 };
 
 using AgentEvent =
-    std::variant<AgentStarted, RoundReady, RoundFailed, NoticeReceived, GroupPrepared,
+    std::variant<AgentStarted, RoundReady, RoundFailed, NoticeReceived, GroupPrepared, LaunchTurn,
                  WorkerLaunched, WorkerExited, ProgressReported, SignalReceived, TimerFired,
                  HungInspected, OutputDrained, ZygoteSettled, HealthChecked>;
 
@@ -299,12 +301,20 @@ using AgentEvent =
 struct JoinRound {};
 /// Run the health gate's checks (HealthChecked follows).
 struct RunHealthCheck {};
-/// Make the attempt's directories and the workers' environments, hand standbys over
-/// (GroupPrepared follows).
-struct PrepareGroup {};
-/// Start workers[index] (WorkerLaunched follows, after the event loop had a turn).
+/// Make the attempt's directories and the workers' environments for the round's group of
+/// `placements`, hand standbys over (GroupPrepared follows).
+struct PrepareGroup {
+  rdzv::RendezvousInfo round;
+  std::vector<WorkerPlacement> placements;
+  bool checkpoint_requested = false;  ///< the environments say DDPRUN_CHECKPOINT_REQUESTED=1
+};
+/// Let the event loop turn before the next launch (LaunchTurn follows on its next turn): a
+/// stop that comes while a large group starts is acted on between two launches.
+struct YieldTurn {};
+/// Start the worker at `placement`, slot `index` (WorkerLaunched follows at once).
 struct LaunchWorker {
   size_t index = 0;
+  WorkerPlacement placement;
 };
 /// Send `sig` to each pid's process group (and SIGCONT after it, for a stopped worker).
 struct SignalWorkers {
@@ -312,9 +322,12 @@ struct SignalWorkers {
   int sig = 0;
   bool then_continue = false;
 };
-/// Add workers[index] to the failure report (the executor reads its error file now).
+/// Add this failed worker to the failure report (the executor reads its error file now).
 struct RecordFailure {
-  size_t index = 0;
+  WorkerPlacement placement;
+  pid_t pid = -1;
+  ExitStatus status;
+  bool hung = false;  ///< killed by the watchdog
 };
 struct ReportFailure {
   rdzv::WorkersFailed failure;
@@ -323,9 +336,11 @@ struct ReportSuccess {};
 struct Leave {
   std::string reason;
 };
-/// Kill what the ended group left behind and read its output to the end (OutputDrained
-/// follows).
-struct Drain {};
+/// Kill what the ended group left behind (each of its workers' process groups, then every
+/// other descendant but the standbys) and read its output to the end (OutputDrained follows).
+struct Drain {
+  std::vector<pid_t> groups;  ///< the group's workers, whose process groups are killed
+};
 struct ArmTimer {
   AgentTimer timer = AgentTimer::StopDeadline;
   TimePoint at;
@@ -348,9 +363,15 @@ struct Log {
 struct InspectHung {
   std::vector<pid_t> pids;
 };
+/// A worker as a log line names it.
+struct WorkerRef {
+  pid_t pid = -1;
+  int global_rank = 0;
+  int local_rank = 0;
+};
 /// Record where each thread of these hung workers is (native stacks) before they are killed.
 struct DumpStacks {
-  std::vector<pid_t> pids;
+  std::vector<WorkerRef> workers;
   std::string why;  ///< "made no progress for 2000 ms (--watchdog_timeout)"
 };
 /// The group started: start standbys for the next restart a while from now.
@@ -359,12 +380,14 @@ struct ScheduleStandbys {};
 struct ReportJobFailure {
   rdzv::Closed closed;
 };
-/// The job is over for this node: clean up and return `code` from run().
+/// The job is over for this node: SIGKILL the process groups of `kill` (workers still running)
+/// and reap them, clean up, and return `code` from run().
 struct Finish {
   int code = 0;
+  std::vector<pid_t> kill{};
 };
 
-using AgentEffect = std::variant<JoinRound, RunHealthCheck, PrepareGroup, LaunchWorker,
+using AgentEffect = std::variant<JoinRound, RunHealthCheck, PrepareGroup, YieldTurn, LaunchWorker,
                                  SignalWorkers, RecordFailure, ReportFailure, ReportSuccess, Leave,
                                  Drain, ArmTimer, CancelTimer, EmitEvent, Log, InspectHung,
                                  DumpStacks, ScheduleStandbys, ReportJobFailure, Finish>;
@@ -373,6 +396,10 @@ using AgentEffect = std::variant<JoinRound, RunHealthCheck, PrepareGroup, Launch
 /// and returns what the executor must do, in order.
 std::vector<AgentEffect> agent_step(AgentState& state, const AgentEvent& event, TimePoint now,
                                     const AgentSpec& spec);
+
+/// Aborts (DDPRUN_CHECK) when `state` breaks an invariant of the lifecycle; agent_step checks
+/// it after every step.
+void check_invariants(const AgentState& state);
 
 /// The running workers' pids.
 std::vector<pid_t> running_pids(const AgentState& state);

@@ -179,7 +179,7 @@ class LocalAgent::Impl {
     });
   }
 
-  void execute(const PrepareGroup&) { prepare_group(); }
+  void execute(const PrepareGroup& e) { prepare_group(e); }
 
   void execute(const RunHealthCheck&) {
     if (!health_) {
@@ -197,15 +197,14 @@ class LocalAgent::Impl {
     });
   }
 
-  /// One launch per event-loop turn: a stop that comes while a large group starts is acted on
-  /// between two launches (the stop ends Launching, and this turn then starts nothing).
+  /// The lifecycle launches one worker per event-loop turn: what came meanwhile is stepped
+  /// first (a stop then makes LaunchTurn start nothing).
+  void execute(const YieldTurn&) {
+    asio::post(io_, [this] { apply(LaunchTurn{}); });
+  }
+
   void execute(const LaunchWorker& e) {
-    asio::post(io_, [this, index = e.index, generation = generation_] {
-      if (generation != generation_ || state_.phase != AgentPhase::Launching ||
-          state_.next_launch != index)
-        return;
-      apply(WorkerLaunched{index, launch_worker(state_.workers[index].placement)});
-    });
+    apply(WorkerLaunched{e.index, launch_worker(e.placement)});
   }
 
   void execute(const SignalWorkers& e) {
@@ -216,11 +215,10 @@ class LocalAgent::Impl {
   }
 
   void execute(const RecordFailure& e) {
-    const WorkerSlot& w = state_.workers[e.index];
-    const WorkerFiles& files = files_[w.placement.local_rank];
+    const WorkerFiles& files = files_[e.placement.local_rank];
     failures_.push_back(collect_failure(
-        w.placement, w.pid, w.status, files.error_file, files.launch_error,
-        w.hung ? "no progress reported for " + std::to_string(opt_.watchdog_timeout.count()) +
+        e.placement, e.pid, e.status, files.error_file, files.launch_error,
+        e.hung ? "no progress reported for " + std::to_string(opt_.watchdog_timeout.count()) +
                      " ms: killed by the watchdog (--watchdog_timeout)"
                : ""));
   }
@@ -231,10 +229,10 @@ class LocalAgent::Impl {
 
   /// Kills what is left in the workers' process groups (e.g. grandchildren) and every other
   /// descendant but the standbys (setsid), then reads the pipes to their end (bounded).
-  void execute(const Drain&) {
-    for (const auto& w : state_.workers)
-      if (w.pid > 0 && launcher_.signal_group(w.pid, SIGKILL))
-        spdlog::debug("killed leftover processes of local rank {}", w.placement.local_rank);
+  void execute(const Drain& e) {
+    for (pid_t pid : e.groups)
+      if (launcher_.signal_group(pid, SIGKILL))
+        spdlog::debug("killed leftover processes of worker pid {}", pid);
     if (opt_.cleanup != nullptr) {
       if (int killed = opt_.cleanup->end_group(standbys_.pids()); killed > 0)
         spdlog::debug("killed {} leftover descendant(s) of the group", killed);
@@ -268,9 +266,7 @@ class LocalAgent::Impl {
   /// Native stacks of hung workers, in ddprun's log and the event log, before they are killed.
   void execute(const DumpStacks& e) {
     std::vector<StackTarget> targets;
-    for (const auto& w : state_.workers)
-      if (std::find(e.pids.begin(), e.pids.end(), w.pid) != e.pids.end())
-        targets.push_back({w.pid, w.placement.global_rank, w.placement.local_rank});
+    for (const WorkerRef& w : e.workers) targets.push_back({w.pid, w.global_rank, w.local_rank});
     for (nlohmann::json& fields : log_native_stacks(targets, e.why)) {
       fields["python_traceback"] = spec_.python_tracebacks;
       emit("stacks_dumped", fields);
@@ -297,7 +293,7 @@ class LocalAgent::Impl {
                                    [](const auto& f) { return !f.second.launch_error.empty(); })});
   }
 
-  void execute(const Finish& e) { finish(e.code); }
+  void execute(const Finish& e) { finish(e.code, e.kill); }
 
   asio::steady_timer& timer_for(AgentTimer timer) { return timers_[static_cast<size_t>(timer)]; }
 
@@ -385,16 +381,14 @@ class LocalAgent::Impl {
   // ---- starting a group -------------------------------------------------------------------
 
   /// The attempt's directories and environments, and the standbys handed over.
-  void prepare_group() {
-    ++generation_;
+  void prepare_group(const PrepareGroup& group) {
     if (!opt_.progress_file.empty()) progress_stamp_ = file_stamp(opt_.progress_file);
     failures_.clear();
     files_.clear();
-    std::vector<WorkerPlacement> placements;
-    for (const WorkerSlot& slot : state_.workers) placements.push_back(slot.placement);
+    placements_ = group.placements;
     auto plan =
-        plan_attempt({log_root_, &opt_.spec, &opt_.agent_env, &state_.round, std::move(placements),
-                      rdzv_.run_id(), reports_.path(), state_.checkpoint_requested});
+        plan_attempt({log_root_, &opt_.spec, &opt_.agent_env, &group.round, group.placements,
+                      rdzv_.run_id(), reports_.path(), group.checkpoint_requested});
     if (!plan) {
       spdlog::error("{}", plan.error().message);
       return apply(GroupPrepared{false, {}});
@@ -404,7 +398,7 @@ class LocalAgent::Impl {
       files_[local_rank].error_file = path;
     output_.begin_group(attempt_.dir);
     spdlog::debug("starting {} workers (restart {}): master {}:{}", opt_.spec.local_world_size,
-                  state_.restart_count, state_.round.master_addr, state_.round.master_port);
+                  group.round.restart_count, group.round.master_addr, group.round.master_port);
     // Standbys first, all at once: each must acknowledge its hand-over before it counts as the
     // worker; the ranks whose standby did not start afresh, one per turn. The acknowledgements
     // arrive as the loop turns; until they have, exits are left unreaped (a standby that took
@@ -430,9 +424,9 @@ class LocalAgent::Impl {
   }
 
   const WorkerPlacement& placement_of(int local_rank) const {
-    for (const auto& w : state_.workers)
-      if (w.placement.local_rank == local_rank) return w.placement;
-    return state_.workers.front().placement;  // every handed rank has a slot
+    for (const auto& p : placements_)
+      if (p.local_rank == local_rank) return p;
+    return placements_.front();  // every handed rank has a placement
   }
 
   /// Starts one worker afresh; its pid, or -1 (the reason is kept for the failure report).
@@ -460,7 +454,7 @@ class LocalAgent::Impl {
 
   // ---- the end ------------------------------------------------------------------------------
 
-  void finish(int code) {
+  void finish(int code, const std::vector<pid_t>& running) {
     if (finished_) return;
     finished_ = true;
     exit_code_ = code;
@@ -477,7 +471,6 @@ class LocalAgent::Impl {
     standbys_.stop();
     if (health_) health_->stop();
     reports_.close();
-    const std::vector<pid_t> running = running_pids(state_);
     for (pid_t pid : running) launcher_.signal_group(pid, SIGKILL);
     boost::system::error_code ignored;
     signals_.cancel(ignored);
@@ -509,7 +502,7 @@ class LocalAgent::Impl {
                                 ///< first check (--health_check)
   fs::path temp_dir_;           ///< removed at exit unless the failure report names files in it
   // The current group, as the executor prepared it.
-  uint64_t generation_ = 0;
+  std::vector<WorkerPlacement> placements_;
   AttemptPlan attempt_;
   std::map<int, WorkerFiles> files_;  ///< by local rank
   std::vector<ProcessFailure> failures_;

@@ -2,10 +2,13 @@
 // made-up clock, events in, effects out. No processes, no sockets, no sleeps.
 #include "agent/agent_state.h"
 
+#include <sys/wait.h>
 #include <catch2/catch.hpp>
 #include <csignal>
+#include <optional>
 
 #include "common/exit_codes.h"
+#include "tests/support/in_child.h"
 
 using namespace ddprun::agent;
 using namespace std::chrono_literals;
@@ -70,14 +73,24 @@ struct Agent {
     on(RoundReady{info});
   }
 
-  /// Carries out every LaunchWorker as a successful start, until launching ends.
+  /// The event loop turned after YieldTurn: the LaunchWorker it allows, if any.
+  std::optional<LaunchWorker> turn() {
+    if (!has<YieldTurn>()) return std::nullopt;
+    on(LaunchTurn{});
+    if (!has<LaunchWorker>()) return std::nullopt;
+    return effects<LaunchWorker>().front();
+  }
+
+  /// Carries out every launch as a successful start, until launching ends.
   std::vector<pid_t> launch_all(std::map<int, pid_t> handed = {}) {
     std::vector<pid_t> pids;
     on(GroupPrepared{true, handed});
-    for (int i = 0; i < 1000 && has<LaunchWorker>(); ++i) {
+    for (int i = 0; i < 1000; ++i) {
+      auto launch = turn();
+      if (!launch) break;
       const pid_t pid = next_pid++;
       pids.push_back(pid);
-      on(WorkerLaunched{effects<LaunchWorker>().front().index, pid});
+      on(WorkerLaunched{launch->index, pid});
     }
     return pids;
   }
@@ -211,11 +224,21 @@ TEST_CASE("agent: Launching starts one worker per step and then runs", "[agent][
   a.spec.watchdog_timeout = 8s;
   a.round();
   a.on(GroupPrepared{true, {}});
-  CHECK(a.effects<LaunchWorker>().at(0).index == 0);
+  // Each launch waits for a turn of the event loop, and carries the worker's placement.
+  REQUIRE(a.has<YieldTurn>());
+  CHECK_FALSE(a.has<LaunchWorker>());
+  auto launch = a.turn();
+  REQUIRE(launch);
+  CHECK(launch->index == 0);
+  CHECK(launch->placement.local_rank == 0);
   a.on(WorkerLaunched{0, 100});
-  CHECK(a.effects<LaunchWorker>().at(0).index == 1);
+  launch = a.turn();
+  REQUIRE(launch);
+  CHECK(launch->index == 1);
+  CHECK(launch->placement.global_rank == 1);
   CHECK(a.state.phase == AgentPhase::Launching);
   a.on(WorkerLaunched{1, 101});
+  REQUIRE(a.turn());
   a.on(WorkerLaunched{2, 102});
   CHECK(a.state.phase == AgentPhase::Running);
   CHECK(a.event("workers_started")["pids"] == nlohmann::json({100, 101, 102}));
@@ -231,7 +254,9 @@ TEST_CASE("agent: handed-over standbys run before any launch and are not launche
   Agent a(3);
   a.round();
   a.on(GroupPrepared{true, {{0, 500}, {2, 502}}});
-  CHECK(a.effects<LaunchWorker>().at(0).index == 1);
+  auto launch = a.turn();
+  REQUIRE(launch);
+  CHECK(launch->index == 1);
   a.on(WorkerLaunched{1, 101});
   CHECK(a.state.phase == AgentPhase::Running);
   CHECK(a.event("workers_started")["from_standby"] == 2);
@@ -253,7 +278,8 @@ TEST_CASE("agent: a worker that cannot start fails its group like a crash", "[ag
   a.on(WorkerLaunched{0, 100});
   a.on(WorkerLaunched{1, -1});
   CHECK(a.state.phase == AgentPhase::Stopping);
-  CHECK(a.effects<RecordFailure>().at(0).index == 1);
+  CHECK(a.effects<RecordFailure>().at(0).placement.local_rank == 1);
+  CHECK(a.effects<RecordFailure>().at(0).status.code == 127);
   CHECK(a.state.workers[1].status.code == 127);
   CHECK(a.event("failure_detected")["how"] == "launch");
   CHECK(a.effects<SignalWorkers>().at(0).pids == std::vector<pid_t>{100});
@@ -269,7 +295,10 @@ TEST_CASE("agent: a stop while the group starts ends the launches", "[agent][uni
   CHECK(a.logged("stopped starting workers: 1 of 4 started"));
   CHECK(a.effects<SignalWorkers>().at(0).pids == std::vector<pid_t>{100});
   CHECK(a.state.workers.size() == 1);
-  // The launch the executor had already queued is stale and changes nothing.
+  // The turn the executor had already queued starts nothing, and a launch result for a slot
+  // that is not next changes nothing.
+  a.on(LaunchTurn{});
+  CHECK(a.last.empty());
   a.on(WorkerLaunched{1, 101});
   CHECK(a.last.empty());
   a.on(WorkerExited{100, {0, SIGTERM}, false});
@@ -468,7 +497,8 @@ TEST_CASE("agent: a worker failing on its own during a stop is reported too", "[
   auto pids = a.running_group();
   a.on(WorkerExited{pids[0], {1, 0}, true});
   a.on(WorkerExited{pids[1], {2, 0}, true});  // wrote an error file: its own failure
-  CHECK(a.effects<RecordFailure>().at(0).index == 1);
+  CHECK(a.effects<RecordFailure>().at(0).pid == pids[1]);
+  CHECK(a.effects<RecordFailure>().at(0).status.code == 2);
   a.on(WorkerExited{pids[2], {0, SIGTERM}, false});  // ended by the stop signal
   CHECK_FALSE(a.has<RecordFailure>());
   CHECK(a.state.failures == std::vector<size_t>{0, 1});
@@ -758,7 +788,9 @@ TEST_CASE("agent: a hung worker's stacks are taken before it is killed", "[agent
   a.inspected('T');
   REQUIRE(a.last.size() >= 3);
   const auto dump = a.effects<DumpStacks>().at(0);
-  CHECK(dump.pids == std::vector<pid_t>{pids[1]});
+  REQUIRE(dump.workers.size() == 1);
+  CHECK(dump.workers[0].pid == pids[1]);
+  CHECK(dump.workers[0].local_rank == 1);
   CHECK(dump.why == "made no progress for 2000 ms (--watchdog_timeout)");
   // The dump comes before the SIGKILL.
   size_t dump_at = 0;
@@ -777,7 +809,7 @@ TEST_CASE("agent: workers still running at the stop deadline have their stacks t
   auto pids = a.running_group();
   a.on(WorkerExited{pids[0], {1, 0}, false});
   a.on(TimerFired{AgentTimer::StopDeadline});
-  CHECK(a.effects<DumpStacks>().at(0).pids == std::vector<pid_t>{pids[1]});
+  CHECK(a.effects<DumpStacks>().at(0).workers.at(0).pid == pids[1]);
   CHECK(a.effects<DumpStacks>().at(0).why ==
         "still running 5000 ms after the stop signal (--shutdown_timeout)");
   CHECK(a.effects<SignalWorkers>().at(0).sig == SIGKILL);
@@ -1070,4 +1102,26 @@ TEST_CASE(
   CHECK(a.state.failures_in_a_row == 0);
   a.on(HealthChecked{true, "", "", 1});
   CHECK(a.has<JoinRound>());
+}
+
+// ---- invariants ---------------------------------------------------------------------------
+
+TEST_CASE("agent: every step keeps the lifecycle's invariants, and a broken state aborts",
+          "[agent][unit]") {
+  // A whole life passes the checks agent_step makes after each step...
+  Agent a(2, 1);
+  auto pids = a.running_group();
+  a.on(WorkerExited{pids[0], {1, 0}, true});
+  a.on(WorkerExited{pids[1], {0, SIGTERM}, false});
+  a.on(OutputDrained{});
+  check_invariants(a.state);
+  // ...and a state no transition makes is a bug, caught loudly rather than acted on.
+  const auto [status, err] = ddprun::testing::in_child([] {
+    AgentState broken;
+    broken.phase = AgentPhase::Running;
+    broken.stop_reason = StopReason::WorkerFailed;
+    check_invariants(broken);
+  });
+  CHECK(WIFSIGNALED(status));
+  CHECK(err.find("a group being stopped is Stopping, not Running") != std::string::npos);
 }

@@ -10,33 +10,11 @@
 #include "common/enum_names.h"
 #include "common/env.h"
 #include "common/result.h"
+#include "tests/support/in_child.h"
+
+using ddprun::testing::in_child;
 
 namespace {
-
-/// Runs `body` in a child process with stderr on a pipe; returns (wait status, stderr).
-template <typename Body>
-std::pair<int, std::string> in_child(Body body) {
-  int fds[2];
-  REQUIRE(::pipe(fds) == 0);
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    ::dup2(fds[1], STDERR_FILENO);
-    ::close(fds[0]);
-    ::close(fds[1]);
-    body();
-    ::_exit(0);
-  }
-  ::close(fds[1]);
-  std::string err;
-  char buffer[512];
-  for (ssize_t n; (n = ::read(fds[0], buffer, sizeof buffer)) > 0;)
-    err.append(buffer, static_cast<std::size_t>(n));
-  ::close(fds[0]);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return {status, err};
-}
 
 enum class Colour { Red, Green };
 constexpr std::array<ddprun::common::EnumName<Colour>, 2> kColours{{
