@@ -3,6 +3,7 @@
 #include "agent/agent_state.h"
 
 #include <sys/wait.h>
+
 #include <catch2/catch.hpp>
 #include <csignal>
 #include <optional>
