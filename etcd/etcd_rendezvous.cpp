@@ -25,15 +25,15 @@ std::string new_node_id() {
   return local_host_name() + ":" + std::to_string(::getpid()) + ":" + make_nonce().substr(0, 32);
 }
 
-/// The local address of the interface that reaches `member` (a UDP socket sends nothing when
-/// connected), made publishable by advertised_address(); the host name when that fails.
-std::string address_towards(asio::io_context& io, const Member& member) {
-  error_code ec;
-  asio::ip::udp::resolver resolver(io);
-  auto results = resolver.resolve(member.host, std::to_string(member.port), ec);
-  if (!ec && !results.empty()) {
+/// The local address of the interface that reaches `member`, once its name is resolved (a UDP
+/// socket sends nothing when connected), made publishable by advertised_address(); the host
+/// name when that fails.
+std::string address_towards(asio::io_context& io,
+                            const asio::ip::udp::resolver::results_type& member) {
+  if (!member.empty()) {
+    error_code ec;
     asio::ip::udp::socket socket(io);
-    socket.connect(results.begin()->endpoint(), ec);
+    socket.connect(member.begin()->endpoint(), ec);
     if (!ec) {
       auto local = socket.local_endpoint(ec);
       if (!ec) return advertised_address(local.address().to_string());
@@ -297,9 +297,22 @@ void EtcdRendezvous::send_join(Join join, bool second_try) {
   join.node_id = node_id_;
   if (!opt_.local_addr.empty()) {
     join.addr = opt_.local_addr;
+  } else if (advertised_addr_.empty()) {
+    // The first join: the address this node is reached at is that of its interface towards
+    // the etcd member, whose name is resolved on the event loop, never by blocking it.
+    const Member member = client_->current_member();
+    auto resolver = std::make_shared<asio::ip::udp::resolver>(io_);
+    resolver->async_resolve(
+        member.host, std::to_string(member.port),
+        [this, alive = alive_, generation = generation_, resolver, join, second_try](
+            const error_code& ec, const asio::ip::udp::resolver::results_type& results) {
+          if (!*alive) return;
+          advertised_addr_ =
+              address_towards(io_, ec ? asio::ip::udp::resolver::results_type{} : results);
+          if (generation == generation_) send_join(join, second_try);
+        });
+    return;
   } else {
-    if (advertised_addr_.empty())
-      advertised_addr_ = address_towards(io_, client_->current_member());
     join.addr = advertised_addr_;
   }
   if (opt_.master_port) {
