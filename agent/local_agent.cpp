@@ -127,6 +127,7 @@ class LocalAgent::Impl {
     install_signals();
     rdzv_.set_notice_handler([this](rdzv::Notice n) { apply(NoticeReceived{std::move(n)}); });
     const bool zygote = standbys_.start_zygote([this](bool ready) { apply(ZygoteSettled{ready}); });
+    if (!zygote) standbys_.prewarm();
     apply(AgentStarted{zygote});
     return true;
   }

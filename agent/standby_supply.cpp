@@ -353,6 +353,12 @@ void StandbySupply::schedule(const std::string& executable) {
   });
 }
 
+void StandbySupply::prewarm() {
+  const StandbySettings& opt = impl_->settings;
+  if (!opt.enabled || !opt.python_bootstrap.empty() || opt.spec.argv.empty()) return;
+  schedule(resolve_executable(opt.spec.argv.front(), search_path(opt.agent_env)));
+}
+
 bool StandbySupply::on_exit(pid_t pid, const ExitStatus& status) {
   Impl& s = *impl_;
   if (s.pool.on_exit(pid, status)) return true;

@@ -66,6 +66,11 @@ class StandbySupply {
   bool handing_over() const;
   /// The group started: standbys for its next restart start a while from now.
   void schedule(const std::string& executable);
+  /// The agent started: a C++ program's standbys start a while from now too, so that an agent
+  /// still waiting for its first round then (a spare) has them loaded when a lost node's ranks
+  /// come to it. (A Python script's zygote imports meanwhile: start_zygote.) The first group
+  /// re-arms the same timer (schedule), so an agent whose round forms at once starts none early.
+  void prewarm();
 
   /// Called for every reaped pid first: true when it was a standby or the zygote.
   bool on_exit(pid_t pid, const ExitStatus& status);

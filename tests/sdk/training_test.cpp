@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "rendezvous/free_port.h"
+#include "tests/integration/rdzv_fixtures.h"
 #include "tests/support/subprocess.h"
 
 using namespace ddprun::testing;
@@ -215,6 +216,62 @@ TEST_CASE("with --standby_workers a restart hands the new round to standby proce
   for (pid_t pid : standby_pids) CHECK_FALSE(process_alive(pid));
 }
 
+TEST_CASE("a spare's C++ standbys load while it waits and take over a lost node's ranks",
+          "[sdk][integration][standby][spares]") {
+  // One node's worth of job (--nnodes 1:1) on the daemon, and a second agent: a spare.
+  Daemon daemon;
+  TempDir dir;
+  auto agent = [&](const std::string& name) {
+    return std::make_unique<Subprocess>(
+        std::vector<std::string>{DDPRUN_BIN,
+                                 "--rdzv_backend",
+                                 "c10d",
+                                 "--rdzv_endpoint",
+                                 "127.0.0.1:" + std::to_string(daemon.port),
+                                 "--rdzv_id",
+                                 "spare-standbys",
+                                 "--nnodes",
+                                 "1:1",
+                                 "--nproc_per_node",
+                                 "2",
+                                 "--max_restarts",
+                                 "1",
+                                 "--standby_workers",
+                                 "--event_log",
+                                 dir.path() + "/" + name + ".jsonl",
+                                 "--no_python",
+                                 DDP_TRAIN_BIN,
+                                 "3000",
+                                 "100",
+                                 "--dataset_size",
+                                 "256"});
+  };
+  auto events_of = [&](const std::string& name, const std::string& event) {
+    std::vector<nlohmann::json> found;
+    std::istringstream in(read_file(dir.path() + "/" + name + ".jsonl"));
+    for (std::string line; std::getline(in, line);)
+      if (auto j = nlohmann::json::parse(line, nullptr, false);
+          j.is_object() && j["event"] == event)
+        found.push_back(j);
+    return found;
+  };
+  auto active = agent("active");
+  REQUIRE(wait_until([&] { return !events_of("active", "workers_started").empty(); }, kLimit));
+  auto spare = agent("spare");
+  // No round for it: its standbys start a while after it does, and load meanwhile.
+  REQUIRE(wait_until([&] { return !events_of("spare", "standbys_started").empty(); }, kLimit));
+  CHECK(events_of("spare", "workers_started").empty());
+  active->send(SIGKILL);  // the node is lost (its workers die with their agent)
+  active->wait(kLimit);
+  REQUIRE(wait_until([&] { return !events_of("spare", "workers_started").empty(); }, kLimit));
+  // Both of the lost node's ranks went to standbys that had loaded while the spare waited.
+  CHECK(events_of("spare", "workers_started").front()["from_standby"] == 2);
+  spare->send(SIGTERM);
+  auto r = spare->wait(kLimit);
+  INFO(why(r));
+  CHECK(r.exit_code == 128 + SIGTERM);
+}
+
 TEST_CASE("a checkpoint request on one rank stops every rank at the same step mid-epoch",
           "[sdk][integration]") {
   // 2048 samples over 2 ranks, batch 32: 32 steps an epoch. Rank 1 alone asks after global step
@@ -226,12 +283,12 @@ TEST_CASE("a checkpoint request on one rank stops every rank at the same step mi
   INFO(why(whole));
   REQUIRE(whole.exit_code == 0);
 
-  auto first = run_command(
-      ddprun_train(2, {},
-                   {"3", "1", "--snapshot_path", base, "--request_checkpoint_rank", "1",
-                    "--request_checkpoint_step", "40", "--poll_checkpoint_every", "8",
-                    "--dump_params", dir.path() + "/cut"}),
-      {}, kLimit);
+  auto first =
+      run_command(ddprun_train(2, {},
+                               {"3", "1", "--snapshot_path", base, "--request_checkpoint_rank", "1",
+                                "--request_checkpoint_step", "40", "--poll_checkpoint_every", "8",
+                                "--dump_params", dir.path() + "/cut"}),
+                  {}, kLimit);
   INFO(why(first));
   REQUIRE(first.exit_code == 0);
   CHECK(has(first.out,

@@ -75,6 +75,17 @@ struct Job {
     return done();
   }
 
+  /// Runs the loop, timers included, until `done` holds (at most 10 s of real time).
+  template <typename Pred>
+  bool run_until(Pred done) {
+    const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!done() && std::chrono::steady_clock::now() < limit) {
+      if (io.stopped()) io.restart();
+      io.run_one_for(std::chrono::milliseconds(10));
+    }
+    return done();
+  }
+
   /// The made-up pids that run now, oldest first.
   std::vector<pid_t> running() const {
     return std::vector<pid_t>(launcher.running.begin(), launcher.running.end());
@@ -116,11 +127,13 @@ TEST_CASE("local agent: 8 standbys are handed over while the event loop keeps tu
   // waited for them inside a handler would stall the loop and then give every rank up.
   Job job(8, 1, [](AgentOptions& opt) {
     opt.standby_workers = true;
-    opt.standby_delay = std::chrono::milliseconds(0);
+    // The first round forms in the first turns; its workers start afresh, and the standbys a
+    // little after (the same delay also starts them early on an agent without a round).
+    opt.standby_delay = std::chrono::milliseconds(50);
   });
   REQUIRE(job.agent->start());
   // The group, then (at once, here) a standby per rank for its restart.
-  REQUIRE(job.poll_until([&] { return job.launcher.running.size() == 16; }));
+  REQUIRE(job.run_until([&] { return job.launcher.running.size() == 16; }));
   const std::vector<pid_t> standbys = job.standbys();
   REQUIRE(standbys.size() == 8);
   job.launcher.end(job.running().front(), {1, 0});  // a failure: the group restarts
@@ -171,10 +184,12 @@ TEST_CASE(
     "[agent][unit][standby]") {
   Job job(2, 1, [](AgentOptions& opt) {
     opt.standby_workers = true;
-    opt.standby_delay = std::chrono::milliseconds(0);
+    // The first round forms in the first turns; its workers start afresh, and the standbys a
+    // little after (the same delay also starts them early on an agent without a round).
+    opt.standby_delay = std::chrono::milliseconds(50);
   });
   REQUIRE(job.agent->start());
-  REQUIRE(job.poll_until([&] { return job.launcher.running.size() == 4; }));
+  REQUIRE(job.run_until([&] { return job.launcher.running.size() == 4; }));
   REQUIRE(job.standbys().size() == 2);
   const pid_t quick = job.standbys()[0];  // local rank 0's
   const pid_t slow = job.standbys()[1];
