@@ -14,15 +14,10 @@ namespace {
 /// "other", so the label's values stay a fixed set.
 constexpr const char* kFailureKinds[] = {"exit", "watchdog", "launch", "other"};
 
-/// Events that end a recovery phase (launcher/events.cpp measures the same), and the phase.
-const std::map<std::string, std::string> kPhaseOfEvent{
-    {"teardown_done", "teardown"}, {"rendezvous_complete", "rendezvous"},
-    {"workers_started", "spawn"},  {"worker_main", "process_start"},
-    {"pg_ready", "pg_init"},       {"snapshot_loaded", "snapshot_load"},
-    {"first_step", "first_step"},
-};
-
 double seconds(common::Duration d) { return std::chrono::duration<double>(d).count(); }
+
+/// A phase's gauge value: its seconds, 0 when the recovery has not reached it.
+double gauge_seconds(const std::optional<double>& ms) { return ms ? *ms / 1000.0 : 0.0; }
 
 }  // namespace
 
@@ -111,18 +106,12 @@ AgentMetrics::AgentMetrics()
       phases_(BuildGauge()
                   .Name("ddprun_agent_last_recovery_phase_seconds")
                   .Help("Phases of the last recovery, as ddprun events summarize measures them: "
-                        "teardown, rendezvous, spawn, process_start, pg_init, snapshot_load, "
-                        "first_step, and total (from the failure to the last phase so far)")
+                        "teardown, backoff, rendezvous, spawn, process_start, pg_init, "
+                        "snapshot_load, first_step, and total (from the failure to the last "
+                        "phase so far)")
                   .Register(registry_)) {
   for (const char* kind : kFailureKinds) failures_.Add({{"kind", kind}});
   healthy_.Set(1);
-}
-
-void AgentMetrics::phase_reached(const std::string& phase, common::TimePoint at) {
-  if (!recovering_ || !phase_began_ || !recovery_began_) return;
-  phases_.Add({{"phase", phase}}).Set(seconds(at - *phase_began_));
-  phases_.Add({{"phase", "total"}}).Set(seconds(at - *recovery_began_));
-  phase_began_ = at;
 }
 
 void AgentMetrics::observe(const std::string& event, const json& fields, common::TimePoint at) {
@@ -146,22 +135,21 @@ void AgentMetrics::observe(const std::string& event, const json& fields, common:
       restarts_.Increment();
       if (auto count = number("restart_count")) job_restarts_.Set(*count);
     }
-    // Healthy -> recovering: a failure or a restart begins a recovery, unless this node is in
-    // one whose workers have not started yet (the rendezvous's restart that follows this
-    // node's own failure belongs to it). `ddprun events summarize` draws the same line.
-    if (!recovering_ || resumed_) {
-      recovering_ = true;
-      resumed_ = false;
-      recovery_began_ = phase_began_ = at;
-      recoveries_.Increment();
-      // The phases of the previous recovery are not this one's.
-      for (const auto& [e, phase] : kPhaseOfEvent) phases_.Add({{"phase", phase}}).Set(0);
-      phases_.Add({{"phase", "total"}}).Set(0);
-    }
-    return;
   }
-  if (auto phase = kPhaseOfEvent.find(event); phase != kPhaseOfEvent.end())
-    phase_reached(phase->second, at);
+  // What a recovery is and where its phases end: agent/recovery_tracker.h, which `ddprun
+  // events summarize` uses too.
+  if (recoveries_seen_.observe(event, fields, seconds(at.time_since_epoch())))
+    recoveries_.Increment();
+  if (const auto last = recoveries_seen_.last()) {
+    const std::pair<const char*, const std::optional<double>*> phases[] = {
+        {"teardown", &last->teardown_ms},           {"backoff", &last->backoff_ms},
+        {"rendezvous", &last->rendezvous_ms},       {"spawn", &last->spawn_ms},
+        {"process_start", &last->process_start_ms}, {"pg_init", &last->pg_init_ms},
+        {"snapshot_load", &last->snapshot_load_ms}, {"first_step", &last->first_step_ms}};
+    for (const auto& [name, ms] : phases) phases_.Add({{"phase", name}}).Set(gauge_seconds(*ms));
+    phases_.Add({{"phase", "total"}}).Set(last->total_ms / 1000.0);
+  }
+  if (event == "failure_detected" || event == "restart") return;
   if (event == "health_check_failed") {
     health_failures_.Increment();
     healthy_.Set(0);
@@ -184,7 +172,6 @@ void AgentMetrics::observe(const std::string& event, const json& fields, common:
     if (auto count = number("restart_count")) job_restarts_.Set(*count);
   } else if (event == "workers_started") {
     if (auto count = number("count")) workers_.Set(*count);
-    if (recovering_) resumed_ = true;  // a failure from now on begins the next recovery
     // `from_standby` of the standbys became workers of this group; new ones start next.
     if (auto used = number("from_standby")) standbys_.Set(std::max(0.0, standbys_.Value() - *used));
   } else if (event == "teardown_done" || event == "job_end") {

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "agent/recovery_tracker.h"
 #include "common/clock.h"
 
 namespace ddprun::agent {
@@ -28,9 +29,6 @@ class AgentMetrics {
   void observe(const std::string& event, const nlohmann::json& fields, common::TimePoint at);
 
  private:
-  /// The recovery phases, in the order `ddprun events summarize` measures them.
-  void phase_reached(const std::string& phase, common::TimePoint at);
-
   prometheus::Registry registry_;
   prometheus::Gauge& workers_;
   prometheus::Counter& restarts_;
@@ -48,11 +46,8 @@ class AgentMetrics {
   prometheus::Counter& quarantines_;
   prometheus::Gauge& quarantined_;
   prometheus::Family<prometheus::Gauge>& phases_;
-  /// The recovery being measured: when it began and when its last phase ended.
-  std::optional<common::TimePoint> recovery_began_;
-  std::optional<common::TimePoint> phase_began_;
-  bool recovering_ = false;  ///< a recovery has begun (its phases are measured)
-  bool resumed_ = false;     ///< the workers of the recovery have started
+  /// The recoveries, as `ddprun events summarize` cuts them (the same RecoveryTracker).
+  RecoveryTracker recoveries_seen_;
   std::map<std::string, long long> lost_by_file_;
 };
 

@@ -34,73 +34,6 @@ struct Event {
   json body;
 };
 
-/// The events' times by name, sorted: a phase's end is a binary search, not a scan of the
-/// whole log per recovery.
-class EventIndex {
- public:
-  explicit EventIndex(const std::vector<Event>& events) {
-    for (std::size_t i = 0; i < events.size(); ++i) by_name_[events[i].name].push_back(i);
-  }
-  /// The indices of the events named `name`, in time order.
-  const std::vector<std::size_t>& of(const std::string& name) const {
-    static const std::vector<std::size_t> none;
-    auto it = by_name_.find(name);
-    return it == by_name_.end() ? none : it->second;
-  }
-
- private:
-  std::map<std::string, std::vector<std::size_t>> by_name_;
-};
-
-/// The index of the last event named `name` with a time in [from, to), if any.
-std::optional<std::size_t> last_of(const std::vector<Event>& events, const EventIndex& index,
-                                   const std::string& name, double from, double to) {
-  const auto& found = index.of(name);
-  auto end = std::lower_bound(found.begin(), found.end(), to,
-                              [&](std::size_t i, double t) { return events[i].t < t; });
-  if (end == found.begin() || events[*std::prev(end)].t < from) return std::nullopt;
-  return *std::prev(end);
-}
-
-/// The index of the first event named `name` after position `after`, if any.
-std::optional<std::size_t> first_after(const EventIndex& index, const std::string& name,
-                                       std::size_t after) {
-  const auto& found = index.of(name);
-  auto it = std::upper_bound(found.begin(), found.end(), after);
-  if (it == found.end()) return std::nullopt;
-  return *it;
-}
-
-/// A field as an integer when it is one and fits, else `fallback`: a log is read as it is,
-/// and a wrong-typed field (hand-edited, another tool's) must not abort the summary.
-long long int_field(const json& body, const char* key, long long fallback) {
-  auto it = body.find(key);
-  if (it == body.end()) return fallback;
-  if (it->is_number_unsigned())
-    return it->get<std::uint64_t>() <= static_cast<std::uint64_t>(LLONG_MAX)
-               ? static_cast<long long>(it->get<std::uint64_t>())
-               : fallback;
-  return it->is_number_integer() ? it->get<long long>() : fallback;
-}
-
-/// A string field, made safe to print, or `fallback`.
-std::string text_field(const json& body, const char* key, const std::string& fallback) {
-  auto it = body.find(key);
-  return it != body.end() && it->is_string() ? common::printable(it->get<std::string>()) : fallback;
-}
-
-std::string describe_failure(const json& body) {
-  std::ostringstream out;
-  out << "rank " << int_field(body, "rank", -1);
-  if (const long long signal = int_field(body, "signal", 0); signal != 0)
-    out << " killed by signal " << signal;
-  else
-    out << " exited with " << int_field(body, "exit_code", 0);
-  out << " (" << text_field(body, "how", "exit") << ")";
-  if (std::string node = text_field(body, "node", ""); !node.empty()) out << " on " << node;
-  return out.str();
-}
-
 std::string ms_text(const std::optional<double>& ms) {
   if (!ms) return "-";
   std::ostringstream out;
@@ -130,70 +63,24 @@ EventSummary summarize_events(const std::string& text) {
   }
   std::stable_sort(events.begin(), events.end(),
                    [](const Event& a, const Event& b) { return a.t < b.t; });
-  const EventIndex index(events);
-
-  // A recovery starts at a failure_detected after the previous recovery's restarted workers
-  // started; nodes that saw the same failure round report it within that window.
-  std::vector<size_t> starts;
-  double resumed_at = -1e300;
-  for (const std::size_t i : index.of("failure_detected")) {
-    if (events[i].t < resumed_at) continue;
-    starts.push_back(i);
-    // The recovery ends with the next workers_started; later failures belong to the next one.
-    const auto next = first_after(index, "workers_started", i);
-    resumed_at = next ? events[*next].t : 1e300;
+  agent::RecoveryTracker tracker;
+  for (const Event& e : events) tracker.observe(e.name, e.body, e.t);
+  summary.recoveries = tracker.recoveries();
+  const Event* ended = nullptr;
+  const Event* closed = nullptr;
+  for (const Event& e : events) {
+    if (e.name == "job_end") ended = &e;
+    if (e.name == "job_closed") closed = &e;
   }
-  for (size_t k = 0; k < starts.size(); ++k) {
-    const Event& failure = events[starts[k]];
-    const double begin = failure.t;
-    double end = k + 1 < starts.size() ? events[starts[k + 1]].t : 1e300;
-    // A job stopped by a signal (or ended) after this recovery tears down again: its lines
-    // belong to the stop, not to the recovery.
-    for (const char* stop : {"signal", "job_end"})
-      if (auto s = first_after(index, stop, starts[k]); s && events[*s].t < end) end = events[*s].t;
-    Recovery r;
-    r.cause = describe_failure(failure.body);
-    std::optional<double> fault;
-    if (auto f = last_of(events, index, "fault_injected", begin - 60.0, begin + 1e-9))
-      fault = events[*f].t;
-    if (fault) r.detect_ms = (begin - *fault) * 1000.0;
-    double at = begin;
-    auto phase = [&](const std::string& name, std::optional<double>& out) {
-      auto i = last_of(events, index, name, at, end);
-      if (!i) return;
-      out = (events[*i].t - at) * 1000.0;
-      at = events[*i].t;
-    };
-    phase("teardown_done", r.teardown_ms);
-    // A pause of --restart_backoff: until the join that followed it.
-    if (auto delayed = first_after(index, "restart_delayed", starts[k]);
-        delayed && events[*delayed].t < end) {
-      if (auto join = first_after(index, "rendezvous_start", *delayed);
-          join && events[*join].t < end) {
-        r.backoff_ms = (events[*join].t - at) * 1000.0;
-        at = events[*join].t;
-      }
-    }
-    phase("rendezvous_complete", r.rendezvous_ms);
-    phase("workers_started", r.spawn_ms);
-    phase("worker_main", r.process_start_ms);
-    phase("pg_ready", r.pg_init_ms);
-    phase("snapshot_loaded", r.snapshot_load_ms);
-    phase("first_step", r.first_step_ms);
-    r.total_ms = (at - (fault ? *fault : begin)) * 1000.0;
-    if (auto started = last_of(events, index, "workers_started", begin, end))
-      r.restart_count = int_field(events[*started].body, "restart_count", 0);
-    summary.recoveries.push_back(r);
-  }
-  if (const auto& ends = index.of("job_end"); !ends.empty()) {
+  if (ended != nullptr) {
     constexpr long long kNone = std::numeric_limits<long long>::min();
-    if (const long long code = int_field(events[ends.back()].body, "exit_code", kNone);
+    if (const long long code = agent::event_int_field(ended->body, "exit_code", kNone);
         code != kNone)
       summary.exit_code = code;
   }
-  if (const auto& closes = index.of("job_closed"); !closes.empty()) {
-    const json& body = events[closes.back()].body;
-    summary.closed_message = text_field(body, "message", "");
+  if (closed != nullptr) {
+    const json& body = closed->body;
+    summary.closed_message = agent::event_text_field(body, "message", "");
     const auto flag = body.find("do_not_requeue");
     summary.do_not_requeue = flag != body.end() && flag->is_boolean() && flag->get<bool>();
   }

@@ -6,29 +6,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "agent/recovery_tracker.h"
 #include "launcher/cli.h"
 
 namespace ddprun::launcher {
 
-/// One recovery read from an event log: from the failure (or the injected fault) to the
-/// first training step of the restarted workers, cut into phases. A phase ends when its last
-/// participant (node or rank) is done, because the job waits for the slowest one. Phases whose
-/// events are absent (a program without the SDK reports no "pg_ready") are nullopt.
-struct Recovery {
-  long long restart_count = 0;        ///< of the restarted workers
-  std::string cause;                  ///< the failure as the log tells it
-  std::optional<double> detect_ms;    ///< fault_injected -> failure_detected
-  std::optional<double> teardown_ms;  ///< failure_detected -> last teardown_done
-  /// -> the rendezvous_start after a restart_delayed: the pause of --restart_backoff.
-  std::optional<double> backoff_ms;
-  std::optional<double> rendezvous_ms;     ///< -> last rendezvous_complete
-  std::optional<double> spawn_ms;          ///< -> last workers_started
-  std::optional<double> process_start_ms;  ///< -> last worker_main (exec, library loading)
-  std::optional<double> pg_init_ms;        ///< -> last pg_ready (store and group connect)
-  std::optional<double> snapshot_load_ms;  ///< -> last snapshot_loaded
-  std::optional<double> first_step_ms;     ///< -> last first_step
-  double total_ms = 0;  ///< from the fault (or failure) to the end of the last phase seen
-};
+/// One recovery read from an event log (agent/recovery_tracker.h says what a recovery is, for
+/// the metrics as for the log).
+using Recovery = agent::Recovery;
 
 struct EventSummary {
   std::vector<Recovery> recoveries;

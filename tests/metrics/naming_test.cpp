@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "agent/agent_metrics.h"
+#include "launcher/events.h"
 #include "metrics/exposition.h"
 #include "rendezvous/server_metrics.h"
 #include "tests/metrics/http_client.h"
@@ -121,6 +122,66 @@ TEST_CASE("the daemon exports one node series per job for the first 100 jobs onl
   CHECK(std::isnan(sample(text, "ddprun_rdzv_job_nodes{job=\"job000\"}")));
   CHECK(sample(text, "ddprun_rdzv_job_nodes{job=\"job100\"}") == 2);
   CHECK(testing::count_of(text, "ddprun_rdzv_job_nodes{") == 100);
+}
+
+TEST_CASE("the metrics and events summarize see the same recoveries with the same phases",
+          "[metrics][unit]") {
+  // Node b's log: first restarted because node a failed (no failure of its own), then a failure
+  // of its own with a back-off pause. Both readers are fed the same events.
+  const std::vector<std::pair<double, nlohmann::json>> events{
+      {10.0,
+       {{"event", "restart"},
+        {"reason", "worker failure on node a"},
+        {"counted", true},
+        {"restart_count", 1}}},
+      {10.4, {{"event", "teardown_done"}}},
+      {10.5, {{"event", "rendezvous_start"}}},
+      {11.0, {{"event", "rendezvous_complete"}, {"round", 1}}},
+      {11.2, {{"event", "workers_started"}, {"count", 2}, {"restart_count", 1}}},
+      {12.0, {{"event", "first_step"}}},
+      {20.0, {{"event", "failure_detected"}, {"rank", 1}, {"exit_code", 3}, {"how", "exit"}}},
+      {20.01,
+       {{"event", "restart"},
+        {"reason", "worker failure on node b"},
+        {"counted", true},
+        {"restart_count", 2}}},
+      {20.2, {{"event", "teardown_done"}}},
+      {20.3, {{"event", "restart_delayed"}, {"delay_ms", 2000}}},
+      {22.3, {{"event", "rendezvous_start"}}},
+      {22.5, {{"event", "rendezvous_complete"}, {"round", 2}}},
+      {22.6, {{"event", "workers_started"}, {"count", 2}, {"restart_count", 2}}},
+  };
+  agent::AgentMetrics m;
+  std::string log;
+  for (const auto& [t, e] : events) {
+    nlohmann::json fields = e;
+    fields.erase("event");
+    m.observe(e["event"], fields,
+              common::TimePoint(
+                  std::chrono::duration_cast<common::Duration>(std::chrono::duration<double>(t))));
+    nlohmann::json line = e;
+    line["t"] = t;
+    log += line.dump() + "\n";
+  }
+  const launcher::EventSummary summary = launcher::summarize_events(log);
+  const std::string text = serialize(m.registry());
+  REQUIRE(summary.recoveries.size() == 2);
+  CHECK(sample(text, "ddprun_agent_recoveries_total") == 2);
+  CHECK(summary.recoveries[0].cause == "restart: worker failure on node a");
+  CHECK(summary.recoveries[1].cause == "rank 1 exited with 3 (exit)");
+  const launcher::Recovery& last = summary.recoveries[1];
+  auto phase = [&](const char* name) {
+    return sample(text,
+                  std::string("ddprun_agent_last_recovery_phase_seconds{phase=\"") + name + "\"}");
+  };
+  CHECK(*last.teardown_ms == Approx(200.0));
+  CHECK(phase("teardown") == Approx(*last.teardown_ms / 1000.0));
+  CHECK(*last.backoff_ms == Approx(2100.0));  // from the teardown to the rejoin
+  CHECK(phase("backoff") == Approx(*last.backoff_ms / 1000.0));
+  CHECK(phase("rendezvous") == Approx(*last.rendezvous_ms / 1000.0));
+  CHECK(phase("spawn") == Approx(*last.spawn_ms / 1000.0));
+  CHECK(phase("total") == Approx(last.total_ms / 1000.0));
+  CHECK(last.total_ms == Approx(2600.0));
 }
 
 TEST_CASE("the agent's metrics follow a recovery from its events", "[metrics][unit]") {

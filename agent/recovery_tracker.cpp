@@ -1,0 +1,134 @@
+#include "agent/recovery_tracker.h"
+
+#include <climits>
+#include <cstdint>
+#include <sstream>
+
+#include "common/strings.h"
+
+namespace ddprun::agent {
+
+using nlohmann::json;
+
+namespace {
+
+/// The events that end a phase, in the order the phases follow one another (the back-off,
+/// between teardown and rendezvous, is measured from restart_delayed and rendezvous_start).
+constexpr const char* kTeardown = "teardown_done";
+constexpr const char* kAfterBackoff[] = {"rendezvous_complete", "workers_started",
+                                         "worker_main",         "pg_ready",
+                                         "snapshot_loaded",     "first_step"};
+
+/// How far back an injected fault (the fault harness's fault_injected) is the cause of a failure.
+constexpr double kFaultWindowS = 60.0;
+
+std::string describe_failure(const json& body) {
+  std::ostringstream out;
+  out << "rank " << event_int_field(body, "rank", -1);
+  if (const long long signal = event_int_field(body, "signal", 0); signal != 0)
+    out << " killed by signal " << signal;
+  else
+    out << " exited with " << event_int_field(body, "exit_code", 0);
+  out << " (" << event_text_field(body, "how", "exit") << ")";
+  if (std::string node = event_text_field(body, "node", ""); !node.empty()) out << " on " << node;
+  return out.str();
+}
+
+}  // namespace
+
+long long event_int_field(const json& body, const char* key, long long fallback) {
+  if (!body.is_object()) return fallback;
+  auto it = body.find(key);
+  if (it == body.end()) return fallback;
+  if (it->is_number_unsigned())
+    return it->get<std::uint64_t>() <= static_cast<std::uint64_t>(LLONG_MAX)
+               ? static_cast<long long>(it->get<std::uint64_t>())
+               : fallback;
+  return it->is_number_integer() ? it->get<long long>() : fallback;
+}
+
+std::string event_text_field(const json& body, const char* key, const std::string& fallback) {
+  if (!body.is_object()) return fallback;
+  auto it = body.find(key);
+  return it != body.end() && it->is_string() ? common::printable(it->get<std::string>()) : fallback;
+}
+
+bool RecoveryTracker::observe(const std::string& event, const json& fields, double t) {
+  if (event == "fault_injected") {
+    last_fault_ = t;
+    return false;
+  }
+  Window* current = windows_.empty() ? nullptr : &windows_.back();
+  const bool open = current != nullptr && !current->closed;
+  if (event == "failure_detected" || event == "restart") {
+    // Part of the recovery under way until its workers started again.
+    if (open && !current->resumed) return false;
+    if (current != nullptr) current->closed = true;
+    Window w;
+    w.began = t;
+    w.cause = event == "failure_detected"
+                  ? describe_failure(fields)
+                  : "restart: " + event_text_field(fields, "reason", "the rendezvous asked");
+    if (last_fault_ && *last_fault_ >= t - kFaultWindowS && *last_fault_ <= t)
+      w.fault_at = last_fault_;
+    windows_.push_back(std::move(w));
+    return true;
+  }
+  if (!open) return false;
+  // A job stopped by a signal (or ended) after the recovery tears down again: those lines
+  // belong to the stop, not to the recovery.
+  if (event == "signal" || event == "job_end") {
+    current->closed = true;
+    return false;
+  }
+  if (event == "restart_delayed" && !current->delayed_at) current->delayed_at = t;
+  if (event == "rendezvous_start" && current->delayed_at && !current->rejoined_at)
+    current->rejoined_at = t;
+  if (event == kTeardown) current->last[event] = t;
+  for (const char* phase : kAfterBackoff)
+    if (event == phase) current->last[event] = t;
+  if (event == "workers_started") {
+    current->resumed = true;
+    current->restart_count = event_int_field(fields, "restart_count", current->restart_count);
+  }
+  return false;
+}
+
+Recovery RecoveryTracker::phases_of(const Window& w) {
+  Recovery r;
+  r.cause = w.cause;
+  r.restart_count = w.restart_count;
+  if (w.fault_at) r.detect_ms = (w.began - *w.fault_at) * 1000.0;
+  double at = w.began;
+  auto phase = [&](const char* name, std::optional<double>& out) {
+    auto it = w.last.find(name);
+    if (it == w.last.end() || it->second < at) return;
+    out = (it->second - at) * 1000.0;
+    at = it->second;
+  };
+  phase(kTeardown, r.teardown_ms);
+  if (w.delayed_at && w.rejoined_at && *w.rejoined_at >= at) {
+    r.backoff_ms = (*w.rejoined_at - at) * 1000.0;
+    at = *w.rejoined_at;
+  }
+  std::optional<double>* after_backoff[] = {&r.rendezvous_ms,    &r.spawn_ms,
+                                            &r.process_start_ms, &r.pg_init_ms,
+                                            &r.snapshot_load_ms, &r.first_step_ms};
+  for (size_t i = 0; i < std::size(kAfterBackoff); ++i) phase(kAfterBackoff[i], *after_backoff[i]);
+  r.total_ms = (at - (w.fault_at ? *w.fault_at : w.began)) * 1000.0;
+  return r;
+}
+
+std::vector<Recovery> RecoveryTracker::recoveries() const {
+  std::vector<Recovery> out;
+  out.reserve(windows_.size());
+  for (const Window& w : windows_) out.push_back(phases_of(w));
+  return out;
+}
+
+std::optional<Recovery> RecoveryTracker::last() const {
+  if (windows_.empty()) return std::nullopt;
+  return phases_of(windows_.back());
+}
+
+}  // namespace ddprun::agent
