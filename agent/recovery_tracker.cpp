@@ -2,7 +2,9 @@
 
 #include <climits>
 #include <cstdint>
+#include <iterator>
 #include <sstream>
+#include <utility>
 
 #include "common/strings.h"
 

@@ -7,6 +7,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <utility>
 
 #include "agent/python_zygote.h"
 #include "agent/standby_pool.h"
@@ -229,7 +230,7 @@ struct StandbySupply::Impl {
   asio::steady_timer standby_timer;
   asio::steady_timer zygote_timer;
   asio::posix::stream_descriptor zygote_wait;  ///< a copy of the zygote's control socket
-  /// Before pool, which may use it as its launcher until it is destroyed.
+  /// The Python zygote, when one was started (start_zygote); the pool's standbys are its forks.
   std::unique_ptr<PythonZygote> zygote;
   StandbyPool pool;
   bool zygote_settled = false;  ///< ready, or failed before it was

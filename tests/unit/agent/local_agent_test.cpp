@@ -119,18 +119,21 @@ bool handover_read(int fd, std::string& got) {
   }
 }
 
+/// --standby_workers: the first round forms in the first turns and its workers start afresh;
+/// the standbys start a little after (the same delay also starts them early on an agent
+/// without a round).
+void with_standbys(AgentOptions& opt) {
+  opt.standby_workers = true;
+  opt.standby_delay = std::chrono::milliseconds(50);
+}
+
 }  // namespace
 
 TEST_CASE("local agent: 8 standbys are handed over while the event loop keeps turning",
           "[agent][unit][standby]") {
   // The acknowledgements come one per turn of the loop, from this thread: a hand-over that
   // waited for them inside a handler would stall the loop and then give every rank up.
-  Job job(8, 1, [](AgentOptions& opt) {
-    opt.standby_workers = true;
-    // The first round forms in the first turns; its workers start afresh, and the standbys a
-    // little after (the same delay also starts them early on an agent without a round).
-    opt.standby_delay = std::chrono::milliseconds(50);
-  });
+  Job job(8, 1, with_standbys);
   REQUIRE(job.agent->start());
   // The group, then (at once, here) a standby per rank for its restart.
   REQUIRE(job.run_until([&] { return job.launcher.running.size() == 16; }));
@@ -182,12 +185,7 @@ TEST_CASE(
     "local agent: a standby that took over and ended during the hand-over is reaped as a "
     "worker",
     "[agent][unit][standby]") {
-  Job job(2, 1, [](AgentOptions& opt) {
-    opt.standby_workers = true;
-    // The first round forms in the first turns; its workers start afresh, and the standbys a
-    // little after (the same delay also starts them early on an agent without a round).
-    opt.standby_delay = std::chrono::milliseconds(50);
-  });
+  Job job(2, 1, with_standbys);
   REQUIRE(job.agent->start());
   REQUIRE(job.run_until([&] { return job.launcher.running.size() == 4; }));
   REQUIRE(job.standbys().size() == 2);
