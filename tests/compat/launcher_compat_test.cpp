@@ -158,9 +158,11 @@ std::vector<std::string> probe_lines(const std::string& out) {
   return lines;
 }
 
-/// torchrun 1.13 (bench/torchrun_shim.py) on one node with two workers. Not `--standalone`:
-/// torch 1.13 hosts that rendezvous on the fixed localhost:29400, which the SLURM tests,
-/// running beside these, need for the endpoint ddprun derives from the node list.
+/// torchrun (bench/torchrun_shim.py: Debian 12's 1.13, or Debian 13's 2.6) on one node with two
+/// workers, on the static rendezvous at a free port. Not `--standalone`: torch 1.13 hosts that
+/// rendezvous on the fixed localhost:29400, which the SLURM tests running beside these need,
+/// and torch 2.6 built without libuv cannot host it at all (nor c10d's). The shim mends the
+/// static rendezvous's store; the probe scripts open no store of their own.
 CommandResult torchrun(const std::vector<std::string>& flags,
                        const std::vector<std::string>& program,
                        const std::map<std::string, std::string>& env = kPython) {
@@ -169,9 +171,10 @@ CommandResult torchrun(const std::vector<std::string>& flags,
   std::vector<std::string> argv{
       "/usr/bin/python3", std::string(DDPRUN_SOURCE_DIR) + "/bench/torchrun_shim.py",
       "--nnodes",         "1",
-      "--rdzv_backend",   "c10d",
-      "--rdzv_id",        "compat",
-      "--rdzv_endpoint",  "127.0.0.1:" + std::to_string(std::get<int>(port)),
+      "--node_rank",      "0",
+      "--rdzv_backend",   "static",
+      "--master_addr",    "127.0.0.1",
+      "--master_port",    std::to_string(std::get<int>(port)),
       "--nproc_per_node", "2"};
   argv.insert(argv.end(), flags.begin(), flags.end());
   argv.insert(argv.end(), program.begin(), program.end());
