@@ -171,11 +171,11 @@ TEST_CASE("local agent: 8 standbys are handed over while the event loop keeps tu
   }));
   for (size_t i = 16; i < job.launcher.specs.size(); ++i)
     CHECK_FALSE(env_of(job.launcher.specs[i], "DDPRUN_STANDBY_FD").empty());
-  // No turn ran long while the hand-over was out (0.14 ms measured on the 2-core machine);
-  // one that polled for its acknowledgements would take its whole 2 s deadline.
+  // No turn ran long while the hand-over was out (0.14 ms measured on the 2-core machine, 0.4 ms
+  // under ASan); one that polled for its acknowledgements would take its whole 2 s deadline.
   const auto longest_ms = std::chrono::duration<double, std::milli>(longest).count();
   INFO("the longest turn of the loop during the hand-over took " << longest_ms << " ms");
-  CHECK(longest_ms < 100);
+  CHECK(longest_ms < 250);  // room for a busy machine; the old wait took 2000
   for (pid_t pid : standbys) job.launcher.end(pid, {0, 0});
   REQUIRE(job.finished());
   CHECK(job.agent->exit_code() == 0);
