@@ -232,10 +232,8 @@ void StandbyPool::clear() {
   sent_.clear();
   // Acknowledged but not yet workers: the job ended before the group started.
   for (auto& [local_rank, process] : taken_) {
-    close_fd(process.stdout_fd);
-    close_fd(process.stderr_fd);
-    launcher_->signal_group(process.pid, SIGKILL);
-    discarded_.insert(process.pid);
+    Standby s{process, -1, {}};  // its hand-over socket was closed at the acknowledgement
+    discard(s);
   }
   taken_.clear();
   while (!standbys_.empty()) {
