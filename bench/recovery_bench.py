@@ -26,6 +26,13 @@ PSS, which counts pages shared between processes once) comes from /proc/<pid>/sm
 
     cmake --build build --target ddprun ddp_train
     /usr/bin/python3 bench/recovery_bench.py --build build --runs 5 --markdown
+
+On a GPU (scripts/device_check.sh): --device cuda trains both programs on the GPU with NCCL,
+--nproc 1 (NCCL refuses two ranks on one GPU; the killed worker is then RANK=0), --torchrun
+module runs the machine's own torchrun (`python -m torch.distributed.run`) instead of the shim
+for Debian's 1.13, and --ddprun/--ddp_train name binaries outside a build folder. The Python
+script's mark file also gives the phases of each restarted rank (process start, torch imported,
+CUDA context, first collective, snapshot loaded, first step), reported as medians from the kill.
 """
 import argparse
 import json
@@ -140,17 +147,24 @@ def first_steps_from_events(path, restart):
             if e.get("event") == "first_step" and e.get("restart_count") == restart]
 
 
-def first_steps_from_marks(path, restart):
+def marks_of(path, restart, phase):
     out = []
     try:
         with open(path) as f:
             for line in f:
                 parts = line.split()
-                if len(parts) == 3 and parts[0] == "first_step" and int(parts[1]) == restart:
+                if len(parts) == 3 and parts[0] == phase and int(parts[1]) == restart:
                     out.append(float(parts[2]))
     except OSError:
         pass
     return out
+
+
+def first_steps_from_marks(path, restart):
+    return marks_of(path, restart, "first_step")
+
+
+PHASES = ("start", "imported", "cuda_ready", "pg_ready", "snapshot_loaded", "first_step")
 
 
 def wait_for(predicate, limit):
@@ -173,13 +187,13 @@ def one_run(series, args, work):
     for f in os.listdir(work):
         if f.startswith(f"{series}.snap"):
             os.remove(os.path.join(work, f))
-    ddprun = os.path.join(args.build, "bin", "ddprun")
-    ddp_train = os.path.join(args.build, "bin", "ddp_train")
-    common = ["--standalone", "--nproc_per_node", "2", "--max_restarts", "1"]
+    ddprun = args.ddprun
+    nproc = args.nproc
+    common = ["--standalone", "--nproc_per_node", str(nproc), "--max_restarts", "1"]
     py_args = [PY_TRAIN, EPOCHS, "--dataset_size", "256", "--snapshot_path", snap,
-               "--mark_file", marks]
-    cpp_args = ["--no_python", ddp_train, EPOCHS, "1", "--dataset_size", "256",
-                "--snapshot_path", snap, "--keep_snapshots", "2"]
+               "--mark_file", marks, "--device", args.device]
+    cpp_args = ["--no_python", args.ddp_train, EPOCHS, "1", "--dataset_size", "256",
+                "--snapshot_path", snap, "--keep_snapshots", "2", "--device", args.device]
     if series == "ddprun-cpp-standby":
         argv = [ddprun] + common + ["--standby_workers", "--event_log", events] + cpp_args
     elif series == "ddprun-cpp":
@@ -188,8 +202,11 @@ def one_run(series, args, work):
         argv = [ddprun] + common + ["--standby_workers", "--event_log", events] + py_args
     elif series == "ddprun-python":
         argv = [ddprun] + common + ["--standby_workers=off", "--event_log", events] + py_args
-    else:
+    elif args.torchrun == "shim":
         argv = [args.python, SHIM] + common + ["--monitor_interval", "0.1"] + py_args
+    else:
+        argv = ([args.python, "-m", "torch.distributed.run"] + common +
+                ["--monitor_interval", "0.1"] + py_args)
     env = dict(os.environ, PYTHON_EXEC=args.python, LOGLEVEL="WARNING")
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
                             start_new_session=True)
@@ -197,33 +214,39 @@ def one_run(series, args, work):
     firsts = ((lambda r: first_steps_from_events(events, r)) if cpp
               else (lambda r: first_steps_from_marks(marks, r)))
     try:
-        if not wait_for(lambda: len(firsts(0)) == 2, 120):
+        if not wait_for(lambda: len(firsts(0)) == nproc, 120):
             raise RuntimeError(f"{series}: no first step in 120 s")
         memory = []
         if series.endswith("-standby"):
-            if not wait_for(lambda: len(waiting_standbys(proc.pid, events)) == 2, 120):
-                raise RuntimeError(f"{series}: no 2 standbys waiting in 120 s")
+            if not wait_for(lambda: len(waiting_standbys(proc.pid, events)) == nproc, 120):
+                raise RuntimeError(f"{series}: no {nproc} standbys waiting in 120 s")
             if series == "ddprun-python-standby":
                 memory = [("standby",) + rss_pss_kib(pid)
                           for pid in waiting_standbys(proc.pid, events)]
                 if zygote_pid(events) is not None:
                     memory.append(("zygote",) + rss_pss_kib(zygote_pid(events)))
         time.sleep(args.settle)  # training under way
-        # --standalone: RANK=1 is local rank 1.
-        victim = (ddprun_worker(events, 1) if series.startswith("ddprun")
-                  else worker_with_rank(proc.pid, 1))
+        # --standalone: RANK=n is local rank n; the last rank is killed (1 of 2, 0 of 1).
+        victim_rank = min(1, nproc - 1)
+        victim = (ddprun_worker(events, victim_rank) if series.startswith("ddprun")
+                  else worker_with_rank(proc.pid, victim_rank))
         if victim is None:
-            raise RuntimeError(f"{series}: no worker with RANK=1")
+            raise RuntimeError(f"{series}: no worker with RANK={victim_rank}")
         t0 = time.monotonic()
         os.kill(victim, signal.SIGKILL)
         if series.startswith("ddprun"):
             # For `ddprun events summarize`: its detect phase starts here.
             with open(events, "a") as f:
                 f.write(json.dumps({"t": t0, "event": "fault_injected", "node": "bench"}) + "\n")
-        if not wait_for(lambda: len(firsts(1)) == 2, 120):
+        if not wait_for(lambda: len(firsts(1)) == nproc, 120):
             raise RuntimeError(f"{series}: no first step after the restart in 120 s")
         recovery = max(firsts(1)) - t0
         phases = {}
+        if not cpp:
+            for phase in PHASES:
+                reached = marks_of(marks, 1, phase)
+                if len(reached) == nproc:
+                    phases[phase] = max(reached) - t0
         if series.startswith("ddprun"):
             detected = [e["t"] for e in read_events(events) if e.get("event") == "failure_detected"]
             if detected:
@@ -250,6 +273,13 @@ def summarize(ddprun, events):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default=os.path.join(REPO_ROOT, "build"))
+    ap.add_argument("--ddprun", help="the launcher (default BUILD/bin/ddprun)")
+    ap.add_argument("--ddp_train", help="the C++ trainer (default BUILD/bin/ddp_train)")
+    ap.add_argument("--nproc", type=int, default=2, help="workers (default 2)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--torchrun", choices=["shim", "module"], default="shim",
+                    help="shim: bench/torchrun_shim.py (Debian's 1.13); module: python -m "
+                         "torch.distributed.run of --python")
     ap.add_argument("--python", default="/usr/bin/python3")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--settle", type=float, default=1.5,
@@ -258,9 +288,12 @@ def main():
                                         "ddprun-python,torchrun-python")
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args()
+    args.ddprun = args.ddprun or os.path.join(args.build, "bin", "ddprun")
+    args.ddp_train = args.ddp_train or os.path.join(args.build, "bin", "ddp_train")
     series = args.series.split(",")
     results = {s: [] for s in series}
     detect = {s: [] for s in series}
+    phase_times = {s: {} for s in series}
     last_events = {}
     memory = []  # (kind, rss, pss) KiB of each Python standby and zygote measured
     work = tempfile.mkdtemp(prefix="ddprun-recovery-")
@@ -272,8 +305,11 @@ def main():
                 memory += standby_memory
                 if "detect" in phases:
                     detect[s].append(phases["detect"])
+                for phase in PHASES:
+                    if phase in phases:
+                        phase_times[s].setdefault(phase, []).append(phases[phase])
                 if s.startswith("ddprun"):
-                    last_events[s] = summarize(os.path.join(args.build, "bin", "ddprun"), events)
+                    last_events[s] = summarize(args.ddprun, events)
                 print(f"run {run} {s}: {recovery * 1000:.0f} ms", file=sys.stderr)
     finally:
         for f in os.listdir(work):
@@ -282,8 +318,8 @@ def main():
 
     ms = lambda v: f"{v * 1000:.0f}"
     print(f"Measured {time.strftime('%Y-%m-%d')} with `{' '.join(sys.argv)}`: {args.runs} runs "
-          f"per series, interleaved; 2 workers, --standalone, SIGKILL of RANK=1 after "
-          f"{args.settle} s of training.\n")
+          f"per series, interleaved; {args.nproc} workers on {args.device}, --standalone, "
+          f"SIGKILL of RANK={min(1, args.nproc - 1)} after {args.settle} s of training.\n")
     print("| series | recovery, median ms | min | max | detect, median ms |")
     print("|---|---:|---:|---:|---:|")
     for s in series:
@@ -296,6 +332,16 @@ def main():
             if s != "torchrun-python":
                 print(f"\nRatio torchrun-python / {s} (medians): "
                       f"**{base / statistics.median(results[s]):.1f}x**.")
+    with_phases = [s for s in series if phase_times[s]]
+    if with_phases:
+        print("\nPhases of the restarted Python ranks, median ms from the kill to the moment the "
+              "last rank reached each (the script's mark file):\n")
+        print("| series | " + " | ".join(PHASES) + " |")
+        print("|---|" + "---:|" * len(PHASES))
+        for s in with_phases:
+            cells = [f"{statistics.median(phase_times[s][p]) * 1000:.0f}"
+                     if p in phase_times[s] else "n/a" for p in PHASES]
+            print(f"| {s} | " + " | ".join(cells) + " |")
     mib = lambda kib: f"{kib / 1024:.0f}"
     for kind in ("standby", "zygote"):
         rss = [m[1] for m in memory if m[0] == kind]

@@ -10,6 +10,10 @@ shutdown are left out. Runs of the two programs alternate; the script reports th
 --repeats.
 
     /usr/bin/python3 bench/train_bench.py --build build --nproc 2 --batch_size 32
+
+On a GPU (scripts/device_check.sh): --device cuda --nproc 1 trains both on the GPU with NCCL;
+--hidden widens the hidden layer of both; --ddprun, --ddp_train and --python name the programs
+outside a build folder and Debian's Python.
 """
 import argparse
 import os
@@ -25,7 +29,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def timed(cmd, env):
     """Runs cmd; returns (seconds, steps) from the end of rank 0's first epoch to its last."""
-    pattern = re.compile(r"^\[default0\]:\[CPU0\] Epoch \d+ .*Steps: (\d+)")
+    pattern = re.compile(r"^\[default0\]:\[[CG]PU0\] Epoch \d+ .*Steps: (\d+)")
     stamps = []
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                           text=True, bufsize=1) as p:
@@ -48,20 +52,27 @@ def main():
     ap.add_argument("--batch_size", type=int, default=32)
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--dataset_size", type=int, default=2048)
+    ap.add_argument("--ddprun", help="the launcher (default BUILD/bin/ddprun)")
+    ap.add_argument("--ddp_train", help="the C++ trainer (default BUILD/bin/ddp_train)")
+    ap.add_argument("--python", default="/usr/bin/python3")
     args = ap.parse_args()
 
-    ddprun = os.path.join(args.build, "bin", "ddprun")
+    ddprun = args.ddprun or os.path.join(args.build, "bin", "ddprun")
+    ddp_train = args.ddp_train or os.path.join(args.build, "bin", "ddp_train")
     launch = [ddprun, "--standalone", "--nproc_per_node", str(args.nproc)]
-    common = ["--batch_size", str(args.batch_size)]
+    common = ["--batch_size", str(args.batch_size), "--device", args.device,
+              "--hidden", str(args.hidden), "--dataset_size", str(args.dataset_size)]
     programs = {
         "C++ ddp_train (worker SDK)":
-            lambda e: launch + ["--no_python", os.path.join(args.build, "bin", "ddp_train"),
-                                str(e), "1"] + common,
+            lambda e: launch + ["--no_python", ddp_train, str(e), "1"] + common,
         "Python DDP (python_ddp_train.py)":
             lambda e: launch + [os.path.join(REPO_ROOT, "bench", "python_ddp_train.py"), str(e)]
             + common,
     }
-    env = dict(os.environ, PYTHON_EXEC="/usr/bin/python3")
+    env = dict(os.environ, PYTHON_EXEC=args.python)
     per_step = {name: [] for name in programs}
     for _ in range(args.repeats):
         for name, cmd in programs.items():
@@ -69,7 +80,8 @@ def main():
             per_step[name].append(seconds / steps)
 
     print(f"Measured {time.strftime('%Y-%m-%d')} with `{' '.join(sys.argv)}`: "
-          f"{args.nproc} processes, per-rank batch {args.batch_size}, "
+          f"{args.nproc} processes on {args.device}, hidden width {args.hidden}, "
+          f"per-rank batch {args.batch_size}, {args.dataset_size} samples, "
           f"{args.epochs} epochs per run (epochs 2..{args.epochs} timed), "
           f"{args.repeats} alternating runs of each.\n")
     print("| program | steps/s per rank (median) | min | max |")

@@ -6,6 +6,9 @@
 //
 //   ddprun --standalone --nproc_per_node 2 --no_python build/bin/ddp_train 5 2 --batch_size 32
 //
+// --device cuda trains on each rank's GPU (cuda:LOCAL_RANK) with NCCL, where the SDK was built
+// against a CUDA libtorch; --hidden sets the width of the hidden layer (64, as in the tutorial).
+//
 // Test and demo switches: --fail_rank R --fail_epoch E makes rank R fail halfway through epoch
 // E of the first attempt (an exception, or SIGKILL with --fail_kill), or at the first step of the
 // first attempt after the file --fail_when_file names exists; --dump_params FILE writes
@@ -41,6 +44,8 @@ struct Args {
   int request_checkpoint_rank = -1;
   int64_t request_checkpoint_step = 0;
   int64_t poll_checkpoint_every = 16;
+  std::string device = "cpu";
+  int64_t hidden = 64;
 };
 
 /// The same synthetic regression data on every rank: y = x w + noise.
@@ -53,9 +58,9 @@ std::pair<torch::Tensor, torch::Tensor> make_dataset(int64_t size) {
 }
 
 struct NetImpl : torch::nn::Module {
-  NetImpl()
-      : fc1(register_module("fc1", torch::nn::Linear(20, 64))),
-        fc2(register_module("fc2", torch::nn::Linear(64, 1))) {}
+  explicit NetImpl(int64_t hidden)
+      : fc1(register_module("fc1", torch::nn::Linear(20, hidden))),
+        fc2(register_module("fc2", torch::nn::Linear(hidden, 1))) {}
   torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::relu(fc1(x))); }
   torch::nn::Linear fc1, fc2;
 };
@@ -64,7 +69,7 @@ TORCH_MODULE(Net);
 void dump_parameters(const std::string& path, const Net& model) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   for (const auto& p : model->parameters()) {
-    torch::Tensor c = p.detach().to(torch::kFloat32).contiguous();
+    torch::Tensor c = p.detach().to(torch::kCPU, torch::kFloat32).contiguous();
     out.write(static_cast<const char*>(c.data_ptr()), c.numel() * sizeof(float));
   }
   if (!out) throw std::runtime_error("cannot write " + path);
@@ -75,19 +80,21 @@ int save_and_exit(std::optional<sdk::SnapshotStore>& snapshots, const Net& model
                   torch::optim::Optimizer& optimizer, sdk::ProcessGroup& group, int64_t epoch,
                   int64_t step, int64_t epoch_step) {
   const int rank = group.rank();
+  const char* tag = group.device().is_cuda() ? "GPU" : "CPU";
   if (rank == 0 && snapshots) {
     const std::string path =
         snapshots->save(*model, optimizer, epoch, step, group.world_size(), epoch_step);
     std::printf(
-        "[CPU0] checkpoint requested: saved snapshot at epoch %lld step %lld (step %lld of the "
+        "[%s0] checkpoint requested: saved snapshot at epoch %lld step %lld (step %lld of the "
         "epoch) to %s, exiting\n",
-        static_cast<long long>(epoch), static_cast<long long>(step),
+        tag, static_cast<long long>(epoch), static_cast<long long>(step),
         static_cast<long long>(epoch_step), path.c_str());
   } else if (rank == 0) {
-    std::printf("[CPU0] checkpoint requested: no --snapshot_path, exiting without a snapshot\n");
+    std::printf("[%s0] checkpoint requested: no --snapshot_path, exiting without a snapshot\n",
+                tag);
   } else {
-    std::printf("[CPU%d] checkpoint requested: stopped at epoch %lld step %lld, exiting\n", rank,
-                static_cast<long long>(epoch), static_cast<long long>(step));
+    std::printf("[%s%d] checkpoint requested: stopped at epoch %lld step %lld, exiting\n", tag,
+                rank, static_cast<long long>(epoch), static_cast<long long>(step));
   }
   std::fflush(stdout);
   return 0;
@@ -95,12 +102,17 @@ int save_and_exit(std::optional<sdk::SnapshotStore>& snapshots, const Net& model
 
 int run(const Args& args) {
   const sdk::WorkerContext ctx = sdk::WorkerContext::from_env();
-  auto group = sdk::ProcessGroup::create(ctx);
+  auto group = sdk::ProcessGroup::create(ctx, {.device = torch::Device(args.device)});
   const int rank = group->rank();
+  const torch::Device device = group->device();
+  const char* tag = device.is_cuda() ? "GPU" : "CPU";
 
   torch::manual_seed(0);
   auto [x, y] = make_dataset(args.dataset_size);
-  Net model;
+  x = x.to(device);
+  y = y.to(device);
+  Net model(args.hidden);
+  model->to(device);
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.02).momentum(0.9));
 
   int64_t epochs_run = 0;
@@ -113,7 +125,7 @@ int run(const Args& args) {
       epochs_run = meta->epoch;
       step = meta->step;
       epoch_step = meta->epoch_step;
-      std::printf("[CPU%d] Resuming training from snapshot at Epoch %lld", rank,
+      std::printf("[%s%d] Resuming training from snapshot at Epoch %lld", tag, rank,
                   static_cast<long long>(epochs_run));
       if (epoch_step > 0)
         std::printf(", step %lld of the epoch", static_cast<long long>(epoch_step));
@@ -123,7 +135,7 @@ int run(const Args& args) {
   // After the restore: every rank starts from rank 0's parameters, buffers and progress, even
   // if another rank found a different newest valid snapshot.
   sdk::GradientSync sync(group, *model, {.overlap_with_backward = args.overlap});
-  torch::Tensor progress = torch::tensor({epochs_run, step, epoch_step}, torch::kLong);
+  torch::Tensor progress = torch::tensor({epochs_run, step, epoch_step}, torch::kLong).to(device);
   group->broadcast(progress, 0);
   epochs_run = progress[0].item<int64_t>();
   step = progress[1].item<int64_t>();
@@ -133,10 +145,10 @@ int run(const Args& args) {
   for (int64_t epoch = epochs_run; epoch < args.total_epochs; ++epoch) {
     sampler.set_epoch(epoch);
     const std::vector<int64_t> indices = sampler.indices();
-    const torch::Tensor order = torch::tensor(indices, torch::kLong);
+    const torch::Tensor order = torch::tensor(indices, torch::kLong).to(device);
     const int64_t steps =
         (static_cast<int64_t>(indices.size()) + args.batch_size - 1) / args.batch_size;
-    torch::Tensor loss = torch::zeros({});
+    torch::Tensor loss = torch::zeros({}, device);
     // A mid-epoch snapshot resumes with the same shuffled order, past the batches it had done
     // (exact at the same world size; at another one, the rest of a re-sharded epoch).
     for (int64_t s = epoch == epochs_run ? epoch_step : 0; s < steps; ++s) {
@@ -145,7 +157,7 @@ int run(const Args& args) {
           (args.fail_when_file.empty() ? epoch == args.fail_epoch && s == steps / 2
                                        : std::filesystem::exists(args.fail_when_file));
       if (fail_now) {
-        std::printf("[CPU%d] injected failure at epoch %lld, step %lld\n", rank,
+        std::printf("[%s%d] injected failure at epoch %lld, step %lld\n", tag, rank,
                     static_cast<long long>(epoch), static_cast<long long>(s));
         std::fflush(stdout);
         if (args.fail_kill) std::raise(SIGKILL);
@@ -171,7 +183,7 @@ int run(const Args& args) {
                              step, epoch_done ? 0 : s + 1);
       }
     }
-    std::printf("[CPU%d] Epoch %lld | Batchsize: %d | Steps: %lld | Loss: %.5f\n", rank,
+    std::printf("[%s%d] Epoch %lld | Batchsize: %d | Steps: %lld | Loss: %.5f\n", tag, rank,
                 static_cast<long long>(epoch), args.batch_size, static_cast<long long>(steps),
                 loss.item<double>());
     std::fflush(stdout);
@@ -202,7 +214,7 @@ int run(const Args& args) {
 int main(int argc, char** argv) {
   return sdk::record([&] {
     Args args;
-    CLI::App app{"DDP training on ddprun's worker SDK (CPU, Gloo)"};
+    CLI::App app{"DDP training on ddprun's worker SDK (CPU with Gloo, or GPU with NCCL)"};
     app.add_option("total_epochs", args.total_epochs, "epochs to train")->required();
     app.add_option("save_every", args.save_every, "snapshot every N epochs")
         ->required()
@@ -230,6 +242,19 @@ int main(int argc, char** argv) {
                    "rank that requests a checkpoint (as SIGUSR1 does)");
     app.add_option("--request_checkpoint_step", args.request_checkpoint_step,
                    "global step after which --request_checkpoint_rank requests it");
+    app.add_option("--device", args.device,
+                   "cpu (Gloo) or cuda (NCCL, GPU LOCAL_RANK; cuda:N for GPU N)")
+        ->check(CLI::Validator(
+            [](std::string& value) -> std::string {
+              if (value == "cpu" || value == "cuda" ||
+                  (value.rfind("cuda:", 0) == 0 && value.size() > 5 &&
+                   value.find_first_not_of("0123456789", 5) == std::string::npos))
+                return "";
+              return "--device " + value + " is neither cpu, cuda nor cuda:N";
+            },
+            "cpu|cuda|cuda:N", "device"));
+    app.add_option("--hidden", args.hidden, "width of the hidden layer (default 64)")
+        ->check(CLI::PositiveNumber);
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages ddprun needs to build, test and run its demo, and debootstrap,
 # which makes the Debian 13 root of the torch 2.6 tests (scripts/debian13-root.sh), and ccache,
-# which scripts/test.sh compiles through, and lintian, which checks the Debian packages.
+# which scripts/test.sh compiles through, lintian, which checks the Debian packages, and
+# patchelf, with which scripts/device_bundle.sh makes ddprun find its bundled libraries.
 # Idempotent: packages already present are skipped by apt-get; safe to run again.
 set -euo pipefail
 
@@ -16,7 +17,7 @@ packages=(
   elfutils gdb
   slurmctld slurmd slurm-client munge
   etcd-server etcd-client
-  debootstrap ccache
+  debootstrap ccache patchelf
 )
 
 missing=()
