@@ -62,4 +62,11 @@ for pkg in nlohmann-json3-dev libcli11-dev; do
   done
 done
 
+# Gloo's headers (libgloo-dev), for a libtorch that ships none: device_check.sh searches them
+# after libtorch's own (-idirafter), since c10d's Gloo group includes them.
+dpkg-query -L libgloo-dev | grep '^/usr/include/gloo/.*\.h$' | while read -r f; do
+  mkdir -p "$bundle/gloo/$(dirname "${f#/usr/}")"
+  cp "$f" "$bundle/gloo/${f#/usr/}"
+done
+
 echo "device_bundle: $bundle ($(du -sh "$bundle" | cut -f1)): $(ls "$bundle/lib" | tr '\n' ' ')"

@@ -145,8 +145,12 @@ grep -so "{\"rank\".*" "$out/store.log" | sed 's/^/    /' >>"$report"
 # ---- sdk_build
 sdk_bin=""
 torch_prefix=$("$python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
-nccl_include=$("$python" - <<'EOF' 2>/dev/null
-import glob, os
+# nccl.h must be the version libtorch was built with (c10d's NCCL options embed its structs):
+# pip's nvidia-nccl package first, then the CUDA toolkit's, the first whose version is torch's.
+nccl_include=$("$python" - <<'EOF' 2>"$out/nccl_headers.log"
+import glob, os, re, sys
+import torch
+want = tuple(torch.cuda.nccl.version()) if torch.cuda.is_available() else None
 found = []
 try:
     import nvidia
@@ -155,18 +159,30 @@ try:
 except ImportError:
     pass
 found += glob.glob("/usr/local/cuda/include/nccl.h") + glob.glob("/usr/include/nccl.h")
-print(os.path.dirname(found[0]) if found else "")
+for header in found:
+    text = open(header).read()
+    version = tuple(int(re.search(rf"#define NCCL_{part}\s+(\d+)", text).group(1))
+                    for part in ("MAJOR", "MINOR", "PATCH"))
+    print(f"{header}: NCCL {'.'.join(map(str, version))}", file=sys.stderr)
+    if want is None or version == want:
+        print(os.path.dirname(header))
+        break
 EOF
 )
+torch_include=$(dirname "$(dirname "$torch_prefix")")/include
+gloo_from="libtorch's own"
+[ -f "$torch_include/gloo/algorithm.h" ] || gloo_from="Debian's libgloo-dev (libtorch ships none)"
 cmake_args=(-G Ninja -DDDPRUN_SDK_ONLY=ON -DCMAKE_BUILD_TYPE=Release -DDDPRUN_WERROR=OFF
-  "-DCMAKE_PREFIX_PATH=$torch_prefix;$bundle/prefix" -DCMAKE_POLICY_VERSION_MINIMUM=3.5)
+  "-DCMAKE_PREFIX_PATH=$torch_prefix;$bundle/prefix" -DCMAKE_POLICY_VERSION_MINIMUM=3.5
+  "-DCMAKE_CXX_FLAGS=-idirafter $bundle/gloo/include")
 [ -n "$nccl_include" ] && cmake_args+=("-DDDPRUN_NCCL_INCLUDE_DIR=$nccl_include")
 if command -v nvcc >/dev/null; then
   cmake_args+=("-DCUDAToolkit_ROOT=$(dirname "$(dirname "$(command -v nvcc)")")"
                "-DCMAKE_CUDA_COMPILER=$(command -v nvcc)")
   export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 fi
-say "- sdk_build: libtorch from \`$torch_prefix\`, nccl.h from \`${nccl_include:-nowhere}\`"
+say "- sdk_build: libtorch from \`$torch_prefix\`; nccl.h from \`${nccl_include:-nowhere with the NCCL version of torch}\`; gloo headers: $gloo_from"
+sed 's/^/    /' "$out/nccl_headers.log" >>"$report"
 if [ -n "$sdk_build" ]; then
   # Configure only (the CMake path of an SDK-only build), and take the programs from DIR.
   if part sdk_build 300 bash -c 'cmake -S "$1" -B "$2" "${@:3}" && cmake --build "$2" --target ddprun_sdk_core' \

@@ -144,7 +144,13 @@ Backend ProcessGroup::backend() const { return impl_->backend; }
 torch::Device ProcessGroup::device() const { return impl_->device; }
 const WorkerContext& ProcessGroup::context() const { return impl_->ctx; }
 
-void ProcessGroup::barrier() { impl_->pg->barrier()->wait(); }
+void ProcessGroup::barrier() {
+  c10d::BarrierOptions o;
+  // NCCL's barrier runs on a GPU: unless it is named, c10d guesses rank % GPUs, another rank's
+  // GPU wherever a node runs fewer ranks than it has GPUs.
+  if (impl_->device.is_cuda()) o.device_ids = {impl_->device.index()};
+  impl_->pg->barrier(o)->wait();
+}
 
 void ProcessGroup::broadcast(torch::Tensor& tensor, int src) {
   check_rank(src, world_size(), "broadcast source");

@@ -50,6 +50,9 @@ struct ProcessGroupOptions {
 };
 
 /// A pending asynchronous collective; wait() blocks until it is done and rethrows its error.
+/// On NCCL, as torch's Work.wait(), it orders the current CUDA stream after the collective and
+/// returns: reading the result (item(), a copy to the CPU) waits for it, and NCCL's errors end
+/// the process through c10d's watchdog.
 class PendingWork {
  public:
   struct Impl;
