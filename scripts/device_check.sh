@@ -23,7 +23,9 @@
 # Without a GPU (or with --dry-run) the GPU parts are skipped, saying so, and the CPU parts
 # run small: tests/CMakeLists.txt runs it that way so that it keeps working. --sdk-build DIR
 # takes ddp_train from DIR instead of building the SDK (the build is then only configured).
-# --parts a,b runs only those parts (sdk_gpu and steps need sdk_build, or --sdk-build).
+# --parts a,b runs only those parts (sdk_gpu and steps need sdk_build, or --sdk-build);
+# --recovery-series a,b names bench/recovery_bench.py's series (default: Python standbys, fresh
+# Python workers and torchrun, and C++ standbys where the SDK was built).
 # --budget SECONDS (default 480) bounds the whole run: each part's limit is cut to what is left,
 # and a part with under 20 s left is skipped, so the report is written before a lease ends.
 # Environment: DDPRUN_DEVICE_BUNDLE (default .device-bundle in the checkout), PYTHON (python3),
@@ -37,12 +39,14 @@ dry_run=0
 sdk_build=""
 parts=store,sdk_build,sdk_gpu,recovery,steps
 budget=480
+recovery_series=""
 while [ $# -gt 0 ]; do
   case $1 in
     --dry-run) dry_run=1 ;;
     --sdk-build) sdk_build=$(realpath "$2"); shift ;;
     --parts) parts=$2; shift ;;
     --budget) budget=$2; shift ;;
+    --recovery-series) recovery_series=$2; shift ;;
     *) echo "device_check: unknown argument $1 (use --dry-run, --sdk-build DIR, --parts LIST, --budget S)" >&2
        exit 2 ;;
   esac
@@ -120,6 +124,12 @@ print(f"python {sys.version.split()[0]}, torch {torch.__version__}, CUDA {torch.
       f"GPU visible: {torch.cuda.is_available()}")
 if torch.cuda.is_available():
     print(f"device 0: {torch.cuda.get_device_name(0)}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}")
+if int(torch.__version__.split(".")[0]) >= 2:
+    import os, time
+    t = time.monotonic()
+    import torch._dynamo  # what a script's first optimizer imports (ddprun's zygote preloads it)
+    print(f"import torch._dynamo after torch: {time.monotonic() - t:.2f} s, "
+          f"threads after it: {len(os.listdir('/proc/self/task'))}")
 EOF
   cmake --version 2>&1 | head -1
   c++ --version 2>&1 | head -1
@@ -260,6 +270,7 @@ else
 fi
 series=ddprun-python-standby,ddprun-python,torchrun-python
 [ -n "$sdk_bin" ] && { rec_args+=(--ddp_train "$sdk_bin/ddp_train"); series+=,ddprun-cpp-standby; }
+[ -n "$recovery_series" ] && series=$recovery_series
 if [ $gpu -eq 1 ]; then
   part recovery 240 "$python" "$src/bench/recovery_bench.py" "${rec_args[@]}" --device cuda --runs 3 --series "$series"
 else
@@ -274,7 +285,7 @@ else
   steps_args=(--ddprun "$ddprun" --ddp_train "$sdk_bin/ddp_train" --python "$python" --nproc 1)
   if [ $gpu -eq 1 ]; then
     part steps 200 bash -c '"$1" "$2" "${@:3}" --device cuda --epochs 8 --repeats 3 &&
-      "$1" "$2" "${@:3}" --device cuda --epochs 8 --repeats 2 --hidden 4096 --batch_size 512 --dataset_size 65536' \
+      "$1" "$2" "${@:3}" --device cuda --epochs 8 --repeats 2 --hidden 1024 --batch_size 512 --dataset_size 65536' \
       _ "$python" "$src/bench/train_bench.py" "${steps_args[@]}"
   else
     part steps 200 "$python" "$src/bench/train_bench.py" "${steps_args[@]}" --device cpu --epochs 3 --repeats 1

@@ -185,8 +185,15 @@ def _numpy_random_state():
 
 def _fresh_numpy_generator(state):
     """True for the state of numpy's global generator as a fresh import seeds it: nothing
-    drawn yet (all 624 words of the Mersenne Twister still to use, no cached Gaussian)."""
-    return state is None or (state[2] == 624 and state[3] == 0)
+    drawn yet, so at the position and without the cached Gaussian of a generator seeded just now
+    (623 of the Mersenne Twister's 624 words with numpy 1.24 and 2.2, not 624 as one might think)."""
+    if state is None:
+        return True
+    try:
+        _, _, pos, has_gauss, _ = sys.modules["numpy.random"].RandomState().get_state()
+    except Exception:  # noqa: BLE001 - an unusual numpy: cannot tell, so not shared
+        return False
+    return state[2] == pos and state[3] == has_gauss
 
 
 def why_not_shared(name):
@@ -548,6 +555,12 @@ def main():
         os._exit(EXIT_NO_TORCH)
     local_dir = os.getcwd() if is_module else os.path.dirname(os.path.realpath(target))
     names = list(preload_names)
+    # From torch 2.0 the first optimizer a script makes imports torch._dynamo (torch.optim keeps
+    # dynamo out of its methods by a wrapper that imports it on first use): 1 s on a 2-core
+    # machine, about 5 s on a GPU machine's torch (docs/benchmarks.md, "On a GPU"). Ranks forked
+    # from a zygote that has it skip that at every restart.
+    if int(torch.__version__.split(".")[0]) >= 2:
+        names.append("torch._dynamo")
     if is_module:
         # The module's own file when it is a plain module under the current directory.
         names += top_level_imports(os.path.join(local_dir, *target.split(".")) + ".py")
