@@ -29,7 +29,8 @@
 # --budget SECONDS (default 480) bounds the whole run: each part's limit is cut to what is left,
 # and a part with under 20 s left is skipped, so the report is written before a lease ends.
 # Environment: DDPRUN_DEVICE_BUNDLE (default .device-bundle in the checkout), PYTHON (python3),
-# DDPRUN_REVISION (the revision to report where the checkout has no .git).
+# DDPRUN_REVISION (the revision to report; the GPU machine's copy of the checkout may carry a
+# stale .git).
 set -uo pipefail
 
 src=$(realpath "$(dirname "$0")/..")
@@ -104,7 +105,8 @@ skip() { say "- **$1**: skipped: $2"; }
 : >"$report"
 say "# ddprun device check, $(date -u '+%Y-%m-%d %H:%M UTC')"
 say ""
-say "Revision: $(git -C "$src" describe --always --dirty 2>/dev/null || echo "${DDPRUN_REVISION:-unknown}"); ddprun: $("$ddprun" --version 2>&1)"
+# The device machine's copy of the checkout may carry a stale .git: DDPRUN_REVISION wins.
+say "Revision: ${DDPRUN_REVISION:-$(git -C "$src" describe --always --dirty 2>/dev/null || echo unknown)}; ddprun: $("$ddprun" --version 2>&1)"
 
 # ---- machine
 gpu=0

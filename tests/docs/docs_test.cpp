@@ -323,6 +323,10 @@ const std::set<std::string> kForeignFlags = {
     "--refused-hellos", "--hosting-agent", "--no-secret", "--flood-threads",
     // bench/recovery_bench.py and bench/python_launch_bench.py (benchmarks.md)
     "--series",
+    // the GPU machine's check: scripts/device_check.sh, and the benches' options for a GPU
+    // (examples/ddp_train.cpp's too)
+    "--dry-run", "--sdk-build", "--parts", "--budget", "--recovery-series", "--device", "--hidden",
+    "--ddp_train", "--python", "--torchrun", "--settle", "--mark_file",
     // bench/crash_loop_bench.py and bench/backoff_bench.py (benchmarks.md)
     "--only", "--restarts", "--backoff",
     // ddprun's Python bootstrap, agent/python/ddprun_standby.py (design.md#standby-workers)
