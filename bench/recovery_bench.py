@@ -39,6 +39,7 @@ import json
 import os
 import platform
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -204,6 +205,15 @@ def one_run(series, args, work):
         argv = [ddprun] + common + ["--standby_workers=off", "--event_log", events] + py_args
     elif args.torchrun == "shim":
         argv = [args.python, SHIM] + common + ["--monitor_interval", "0.1"] + py_args
+    elif args.torchrun == "shim-static":
+        # torchrun 2.6 without libuv hosts no c10d rendezvous; its static one works (the shim).
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        argv = [args.python, SHIM, "--rdzv_backend", "static", "--master_addr", "127.0.0.1",
+                "--master_port", str(port), "--nnodes", "1", "--node_rank", "0",
+                "--nproc_per_node", str(nproc), "--max_restarts", "1",
+                "--monitor_interval", "0.1"] + py_args
     else:
         argv = ([args.python, "-m", "torch.distributed.run"] + common +
                 ["--monitor_interval", "0.1"] + py_args)
@@ -277,8 +287,10 @@ def main():
     ap.add_argument("--ddp_train", help="the C++ trainer (default BUILD/bin/ddp_train)")
     ap.add_argument("--nproc", type=int, default=2, help="workers (default 2)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    ap.add_argument("--torchrun", choices=["shim", "module"], default="shim",
-                    help="shim: bench/torchrun_shim.py (Debian's 1.13); module: python -m "
+    ap.add_argument("--torchrun", choices=["shim", "shim-static", "module"], default="shim",
+                    help="shim: bench/torchrun_shim.py (Debian's 1.13); shim-static: the shim "
+                         "on the static rendezvous at a free port (Debian 13's 2.6, which hosts "
+                         "no c10d rendezvous without libuv); module: python -m "
                          "torch.distributed.run of --python")
     ap.add_argument("--python", default="/usr/bin/python3")
     ap.add_argument("--runs", type=int, default=5)

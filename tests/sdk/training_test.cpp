@@ -414,6 +414,21 @@ TEST_CASE("ranks pass tensors around a ring with send and recv", "[sdk][integrat
     CHECK(has(r.out, "rank " + std::to_string(rank) + ": all_reduce sum of ranks = 3 (gloo: ok)"));
 }
 
+TEST_CASE("libtorch's own store client trains through ddprun's agent store, in its version's dialect",
+          "[sdk][integration]") {
+  // The SDK's ranks are clients of the agent's store (TORCHELASTIC_USE_AGENT_STORE=True) through
+  // libtorch's C++ TCPStore: torch 2.x's client (Debian 13's 2.6, without libuv) speaks the
+  // protocol's 2.x dialect, 1.13's the older one, and ddprun's server says which it heard.
+  const std::string dialect = DDPRUN_TORCH_MAJOR >= 2 ? "2.x" : "1.13";
+  auto r = run_command({DDPRUN_BIN, "--standalone", "--nproc_per_node", "2", "--agent_store", "on",
+                        "--no_python", DDP_TRAIN_BIN, "2", "1", "--dataset_size", "256"},
+                       {{"LOGLEVEL", "DEBUG"}}, kLimit);
+  INFO(why(r));
+  REQUIRE(r.exit_code == 0);
+  CHECK(has(r.out + r.err, "speaks the torch " + dialect + " dialect"));
+  CHECK(has(r.out, "rank 1: parameters identical to rank 0: True"));
+}
+
 TEST_CASE("under torchrun's static rendezvous the trainer joins the agent's store",
           "[sdk][integration][python]") {
   // torchrun then sets TORCHELASTIC_USE_AGENT_STORE=True: the ranks are clients of the store
