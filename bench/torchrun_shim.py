@@ -19,8 +19,11 @@ as the static rendezvous makes its store without looking at it. Where a
 TCPStore client refuses to start for want of libuv, the wrapper sets
 USE_LIBUV=0 (read by the c10d rendezvous) and makes the static rendezvous's
 store without libuv. Workers that use torchrun's agent store
-(TORCHELASTIC_USE_AGENT_STORE=True) still fail there: a Python worker's
-store client asks for libuv whatever USE_LIBUV says.
+(TORCHELASTIC_USE_AGENT_STORE=True) would still fail there: a Python worker's
+store client asks for libuv whatever USE_LIBUV says. So the wrapper also turns
+the static rendezvous's agent store off, as ddprun does on such a torch: worker
+rank 0 hosts the store, which reads USE_LIBUV=0, on a free port (the agent's
+own store keeps --master_port).
 
 Usage (same arguments as torchrun):
     /usr/bin/python3 bench/torchrun_shim.py --standalone --nproc_per_node 2 \
@@ -84,6 +87,23 @@ def _without_libuv() -> None:
         return TCPStore(*args, **kwargs)
 
     static_tcp_rendezvous.TCPStore = tcp_store
+    static = static_tcp_rendezvous.StaticTCPRendezvous
+    static.use_agent_store = property(lambda self: False)
+    next_rendezvous = static.next_rendezvous
+
+    def workers_on_a_free_port(self):
+        from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
+        info = next_rendezvous(self)
+        # Rank 0 of the workers hosts their store: not on the agent store's port.
+        info._bootstrap_store_info = RendezvousStoreInfo.build(info.rank, info.store,
+                                                               self.master_addr)
+        return info
+    static.next_rendezvous = workers_on_a_free_port
+
+    # The static rendezvous's endpoint would name the workers' port too (the agent prefers it
+    # to the rendezvous's answer above): it names none.
+    from torch.distributed.launcher import api as launcher_api
+    launcher_api._get_addr_and_port = lambda rdzv_parameters: (None, None)
 
 
 def main() -> None:

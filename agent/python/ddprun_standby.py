@@ -200,13 +200,15 @@ def why_not_shared(name):
     """Imports `name` here and says why sharing it between ranks would not be what a fresh
     worker sees: a worker variable read (WORKER_VARIABLES, or the whole environment iterated),
     a number drawn from `random` or numpy's global generator (it would be the same in every
-    rank), or the import failing. None when it is safe. Leaves the import behind: it runs in a
+    rank), sys.path changed (but for torch's template directory, which own_template_dir()
+    makes per worker), or the import failing. None when it is safe. Leaves the import behind: it runs in a
     throwaway fork (trial_import)."""
     import importlib
     import random
 
     random_state = random.getstate()
     numpy_state = _numpy_random_state()
+    path_before = list(sys.path)
     _TracedEnviron.read = set()
     _TracedEnviron.everything = False
     environ_class = os.environ.__class__
@@ -217,6 +219,11 @@ def why_not_shared(name):
         return "its import failed"
     finally:
         os.environ.__class__ = environ_class
+    # The instantiator's template directory is the one addition a worker gets its own copy of.
+    _, template = _template_dir()
+    kept = [p for p in path_before if template is None or p != template.name]
+    if [p for p in sys.path if template is None or p != template.name] != kept:
+        return "it changed sys.path"
     seen = sorted(_TracedEnviron.read & WORKER_VARIABLES)
     if _TracedEnviron.everything:
         return "it read the whole environment"
@@ -227,6 +234,46 @@ def why_not_shared(name):
             after != numpy_state if numpy_state is not None else not _fresh_numpy_generator(after)):
         return "it drew random numbers"
     return None
+
+
+# torch.distributed.nn.jit.instantiator (which torch._dynamo imports, through FSDP) makes a
+# temporary directory at import, appends it to sys.path and removes it at exit: its generated
+# RemoteModule templates are imported from there. A worker forked from the zygote gets a
+# directory of its own at hand-over, in the same place on sys.path; the zygote's is removed
+# when the zygote ends, and a trial import's when the trial ends.
+_TEMPLATE_MODULE = "torch.distributed.nn.jit.instantiator"
+
+
+def _template_dir():
+    """The instantiator's TemporaryDirectory, if that module is loaded and has one."""
+    import tempfile
+
+    module = sys.modules.get(_TEMPLATE_MODULE)
+    temp = getattr(module, "_TEMP_DIR", None)
+    return (module, temp) if isinstance(temp, tempfile.TemporaryDirectory) else (None, None)
+
+
+def own_template_dir():
+    """In a worker forked from the zygote: its own template directory instead of the zygote's
+    (which the zygote removes; the worker's is removed when the worker exits, as a fresh
+    worker's is)."""
+    import tempfile
+
+    module, inherited = _template_dir()
+    if module is None:
+        return
+    inherited._finalizer.detach()  # the zygote's directory: not this process's to remove
+    mine = tempfile.TemporaryDirectory()
+    module._TEMP_DIR = mine
+    module.INSTANTIATED_TEMPLATE_DIR_PATH = mine.name
+    sys.path[:] = [mine.name if p == inherited.name else p for p in sys.path]
+
+
+def drop_template_dir():
+    """Before os._exit (which runs no finalizer): removes this process's own template dir."""
+    _, temp = _template_dir()
+    if temp is not None:
+        temp.cleanup()
 
 
 def read_to_end(fd):
@@ -255,6 +302,7 @@ def trial_import(name):
             os.dup2(devnull, 2)
             why = why_not_shared(name)
             os.write(w, ("unsafe:" + why if why else "safe").encode()[:4000])
+            drop_template_dir()
         finally:
             os._exit(0)
     os.close(w)
@@ -313,6 +361,7 @@ def serve_forks(control_fd):
     while True:
         msg, fds, _, _ = socket.recv_fds(sock, ZYGOTE_REQUEST_MAX, 3)
         if not msg and not fds:
+            drop_template_dir()
             os._exit(0)  # the agent closed its end: the job is over
         try:
             env = json.loads(msg.decode("utf-8"))["env"]
@@ -576,6 +625,8 @@ def main():
     if handed is None:
         os._exit(0)  # never became a worker: nothing to clean up or report
     env, own_argv = handed
+    if zygote:
+        own_template_dir()
     if own_argv is not None:  # this rank's own script and arguments (${local_rank} replaced)
         target, args = own_argv[0], own_argv[1:]
     become_worker(env, run_path, is_module, target, args)

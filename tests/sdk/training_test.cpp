@@ -414,8 +414,9 @@ TEST_CASE("ranks pass tensors around a ring with send and recv", "[sdk][integrat
     CHECK(has(r.out, "rank " + std::to_string(rank) + ": all_reduce sum of ranks = 3 (gloo: ok)"));
 }
 
-TEST_CASE("libtorch's own store client trains through ddprun's agent store, in its version's dialect",
-          "[sdk][integration]") {
+TEST_CASE(
+    "libtorch's own store client trains through ddprun's agent store, in its version's dialect",
+    "[sdk][integration]") {
   // The SDK's ranks are clients of the agent's store (TORCHELASTIC_USE_AGENT_STORE=True) through
   // libtorch's C++ TCPStore: torch 2.x's client (Debian 13's 2.6, without libuv) speaks the
   // protocol's 2.x dialect, 1.13's the older one, and ddprun's server says which it heard.

@@ -49,6 +49,12 @@ probe("name", __name__)
 probe("file", __file__)
 probe("argv", sys.argv)
 probe("path", sys.path)
+# torch's RemoteModule template directory, if torch.distributed.nn.jit.instantiator is loaded
+# (with torch 2.x the zygote preloads torch._dynamo, which imports it): this rank's own?
+template_dir = getattr(sys.modules.get("torch.distributed.nn.jit.instantiator"),
+                       "INSTANTIATED_TEMPLATE_DIR_PATH", None)
+probe("template_dir", template_dir)
+probe("template_dir_exists", template_dir is not None and os.path.isdir(template_dir))
 probe("cwd", os.getcwd())
 probe("main_globals", sorted(k for k in globals() if k.startswith("__")))
 probe("main_module_is_us", sys.modules["__main__"].__dict__ is globals())
