@@ -11,7 +11,8 @@ launcher is spawned (time.monotonic()) to the last rank's mark. Three series, in
                   forked from it (docs/design.md, "Standby workers")
   ddprun-fresh    ddprun --standby_workers=off ...: a new interpreter per worker, each
                   importing torch (standbys are on by default for a script that imports torch)
-  torchrun        torchrun (bench/torchrun_shim.py) --monitor_interval 0.1 ...
+  torchrun        torchrun (bench/torchrun_shim.py) --monitor_interval 0.1 ...; --torchrun
+                  shim-static on Debian 13's torch 2.6 (bench/torchrun_cmd.py)
 
     cmake --build build --target ddprun
     /usr/bin/python3 bench/python_launch_bench.py --build build --nproc 2,8 --runs 5 --markdown
@@ -26,8 +27,9 @@ import sys
 import tempfile
 import time
 
+from torchrun_cmd import MODES, torchrun_argv
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHIM = os.path.join(REPO_ROOT, "bench", "torchrun_shim.py")
 SCRIPT = os.path.join(REPO_ROOT, "bench", "python_first_step.py")
 
 
@@ -55,7 +57,7 @@ def one_run(series, nproc, args, work):
     elif series == "ddprun-fresh":
         argv = [ddprun] + common + ["--standby_workers=off", SCRIPT, mark]
     else:
-        argv = [args.python, SHIM] + common + ["--monitor_interval", "0.1", SCRIPT, mark]
+        argv = torchrun_argv(args.python, args.torchrun, nproc) + [SCRIPT, mark]
     env = dict(os.environ, PYTHON_EXEC=args.python, LOGLEVEL="WARNING")
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
@@ -85,6 +87,9 @@ def main():
     ap.add_argument("--nproc", default="2,8")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--series", default="ddprun-zygote,ddprun-fresh,torchrun")
+    ap.add_argument("--torchrun", choices=MODES, default="shim",
+                    help="the baseline's mode (bench/torchrun_cmd.py): shim (Debian 12), "
+                         "shim-static (Debian 13), module (a torch with libuv)")
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args()
     series = args.series.split(",")

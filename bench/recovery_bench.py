@@ -39,15 +39,15 @@ import json
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+from torchrun_cmd import MODES, torchrun_argv
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHIM = os.path.join(REPO_ROOT, "bench", "torchrun_shim.py")
 PY_TRAIN = os.path.join(REPO_ROOT, "bench", "python_ddp_train.py")
 EPOCHS = "100000"  # far more than a run lasts: the bench stops the launcher
 
@@ -203,20 +203,8 @@ def one_run(series, args, work):
         argv = [ddprun] + common + ["--standby_workers", "--event_log", events] + py_args
     elif series == "ddprun-python":
         argv = [ddprun] + common + ["--standby_workers=off", "--event_log", events] + py_args
-    elif args.torchrun == "shim":
-        argv = [args.python, SHIM] + common + ["--monitor_interval", "0.1"] + py_args
-    elif args.torchrun == "shim-static":
-        # torchrun 2.6 without libuv hosts no c10d rendezvous; its static one works (the shim).
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        argv = [args.python, SHIM, "--rdzv_backend", "static", "--master_addr", "127.0.0.1",
-                "--master_port", str(port), "--nnodes", "1", "--node_rank", "0",
-                "--nproc_per_node", str(nproc), "--max_restarts", "1",
-                "--monitor_interval", "0.1"] + py_args
     else:
-        argv = ([args.python, "-m", "torch.distributed.run"] + common +
-                ["--monitor_interval", "0.1"] + py_args)
+        argv = torchrun_argv(args.python, args.torchrun, nproc, ["--max_restarts", "1"]) + py_args
     env = dict(os.environ, PYTHON_EXEC=args.python, LOGLEVEL="WARNING")
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
                             start_new_session=True)
@@ -287,7 +275,7 @@ def main():
     ap.add_argument("--ddp_train", help="the C++ trainer (default BUILD/bin/ddp_train)")
     ap.add_argument("--nproc", type=int, default=2, help="workers (default 2)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    ap.add_argument("--torchrun", choices=["shim", "shim-static", "module"], default="shim",
+    ap.add_argument("--torchrun", choices=MODES, default="shim",
                     help="shim: bench/torchrun_shim.py (Debian's 1.13); shim-static: the shim "
                          "on the static rendezvous at a free port (Debian 13's 2.6, which hosts "
                          "no c10d rendezvous without libuv); module: python -m "
