@@ -126,8 +126,11 @@ print(f"python {sys.version.split()[0]}, torch {torch.__version__}, CUDA {torch.
       f"GPU visible: {torch.cuda.is_available()}")
 if torch.cuda.is_available():
     print(f"device 0: {torch.cuda.get_device_name(0)}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}")
+EOF
+  # In a process of its own, without CUDA (whose threads would be counted): what the zygote pays.
+  "$python" - <<'EOF' 2>&1
+import os, time, torch
 if int(torch.__version__.split(".")[0]) >= 2:
-    import os, time
     t = time.monotonic()
     import torch._dynamo  # what a script's first optimizer imports (ddprun's zygote preloads it)
     print(f"import torch._dynamo after torch: {time.monotonic() - t:.2f} s, "
