@@ -18,6 +18,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "rendezvous/endpoint.h"
 #include "rendezvous/openssl_loader.h"
@@ -458,7 +459,10 @@ void Client::close() {
     for (auto& c : pool) c->close();
     pool.clear();
   }
-  auto calls = in_flight_;
+  // Out of in_flight_ now, not when the posted finish() runs: a call's handler may hold what
+  // holds this client (a LeaseKeeper renewing), and an io_context that never runs again after
+  // close() (the agent's exit) would otherwise leave that cycle behind.
+  auto calls = std::exchange(in_flight_, {});
   for (const auto& call : calls) {
     if (call->connection) call->connection->close();
     // finish() may start nothing new: closed_ is set.
