@@ -201,8 +201,8 @@ def why_not_shared(name):
     worker sees: a worker variable read (WORKER_VARIABLES, or the whole environment iterated),
     a number drawn from `random` or numpy's global generator (it would be the same in every
     rank), sys.path changed (but for torch's template directory, which own_template_dir()
-    makes per worker), or the import failing. None when it is safe. Leaves the import behind: it runs in a
-    throwaway fork (trial_import)."""
+    makes per worker), or the import failing. None when it is safe. Leaves the import behind:
+    it runs in a throwaway fork (trial_import)."""
     import importlib
     import random
 
@@ -221,8 +221,9 @@ def why_not_shared(name):
         os.environ.__class__ = environ_class
     # The instantiator's template directory is the one addition a worker gets its own copy of.
     _, template = _template_dir()
-    kept = [p for p in path_before if template is None or p != template.name]
-    if [p for p in sys.path if template is None or p != template.name] != kept:
+    if template is not None:
+        path_before = [p for p in path_before if p != template.name]
+    if [p for p in sys.path if template is None or p != template.name] != path_before:
         return "it changed sys.path"
     seen = sorted(_TracedEnviron.read & WORKER_VARIABLES)
     if _TracedEnviron.everything:
