@@ -88,12 +88,13 @@ class Trainer:
                 self._save_snapshot(epoch + 1)
 
     def check_replicas_equal(self):
+        """(whether this rank's parameters are rank 0's, the tensor broadcast to compare)."""
         flat = torch.cat([p.detach().reshape(-1) for p in self.model.parameters()])
         reference = flat.clone()
         dist.broadcast(reference, src=0)
         same = torch.equal(flat, reference)
         print(f"rank {self.rank}: parameters identical to rank 0: {same}", flush=True)
-        return same
+        return same, reference
 
 
 @record
@@ -122,13 +123,18 @@ def main():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     trainer = Trainer(model, loader, optimizer, args.save_every, args.snapshot_path)
     trainer.train(args.total_epochs, args.fail_rank, args.fail_epoch)
-    ok = trainer.check_replicas_equal()
+    ok, broadcast = trainer.check_replicas_equal()
     # The DDP wrapper keeps the process group alive; destroyed after the other ranks have
     # gone, it can wait forever for them. Drop it while every rank is still here.
     del trainer
     # Rank 0 hosts the store: let every rank finish with it before anyone tears it down.
     dist.barrier()
+    # Torch before 2.8 destroys the group holding the GIL (fixed by pytorch PR 154976); a Gloo
+    # thread that only then lets go of the last tensor it sent would wait for the GIL forever (1
+    # run in 25 with torch 2.6). Holding the tensor until the group is gone keeps it from being
+    # the last.
     dist.destroy_process_group()
+    del broadcast
     if not ok:
         raise SystemExit(3)
 

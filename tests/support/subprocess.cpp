@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -201,7 +202,17 @@ CommandResult run_command_diagnosed(const std::vector<std::string>& argv,
     std::this_thread::sleep_for(std::chrono::seconds(2));
   }
   CommandResult r = p.wait(std::chrono::milliseconds(100));
-  if (!tree.empty()) r.err += "\n--- still running at the time limit:\n" + tree;
+  if (!tree.empty()) {
+    // Also at once, on the test's own stderr, with the last 120 lines the command wrote there: a
+    // long failure message may be cut where CI shows it, and its head is what survives.
+    size_t from = r.err.size();
+    for (int lines = 0; from > 0 && lines <= 120;)
+      if (r.err[--from] == '\n') ++lines;
+    std::cerr << "--- " << argv.at(0) << " still ran at the time limit:\n"
+              << tree << "--- the end of its stderr:\n"
+              << r.err.substr(from) << "\n---" << std::endl;
+    r.err += "\n--- still running at the time limit:\n" + tree;
+  }
   return r;
 }
 
