@@ -60,10 +60,10 @@ std::string standby_memory_shortfall(const std::string& meminfo, int local_world
   return "";
 }
 
-std::string encode_standby_handover(const EnvMap& env,
-                                    const std::vector<std::string>& script_argv) {
+std::string encode_standby_handover(const EnvMap& env, const PythonHandover& python) {
   nlohmann::json message{{"env", env}};
-  if (!script_argv.empty()) message["argv"] = script_argv;
+  if (!python.script_argv.empty()) message["argv"] = python.script_argv;
+  if (!python.cmdline.empty()) message["cmdline"] = python.cmdline;
   return message.dump();
 }
 
@@ -92,9 +92,9 @@ void StandbyPool::adopt(int local_rank, LaunchedProcess process, int handover_fd
   standbys_.emplace(local_rank, std::move(s));
 }
 
-std::map<int, int> StandbyPool::begin_hand_over(
-    const std::map<int, EnvMap>& worker_envs, std::vector<std::string>& warnings,
-    const std::map<int, std::vector<std::string>>& script_argvs) {
+std::map<int, int> StandbyPool::begin_hand_over(const std::map<int, EnvMap>& worker_envs,
+                                                std::vector<std::string>& warnings,
+                                                const std::map<int, PythonHandover>& python) {
   std::map<int, int> fds;
   for (const auto& [local_rank, env] : worker_envs) {
     auto it = standbys_.find(local_rank);
@@ -111,9 +111,9 @@ std::map<int, int> StandbyPool::begin_hand_over(
       discard(s);
       continue;
     }
-    auto argv = script_argvs.find(local_rank);
-    const std::string message = encode_standby_handover(
-        env, argv == script_argvs.end() ? std::vector<std::string>{} : argv->second);
+    auto told = python.find(local_rank);
+    const std::string message =
+        encode_standby_handover(env, told == python.end() ? PythonHandover{} : told->second);
     ssize_t n;
     do {
       n = ::send(s.handover_fd, message.data(), message.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -170,11 +170,11 @@ std::map<int, LaunchedProcess> StandbyPool::end_hand_over(std::chrono::milliseco
   return std::exchange(taken_, {});
 }
 
-std::map<int, LaunchedProcess> StandbyPool::hand_over(
-    const std::map<int, EnvMap>& worker_envs, std::vector<std::string>& warnings,
-    std::chrono::milliseconds ack_timeout,
-    const std::map<int, std::vector<std::string>>& script_argvs) {
-  std::map<int, int> waiting = begin_hand_over(worker_envs, warnings, script_argvs);
+std::map<int, LaunchedProcess> StandbyPool::hand_over(const std::map<int, EnvMap>& worker_envs,
+                                                      std::vector<std::string>& warnings,
+                                                      std::chrono::milliseconds ack_timeout,
+                                                      const std::map<int, PythonHandover>& python) {
+  std::map<int, int> waiting = begin_hand_over(worker_envs, warnings, python);
   // Every standby was sent its message: wait for all the acknowledgements at once, so the
   // deadline bounds the whole restart, not each rank.
   const auto deadline = std::chrono::steady_clock::now() + ack_timeout;

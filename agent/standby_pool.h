@@ -44,10 +44,19 @@ inline constexpr long long kStandbyMemoryPerRankMiB = 256;
 /// or "" when it has enough or the text does not say.
 std::string standby_memory_shortfall(const std::string& meminfo, int local_world_size);
 
-/// The hand-over message: the complete environment of the worker the standby becomes and, when
-/// not empty, the script and arguments it runs instead of its own (standby_script_argv).
-std::string encode_standby_handover(const EnvMap& env,
-                                    const std::vector<std::string>& script_argv = {});
+/// What a Python standby is told besides its worker's environment.
+struct PythonHandover {
+  /// The script and arguments it runs instead of its own (standby_script_argv); empty: its own.
+  std::vector<std::string> script_argv;
+  /// The worker's command line as a fresh start of it has it (argv_for_local_rank of the
+  /// worker's command), which the standby shows in /proc/<pid>/cmdline once it is the worker;
+  /// empty: not said.
+  std::vector<std::string> cmdline;
+};
+
+/// The hand-over message: the complete environment of the worker the standby becomes and, for a
+/// Python standby, what `python` says (fields left out when empty).
+std::string encode_standby_handover(const EnvMap& env, const PythonHandover& python = {});
 
 /// Standby processes for --standby_workers: one per local rank, started while the group runs.
 /// Each has the program loaded and waits for the environment of the worker it becomes: a C++
@@ -88,21 +97,21 @@ class StandbyPool {
   /// could not be written to, or was started with a different value of a start-only variable
   /// (is_start_only_variable) is discarded and its rank left out, so the caller starts it
   /// afresh. `warnings` gets one line for each standby discarded for a reason a user should know.
-  /// `script_argvs`: by local rank, the script and arguments a Python standby runs instead of
-  /// its own (encode_standby_handover).
+  /// `python`: by local rank, what a Python standby is told besides the environment
+  /// (encode_standby_handover).
   std::map<int, LaunchedProcess> hand_over(
       const std::map<int, EnvMap>& worker_envs, std::vector<std::string>& warnings,
       std::chrono::milliseconds ack_timeout = kHandoverAckTimeout,
-      const std::map<int, std::vector<std::string>>& script_argvs = {});
+      const std::map<int, PythonHandover>& python = {});
 
   /// The same, without waiting, for an event loop (StandbySupply): sends each standby named in
   /// `worker_envs` its hand-over and returns the descriptors its acknowledgement arrives on, by
   /// local rank; the loop calls on_ack_readable for each as it becomes readable, and
   /// end_hand_over once every rank is settled or the deadline passed. Only one hand-over is out
   /// at a time.
-  std::map<int, int> begin_hand_over(
-      const std::map<int, EnvMap>& worker_envs, std::vector<std::string>& warnings,
-      const std::map<int, std::vector<std::string>>& script_argvs = {});
+  std::map<int, int> begin_hand_over(const std::map<int, EnvMap>& worker_envs,
+                                     std::vector<std::string>& warnings,
+                                     const std::map<int, PythonHandover>& python = {});
   /// Reads what arrived for `local_rank`'s hand-over: true once the rank is settled (it
   /// acknowledged, or it ended without doing so and was discarded), false to wait on.
   bool on_ack_readable(int local_rank, std::vector<std::string>& warnings);

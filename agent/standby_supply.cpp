@@ -169,15 +169,15 @@ struct StandbySupply::Impl {
   /// awaited on the loop (await_ack), under one deadline.
   void send_hand_over(const std::map<int, EnvMap>& envs) {
     // A Python standby forked from the zygote has the script's arguments as written; the worker
-    // of each local rank gets its own (${local_rank} substituted) in the hand-over.
-    std::map<int, std::vector<std::string>> script_argvs;
+    // of each local rank gets its own (${local_rank} substituted) in the hand-over, and the
+    // command line its fresh start would have, to show in ps.
+    std::map<int, PythonHandover> python;
     if (!settings.python_bootstrap.empty())
       for (const auto& [local_rank, env] : envs)
-        if (auto argv = standby_script_argv(settings.spec.argv, local_rank); !argv.empty())
-          script_argvs[local_rank] = std::move(argv);
+        python[local_rank] = {standby_script_argv(settings.spec.argv, local_rank),
+                              argv_for_local_rank(settings.spec.argv, local_rank)};
     // Every standby is sent its message at once; the deadline bounds the whole hand-over.
-    for (const auto& [local_rank, fd] :
-         pool.begin_hand_over(envs, handover_warnings, script_argvs)) {
+    for (const auto& [local_rank, fd] : pool.begin_hand_over(envs, handover_warnings, python)) {
       auto wait = std::make_unique<asio::posix::stream_descriptor>(ack_timer.get_executor());
       const int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
       boost::system::error_code ec;

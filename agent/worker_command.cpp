@@ -83,6 +83,10 @@ std::vector<std::string> build_python_standby_command(const std::vector<std::str
   // worker_argv is {python, "-u", [-m | -c kRunPathCode,] script, args...}.
   std::vector<std::string> argv{worker_argv.at(0), "-u", bootstrap};
   if (zygote) argv.push_back("--zygote");
+  // Room where the kernel keeps the arguments and the environment: the bootstrap puts the
+  // worker's there once it is one (show_as in ddprun_standby.py), and the worker's environment
+  // is larger than the standby's.
+  argv.push_back(std::string(kPythonStandbyRoomPrefix) + std::string(kPythonStandbyRoom, '.'));
   if (!preload.empty()) argv.push_back("--preload=" + common::join(preload, ","));
   const bool run_path = script_index(worker_argv) == 4;
   if (run_path) argv.push_back("--run-path");

@@ -1,4 +1,5 @@
 #pragma once
+#include <cstddef>
 #include <functional>
 #include <map>
 #include <string>
@@ -47,9 +48,13 @@ std::vector<std::string> standby_script_argv(const std::vector<std::string>& wor
 bool runs_under_python(const CommandRequest& req,
                        const std::function<bool(const std::string&)>& is_executable_file);
 
+/// Bytes of room (kPythonStandbyRoomPrefix and as many dots) in a Python standby's arguments.
+inline constexpr char kPythonStandbyRoomPrefix[] = "--room=";
+inline constexpr std::size_t kPythonStandbyRoom = 4096;
+
 /// The command of a Python standby (--standby_workers): `python -u <bootstrap> [--zygote]
-/// [--preload=a,b] [--run-path] -- <script or -m module> args`, from the worker's `python -u
-/// ...` command (--run-path for `python -u -c kRunPathCode script args`);
+/// --room=... [--preload=a,b] [--run-path] -- <script or -m module> args`, from the worker's
+/// `python -u ...` command (--run-path for `python -u -c kRunPathCode script args`);
 /// with `zygote`, the node's zygote that forks the standbys (agent/python_zygote.h).
 std::vector<std::string> build_python_standby_command(const std::vector<std::string>& worker_argv,
                                                       const std::string& bootstrap,

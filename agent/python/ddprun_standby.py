@@ -1,12 +1,14 @@
 """ddprun's standby for Python workers (ddprun --standby_workers; docs/design.md).
 
-ddprun starts this as `python -u ddprun_standby.py [--preload a,b] -- <script> [args]` (or
-`-- -m <module> [args]`) with the environment that is the same in every round. It imports torch,
-torch.distributed and the script's top-level imports of installed modules, then waits on the
-descriptor named by DDPRUN_STANDBY_FD. When a worker fails, ddprun sends the new worker's whole
-environment there, as {"env": {...}}, and ends the message with end of file. The standby
-acknowledges it with one byte, becomes the worker (environment, sys.argv, sys.path[0], thread
-count) and runs the script unmodified as __main__, as `python -u script.py` would have.
+ddprun starts this as `python -u ddprun_standby.py --room=... [--preload=a,b] -- <script> [args]`
+(or `-- -m <module> [args]`) with the environment that is the same in every round. It imports
+torch, torch.distributed and the script's top-level imports of installed modules, then waits on
+the descriptor named by DDPRUN_STANDBY_FD. When a worker fails, ddprun sends the new worker's
+whole environment there, as {"env": {...}} (with "argv", the script and arguments to run instead
+of its own, and "cmdline", the command line of a fresh start of the worker), and ends the message
+with end of file. The standby acknowledges it with one byte, becomes the worker (environment,
+sys.argv, sys.path[0], thread count, what ps shows) and runs the script unmodified as __main__,
+as `python -u script.py` would have.
 
 End of file without a message: ddprun no longer needs this standby; it exits 0 quietly.
 
@@ -36,6 +38,8 @@ ACK = b"\x06"
 ZYGOTE_REQUEST_MAX = 4 << 20
 # prctl(2)
 PR_SET_PDEATHSIG = 1
+PR_SET_MM = 35
+PR_SET_MM_MAP = 14
 # Exit codes ddprun's warning explains (agent/standby_pool.cpp).
 EXIT_NO_TORCH = 3
 EXIT_BAD_HANDOVER = 4
@@ -60,11 +64,104 @@ def parse_command(argv):
             zygote = True
         elif argv[i] == "--run-path":
             run_path = True
-        i += 1
+        i += 1  # and --room=...: room that show_as reuses, nothing to parse
     rest = argv[i + 1:]
     if rest and rest[0] == "-m":
         return preload, zygote, run_path, True, rest[1], rest[2:]
     return preload, zygote, run_path, False, rest[0], rest[1:]
+
+
+class _MmMap(ctypes.Structure):
+    """struct prctl_mm_map (<linux/prctl.h>)."""
+    _fields_ = [(name, ctypes.c_uint64) for name in (
+        "start_code", "end_code", "start_data", "end_data", "start_brk", "brk", "start_stack",
+        "arg_start", "arg_end", "env_start", "env_end", "auxv")] + [
+        ("auxv_size", ctypes.c_uint32), ("exe_fd", ctypes.c_uint32)]
+
+
+def _own_stat():
+    """This process's /proc/self/stat fields by their number in proc(5), or None."""
+    try:
+        with open("/proc/self/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()  # from field 3 on: the name may hold spaces
+    return {number: int(field) for number, field in enumerate(fields, start=3)
+            if field.lstrip("-").isdigit()}
+
+
+def _area():
+    """(start, environment's start, end) of the memory where the kernel put this interpreter's
+    arguments and then its environment, or None. Read once, before show_as changes what the
+    kernel shows; a forked child has the same addresses."""
+    stat = _own_stat()
+    if stat is None or 51 not in stat or stat[49] != stat[50]:
+        return None
+    return stat[48], stat[50], stat[51]
+
+
+_AREA = _area()
+_SHOWN = []  # buffers the kernel shows as arguments or environment: never freed
+
+
+def _area_in_use(start, end):
+    """True when a pointer of the C environment (which getenv reads) points into [start, end)."""
+    environ = ctypes.POINTER(ctypes.c_void_p).in_dll(ctypes.CDLL(None), "environ")
+    i = 0
+    while environ[i]:
+        if start <= environ[i] < end:
+            return True
+        i += 1
+    return False
+
+
+def show_as(argv, env=None):
+    """Makes /proc/<pid>/cmdline (what ps, top and pgrep -f read) show `argv`, and
+    /proc/<pid>/environ the environment `env` (None: the one the process started with). A fresh
+    worker shows the command and environment it was started with; a process forked from the
+    zygote would show the zygote's. prctl(PR_SET_MM_MAP) tells the kernel where they are, with
+    no privilege (Linux 3.18 built with CONFIG_CHECKPOINT_RESTORE, as Debian's is). The kernel's
+    own area is reused where they fit and nothing else points there (ddprun adds --room= to
+    this bootstrap's arguments for that), so that a script's setproctitle still shows; else a
+    buffer of ours. Only in a single-threaded process: the call also restates the heap's end,
+    which another thread could move meanwhile. Returns whether it took."""
+    stat = _own_stat()
+    if _AREA is None or stat is None or len(os.listdir("/proc/self/task")) != 1:
+        return False
+    start, env_start, end = _AREA
+    argv_bytes = b"".join(os.fsencode(a) + b"\0" for a in argv)
+    if env is None:
+        if stat[50] != env_start:
+            return False
+        env_bytes, end = b"", env_start  # the environment stays where it is
+    else:
+        env_bytes = b"".join(os.fsencode(k) + b"=" + os.fsencode(v) + b"\0"
+                             for k, v in env.items())
+        if _area_in_use(start, end):
+            end = start
+    data = argv_bytes + env_bytes
+    buffer = None
+    if len(data) <= end - start:
+        base = start
+    else:
+        buffer = ctypes.create_string_buffer(data, len(data))
+        base = ctypes.addressof(buffer)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.sbrk.restype = ctypes.c_void_p
+    arg_end = base + len(argv_bytes)
+    mm = _MmMap(start_code=stat[26], end_code=stat[27], start_data=stat[45], end_data=stat[46],
+                start_brk=stat[47], brk=libc.sbrk(0), start_stack=stat[28], arg_start=base,
+                arg_end=arg_end, env_start=env_start if env is None else arg_end,
+                env_end=stat[51] if env is None else base + len(data),
+                exe_fd=0xFFFFFFFF)  # (u32)-1: the executable stays
+    if libc.prctl(PR_SET_MM, PR_SET_MM_MAP, ctypes.byref(mm), ctypes.sizeof(mm), 0) != 0:
+        return False
+    if buffer is None:
+        ctypes.memmove(base, data, len(data))  # after the kernel agreed: nothing half-shown
+    else:
+        _SHOWN.append(buffer)
+    return True
 
 
 def top_level_imports(path):
@@ -343,9 +440,10 @@ def preload(names, local_dir, argv):
         sys.argv = saved_argv
 
 
-def serve_forks(control_fd):
+def serve_forks(control_fd, title):
     """The zygote's loop: one standby forked per request, until the agent closes the socket
-    (then exit 0). Returns only in a forked standby, with its hand-over descriptor."""
+    (then exit 0). Returns only in a forked standby, with its hand-over descriptor. `title`:
+    the command line each standby shows (show_as)."""
     agent = os.getppid()
     # A fork copies only the thread that calls it: a thread started by an import (a pool, a
     # watcher) would be missing in every standby, and a lock it held would stay held there.
@@ -374,7 +472,7 @@ def serve_forks(control_fd):
             sock.send(json.dumps({"error": f"bad fork request: {e}"}).encode())
             continue
         try:
-            pid = fork_standby(sock, agent, env, fds)
+            pid = fork_standby(sock, agent, env, fds, title)
         except OSError as e:
             for fd in fds:
                 os.close(fd)
@@ -388,7 +486,7 @@ def serve_forks(control_fd):
         sock.send(json.dumps(reply).encode())
 
 
-def fork_standby(sock, agent, env, fds):
+def fork_standby(sock, agent, env, fds, title):
     """Forks twice, so the standby's parent (the middle process) exits at once and the agent,
     a child subreaper, adopts it: the agent then reaps and signals it like any process it
     started. Returns the standby's pid in the zygote (-1 if the middle process could not fork),
@@ -406,7 +504,7 @@ def fork_standby(sock, agent, env, fds):
         if child == 0:
             os.close(w)
             sock.close()
-            become_standby(agent, env, fds)
+            become_standby(agent, env, fds, title)
             return 0
         try:
             os.setpgid(child, child)  # also here, so that no signal to its group can miss
@@ -421,9 +519,10 @@ def fork_standby(sock, agent, env, fds):
     return int(data) if data else -1
 
 
-def become_standby(agent, env, fds):
+def become_standby(agent, env, fds, title):
     """In a standby just forked by the zygote: as ddprun's process launcher sets up a process it
-    starts, then the standby's environment (its own hand-over descriptor named in it)."""
+    starts, then the standby's environment (its own hand-over descriptor named in it), shown
+    with `title` as its command line."""
     handover, out, err = fds
     os.setpgid(0, 0)  # leads its own process group, as every process the agent starts
     deadline = time.monotonic() + 5
@@ -443,6 +542,7 @@ def become_standby(agent, env, fds):
     env[STANDBY_FD_VARIABLE] = str(handover)
     os.environ.clear()
     os.environ.update(env)
+    show_as(title, env)
     # A fresh interpreter seeds numpy's global generator from the OS; a forked copy would share
     # the zygote's, the same numbers on every rank. (`random` reseeds itself after a fork.)
     numpy_random = sys.modules.get("numpy.random")
@@ -455,7 +555,8 @@ def become_standby(agent, env, fds):
 
 def wait_for_handover(fd):
     """(the worker's environment, the script and arguments it runs instead of this process's
-    own or None), or None for end of file without a message."""
+    own or None, the command line a fresh start of the worker would have or None), or None for
+    end of file without a message."""
     chunks = []
     while True:
         chunk = os.read(fd, 65536)
@@ -472,10 +573,11 @@ def wait_for_handover(fd):
                 isinstance(k, str) and k and "=" not in k and isinstance(v, str)
                 for k, v in env.items()):
             raise ValueError("bad variable")
-        argv = doc.get("argv")
-        if argv is not None and (not isinstance(argv, list) or not argv
-                                 or not all(isinstance(a, str) for a in argv)):
-            raise ValueError("bad argv")
+        argv, cmdline = doc.get("argv"), doc.get("cmdline")
+        for name, value in (("argv", argv), ("cmdline", cmdline)):
+            if value is not None and (not isinstance(value, list) or not value
+                                      or not all(isinstance(a, str) for a in value)):
+                raise ValueError(f"bad {name}")
     except (ValueError, KeyError, TypeError) as e:
         os.close(fd)
         sys.stderr.write(f"ddprun standby: bad hand-over from ddprun: {e}\n")
@@ -485,14 +587,19 @@ def wait_for_handover(fd):
         os.write(fd, ACK)
     finally:
         os.close(fd)
-    return env, argv
+    return env, argv, cmdline
 
 
-def become_worker(env, run_path, is_module, target, args):
+def become_worker(env, cmdline, run_path, is_module, target, args):
     # os.environ and the C environment (getenv, what libraries and child processes see) both
     # become exactly the worker's: clear() unsets each variable, assignment sets it.
     os.environ.clear()
     os.environ.update(env)
+    if cmdline is not None:
+        # ps, pgrep -f and /proc/<pid>/environ see the worker as its fresh start would show it,
+        # and so does sys.orig_argv.
+        show_as(cmdline, env)
+        sys.orig_argv = list(cmdline)
     # torch read OMP_NUM_THREADS when it was imported; apply the worker's value now.
     threads = env.get("OMP_NUM_THREADS", "").strip()
     if threads.isdigit() and int(threads) > 0:
@@ -590,8 +697,19 @@ def report_uncaught(error):
     sys.excepthook(type(error), error.with_traceback(tb), tb)
 
 
+def launched_as(is_module, target, args):
+    """This interpreter's command line without the bootstrap: `python -u script args` (or
+    `-m module`), after the label the zygote and standbys show."""
+    orig = list(getattr(sys, "orig_argv", [sys.executable, "-u"]))
+    interpreter = orig[:orig.index(sys.argv[0])] if sys.argv[0] in orig else orig[:1]
+    return interpreter + (["-m"] if is_module else []) + [target] + list(args)
+
+
 def main():
     preload_names, zygote, run_path, is_module, target, args = parse_command(sys.argv[1:])
+    # What ps shows while it imports and waits (a rank shows its own command line once handed).
+    standby_title = ["ddprun standby:"] + launched_as(is_module, target, args)
+    show_as(["ddprun zygote:"] + standby_title[1:] if zygote else standby_title)
     # `python ddprun_standby.py` put this file's directory first on the path: the worker must
     # not see it, and nothing is preloaded from it.
     if sys.path and os.path.realpath(sys.path[0] or ".") == os.path.dirname(_BOOTSTRAP_FILE):
@@ -605,6 +723,9 @@ def main():
         os._exit(EXIT_NO_TORCH)
     local_dir = os.getcwd() if is_module else os.path.dirname(os.path.realpath(target))
     names = list(preload_names)
+    # What the script's imports see in sys.argv: as `python script.py args` has it; `python -m`
+    # has "-m" there until runpy finds the module.
+    import_argv = (["-m"] if is_module else [target]) + list(args)
     # From torch 2.0 the first optimizer a script makes imports torch._dynamo (torch.optim keeps
     # dynamo out of its methods by a wrapper that imports it on first use): 1 s on a 2-core
     # machine, about 5 s on a GPU machine's torch (docs/benchmarks.md, "On a GPU"). Ranks forked
@@ -616,21 +737,19 @@ def main():
         names += top_level_imports(os.path.join(local_dir, *target.split(".")) + ".py")
     else:
         names += top_level_imports(target)
-    # What the script's imports see in sys.argv: as `python script.py args` has it; `python -m`
-    # has "-m" there until runpy finds the module.
-    preload(names, local_dir, (["-m"] if is_module else [target]) + list(args))
+    preload(names, local_dir, import_argv)
     if zygote:
-        fd = serve_forks(fd)  # returns in each forked standby
+        fd = serve_forks(fd, standby_title)  # returns in each forked standby
 
     handed = wait_for_handover(fd)
     if handed is None:
         os._exit(0)  # never became a worker: nothing to clean up or report
-    env, own_argv = handed
+    env, own_argv, cmdline = handed
     if zygote:
         own_template_dir()
     if own_argv is not None:  # this rank's own script and arguments (${local_rank} replaced)
         target, args = own_argv[0], own_argv[1:]
-    become_worker(env, run_path, is_module, target, args)
+    become_worker(env, cmdline, run_path, is_module, target, args)
     wait_for_store(env)
     del env, handed
     try:

@@ -1,6 +1,7 @@
 // Python standbys (--standby_workers): a rank handed to a standby that has imported torch must
 // be indistinguishable, to an unmodified script, from a rank started afresh. Each test restarts
 // a job once, with and without standbys, and compares what the restarted ranks observe.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <csignal>
 #include <filesystem>
@@ -85,8 +86,14 @@ void check_same_probes(const CommandResult& fresh, const CommandResult& standby)
     INFO("rank " << rank);
     REQUIRE(a.count("env") == 1);
     REQUIRE(b.count("env") == 1);
-    a["env"] = job_independent(a["env"]);
-    b["env"] = job_independent(b["env"]);
+    for (const char* env : {"env", "proc_environ"}) {
+      REQUIRE(a.count(env) == 1);
+      REQUIRE(b.count(env) == 1);
+      a[env] = job_independent(a[env]);
+      b[env] = job_independent(b[env]);
+    }
+    // What ps showed while the standbys waited (rank 1 of the run with standbys).
+    b.erase("waiting");
     // Random numbers differ between any two interpreters: compared between ranks instead.
     REQUIRE(a.erase("random") == 1);
     REQUIRE(b.erase("random") == 1);
@@ -161,6 +168,18 @@ TEST_CASE("a rank handed to a Python standby sees what a freshly started rank se
   CHECK(draws0[0] != draws1[0]);
   CHECK(draws0[1] != draws1[1]);
 
+  // What ps showed of the agent's children while the standbys waited: the first group's ranks
+  // (forked from the zygote) as fresh workers, the zygote and the standbys by what they are.
+  const std::string fresh_command = "/usr/bin/python3 -u " + kProbe;
+  const auto waiting = probes_of(standby.out, 1)["waiting"];
+  INFO("waiting: " << waiting.dump());
+  auto shown = [&](const std::string& command) {
+    return std::count(waiting.begin(), waiting.end(), command);
+  };
+  CHECK(shown(fresh_command) == 2);
+  CHECK(shown("ddprun zygote: " + fresh_command) == 1);
+  CHECK(shown("ddprun standby: " + fresh_command) == 2);
+
   for (int rank = 0; rank < 2; ++rank) {
     auto p = probes_of(standby.out, rank);
     const std::string r = std::to_string(rank);
@@ -176,6 +195,10 @@ TEST_CASE("a rank handed to a Python standby sees what a freshly started rank se
     CHECK(p["main_module_is_us"] == true);
     CHECK(p["file"] == kProbe);
     CHECK(p["argv"] == nlohmann::json::array({kProbe}));
+    // Tools outside the process see the rank as a fresh start: its command and environment.
+    CHECK(p["cmdline"] == nlohmann::json::array({"/usr/bin/python3", "-u", kProbe}));
+    CHECK(p["orig_argv"] == p["cmdline"]);
+    CHECK(p["proc_environ"] == p["env"]);
     CHECK(p["path"][0] == kScripts);
     CHECK(p["helper"] == "helper from the script's directory");
     CHECK(p["threads"] == 3);

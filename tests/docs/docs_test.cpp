@@ -330,7 +330,7 @@ const std::set<std::string> kForeignFlags = {
     // bench/crash_loop_bench.py and bench/backoff_bench.py (benchmarks.md)
     "--only", "--restarts", "--backoff",
     // ddprun's Python bootstrap, agent/python/ddprun_standby.py (design.md#standby-workers)
-    "--zygote", "--preload",
+    "--zygote", "--preload", "--room",
     // systemctl, apt-get
     "--now", "--no-install-recommends",
     // usage.md's "--flag value" and the stand-ins' own arguments

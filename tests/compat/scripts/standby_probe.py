@@ -21,7 +21,7 @@ import numpy
 import torch
 import torch.distributed
 from standby_helper import VALUE
-from standby_probe_wait import standbys_waiting
+from standby_probe_wait import agent_children, command_line, standbys_waiting
 
 ARGS = sys.argv[1:]
 
@@ -36,6 +36,8 @@ if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
             deadline = time.monotonic() + 120
             while not standbys_waiting() and time.monotonic() < deadline:
                 time.sleep(0.05)
+            # What ps shows of the agent's children: workers, the zygote, waiting standbys.
+            probe("waiting", sorted(command_line(pid) for pid in agent_children()))
         sys.exit(9)
     time.sleep(120)  # stopped by the agent when rank 1 fails
     sys.exit(0)
@@ -48,6 +50,12 @@ probe("c_env_agrees", all(libc.getenv(k.encode()) == v.encode() for k, v in os.e
 probe("name", __name__)
 probe("file", __file__)
 probe("argv", sys.argv)
+# What ps, pgrep -f and /proc show of this process, as tools outside it see it.
+with open("/proc/self/cmdline", "rb") as f:
+    probe("cmdline", [a.decode() for a in f.read().split(b"\0")[:-1]])
+with open("/proc/self/environ", "rb") as f:
+    probe("proc_environ", dict(v.decode().split("=", 1) for v in f.read().split(b"\0")[:-1]))
+probe("orig_argv", getattr(sys, "orig_argv", None))
 probe("path", sys.path)
 # torch's RemoteModule template directory, if torch.distributed.nn.jit.instantiator is loaded
 # (with torch 2.x the zygote preloads torch._dynamo, which imports it): this rank's own?

@@ -2,15 +2,28 @@
 import os
 
 
+def command_line(pid):
+    """What ps shows as `pid`'s command: /proc/<pid>/cmdline, its arguments joined by spaces."""
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().rstrip(b"\0").replace(b"\0", b" ").decode()
+
+
+def agent_children():
+    """The pids of the processes whose parent is the agent (our parent)."""
+    agent = os.getppid()
+    pids = []
+    for task in os.listdir(f"/proc/{agent}/task"):
+        with open(f"/proc/{agent}/task/{task}/children") as f:
+            pids += [int(pid) for pid in f.read().split()]
+    return pids
+
+
 def blocks_reading_its_handover(pid):
-    """True when `pid` runs ddprun's Python bootstrap and blocks in read() on a socket: a standby
-    waiting for its hand-over (the zygote, which forks standbys, waits in recvmsg instead). Its
-    environment cannot say which descriptor: a forked standby's /proc/<pid>/environ still shows
-    the zygote's."""
+    """True when `pid` is one of ddprun's Python standbys (its command line says so) and blocks
+    in read() on a socket: waiting for its hand-over."""
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if b"ddprun_standby.py" not in f.read():
-                return False
+        if not command_line(pid).startswith("ddprun standby: "):
+            return False
         with open(f"/proc/{pid}/syscall") as f:
             call = f.read().split()
         # read(fd, ...): syscall 0 on x86-64, its first argument the descriptor.
@@ -22,12 +35,4 @@ def blocks_reading_its_handover(pid):
 
 def standbys_waiting():
     """True once two standbys under the agent (our parent) block reading their hand-over."""
-    agent = os.getppid()
-    found = 0
-    for task in os.listdir(f"/proc/{agent}/task"):
-        with open(f"/proc/{agent}/task/{task}/children") as f:
-            pids = f.read().split()
-        for pid in pids:
-            if blocks_reading_its_handover(pid):
-                found += 1
-    return found >= 2
+    return sum(blocks_reading_its_handover(pid) for pid in agent_children()) >= 2

@@ -143,20 +143,25 @@ TEST_CASE("a standby that closes its socket without acknowledging is discarded a
   CHECK(standby.get() == agent::encode_standby_handover({{"RANK", "0"}}));
 }
 
-TEST_CASE("the hand-over carries a rank's own script arguments only when they differ",
-          "[agent][standby][unit]") {
+TEST_CASE(
+    "the hand-over carries a rank's own script arguments only when they differ, and its "
+    "command line",
+    "[agent][standby][unit]") {
   FakeProcessLauncher launcher;
   agent::StandbyPool pool(launcher);
   REQUIRE(pool.start(1, standby_spec()).empty());
   auto standby = read_and_close(launcher, launcher.next_pid - 1);
   std::vector<std::string> warnings;
-  pool.hand_over({{1, {{"RANK", "1"}}}}, warnings, std::chrono::seconds(60),
-                 {{1, {"t.py", "--local-rank=1"}}});
+  pool.hand_over(
+      {{1, {{"RANK", "1"}}}}, warnings, std::chrono::seconds(60),
+      {{1, {{"t.py", "--local-rank=1"}, {"/usr/bin/python3", "-u", "t.py", "--local-rank=1"}}}});
   const auto message = nlohmann::json::parse(standby.get());
   CHECK(message["argv"] == nlohmann::json({"t.py", "--local-rank=1"}));
+  CHECK(message["cmdline"] == nlohmann::json({"/usr/bin/python3", "-u", "t.py", "--local-rank=1"}));
   CHECK(message["env"]["RANK"] == "1");
-  CHECK_FALSE(
-      nlohmann::json::parse(agent::encode_standby_handover({{"RANK", "0"}})).contains("argv"));
+  const auto plain = nlohmann::json::parse(agent::encode_standby_handover({{"RANK", "0"}}));
+  CHECK_FALSE(plain.contains("argv"));
+  CHECK_FALSE(plain.contains("cmdline"));
 }
 
 TEST_CASE("a standby started with another value of a start-only variable is never handed over",

@@ -56,18 +56,21 @@ TEST_CASE("a Python standby runs the bootstrap with the worker's script or modul
   CommandRequest script{"train.py", {"--lr", "1"}};
   script.python_exec = "/usr/bin/python3";
   CHECK(runs_under_python(script, always));
+  // With room for the worker's command line and environment (ddprun_standby.py's show_as).
+  const std::string room = "--room=" + std::string(kPythonStandbyRoom, '.');
   CHECK(build_python_standby_command(build_worker_command(script, always), "/p/ddprun_standby.py",
-                                     {}) ==
-        Argv{"/usr/bin/python3", "-u", "/p/ddprun_standby.py", "--", "train.py", "--lr", "1"});
+                                     {}) == Argv{"/usr/bin/python3", "-u", "/p/ddprun_standby.py",
+                                                 room, "--", "train.py", "--lr", "1"});
   CommandRequest module{"pkg.train", {"x"}, /*module=*/true};
   CHECK(runs_under_python(module, always));
   CHECK(build_python_standby_command(build_worker_command(module, always), "/b.py",
-                                     {"numpy", "scipy"}) ==
-        Argv{"python3", "-u", "/b.py", "--preload=numpy,scipy", "--", "-m", "pkg.train", "x"});
+                                     {"numpy", "scipy"}) == Argv{"python3", "-u", "/b.py", room,
+                                                                 "--preload=numpy,scipy", "--",
+                                                                 "-m", "pkg.train", "x"});
   // The node's zygote: the same command, marked.
   CHECK(build_python_standby_command(build_worker_command(module, always), "/b.py", {"numpy"},
                                      /*zygote=*/true) == Argv{"python3", "-u", "/b.py", "--zygote",
-                                                              "--preload=numpy", "--", "-m",
+                                                              room, "--preload=numpy", "--", "-m",
                                                               "pkg.train", "x"});
   // Programs that are not run by Python have no Python standby.
   CHECK_FALSE(runs_under_python(CommandRequest{"./trainer", {}}, always));
@@ -115,7 +118,8 @@ TEST_CASE("automatic standbys read the script, or the module's file under the di
   CHECK(python_source_of(CommandRequest{"no_such_script.py", {}}, dir).empty());
 }
 
-TEST_CASE("the option --run_path runs the script through runpy.run_path under python -u -c", "[agent][unit]") {
+TEST_CASE("the option --run_path runs the script through runpy.run_path under python -u -c",
+          "[agent][unit]") {
   CommandRequest r{"./trainer", {"--lr", "1"}};
   r.run_path = true;
   CHECK(runs_under_python(r, always));  // even an executable: runpy runs the file
@@ -125,7 +129,8 @@ TEST_CASE("the option --run_path runs the script through runpy.run_path under py
         std::string::npos);
   // Its standby runs the bootstrap, told to run the script the same way.
   CHECK(build_python_standby_command(build_worker_command(r, always), "/b.py", {}) ==
-        Argv{"python3", "-u", "/b.py", "--run-path", "--", "./trainer", "--lr", "1"});
+        Argv{"python3", "-u", "/b.py", "--room=" + std::string(kPythonStandbyRoom, '.'),
+             "--run-path", "--", "./trainer", "--lr", "1"});
 }
 
 TEST_CASE("the option --local_rank_arg puts --local-rank=${local_rank} after the script",
