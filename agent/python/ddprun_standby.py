@@ -44,6 +44,7 @@ PR_SET_MM_MAP = 14
 EXIT_NO_TORCH = 3
 EXIT_BAD_HANDOVER = 4
 EXIT_THREADS = 5
+EXIT_UNSAFE_TORCH = 6
 # At most this long a rank other than 0 waits for rank 0's store to listen (wait_for_store).
 STORE_WAIT_S = 1.0
 
@@ -440,6 +441,24 @@ def preload(names, local_dir, argv):
         sys.argv = saved_argv
 
 
+def preload_torch_part(name, argv):
+    """Imports `name`, a part of torch, here and at once, as torch itself is: a trial in a
+    throwaway fork first (trial_import) would import it twice, which cost the first start of a
+    torch 2.6 job 1 to 1.3 s for torch._dynamo. It is judged all the same (why_not_shared), as
+    it is imported; an interpreter it would make unsafe to share ends with EXIT_UNSAFE_TORCH,
+    and the agent starts its workers afresh. A failed import is left to the script."""
+    saved_argv = sys.argv
+    sys.argv = argv
+    try:
+        why = why_not_shared(name)
+    finally:
+        sys.argv = saved_argv
+    if why is not None and why != "its import failed":
+        sys.stderr.write(f"ddprun standby: {name} cannot be shared between ranks ({why}): the "
+                         "workers start afresh; --standby_workers=off says so at once\n")
+        os._exit(EXIT_UNSAFE_TORCH)
+
+
 def serve_forks(control_fd, title):
     """The zygote's loop: one standby forked per request, until the agent closes the socket
     (then exit 0). Returns only in a forked standby, with its hand-over descriptor. `title`:
@@ -731,7 +750,7 @@ def main():
     # machine, about 5 s on a GPU machine's torch (docs/benchmarks.md, "On a GPU"). Ranks forked
     # from a zygote that has it skip that at every restart.
     if int(torch.__version__.split(".")[0]) >= 2:
-        names.append("torch._dynamo")
+        preload_torch_part("torch._dynamo", import_argv)
     if is_module:
         # The module's own file when it is a plain module under the current directory.
         names += top_level_imports(os.path.join(local_dir, *target.split(".")) + ".py")
