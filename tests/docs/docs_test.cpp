@@ -331,8 +331,8 @@ const std::set<std::string> kForeignFlags = {
     "--only", "--restarts", "--backoff",
     // ddprun's Python bootstrap, agent/python/ddprun_standby.py (design.md#standby-workers)
     "--zygote", "--preload", "--room",
-    // systemctl, apt-get
-    "--now", "--no-install-recommends",
+    // systemctl, apt-get, python3 -m venv
+    "--now", "--no-install-recommends", "--system-site-packages",
     // usage.md's "--flag value" and the stand-ins' own arguments
     "--flag", "--lr", "--epochs", "--out",
     // what --local_rank_arg passes to a script written for torch.distributed.launch

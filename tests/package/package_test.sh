@@ -44,6 +44,8 @@ contents)
     usr/bin/ddprun usr/bin/ddprun-rdzvd
     usr/share/man/man1/ddprun.1.gz usr/share/man/man1/ddprun-rdzvd.1.gz
     usr/share/ddprun/ddprun_standby.py
+    usr/lib/python3/dist-packages/ddprun_rdzv/__init__.py
+    usr/lib/python3/dist-packages/ddprun_rdzv-0.1.0.dist-info/entry_points.txt
     usr/share/bash-completion/completions/ddprun
     usr/share/lintian/overrides/ddprun
     lib/systemd/system/ddprun-rdzvd.service
