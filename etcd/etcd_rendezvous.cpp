@@ -1,15 +1,11 @@
 #include "etcd/etcd_rendezvous.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <boost/asio/ip/udp.hpp>
 #include <boost/asio/post.hpp>
 
 #include "common/log.h"
 #include "common/strings.h"
-#include "rendezvous/auth.h"
-#include "rendezvous/free_port.h"
 #include "rendezvous/local_host.h"
 
 namespace ddprun::etcd {
@@ -21,10 +17,6 @@ using namespace rdzv;  // NOLINT: the client machine's vocabulary throughout
 namespace {
 
 /// 128 random bits, as the TCP client's: the id names this node's keys.
-std::string new_node_id() {
-  return local_host_name() + ":" + std::to_string(::getpid()) + ":" + make_nonce().substr(0, 32);
-}
-
 /// The local address of the interface that reaches `member`, once its name is resolved (a UDP
 /// socket sends nothing when connected), made publishable by advertised_address(); the host
 /// name when that fails.
@@ -52,14 +44,11 @@ std::string members_text(const std::vector<Member>& members) {
 
 EtcdRendezvous::EtcdRendezvous(asio::io_context& io, const common::Clock& clock,
                                EtcdRendezvousOptions options)
-    : io_(io),
-      clock_(clock),
+    : ClientExecutor(io, clock),
       opt_(std::move(options)),
       prefix_(job_prefix(opt_.run_id)),
-      node_id_(new_node_id()),
       client_(std::make_shared<Client>(io, opt_.client)),
-      drive_timer_(io),
-      timers_(io) {
+      drive_timer_(io) {
   spec_.run_id = opt_.run_id;
   spec_.endpoint = members_text(opt_.client.members);
   spec_.server = "etcd cluster";
@@ -94,66 +83,20 @@ EtcdRendezvous::~EtcdRendezvous() {
   client_->close();
 }
 
-void EtcdRendezvous::set_notice_handler(std::function<void(Notice)> handler) {
-  on_notice_ = std::move(handler);
+void EtcdRendezvous::send(const AgentMessage& message) {
+  // Heartbeats are the lease's keep-alive; a leave is the lease's revocation (close_link).
+  if (std::holds_alternative<WorkersFailed>(message) ||
+      std::holds_alternative<WorkersSucceeded>(message))
+    send_report(message);
 }
 
-void EtcdRendezvous::next_rendezvous(std::function<void(RendezvousResult)> done) {
-  done_ = std::move(done);
-  step(NextRound{});
+void EtcdRendezvous::close_link(bool after_writes) {
+  // A leave: the lease goes, and with it this node's keys (the driver sees them deleted).
+  if (after_writes) revoke_lease({});
+  drop_link();
 }
 
-void EtcdRendezvous::report_failure(const WorkersFailed& failure) { step(ReportFailure{failure}); }
-
-void EtcdRendezvous::report_success() { step(ReportSuccess{}); }
-
-void EtcdRendezvous::leave(const std::string& reason) { step(LeaveJob{reason}); }
-
-void EtcdRendezvous::step(const ClientEvent& event) {
-  for (const ClientEffect& effect : rdzv_client_step(state_, event, clock_.now(), spec_))
-    apply(effect);
-}
-
-void EtcdRendezvous::apply(const ClientEffect& effect) {
-  if (std::holds_alternative<Connect>(effect)) {
-    connect();
-  } else if (const auto* join = std::get_if<SendJoin>(&effect)) {
-    send_join(join->join);
-  } else if (const auto* out = std::get_if<Send>(&effect)) {
-    // Heartbeats are the lease's keep-alive; a leave is the lease's revocation (CloseConnection).
-    if (std::holds_alternative<WorkersFailed>(out->message) ||
-        std::holds_alternative<WorkersSucceeded>(out->message))
-      send_report(out->message);
-  } else if (const auto* deliver = std::get_if<Deliver>(&effect)) {
-    auto done = std::move(done_);
-    done_ = nullptr;
-    if (!done) return;
-    if (deliver->posted)
-      asio::post(io_, [done = std::move(done), result = deliver->result] { done(result); });
-    else
-      done(deliver->result);
-  } else if (const auto* notify = std::get_if<Notify>(&effect)) {
-    if (auto handler = on_notice_) handler(notify->notice);
-  } else if (const auto* close = std::get_if<CloseConnection>(&effect)) {
-    // A leave: the lease goes, and with it this node's keys (the driver sees them deleted).
-    if (close->after_writes) revoke_lease({});
-    drop_link();
-  } else if (std::holds_alternative<RenewNodeId>(effect)) {
-    node_id_ = new_node_id();
-    my_create_revision_ = 0;
-  } else if (std::holds_alternative<Detach>(effect)) {
-    done_ = nullptr;
-    on_notice_ = nullptr;
-  } else if (const auto* arm = std::get_if<ArmClientTimer>(&effect)) {
-    timers_.arm(*arm, [this, alive = alive_](const ClientEvent& due) {
-      if (*alive) step(due);
-    });
-  } else if (const auto* disarm = std::get_if<DisarmClientTimer>(&effect)) {
-    timers_.disarm(disarm->timer);
-  } else if (const auto* line = std::get_if<ClientLog>(&effect)) {
-    log_client_line(*line);
-  }
-}
+void EtcdRendezvous::node_id_renewed() { my_create_revision_ = 0; }
 
 void EtcdRendezvous::drop_link() {
   ++generation_;
@@ -289,7 +232,7 @@ void EtcdRendezvous::on_lease_lost(std::int64_t lease, const std::string& why, b
               "this node's etcd lease " + std::to_string(lease) + " is gone (" + why + ")"}});
 }
 
-void EtcdRendezvous::send_join(Join join, bool second_try) {
+void EtcdRendezvous::join_as(Join join, bool second_try) {
   if (!linked_ || lease_ == 0) {
     spdlog::debug("etcd: no join sent: {}", linked_ ? "no lease" : "not connected");
     return;
@@ -309,19 +252,13 @@ void EtcdRendezvous::send_join(Join join, bool second_try) {
           if (!*alive) return;
           advertised_addr_ =
               address_towards(io_, ec ? asio::ip::udp::resolver::results_type{} : results);
-          if (generation == generation_) send_join(join, second_try);
+          if (generation == generation_) join_as(join, second_try);
         });
     return;
   } else {
     join.addr = advertised_addr_;
   }
-  if (opt_.master_port) {
-    join.master_port = *opt_.master_port;
-  } else {
-    auto port = find_free_port(join.addr);
-    if (!std::holds_alternative<int>(port)) port = find_free_port("");
-    join.master_port = std::holds_alternative<int>(port) ? std::get<int>(port) : 0;
-  }
+  join.master_port = rdzv::master_port_for(opt_.master_port, join.addr);
   const std::string key = node_key(prefix_, node_id_);
   // Still this node's own key (created by its first join), or no key yet.
   Compare mine{key, CompareTarget::CreateRevision, CompareResult::Equal, my_create_revision_, {}};
@@ -352,7 +289,7 @@ void EtcdRendezvous::send_join(Join join, bool second_try) {
         if (found && found->lease == lease_ && !second_try) {
           // An earlier put whose answer was lost went through: the key is this node's.
           my_create_revision_ = found->create_revision;
-          return send_join(join, true);
+          return join_as(join, true);
         }
         if (my_create_revision_ == 0)
           return step(ServerUnusable{RendezvousError{

@@ -11,7 +11,7 @@
 #include "common/clock.h"
 #include "etcd/client.h"
 #include "etcd/rdzv_store.h"
-#include "rendezvous/client_timers.h"
+#include "rendezvous/client_executor.h"
 #include "rendezvous/rdzv_client.h"
 #include "rendezvous/rendezvous_handler.h"
 
@@ -46,17 +46,12 @@ struct EtcdRendezvousOptions {
 ///     +-- none: this node drives: read state, nodes/, reports/; watch nodes/ and reports/
 ///               --> View --> drive() --> txn: if mod_revision(state) == R put state, messages/NN
 ///   LeaseKeeper: lost --> Refused(Dropped): a new id, join again
-class EtcdRendezvous final : public rdzv::RendezvousHandler {
+class EtcdRendezvous final : public rdzv::ClientExecutor {
  public:
   EtcdRendezvous(boost::asio::io_context& io, const common::Clock& clock,
                  EtcdRendezvousOptions options);
   ~EtcdRendezvous() override;
 
-  void next_rendezvous(std::function<void(rdzv::RendezvousResult)> done) override;
-  void set_notice_handler(std::function<void(rdzv::Notice)> handler) override;
-  void report_failure(const rdzv::WorkersFailed& failure) override;
-  void report_success() override;
-  void leave(const std::string& reason) override;
   std::string backend() const override { return "etcd-v3"; }
   std::string run_id() const override { return opt_.run_id; }
 
@@ -64,15 +59,15 @@ class EtcdRendezvous final : public rdzv::RendezvousHandler {
   /// `done` (posted). Bounded by the client's request timeout; the caller keeps a deadline.
   void when_flushed(std::function<void()> done);
 
-  /// This node's id ("host:pid:random"); a new one after its lease was lost.
-  const std::string& node_id() const { return node_id_; }
   /// Whether this node drives the job now (lowest create revision).
   bool driving() const { return role_ == Role::Driver; }
 
  private:
-  void step(const rdzv::ClientEvent& event);
-  void apply(const rdzv::ClientEffect& effect);
-  void connect();
+  void connect() override;
+  void send_join(rdzv::Join join) override { join_as(std::move(join), false); }
+  void send(const rdzv::AgentMessage& message) override;
+  void close_link(bool after_writes) override;
+  void node_id_renewed() override;
   void on_lease_granted(std::uint64_t generation, common::Result<LeaseGrantResponse> granted);
   void read_and_watch(std::uint64_t generation);
   void on_read(std::uint64_t generation, common::Result<RangeResponse> read);
@@ -85,7 +80,9 @@ class EtcdRendezvous final : public rdzv::RendezvousHandler {
   void on_lease_lost(std::int64_t lease, const std::string& why, bool gone);
   void keep_lease_alive();
   void drop_link();
-  void send_join(rdzv::Join join, bool second_try = false);
+  /// The join, as this node's key; `second_try`: again after a put whose answer was lost
+  /// went through (the key is this node's), never a third time.
+  void join_as(rdzv::Join join, bool second_try);
   void send_report(const rdzv::AgentMessage& message);
   void maybe_drive();
   void grant_job_lease();
@@ -94,13 +91,8 @@ class EtcdRendezvous final : public rdzv::RendezvousHandler {
   void refresh_state();
   void revoke_lease(std::function<void()> done);
 
-  boost::asio::io_context& io_;
-  const common::Clock& clock_;
   EtcdRendezvousOptions opt_;
-  rdzv::ClientSpec spec_;
-  rdzv::ClientState state_;
   std::string prefix_;
-  std::string node_id_;
   std::shared_ptr<Client> client_;
   TimeAnchor anchor_;
   std::chrono::seconds lease_ttl_{0};
@@ -132,10 +124,6 @@ class EtcdRendezvous final : public rdzv::RendezvousHandler {
   boost::asio::steady_timer drive_timer_;
   std::optional<rdzv::JobPhase> last_phase_;  ///< of the last state seen
   std::int64_t last_messages_revision_ = 0;   ///< of the last put of inbox_key_ seen
-  std::function<void(rdzv::RendezvousResult)> done_;
-  std::function<void(rdzv::Notice)> on_notice_;
-  rdzv::ClientTimers timers_;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 
 }  // namespace ddprun::etcd

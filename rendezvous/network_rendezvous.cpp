@@ -1,7 +1,5 @@
 #include "rendezvous/network_rendezvous.h"
 
-#include <unistd.h>
-
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
@@ -9,7 +7,6 @@
 #include "common/log.h"
 #include "common/strings.h"
 #include "rendezvous/endpoint.h"
-#include "rendezvous/free_port.h"
 #include "rendezvous/local_host.h"
 
 namespace ddprun::rdzv {
@@ -18,19 +15,9 @@ namespace asio = boost::asio;
 using asio::ip::tcp;
 using boost::system::error_code;
 
-namespace {
-
-/// 128 random bits: the id is what the server routes this node's messages by, so no one else
-/// may guess it (status never shows it).
-std::string new_node_id() {
-  return local_host_name() + ":" + std::to_string(::getpid()) + ":" + make_nonce().substr(0, 32);
-}
-
-}  // namespace
-
 NetworkRendezvous::NetworkRendezvous(asio::io_context& io, const common::Clock& clock,
                                      NetworkRendezvousOptions options)
-    : io_(io), clock_(clock), opt_(std::move(options)), node_id_(new_node_id()), timers_(io) {
+    : ClientExecutor(io, clock), opt_(std::move(options)) {
   spec_.run_id = opt_.run_id;
   spec_.endpoint = format_endpoint(opt_.endpoint_host, opt_.endpoint_port);
   spec_.name = opt_.name;
@@ -45,69 +32,13 @@ NetworkRendezvous::~NetworkRendezvous() {
   if (conn_) conn_->close();
 }
 
-void NetworkRendezvous::set_notice_handler(std::function<void(Notice)> handler) {
-  on_notice_ = std::move(handler);
-}
-
-void NetworkRendezvous::next_rendezvous(std::function<void(RendezvousResult)> done) {
-  done_ = std::move(done);
-  step(NextRound{});
-}
-
-void NetworkRendezvous::report_failure(const WorkersFailed& failure) {
-  step(ReportFailure{failure});
-}
-
-void NetworkRendezvous::report_success() { step(ReportSuccess{}); }
-
-void NetworkRendezvous::leave(const std::string& reason) { step(LeaveJob{reason}); }
-
-void NetworkRendezvous::step(const ClientEvent& event) {
-  // Effects may call back into the agent, which may call in again: each step applies its own
-  // list, and the state is complete before the first effect runs.
-  for (const ClientEffect& effect : rdzv_client_step(state_, event, clock_.now(), spec_))
-    apply(effect);
-}
-
-void NetworkRendezvous::apply(const ClientEffect& effect) {
-  if (std::holds_alternative<Connect>(effect)) {
-    connect();
-  } else if (const auto* join = std::get_if<SendJoin>(&effect)) {
-    send_join(join->join);
-  } else if (const auto* out = std::get_if<Send>(&effect)) {
-    send(out->message);
-  } else if (const auto* deliver = std::get_if<Deliver>(&effect)) {
-    auto done = std::move(done_);
-    done_ = nullptr;
-    if (!done) return;
-    if (deliver->posted)
-      asio::post(io_, [done = std::move(done), result = deliver->result] { done(result); });
-    else
-      done(deliver->result);
-  } else if (const auto* notify = std::get_if<Notify>(&effect)) {
-    // A copy: the agent may leave (Detach) from inside its handler.
-    if (auto handler = on_notice_) handler(notify->notice);
-  } else if (const auto* close = std::get_if<CloseConnection>(&effect)) {
-    greeted_ = false;
-    handshake_.reset();
-    if (!conn_) return;
-    if (close->after_writes) return conn_->close_after_writes();  // when_flushed waits on it
-    conn_->close();
-    conn_.reset();
-  } else if (std::holds_alternative<RenewNodeId>(effect)) {
-    node_id_ = new_node_id();
-  } else if (std::holds_alternative<Detach>(effect)) {
-    done_ = nullptr;
-    on_notice_ = nullptr;
-  } else if (const auto* arm = std::get_if<ArmClientTimer>(&effect)) {
-    timers_.arm(*arm, [this, alive = alive_](const ClientEvent& due) {
-      if (*alive) step(due);
-    });
-  } else if (const auto* disarm = std::get_if<DisarmClientTimer>(&effect)) {
-    timers_.disarm(disarm->timer);
-  } else if (const auto* line = std::get_if<ClientLog>(&effect)) {
-    log_client_line(*line);
-  }
+void NetworkRendezvous::close_link(bool after_writes) {
+  greeted_ = false;
+  handshake_.reset();
+  if (!conn_) return;
+  if (after_writes) return conn_->close_after_writes();  // when_flushed waits on it
+  conn_->close();
+  conn_.reset();
 }
 
 void NetworkRendezvous::connect() {
@@ -181,13 +112,7 @@ void NetworkRendezvous::send_join(Join join) {
     join.addr = opt_.local_addr;
   else
     join.addr = advertised_address(conn_->local_address());
-  if (opt_.master_port) {
-    join.master_port = *opt_.master_port;
-  } else {
-    auto port = find_free_port(join.addr);
-    if (!std::holds_alternative<int>(port)) port = find_free_port("");
-    join.master_port = std::holds_alternative<int>(port) ? std::get<int>(port) : 0;
-  }
+  join.master_port = master_port_for(opt_.master_port, join.addr);
   send(join);
 }
 

@@ -10,7 +10,7 @@
 
 #include "common/clock.h"
 #include "rendezvous/auth.h"
-#include "rendezvous/client_timers.h"
+#include "rendezvous/client_executor.h"
 #include "rendezvous/connection.h"
 #include "rendezvous/endpoint.h"
 #include "rendezvous/rdzv_client.h"
@@ -55,17 +55,12 @@ struct NetworkRendezvousOptions {
 ///   next_rendezvous/report_* --> FramedConnection --> server
 ///   server pushes (waiting, round, restart, closed, refused) --> done / notice callbacks
 ///   connection lost --> reconnect with back-off (re-register the running round) or give up
-class NetworkRendezvous final : public RendezvousHandler {
+class NetworkRendezvous final : public ClientExecutor {
  public:
   NetworkRendezvous(boost::asio::io_context& io, const common::Clock& clock,
                     NetworkRendezvousOptions options);
   ~NetworkRendezvous() override;
 
-  void next_rendezvous(std::function<void(RendezvousResult)> done) override;
-  void set_notice_handler(std::function<void(Notice)> handler) override;
-  void report_failure(const WorkersFailed& failure) override;
-  void report_success() override;
-  void leave(const std::string& reason) override;
   std::string backend() const override { return opt_.backend; }
   std::string run_id() const override { return opt_.run_id; }
 
@@ -73,9 +68,6 @@ class NetworkRendezvous final : public RendezvousHandler {
   /// and runs `done` (posted) when it has closed, or at once when there is none. Bounded by the
   /// server reading; the caller keeps a deadline.
   void when_flushed(std::function<void()> done);
-
-  /// This node's id at the server ("host:pid:random"); a new one after the server dropped it.
-  const std::string& node_id() const { return node_id_; }
 
   /// Frames received from the server so far, hellos included (bench/ counts messages per round).
   std::uint64_t frames_received() const { return frames_received_; }
@@ -86,33 +78,21 @@ class NetworkRendezvous final : public RendezvousHandler {
   bool served_by_daemon() const { return served_by_daemon_; }
 
  private:
-  /// Runs the pure client (rdzv_client.h) on `event` now and carries out its effects.
-  void step(const ClientEvent& event);
-  void apply(const ClientEffect& effect);
-  void connect();
+  void connect() override;
+  void send_join(Join join) override;
+  void send(const AgentMessage& message) override;
+  void close_link(bool after_writes) override;
   void try_endpoint(size_t index, const std::string& last_error);
   void on_connected(std::shared_ptr<FramedConnection> conn);
   void on_message(const nlohmann::json& body);
-  void send_join(Join join);
-  void send(const AgentMessage& message);
 
-  boost::asio::io_context& io_;
-  const common::Clock& clock_;
   NetworkRendezvousOptions opt_;
-  ClientSpec spec_;
-  ClientState state_;
-  std::string node_id_;
   std::shared_ptr<FramedConnection> conn_;
   std::vector<boost::asio::ip::tcp::endpoint> endpoints_;  ///< of the endpoint, being tried
   std::optional<ClientHandshake> handshake_;
   bool greeted_ = false;
   bool served_by_daemon_ = false;
-  std::function<void(RendezvousResult)> done_;
-  std::function<void(Notice)> on_notice_;
-  ClientTimers timers_;
   std::uint64_t frames_received_ = 0;
-  /// Guards callbacks that may run after this object is gone.
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 
 }  // namespace ddprun::rdzv
