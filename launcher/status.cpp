@@ -361,14 +361,14 @@ common::Result<json> fetch_status(const StatusRequest& request,
                       jobs = std::move(page_jobs);
                     conn->close();
                   },
-                  [&](const std::string& why) {
+                  [&](const rdzv::CloseReason& why) {
                     if (jobs || !error.empty()) return;
-                    if (conn->tls_failed())
-                      error = why +
+                    if (why.kind == rdzv::CloseKind::Tls)
+                      error = why.text +
                               "; check --tls_ca, --tls_cert and --tls_key against the "
                               "server's TLS settings";
                     else
-                      error = conn->client_close_reason(why, "--tls_ca");
+                      error = conn->client_close_reason(why.text, "--tls_ca");
                   });
               conn->send(handshake.hello());
               // Without a secret the query follows the hello at once.

@@ -94,7 +94,8 @@ void FramedConnection::start(MessageHandler on_message, CloseHandler on_close) {
           const long verified = ::SSL_get_verify_result(self->tls_->stream.native_handle());
           if (self->tls_failed_ && verified != X509_V_OK)
             why += " (" + std::string(::X509_verify_cert_error_string(verified)) + ")";
-          return self->end("TLS handshake with " + self->peer_ + " failed: " + why,
+          return self->end({self->tls_failed_ ? CloseKind::Tls : CloseKind::Io,
+                            "TLS handshake with " + self->peer_ + " failed: " + why},
                            self->tls_->server);
         }
         self->handshaken_ = true;
@@ -127,9 +128,8 @@ void FramedConnection::on_read(error_code ec, std::size_t n) {
     // A TLS record on a plain connection: the other side has TLS configured and this one not.
     if (first && !tls_ && looks_like_tls(std::string(chunk_.data(), std::min<std::size_t>(n, 3)))) {
       tls_failed_ = true;
-      return end(peer_ +
-                 " speaks TLS and this side does not: configure TLS on both sides "
-                 "(docs/operations.md#tls)");
+      return end({CloseKind::Tls, peer_ + " speaks TLS and this side does not: configure TLS on "
+                                          "both sides (docs/operations.md#tls)"});
     }
     const std::size_t before = decoder_.buffered_bytes();
     decoder_.feed(std::string_view(chunk_.data(), n));
@@ -139,7 +139,8 @@ void FramedConnection::on_read(error_code ec, std::size_t n) {
       DecodeResult r = decoder_.next();
       account(held);
       if (r.status == DecodeStatus::NeedMore) break;
-      if (r.status == DecodeStatus::Bad) return end("bad frame from " + peer_ + ": " + r.error);
+      if (r.status == DecodeStatus::Bad)
+        return end({CloseKind::BadFrame, "bad frame from " + peer_ + ": " + r.error, r.error});
       on_message_(r.body);
     }
     // What stays buffered is an unfinished frame: over the group's cap, its owner decides whom
@@ -152,13 +153,13 @@ void FramedConnection::on_read(error_code ec, std::size_t n) {
   // orderly end all the same between whole frames (frames carry their own length).
   if (ec == asio::error::eof ||
       (ec == ssl::error::stream_truncated && decoder_.buffered_bytes() == 0))
-    return end("");
+    return end({});
   if (ec && ec.category() == asio::error::get_ssl_category()) {
     // After the handshake, as TLS 1.3 does it: the server refused this side's certificate.
     tls_failed_ = true;
-    return end("TLS with " + peer_ + " failed: " + handshake_error(ec));
+    return end({CloseKind::Tls, "TLS with " + peer_ + " failed: " + handshake_error(ec)});
   }
-  if (ec) return end(ec.message());
+  if (ec) return end({CloseKind::Io, ec.message()});
   read_more();
 }
 
@@ -173,7 +174,9 @@ void FramedConnection::send(const nlohmann::json& body) {
     writes_.clear();
     queued_bytes_ = 0;
     close_when_written_ = true;  // nothing more is queued
-    asio::post(socket_.get_executor(), [self = shared_from_this(), why] { self->end(why); });
+    asio::post(socket_.get_executor(), [self = shared_from_this(), why] {
+      self->end({CloseKind::WriteLimit, why});
+    });
     return;
   }
   write_next();
@@ -193,7 +196,8 @@ void FramedConnection::write_next() {
   auto handler = [self = shared_from_this()](error_code ec, std::size_t) {
     self->writing_ = false;
     if (!self->open_) return;
-    if (ec) return self->end("cannot write to " + self->peer_ + ": " + ec.message());
+    if (ec)
+      return self->end({CloseKind::Io, "cannot write to " + self->peer_ + ": " + ec.message()});
     self->queued_bytes_ -= self->writes_.front().size();
     self->writes_.pop_front();
     self->write_next();
@@ -245,12 +249,12 @@ void FramedConnection::shut(bool linger) {
   on_closed_after_writes_ = nullptr;
 }
 
-void FramedConnection::end(const std::string& why, bool linger) {
+void FramedConnection::end(CloseReason reason, bool linger) {
   if (!open_) return;
   auto handler = std::move(on_close_);
   on_close_ = nullptr;
   shut(linger);
-  if (handler) handler(why);
+  if (handler) handler(reason);
 }
 
 void FramedConnection::linger_then_close() {

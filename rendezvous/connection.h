@@ -26,6 +26,24 @@ struct InputBudget {
   std::function<void()> over_limit;
 };
 
+/// How a connection ended, as its close handler is told.
+enum class CloseKind {
+  Orderly,     ///< the peer closed it between whole frames
+  BadFrame,    ///< the peer sent something that is not a frame (framing.h)
+  WriteLimit,  ///< more replies waited unread than set_write_limit allows
+  Tls,         ///< TLS failed: a certificate refused, an alert (tls_failed() is true)
+  Io,          ///< a read, a write or a TLS handshake broke off (reset, refused, timed out)
+  ClosedHere,  ///< this side closed it (a limit, a refusal), having said why if it needed saying
+};
+
+struct CloseReason {
+  CloseKind kind = CloseKind::Orderly;
+  /// Why, worded for a user ("bad frame from 10.0.0.5:4000: ..."); "" when Orderly.
+  std::string text;
+  /// BadFrame: the decoder's reason alone, without the peer.
+  std::string detail{};
+};
+
 /// One TCP connection that carries frames (framing.h) both ways: a read loop that decodes
 /// frames and a write queue, over the plain socket or a TLS stream on it (tls.h). Shared by the
 /// server's sessions, the agent's client and `ddprun status`. Lives in shared_ptrs: pending
@@ -33,8 +51,8 @@ struct InputBudget {
 class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
  public:
   using MessageHandler = std::function<void(const nlohmann::json&)>;
-  /// Called once when the connection ends: "" for an orderly close by the peer, else why.
-  using CloseHandler = std::function<void(const std::string&)>;
+  /// Called once when the connection ends, with how and why.
+  using CloseHandler = std::function<void(const CloseReason&)>;
 
   /// With `tls`, start() first runs the TLS handshake in that role; frames sent before it
   /// completes wait in the queue.
@@ -95,8 +113,8 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   void read_more();
   void on_read(boost::system::error_code ec, std::size_t n);
   void write_next();
-  /// Ends the connection and tells the close handler why. `linger`: as shut().
-  void end(const std::string& why, bool linger = false);
+  /// Ends the connection and tells the close handler how and why. `linger`: as shut().
+  void end(CloseReason reason, bool linger = false);
   /// Closes; with `linger` the socket is closed only after linger_then_close().
   void shut(bool linger);
   /// After a refused TLS handshake on the server's side: drains the peer's input, bounded,

@@ -89,10 +89,10 @@ void NetworkRendezvous::on_connected(std::shared_ptr<FramedConnection> conn) {
       [this, alive = alive_](const nlohmann::json& body) {
         if (*alive) on_message(body);
       },
-      [this, alive = alive_, raw = conn.get()](const std::string& why) {
+      [this, alive = alive_, raw = conn.get()](const CloseReason& why) {
         if (!*alive || conn_.get() != raw) return;
-        if (raw->tls_failed()) return step(ConnectionLost{why, true});
-        step(ConnectionLost{raw->client_close_reason(why, "--rdzv_conf tls_ca=FILE")});
+        if (why.kind == CloseKind::Tls) return step(ConnectionLost{why.text, true});
+        step(ConnectionLost{raw->client_close_reason(why.text, "--rdzv_conf tls_ca=FILE")});
       });
   handshake_.emplace(opt_.secret, "agent", make_nonce());
   conn_->send(handshake_->hello());

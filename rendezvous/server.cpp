@@ -153,7 +153,7 @@ void RendezvousServer::on_accepted(tcp::socket socket) {
   session.opened_at = session.progress_at = clock_.now();
   silent_.insert(id);
   conn->start([this, id](const json& body) { on_message(id, body); },
-              [this, id](const std::string& why) { on_closed(id, why); });
+              [this, id](const CloseReason& why) { on_closed(id, why); });
   if (silent_.size() + greeting_.size() > ungreeted_cap_) evict_oldest_ungreeted();
 }
 
@@ -166,7 +166,7 @@ void RendezvousServer::evict_oldest_ungreeted() {
                           " connections were waiting for theirs (the oldest goes first)";
   warn_peer(it->second.conn->peer(), why);
   it->second.conn->close();
-  on_closed(id, why);
+  on_closed(id, {CloseKind::ClosedHere, why});
 }
 
 void RendezvousServer::on_accept_failed(const error_code& ec) {
@@ -217,7 +217,7 @@ void RendezvousServer::shed_largest_inputs() {
                             std::to_string(input_budget_.limit) + " bytes";
     warn_peer(largest->second.conn->peer(), why);
     largest->second.conn->close();
-    on_closed(id, why);
+    on_closed(id, {CloseKind::ClosedHere, why});
   }
 }
 
@@ -278,7 +278,7 @@ void RendezvousServer::housekeeping() {
     if (it == sessions_.end()) continue;
     warn_peer(it->second.conn->peer(), "closed: " + why);
     it->second.conn->close();
-    on_closed(id, why);  // a node's connection: the node disconnected
+    on_closed(id, {CloseKind::ClosedHere, why});  // a node's connection: the node disconnected
   }
 }
 
@@ -311,7 +311,7 @@ void RendezvousServer::close_after_writes(Session& session) {
   // session is forgotten here once its last frame is out (or the connection ended otherwise):
   // a refused stranger, or a node done with its job, must not hold memory after its socket.
   session.conn->close_after_writes([this, id = session.id, alive = std::weak_ptr<bool>(alive_)] {
-    if (alive.lock() && !stopped_) on_closed(id, "");
+    if (alive.lock() && !stopped_) on_closed(id, {CloseKind::ClosedHere, ""});
   });
 }
 
@@ -372,19 +372,26 @@ void RendezvousServer::on_message(std::uint64_t id, const json& body) {
   apply(session.run_id, FromNode{session.node_id, std::move(message)});
 }
 
-void RendezvousServer::on_closed(std::uint64_t id, const std::string& why) {
+void RendezvousServer::on_closed(std::uint64_t id, const CloseReason& why) {
   note_awake();
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return;
   const std::string run_id = it->second.run_id;
   const std::string node_id = it->second.node_id;
   // A bad frame, the write limit or a TLS failure: say so (a peer that just closed is no news).
-  if (why.rfind("bad frame from ", 0) == 0) {
-    if (metrics_) metrics_->bad_frame();
-    warn_peer(it->second.conn->peer(), "bad frame: " + why.substr(why.find(": ") + 2));
-  } else if (it->second.conn->tls_failed() ||
-             why.find(" wait unread, over the limit of ") != std::string::npos) {
-    warn_peer(it->second.conn->peer(), "closed: " + why);
+  switch (why.kind) {
+    case CloseKind::BadFrame:
+      if (metrics_) metrics_->bad_frame();
+      warn_peer(it->second.conn->peer(), "bad frame: " + why.detail);
+      break;
+    case CloseKind::Tls:
+    case CloseKind::WriteLimit:
+      warn_peer(it->second.conn->peer(), "closed: " + why.text);
+      break;
+    case CloseKind::Orderly:
+    case CloseKind::Io:
+    case CloseKind::ClosedHere:
+      break;
   }
   forget_ungreeted(id);
   sessions_.erase(it);
@@ -392,7 +399,8 @@ void RendezvousServer::on_closed(std::uint64_t id, const std::string& why) {
   auto route = routes_.find({run_id, node_id});
   if (route == routes_.end() || route->second != id) return;
   routes_.erase(route);
-  spdlog::debug("job '{}': node {} disconnected{}", run_id, node_id, why.empty() ? "" : ": " + why);
+  spdlog::debug("job '{}': node {} disconnected{}", run_id, node_id,
+                why.text.empty() ? "" : ": " + why.text);
   if (jobs_.count(run_id)) apply(run_id, Disconnected{node_id});
 }
 

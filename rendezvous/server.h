@@ -110,7 +110,7 @@ class RendezvousServer {
   void arm_housekeeping();
   void housekeeping();
   void on_message(std::uint64_t id, const nlohmann::json& body);
-  void on_closed(std::uint64_t id, const std::string& why);
+  void on_closed(std::uint64_t id, const CloseReason& why);
   void refuse(Session& session, const std::string& message,
               RefusalKind kind = RefusalKind::Protocol);
   /// Ends the session once its queued frames are written, and then forgets it.

@@ -18,10 +18,10 @@ TEST_CASE("a peer that never reads its replies is closed once they pass the writ
   client.connect(acceptor.local_endpoint());
   auto conn = std::make_shared<FramedConnection>(acceptor.accept());
   conn->set_write_limit(4 << 20);
-  std::string why;
+  CloseReason why;
   bool closed = false;
   conn->start([](const nlohmann::json&) {},
-              [&](const std::string& reason) {
+              [&](const CloseReason& reason) {
                 closed = true;
                 why = reason;
               });
@@ -33,7 +33,8 @@ TEST_CASE("a peer that never reads its replies is closed once they pass the writ
   }
   io.run_for(std::chrono::milliseconds(200));
   REQUIRE(closed);
-  CHECK_THAT(why, Catch::Contains("wait unread, over the limit of 4194304"));
+  CHECK(why.kind == CloseKind::WriteLimit);
+  CHECK_THAT(why.text, Catch::Contains("wait unread, over the limit of 4194304"));
   CHECK_FALSE(conn->is_open());
 }
 
@@ -45,7 +46,7 @@ TEST_CASE("a peer that reads its replies is never cut by the write limit", "[rdz
   auto conn = std::make_shared<FramedConnection>(acceptor.accept());
   conn->set_write_limit(4 << 20);
   bool closed = false;
-  conn->start([](const nlohmann::json&) {}, [&](const std::string&) { closed = true; });
+  conn->start([](const nlohmann::json&) {}, [&](const CloseReason&) { closed = true; });
   const nlohmann::json big = {{"pad", std::string(900'000, 'x')}};
   std::array<char, 65536> sink{};
   std::size_t drained = 0;
