@@ -16,7 +16,6 @@ using namespace rdzv;  // NOLINT: the client machine's vocabulary throughout
 
 namespace {
 
-/// 128 random bits, as the TCP client's: the id names this node's keys.
 /// The local address of the interface that reaches `member`, once its name is resolved (a UDP
 /// socket sends nothing when connected), made publishable by advertised_address(); the host
 /// name when that fails.

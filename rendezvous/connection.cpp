@@ -87,14 +87,14 @@ void FramedConnection::start(MessageHandler on_message, CloseHandler on_close) {
       [self = shared_from_this()](error_code ec) {
         if (!self->open_) return;
         if (ec) {
-          self->tls_failed_ = ec.category() == asio::error::get_ssl_category();
+          const bool tls_failed = ec.category() == asio::error::get_ssl_category();
           std::string why = handshake_error(ec);
           // Which check the peer's certificate failed ("hostname mismatch", "unable to get
           // local issuer certificate"), where OpenSSL's reason is only "verify failed".
           const long verified = ::SSL_get_verify_result(self->tls_->stream.native_handle());
-          if (self->tls_failed_ && verified != X509_V_OK)
+          if (tls_failed && verified != X509_V_OK)
             why += " (" + std::string(::X509_verify_cert_error_string(verified)) + ")";
-          return self->end({self->tls_failed_ ? CloseKind::Tls : CloseKind::Io,
+          return self->end({tls_failed ? CloseKind::Tls : CloseKind::Io,
                             "TLS handshake with " + self->peer_ + " failed: " + why},
                            self->tls_->server);
         }
@@ -127,7 +127,6 @@ void FramedConnection::on_read(error_code ec, std::size_t n) {
     bytes_received_ += n;
     // A TLS record on a plain connection: the other side has TLS configured and this one not.
     if (first && !tls_ && looks_like_tls(std::string(chunk_.data(), std::min<std::size_t>(n, 3)))) {
-      tls_failed_ = true;
       return end({CloseKind::Tls, peer_ + " speaks TLS and this side does not: configure TLS on "
                                           "both sides (docs/operations.md#tls)"});
     }
@@ -156,7 +155,6 @@ void FramedConnection::on_read(error_code ec, std::size_t n) {
     return end({});
   if (ec && ec.category() == asio::error::get_ssl_category()) {
     // After the handshake, as TLS 1.3 does it: the server refused this side's certificate.
-    tls_failed_ = true;
     return end({CloseKind::Tls, "TLS with " + peer_ + " failed: " + handshake_error(ec)});
   }
   if (ec) return end({CloseKind::Io, ec.message()});

@@ -31,8 +31,9 @@ enum class CloseKind {
   Orderly,     ///< the peer closed it between whole frames
   BadFrame,    ///< the peer sent something that is not a frame (framing.h)
   WriteLimit,  ///< more replies waited unread than set_write_limit allows
-  Tls,         ///< TLS failed: a certificate refused, an alert (tls_failed() is true)
-  Io,          ///< a read, a write or a TLS handshake broke off (reset, refused, timed out)
+  Tls,  ///< TLS failed (a certificate refused, an alert, TLS on one side only): a configuration
+        ///< error, which reconnecting does not cure
+  Io,   ///< a read, a write or a TLS handshake broke off (reset, refused, timed out)
   ClosedHere,  ///< this side closed it (a limit, a refusal), having said why if it needed saying
 };
 
@@ -78,10 +79,6 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   void close();
 
   bool is_open() const { return open_; }
-
-  /// The connection ended on a TLS failure (a certificate refused, TLS on one side only):
-  /// a configuration error, which reconnecting does not cure.
-  bool tls_failed() const { return tls_failed_; }
 
   /// Counts this connection's unparsed input against `budget` (which must outlive it).
   void set_input_budget(InputBudget* budget) { budget_ = budget; }
@@ -129,7 +126,6 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   boost::asio::ip::tcp::socket socket_;
   std::unique_ptr<TlsStream> tls_;  ///< over socket_, with TLS
   bool handshaken_ = false;         ///< frames may be written (always, without TLS)
-  bool tls_failed_ = false;
   FrameDecoder decoder_;
   std::array<char, 16384> chunk_{};
   std::deque<std::string> writes_;
