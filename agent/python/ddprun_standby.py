@@ -300,7 +300,8 @@ def why_not_shared(name):
     a number drawn from `random` or numpy's global generator (it would be the same in every
     rank), sys.path changed (but for torch's template directory, which own_template_dir()
     makes per worker), or the import failing. None when it is safe. Leaves the import behind:
-    it runs in a throwaway fork (trial_import)."""
+    it runs in a throwaway fork (trial_import), or, for a part of torch, in this interpreter
+    itself (preload_torch_part)."""
     import importlib
     import random
 
@@ -413,49 +414,40 @@ def trial_import(name):
     return text[len("unsafe:"):] if text.startswith("unsafe:") else "its trial import failed"
 
 
-def preload(names, local_dir, argv):
+def preload(names, local_dir):
     """Imports what is safe to share between ranks: installed modules (installed_roots) that
-    observe nothing a fresh worker sees differently (trial_import), with sys.argv already the
-    script's. Anything else is left to the script, which then imports it as a fresh interpreter
-    would (docs/design.md#standby-workers says how to extend this)."""
+    observe nothing a fresh worker sees differently (trial_import). Anything else is left to the
+    script, which then imports it as a fresh interpreter would (docs/design.md#standby-workers
+    says how to extend this). The caller has made sys.argv the script's."""
     import importlib
 
     roots = installed_roots()
-    saved_argv = sys.argv
-    sys.argv = argv
-    try:
-        for name in names:
-            if not name or is_local(name, local_dir):
+    for name in names:
+        if not name or is_local(name, local_dir):
+            continue
+        try:
+            if not is_installed(name, roots):
                 continue
+        except (ImportError, ValueError):
+            continue
+        if trial_import(name) is None:
             try:
-                if not is_installed(name, roots):
-                    continue
-            except (ImportError, ValueError):
-                continue
-            if trial_import(name) is None:
-                try:
-                    importlib.import_module(name)
-                except Exception:  # noqa: BLE001 - the script will meet the same error itself
-                    pass
-    finally:
-        sys.argv = saved_argv
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - the script will meet the same error itself
+                pass
 
 
-def preload_torch_part(name, argv):
+def preload_torch_part(name):
     """Imports `name`, a part of torch, here and at once, as torch itself is: a trial in a
     throwaway fork first (trial_import) would import it twice, which cost the first start of a
     torch 2.6 job 1 to 1.3 s for torch._dynamo. It is judged all the same (why_not_shared), as
     it is imported; an interpreter it would make unsafe to share ends with EXIT_UNSAFE_TORCH,
-    and the agent starts its workers afresh. A failed import is left to the script."""
-    saved_argv = sys.argv
-    sys.argv = argv
-    try:
-        why = why_not_shared(name)
-    finally:
-        sys.argv = saved_argv
+    and the agent starts its workers afresh. A failed import is left to the script. The caller
+    has made sys.argv the script's."""
+    why = why_not_shared(name)
     if why is not None and why != "its import failed":
         sys.stderr.write(f"ddprun standby: {name} cannot be shared between ranks ({why}): the "
-                         "workers start afresh; --standby_workers=off says so at once\n")
+                         "workers start afresh; --standby_workers=off starts them so from the outset\n")
         os._exit(EXIT_UNSAFE_TORCH)
 
 
@@ -744,19 +736,23 @@ def main():
     names = list(preload_names)
     # What the script's imports see in sys.argv: as `python script.py args` has it; `python -m`
     # has "-m" there until runpy finds the module.
-    import_argv = (["-m"] if is_module else [target]) + list(args)
+    saved_argv = sys.argv
+    sys.argv = (["-m"] if is_module else [target]) + list(args)
     # From torch 2.0 the first optimizer a script makes imports torch._dynamo (torch.optim keeps
     # dynamo out of its methods by a wrapper that imports it on first use): 1 s on a 2-core
     # machine, about 5 s on a GPU machine's torch (docs/benchmarks.md, "On a GPU"). Ranks forked
     # from a zygote that has it skip that at every restart.
-    if int(torch.__version__.split(".")[0]) >= 2:
-        preload_torch_part("torch._dynamo", import_argv)
-    if is_module:
-        # The module's own file when it is a plain module under the current directory.
-        names += top_level_imports(os.path.join(local_dir, *target.split(".")) + ".py")
-    else:
-        names += top_level_imports(target)
-    preload(names, local_dir, import_argv)
+    try:
+        if int(torch.__version__.split(".")[0]) >= 2:
+            preload_torch_part("torch._dynamo")
+        if is_module:
+            # The module's own file when it is a plain module under the current directory.
+            names += top_level_imports(os.path.join(local_dir, *target.split(".")) + ".py")
+        else:
+            names += top_level_imports(target)
+        preload(names, local_dir)
+    finally:
+        sys.argv = saved_argv
     if zygote:
         fd = serve_forks(fd, standby_title)  # returns in each forked standby
 
