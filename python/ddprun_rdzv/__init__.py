@@ -41,16 +41,23 @@ WORKER_PORT_KEY = "ddprun/worker_master_port"
 
 
 class _Connection:
-    """One framed connection to the rendezvous server: whole frames in, whole frames out."""
+    """One framed connection to the rendezvous server: whole frames in, whole frames out.
+    Connecting, TLS and every read until greeted() are bounded by `timeout` seconds; after
+    that, a server that vanishes is noticed when unacknowledged data (the heartbeats) is older
+    than `window_ms`, the keep-alive window, as ddprun's agent notices it."""
 
-    def __init__(self, host, port, tls, timeout):
+    def __init__(self, host, port, tls, timeout, window_ms):
         raw = socket.create_connection((host, port), timeout=timeout)
         raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         raw.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(window_ms))
         self.local_addr = raw.getsockname()[0]
         self.sock = tls.wrap_socket(raw, server_hostname=host) if tls is not None else raw
-        self.sock.settimeout(None)
         self._send_lock = threading.Lock()
+
+    def greeted(self):
+        """The greeting is over: from now on a read waits as long as the server is silent."""
+        self.sock.settimeout(None)
 
     def send(self, message):
         body = json.dumps(message).encode()
@@ -58,13 +65,13 @@ class _Connection:
             self.sock.sendall(struct.pack(">I", len(body)) + body)
 
     def _read_exactly(self, size):
-        data = b""
+        data = bytearray()
         while len(data) < size:
-            chunk = self.sock.recv(size - len(data))
+            chunk = self.sock.recv(min(size - len(data), 65536))
             if not chunk:
                 return None
             data += chunk
-        return data
+        return bytes(data)
 
     def receive(self):
         """The next message, or None when the server closed the connection."""
@@ -77,7 +84,10 @@ class _Connection:
         body = self._read_exactly(size)
         if body is None:
             return None
-        message = json.loads(body)
+        try:
+            message = json.loads(body)
+        except RecursionError:
+            raise ValueError("a frame nested too deeply") from None
         if not isinstance(message, dict) or not isinstance(message.get("type"), str):
             raise ValueError("a frame that is not a message")
         return message
@@ -172,7 +182,7 @@ class DdprunRendezvousHandler(api.RendezvousHandler):
             "restart_window_ms": 0, "crash_loop_limit": 0, "fatal_exit_codes": [],
             "quarantine_after": 0, "quarantine_cooldown_ms": 30000,
             "quarantine_cooldown_max_ms": 600000}
-        self._local_addr = params.local_addr
+        self._local_addr = getattr(params, "local_addr", None)  # torch 2.0 and later
         self._node_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(16)}"
         self._name = socket.gethostname()
         self._timeout = seconds("connect_timeout", 60)
@@ -184,7 +194,7 @@ class DdprunRendezvousHandler(api.RendezvousHandler):
         self._closed = None      # the server's closed message
         self._error = None       # why the connection is unusable
         self._restart_count = 0
-        self._stores = []        # this node's stores, kept until the next round's exists
+        self._store = None       # this round's agents' store (group rank 0 hosts it)
 
     # ---- the connection ---------------------------------------------------------------------
 
@@ -194,7 +204,9 @@ class DdprunRendezvousHandler(api.RendezvousHandler):
         deadline = time.monotonic() + self._timeout
         while True:
             try:
-                connection = _Connection(self._host, self._port, self._tls, self._timeout)
+                connection = _Connection(self._host, self._port, self._tls, self._timeout,
+                                         self._settings["keep_alive_interval_ms"] *
+                                         self._settings["keep_alive_max_attempt"])
                 break
             except ssl.SSLError as e:
                 raise api.RendezvousConnectionError(
@@ -206,44 +218,66 @@ class DdprunRendezvousHandler(api.RendezvousHandler):
                         f"cannot reach ddprun's rendezvous at {self._host}:{self._port} in "
                         f"{self._timeout:g} s (--rdzv_conf connect_timeout): {e}") from None
                 time.sleep(1)
+        try:
+            self._greet(connection)
+        except (OSError, ValueError) as e:  # a timeout, a reset, a frame that is not one
+            connection.close()
+            raise api.RendezvousConnectionError(
+                f"cannot greet ddprun's rendezvous at {self._host}:{self._port}: {e} (the "
+                f"greeting may take --rdzv_conf connect_timeout, {self._timeout:g} s)") from None
+        except api.RendezvousError:
+            connection.close()
+            raise
+        connection.greeted()
+        self._connection = connection
+        threading.Thread(target=self._read, args=(connection,), daemon=True,
+                         name="ddprun-rdzv-reader").start()
+        threading.Thread(target=self._heartbeat, args=(connection,), daemon=True,
+                         name="ddprun-rdzv-heartbeat").start()
+
+    def _greet(self, connection):
+        """The hello and, with a secret, the challenge both ways (rendezvous/auth.cpp), all
+        within connect_timeout: a server that stalls or chatters cannot hold this node."""
         nonce = secrets.token_hex(32)
         connection.send({"type": "hello", "protocol": PROTOCOL, "role": "agent",
                          "nonce": nonce})
-        server_nonce = ""
+        deadline = time.monotonic() + self._timeout
+        server_nonce = None
         while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout("timed out")
+            connection.sock.settimeout(left)
             message = connection.receive()
-            kind = message and message["type"]
             if message is None:
-                raise api.RendezvousConnectionError(
-                    f"ddprun's rendezvous at {self._host}:{self._port} closed the connection "
-                    "during its greeting (TLS on one side only?)")
+                raise ConnectionError("the server closed the connection (TLS on one side only?)")
+            kind = message["type"]
             if kind == "refused":
-                raise api.RendezvousError(message.get("message", "refused"))
+                raise api.RendezvousError(str(message.get("message", "refused"))[:4096])
             if kind == "challenge":
                 if self._secret is None:
                     raise api.RendezvousError(
                         "authentication failed: the rendezvous server requires a shared "
                         "secret; give its secret file with --rdzv_conf secret_file=PATH or "
                         f"{SECRET_FILE_VARIABLE}=PATH")
-                server_nonce = str(message.get("nonce", ""))
+                if server_nonce is not None or not isinstance(message.get("nonce"), str):
+                    raise api.RendezvousError(
+                        "authentication failed: the server's challenge is malformed")
+                server_nonce = message["nonce"]
                 connection.send({"type": "auth", "mac": handshake_mac(
                     self._secret, "client", "agent", nonce, server_nonce)})
                 continue
             if kind != "hello" or message.get("protocol") != PROTOCOL:
                 raise api.RendezvousError(
-                    f"not a ddprun rendezvous server speaking protocol {PROTOCOL}: {message}")
+                    f"not a ddprun rendezvous server speaking protocol {PROTOCOL}: it sent a "
+                    f"{kind[:64]!r} message with protocol {str(message.get('protocol'))[:16]}")
             if self._secret is not None and not hmac.compare_digest(
                     str(message.get("mac", "")),
-                    handshake_mac(self._secret, "server", "agent", nonce, server_nonce)):
+                    handshake_mac(self._secret, "server", "agent", nonce, server_nonce or "")):
                 raise api.RendezvousError(
                     "authentication failed: the rendezvous server did not prove that it holds "
                     "the secret (is it started without --secret_file, or with another?)")
-            break
-        self._connection = connection
-        threading.Thread(target=self._read, args=(connection,), daemon=True,
-                         name="ddprun-rdzv-reader").start()
-        threading.Thread(target=self._heartbeat, args=(connection,), daemon=True,
-                         name="ddprun-rdzv-heartbeat").start()
+            return
 
     def _read(self, connection):
         """The reader thread: every message the server sends, noted for the handler."""
@@ -261,7 +295,7 @@ class DdprunRendezvousHandler(api.RendezvousHandler):
                     elif kind == "closed":
                         self._closed = message
                     elif kind == "refused":
-                        self._error = message.get("message", "refused")
+                        self._error = str(message.get("message", "refused"))[:4096]
                     self._changed.notify_all()
         except (OSError, ValueError, ConnectionError) as e:
             with self._changed:
@@ -356,7 +390,7 @@ class DdprunRendezvousHandler(api.RendezvousHandler):
         if rank == 0:
             store.set(WORKER_PORT_KEY, str(_free_port(master_addr)))
         worker_port = int(store.get(WORKER_PORT_KEY))
-        self._stores = [store]
+        self._store = store
         return api.RendezvousInfo(
             store, rank, world_size, api.RendezvousStoreInfo(master_addr, worker_port))
 
