@@ -236,6 +236,7 @@ JobState job_from_json(const json& j, const TimeAnchor& a, common::TimePoint now
       s.nodes.emplace(id, std::move(node));
     }
   }
+  rdzv::reindex(s);  // step() keeps the index from here on
   if (const json* ranks = f.container("previous_ranks", true, kMaxNodesInState)) {
     for (const auto& [id, rank] : ranks->items()) {
       if (!rank.is_number_integer() || rank.get<std::int64_t>() < 0 ||

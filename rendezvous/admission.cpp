@@ -155,8 +155,12 @@ std::optional<Refused> check_join(const JobState& s, const Join& join) {
                        std::to_string(settings.max_nodes - 1)};
   }
   if (join.node_rank) {
-    for (const auto& [other_id, node] : s.nodes) {
-      if (other_id != id && node.request.node_rank == join.node_rank) {
+    // From the job's index of --node_rank values: a join costs no walk over thousands of nodes.
+    auto [first, last] = s.index.by_node_rank.equal_range(*join.node_rank);
+    for (auto holder = first; holder != last; ++holder) {
+      const std::string& other_id = holder->second;
+      const NodeRecord& node = s.nodes.at(other_id);
+      if (other_id != id) {
         return Refused{RefusalKind::DuplicateRank,
                        "node " + join.name + " was started with --node_rank " +
                            std::to_string(*join.node_rank) + ", which node " + node.request.name +
@@ -165,9 +169,13 @@ std::optional<Refused> check_join(const JobState& s, const Join& join) {
       }
     }
   }
-  if (join.node_rank && !s.nodes.count(id)) {
+  const bool ranks_held = !s.previous_ranks.empty() ||
+                          s.index.count[static_cast<std::size_t>(NodeState::Running)] > 0 ||
+                          s.index.count[static_cast<std::size_t>(NodeState::Succeeded)] > 0;
+  if (join.node_rank && !s.nodes.count(id) && ranks_held) {
     // A newcomer cannot take a group rank that a live node holds (in the running round, or
     // the one before the round that forms): that would move every worker's MASTER_ADDR.
+    // (While round 0 forms nobody holds one, so thousands of first joins walk no nodes.)
     for (const auto& [other_id, node] : s.nodes) {
       auto previous = s.previous_ranks.find(other_id);
       const bool holds =

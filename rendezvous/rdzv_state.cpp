@@ -1,6 +1,7 @@
 #include "rendezvous/rdzv_state.h"
 
 #include <algorithm>
+#include <limits>
 #include <set>
 #include <utility>
 
@@ -39,11 +40,9 @@ bool is_participant(NodeState state) {
   return state == NodeState::Running || state == NodeState::Succeeded;
 }
 
-int count_in(const JobState& s, NodeState state) {
-  return static_cast<int>(std::count_if(s.nodes.begin(), s.nodes.end(), [&](const auto& node) {
-    return node.second.state == state;
-  }));
-}
+std::size_t slot(NodeState state) { return static_cast<std::size_t>(state); }
+
+int count_in(const JobState& s, NodeState state) { return s.index.count[slot(state)]; }
 
 int count_participants(const JobState& s) {
   return count_in(s, NodeState::Running) + count_in(s, NodeState::Succeeded);
@@ -69,8 +68,13 @@ std::vector<std::string> ids_where(const JobState& s, Pred keep) {
   return ids;
 }
 
+/// Ids of the nodes in `state`, in the order of ids_where, from the index.
 std::vector<std::string> ids_in(const JobState& s, NodeState state) {
-  return ids_where(s, [&](const NodeRecord& node) { return node.state == state; });
+  std::vector<std::string> ids;
+  const auto& keys = s.index.by_name[slot(state)];
+  ids.reserve(keys.size());
+  for (const NodeKey& key : keys) ids.push_back(key.id);
+  return ids;
 }
 
 std::vector<std::string> names_of(const JobState& s, const std::vector<std::string>& ids) {
@@ -83,58 +87,169 @@ void send(Step& st, const std::string& id, ServerMessage message, bool close_aft
   st.out.push_back(Outgoing{id, std::move(message), close_after});
 }
 
-/// --node_rank values in 0..min_nodes-1 that no joined node holds, when the nodes use --node_rank.
-std::vector<int> missing_node_ranks(const JobState& s) {
-  bool ranks_given = false;
-  std::set<int> held;
-  for (const auto& [id, node] : s.nodes) {
-    if (!node.request.node_rank) continue;
-    ranks_given = true;
-    if (node.state == NodeState::Joined) held.insert(*node.request.node_rank);
+// ---- the node table and its index ------------------------------------------------------------
+// Every change of JobState::nodes goes through put_node, set_state, set_request and
+// erase_node, which keep JobState::index in step; check_index() holds them to it.
+
+void index_in(NodeIndex& index, const std::string& id, const NodeRecord& node) {
+  ++index.count[slot(node.state)];
+  index.by_name[slot(node.state)].insert(NodeKey{node.request.name, id});
+  if (node.request.node_rank) index.by_node_rank.emplace(*node.request.node_rank, id);
+  index.by_last_seen.emplace(node.last_seen, id);
+}
+
+void index_out(NodeIndex& index, const std::string& id, const NodeRecord& node) {
+  --index.count[slot(node.state)];
+  index.by_name[slot(node.state)].erase(NodeKey{node.request.name, id});
+  index.by_last_seen.erase({node.last_seen, id});
+  if (!node.request.node_rank) return;
+  auto [first, last] = index.by_node_rank.equal_range(*node.request.node_rank);
+  for (auto it = first; it != last; ++it) {
+    if (it->second == id) {
+      index.by_node_rank.erase(it);
+      return;
+    }
   }
+}
+
+/// Adds a node, or replaces what the job holds of it.
+NodeRecord& put_node(JobState& s, const std::string& id, NodeRecord record) {
+  auto it = s.nodes.find(id);
+  if (it != s.nodes.end()) {
+    index_out(s.index, id, it->second);
+    it->second = std::move(record);
+  } else {
+    it = s.nodes.emplace(id, std::move(record)).first;
+  }
+  index_in(s.index, id, it->second);
+  return it->second;
+}
+
+NodeRecord& set_state(JobState& s, const std::string& id, NodeState state) {
+  NodeRecord& node = s.nodes.at(id);
+  index_out(s.index, id, node);
+  node.state = state;
+  index_in(s.index, id, node);
+  return node;
+}
+
+/// A known node's new Join (its name or --node_rank may differ from the last).
+void set_request(JobState& s, const std::string& id, Join join) {
+  NodeRecord& node = s.nodes.at(id);
+  index_out(s.index, id, node);
+  node.request = std::move(join);
+  index_in(s.index, id, node);
+}
+
+void erase_node(JobState& s, std::map<std::string, NodeRecord>::iterator it) {
+  index_out(s.index, it->first, it->second);
+  s.nodes.erase(it);
+}
+
+/// The node was heard from at `now` (any message proves it alive).
+void touch(JobState& s, const std::string& id, NodeRecord& node, TimePoint now) {
+  s.index.by_last_seen.erase({node.last_seen, id});
+  node.last_seen = now;
+  s.index.by_last_seen.emplace(node.last_seen, id);
+}
+
+/// Jobs of at most this many nodes have their whole index checked after every step (tests and
+/// fuzzers run those); larger ones only its total, so the check stays O(1) where it matters.
+constexpr std::size_t kFullIndexCheckNodes = 64;
+
+void check_index(const JobState& s) {
+  int total = 0;
+  for (const int count : s.index.count) total += count;
+  DDPRUN_CHECK(total == static_cast<int>(s.nodes.size()),
+               "rdzv_state: the node index counts another number of nodes than the job holds");
+  if (s.nodes.size() > kFullIndexCheckNodes) return;
+  JobState fresh;
+  fresh.nodes = s.nodes;
+  reindex(fresh);
+  DDPRUN_CHECK(fresh.index.count == s.index.count && fresh.index.by_name == s.index.by_name,
+               "rdzv_state: the node index disagrees with the nodes' states or names");
+  const auto sorted = [](const std::multimap<int, std::string>& ranks) {
+    std::vector<std::pair<int, std::string>> v(ranks.begin(), ranks.end());
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  DDPRUN_CHECK(sorted(fresh.index.by_node_rank) == sorted(s.index.by_node_rank) &&
+                   fresh.index.by_last_seen == s.index.by_last_seen,
+               "rdzv_state: the node index disagrees with the nodes' --node_rank or last_seen");
+}
+
+/// --node_rank values in 0..min_nodes-1 that no joined node holds, when the nodes use
+/// --node_rank: the first `limit` of them. Walks the index's ranks only as far as it must.
+std::vector<int> missing_node_ranks(const JobState& s,
+                                    std::size_t limit = std::numeric_limits<std::size_t>::max()) {
   std::vector<int> missing;
-  if (!ranks_given) return missing;
-  for (int rank = 0; rank < s.settings.min_nodes; ++rank) {
-    if (!held.count(rank)) missing.push_back(rank);
+  const auto& ranks = s.index.by_node_rank;
+  auto it = ranks.begin();
+  for (int rank = 0; !ranks.empty() && rank < s.settings.min_nodes && missing.size() < limit;
+       ++rank) {
+    bool held = false;
+    for (; it != ranks.end() && it->first <= rank; ++it)
+      held = held || (it->first == rank && s.nodes.at(it->second).state == NodeState::Joined);
+    if (!held) missing.push_back(rank);
   }
   return missing;
 }
 
-/// Names of the nodes in `state`, the first kMaxNamesInMessage in numeric-aware order, without
-/// sorting them all: a message never carries more, and a round of thousands of joins must not
-/// sort thousands of names per join.
-std::vector<std::string> first_names_in(const JobState& s, NodeState state) {
-  std::vector<const std::string*> names;
-  for (const auto& [id, node] : s.nodes)
-    if (node.state == state) names.push_back(&node.request.name);
-  const auto less = [](const std::string* a, const std::string* b) { return natural_less(*a, *b); };
-  const size_t keep = std::min(names.size(), kMaxNamesInMessage);
-  std::partial_sort(names.begin(), names.begin() + static_cast<std::ptrdiff_t>(keep), names.end(),
-                    less);
-  std::vector<std::string> out;
-  for (size_t i = 0; i < keep; ++i) out.push_back(*names[i]);
+/// "a, b, c" for the first kMaxNamesInMessage of `items`, then "and N more": one line for a
+/// person to read, however many thousands of nodes a job has.
+template <typename T, typename Text>
+std::string few_of(const std::vector<T>& items, Text text) {
+  std::string out;
+  const std::size_t shown = std::min(items.size(), kMaxNamesInMessage);
+  for (std::size_t i = 0; i < shown; ++i) out += (i ? ", " : "") + text(items[i]);
+  if (items.size() > shown) out += " and " + std::to_string(items.size() - shown) + " more";
   return out;
 }
 
-/// The first kMaxNamesInMessage names: messages stay small however large the job.
-std::vector<std::string> first_names(std::vector<std::string> names) {
-  if (names.size() > kMaxNamesInMessage) names.resize(kMaxNamesInMessage);
-  return names;
+/// Names of the nodes in `state`, the first kMaxNamesInMessage in numeric-aware order, from the
+/// index: a message never carries more, and a join must not walk thousands of nodes.
+std::vector<std::string> first_names_in(const JobState& s, NodeState state) {
+  std::vector<std::string> out;
+  for (const NodeKey& key : s.index.by_name[slot(state)]) {
+    if (out.size() == kMaxNamesInMessage) break;
+    out.push_back(key.name);
+  }
+  return out;
+}
+
+/// The first kMaxNamesInMessage names: messages stay small however large the job. A copy of
+/// only those (a resized copy of all of them would keep their capacity in every message).
+std::vector<std::string> first_names(const std::vector<std::string>& names) {
+  const auto keep = static_cast<std::ptrdiff_t>(std::min(names.size(), kMaxNamesInMessage));
+  return {names.begin(), names.begin() + keep};
+}
+
+/// Who hears a Waiting broadcast: the wait-listed, and the forming round's members.
+int waiting_listeners(const JobState& s) {
+  return count_in(s, NodeState::WaitListed) +
+         (s.phase == JobPhase::Joining ? count_in(s, NodeState::Joined) : 0);
+}
+
+/// When the quiet period after the last Waiting broadcast ends (waiting_quiet_until is set):
+/// kWaitingQuietPeriod after it, or kWaitingPacePerListener per listener when that is longer.
+TimePoint quiet_end(const JobState& s) {
+  const Millis paced = kWaitingPacePerListener * waiting_listeners(s);
+  return *s.waiting_quiet_until + std::max(Millis{0}, paced - kWaitingQuietPeriod);
 }
 
 /// Where the round stands, for the members of the forming round (and the wait-listed). Sent to
-/// all of them at most once per kWaitingQuietPeriod; in between only `trigger` (the node whose
-/// join or return changed things) hears at once, and a broadcast is owed at the period's end.
+/// all of them at most once per quiet period (quiet_end()); in between only `trigger` (the node
+/// whose join or return changed things) hears at once, and a broadcast is owed at the period's end.
 void send_waiting(Step& st, const std::string& trigger = "") {
   JobState& s = st.s;
-  const bool quiet = s.waiting_quiet_until && st.now < *s.waiting_quiet_until;
+  const bool quiet = s.waiting_quiet_until && st.now < quiet_end(s);
   const NodeState members =
       s.phase == JobPhase::Joining ? NodeState::Joined : NodeState::WaitListed;
   if (s.phase != JobPhase::Joining && s.phase != JobPhase::Running) return;
   const int count = count_in(s, members);
   const std::vector<std::string> names = first_names_in(s, members);
   const std::vector<int> missing =
-      s.phase == JobPhase::Joining ? missing_node_ranks(s) : std::vector<int>{};
+      s.phase == JobPhase::Joining ? missing_node_ranks(s, kMaxNamesInMessage) : std::vector<int>{};
   const auto waiting_for = [&](const NodeRecord& node) {
     // While a round runs, the wait list is who would join the next round; it has no deadline
     // (join_timeout 0): a place opens when the round loses a node or scales up.
@@ -157,13 +272,12 @@ void send_waiting(Step& st, const std::string& trigger = "") {
   };
   if (quiet) {
     // In the quiet period only the trigger hears now; anyone else is owed a broadcast.
-    for (const auto& [id, node] : s.nodes) {
-      if (!hears(node)) continue;
-      if (id == trigger)
-        send(st, id, waiting_for(node));
-      else
-        s.waiting_dirty = true;
+    int listeners = waiting_listeners(s);
+    if (auto it = s.nodes.find(trigger); it != s.nodes.end() && hears(it->second)) {
+      send(st, trigger, waiting_for(it->second));
+      --listeners;
     }
+    if (listeners > 0) s.waiting_dirty = true;
     return;
   }
   for (const std::string& id : ids_where(s, hears)) send(st, id, waiting_for(s.nodes.at(id)));
@@ -195,7 +309,7 @@ bool fill_places(JobState& s) {
   for (const std::string& id : ids_in(s, NodeState::WaitListed)) {
     if (room <= 0) break;
     // WaitListed -> Joined: a place in the forming round is free
-    s.nodes.at(id).state = NodeState::Joined;
+    set_state(s, id, NodeState::Joined);
     --room;
     changed = true;
   }
@@ -212,16 +326,16 @@ void complete_round(Step& st) {
   const std::map<std::string, int> ranks = assign_group_ranks(s.nodes, joined, s.previous_ranks);
   std::vector<std::string> by_rank(joined.size());
   for (const auto& [id, rank] : ranks) by_rank.at(static_cast<std::size_t>(rank)) = id;
-  const std::vector<std::string> names = names_of(s, by_rank);
+  // Every participant hears the same first names: made once, not once per participant.
+  const std::vector<std::string> names = first_names(names_of(s, by_rank));
   const Join& master = s.nodes.at(by_rank.front()).request;
   const int world_size = static_cast<int>(by_rank.size());
   for (const std::string& id : by_rank) {
-    NodeRecord& node = s.nodes.at(id);
-    node.state = NodeState::Running;
+    NodeRecord& node = set_state(s, id, NodeState::Running);
     node.group_rank = ranks.at(id);
     send(st, id,
          RoundReady{s.round, node.group_rank, world_size, master.addr, master.master_port,
-                    s.restart_count, first_names(names)});
+                    s.restart_count, names});
   }
   s.previous_ranks = ranks;
   s.phase = JobPhase::Running;
@@ -308,10 +422,10 @@ void restart_round(Step& st, const std::string& reason, bool counted, Closed if_
     if (node.group_rank >= 0) s.previous_ranks[id] = node.group_rank;
     node.group_rank = -1;
     if (id == rejoiner) {
-      node.state = NodeState::Joined;
+      set_state(s, id, NodeState::Joined);
       continue;
     }
-    node.state = NodeState::Stopping;
+    set_state(s, id, NodeState::Stopping);
     Restart restart{s.round + 1, reason, counted, s.restart_count};
     restart.repeat = repeat;
     if (s.settings.restart_window.count() > 0) {
@@ -369,7 +483,7 @@ void remove_node(Step& st, const std::string& id, const std::string& reason, boo
   if (it == s.nodes.end()) return;
   const NodeState was = it->second.state;
   const std::string name = it->second.request.name;
-  s.nodes.erase(it);
+  erase_node(s, it);
   s.previous_ranks.erase(id);
   if (tell) {
     // Its id is dead from now on: if the node is alive (a partition), it rejoins as a newcomer.
@@ -487,7 +601,8 @@ void on_resume_join(Step& st, const std::string& id, const Join& join) {
   if (s.phase == JobPhase::Joining && s.round == 0) {
     // [none] -> Running: the server restarted and a node re-registers its running round; nodes
     // that only waited for a round are wait-listed behind it
-    for (auto& [other_id, node] : s.nodes) node.state = NodeState::WaitListed;
+    for (const std::string& other_id : ids_where(s, [](const NodeRecord&) { return true; }))
+      set_state(s, other_id, NodeState::WaitListed);
     s.phase = JobPhase::Running;
     s.round = claim.round;
     s.restart_count = claim.restart_count;
@@ -495,7 +610,7 @@ void on_resume_join(Step& st, const std::string& id, const Join& join) {
     s.last_call.reset();
     s.adopt_deadline = st.now + s.settings.keep_alive_window();
     s.waiting_quiet_until.reset();  // the job is Running again: the wait-listed hear it at once
-    s.nodes[id] = record_for(join, claimed_state, claim.group_rank, st.now);
+    put_node(s, id, record_for(join, claimed_state, claim.group_rank, st.now));
     s.previous_ranks = {{id, claim.group_rank}};
     finish_adoption_if_complete(st);
     if (s.phase == JobPhase::Running) send_waiting(st, id);  // to the wait-listed, if any
@@ -504,7 +619,7 @@ void on_resume_join(Step& st, const std::string& id, const Join& join) {
   if (s.phase == JobPhase::Running) {
     if (claim_fits(s, id, join.resume.value())) {
       // Running -> Running: a participant of the running round re-registered; it carries on
-      s.nodes[id] = record_for(join, claimed_state, claim.group_rank, st.now);
+      put_node(s, id, record_for(join, claimed_state, claim.group_rank, st.now));
       s.previous_ranks[id] = claim.group_rank;
       finish_adoption_if_complete(st);
       return;
@@ -514,7 +629,7 @@ void on_resume_join(Step& st, const std::string& id, const Join& join) {
       // of the running one is in doubt (formed here, or taken back whole after a restart): a
       // stale claim, or a made-up one. The claimant alone stops its workers and joins as a
       // newcomer; the round goes on.
-      s.nodes[id] = record_for(join, NodeState::Stopping, -1, st.now);
+      put_node(s, id, record_for(join, NodeState::Stopping, -1, st.now));
       send(st, id,
            Restart{s.round,
                    "node " + join.name + " re-registered round " + std::to_string(claim.round) +
@@ -531,13 +646,13 @@ void on_resume_join(Step& st, const std::string& id, const Join& join) {
         std::to_string(claim.group_rank) + " of " + std::to_string(claim.group_world_size) +
         ", restart count " + std::to_string(claim.restart_count) +
         "), which conflicts with the running round " + std::to_string(s.round);
-    s.nodes[id] = record_for(join, NodeState::Running, -1, st.now);
+    put_node(s, id, record_for(join, NodeState::Running, -1, st.now));
     restart_round(st, reason, false, Closed{});
     return;
   }
   // Joining -> Joining: the node's workers run a round that has ended; it stops them and joins
   // the forming round like every other restarted node
-  s.nodes[id] = record_for(join, NodeState::Stopping, -1, st.now);
+  put_node(s, id, record_for(join, NodeState::Stopping, -1, st.now));
   send(st, id,
        Restart{s.round,
                "node " + join.name + " re-registered round " + std::to_string(claim.round) +
@@ -614,9 +729,7 @@ void quarantine_and_restart(Step& st, const std::string& identity, const std::st
   standing.until = st.now + cooldown;
   for (const std::string& id : ids) {
     // Running -> Quarantined: its workers stop like everyone's, but it sits out the next rounds
-    NodeRecord& node = s.nodes.at(id);
-    node.state = NodeState::Quarantined;
-    node.group_rank = -1;
+    set_state(s, id, NodeState::Quarantined).group_rank = -1;
   }
   restart_round(st,
                 reason + "; node " + names + " is quarantined for " + duration_text(cooldown) +
@@ -660,7 +773,7 @@ void release_quarantines(Step& st) {
          })) {
       // Quarantined -> [forgotten]: it joins again as a newcomer, after its health check
       const std::string name = s.nodes.at(id).request.name;
-      s.nodes.erase(id);
+      erase_node(s, s.nodes.find(id));
       send(st, id,
            Restart{s.round,
                    "node " + name + " may take part in job '" + s.run_id + "' again: " + why +
@@ -722,15 +835,16 @@ void on_join(Step& st, const std::string& id, Join join) {
   }
   if (const std::string identity = node_identity(join); under_quarantine(s, identity, st.now)) {
     // any -> Quarantined: a node of a quarantined host (a restarted agent, too) waits it out
-    auto [it, added] =
-        s.nodes.try_emplace(id, record_for(join, NodeState::Quarantined, -1, st.now));
-    if (!added && it->second.state != NodeState::Quarantined) {
+    auto it = s.nodes.find(id);
+    if (it != s.nodes.end() && it->second.state != NodeState::Quarantined) {
       // Its place in the running round (or the forming one) goes, as if it had left
       remove_node(st, id, "node " + join.name + " is quarantined");
       if (s.phase == JobPhase::Closed) return;  // that ended the job: it heard how
-      s.nodes[id] = record_for(join, NodeState::Quarantined, -1, st.now);
+      put_node(s, id, record_for(join, NodeState::Quarantined, -1, st.now));
+    } else if (it == s.nodes.end()) {
+      put_node(s, id, record_for(join, NodeState::Quarantined, -1, st.now));
     } else {
-      it->second.request = join;
+      set_request(s, id, join);
     }
     send(st, id, quarantine_waiting(s, s.standing.at(identity), st.now));
     return;
@@ -738,14 +852,13 @@ void on_join(Step& st, const std::string& id, Join join) {
 
   auto known = s.nodes.find(id);
   if (known != s.nodes.end()) {
-    NodeRecord& node = known->second;
-    const NodeState was = node.state;
+    const NodeState was = known->second.state;
     if (was == NodeState::Succeeded) return;  // finished; waits for the job to close
-    node.request = join;
+    set_request(s, id, join);
     if (s.phase == JobPhase::Joining) {
       if (was == NodeState::Stopping) {
         // Stopping -> Joined: a restarted node joins the forming round (its place was kept)
-        node.state = NodeState::Joined;
+        set_state(s, id, NodeState::Joined);
         maybe_complete(st);
       }
       if (s.phase == JobPhase::Joining) send_waiting(st, id);
@@ -757,7 +870,7 @@ void on_join(Step& st, const std::string& id, Join join) {
       restart_round(st, reason, true, job_failed(), id);
     } else if (was == NodeState::Stopping) {
       // Stopping -> WaitListed: the round it was to rejoin completed without it
-      node.state = NodeState::WaitListed;
+      set_state(s, id, NodeState::WaitListed);
       if (!maybe_scale_up(st)) send_waiting(st, id);
     }
     return;
@@ -767,14 +880,14 @@ void on_join(Step& st, const std::string& id, Join join) {
     const int room =
         s.settings.max_nodes - count_in(s, NodeState::Joined) - count_in(s, NodeState::Stopping);
     // [new] -> Joined; or [new] -> WaitListed when the free places are kept for restarted nodes
-    s.nodes[id] =
-        record_for(join, room > 0 ? NodeState::Joined : NodeState::WaitListed, -1, st.now);
+    put_node(s, id,
+             record_for(join, room > 0 ? NodeState::Joined : NodeState::WaitListed, -1, st.now));
     maybe_complete(st);
     if (s.phase == JobPhase::Joining) send_waiting(st, id);
     return;
   }
   // [new] -> WaitListed: the round is running; under max nodes this starts a scale-up round
-  s.nodes[id] = record_for(join, NodeState::WaitListed, -1, st.now);
+  put_node(s, id, record_for(join, NodeState::WaitListed, -1, st.now));
   if (!maybe_scale_up(st)) send_waiting(st, id);
 }
 
@@ -863,7 +976,7 @@ void on_workers_succeeded(Step& st, const std::string& id, const WorkersSucceede
     return;
   }
   // Running -> Succeeded: this node's workers all exited 0
-  node.state = NodeState::Succeeded;
+  set_state(s, id, NodeState::Succeeded);
   maybe_close_succeeded(st);
 }
 
@@ -871,14 +984,14 @@ void on_from_node(Step& st, const FromNode& from) {
   if (const auto* join = std::get_if<Join>(&from.message)) {
     auto known = st.s.nodes.find(from.node_id);
     if (known != st.s.nodes.end() && st.s.phase != JobPhase::Closed) {
-      known->second.last_seen = st.now;
+      touch(st.s, from.node_id, known->second, st.now);
     }
     on_join(st, from.node_id, *join);
     return;
   }
   auto known = st.s.nodes.find(from.node_id);
   if (known == st.s.nodes.end() || st.s.phase == JobPhase::Closed) return;  // stale or unknown
-  known->second.last_seen = st.now;  // any message proves the node alive
+  touch(st.s, from.node_id, known->second, st.now);  // any message proves the node alive
   const std::string name = known->second.request.name;
   if (const auto* failed = std::get_if<WorkersFailed>(&from.message)) {
     on_workers_failed(st, from.node_id, *failed);
@@ -901,8 +1014,14 @@ void run_deadlines(Step& st) {
     return;
   }
   const Millis window = s.settings.keep_alive_window();
-  for (const std::string& id :
-       ids_where(s, [&](const NodeRecord& node) { return node.last_seen + window <= st.now; })) {
+  // The silent, from the oldest last_seen on: a step where nobody is silent walks no nodes.
+  std::vector<NodeKey> silent;
+  for (const auto& [seen, id] : s.index.by_last_seen) {
+    if (seen + window > st.now) break;
+    silent.push_back(NodeKey{s.nodes.at(id).request.name, id});
+  }
+  std::sort(silent.begin(), silent.end(), NodeKeyLess{});  // the order of every node list
+  for (const auto& [silent_name, id] : silent) {
     if (s.phase == JobPhase::Closed) return;
     auto it = s.nodes.find(id);
     if (it == s.nodes.end()) continue;
@@ -933,7 +1052,7 @@ void run_deadlines(Step& st) {
       restart_round(st, reason, true, job_failed());
     }
   }
-  if (s.waiting_dirty && s.waiting_quiet_until && st.now >= *s.waiting_quiet_until) {
+  if (s.waiting_dirty && s.waiting_quiet_until && st.now >= quiet_end(s)) {
     s.waiting_quiet_until.reset();
     send_waiting(st);  // the broadcast owed since the quiet period began
   }
@@ -946,25 +1065,25 @@ void run_deadlines(Step& st) {
   std::string missing_text;
   const std::vector<int> missing_ranks = missing_node_ranks(s);
   if (!missing_ranks.empty()) {
-    missing_text = missing_ranks.size() == 1 ? "node_rank " : "node_ranks ";
-    for (std::size_t i = 0; i < missing_ranks.size(); ++i) {
-      missing_text += (i ? ", " : "") + std::to_string(missing_ranks[i]);
-    }
+    missing_text = (missing_ranks.size() == 1 ? "node_rank " : "node_ranks ") +
+                   few_of(missing_ranks, [](int rank) { return std::to_string(rank); });
   } else {
     const int more = s.settings.min_nodes - count;
     missing_text = std::to_string(more) + " more node" + (more == 1 ? "" : "s");
   }
   const std::vector<std::string> names = names_of(s, joined);
   // Joining -> Closed: the join timeout passed with fewer than min nodes
-  close_job(st,
-            Closed{JobOutcomeKind::TimedOut,
-                   "join timeout: waited " + duration_text(since(s.round_started, st.now)) +
-                       " for job '" + s.run_id + "'" +
-                       (s.round > 0 ? " (round " + std::to_string(s.round) + ")" : "") + ": " +
-                       std::to_string(count) + " of min " + std::to_string(s.settings.min_nodes) +
-                       " nodes joined (" + (names.empty() ? "none" : join_names(names)) +
-                       "); missing: " + missing_text,
-                   0, 0, false});
+  close_job(
+      st, Closed{JobOutcomeKind::TimedOut,
+                 "join timeout: waited " + duration_text(since(s.round_started, st.now)) +
+                     " for job '" + s.run_id + "'" +
+                     (s.round > 0 ? " (round " + std::to_string(s.round) + ")" : "") + ": " +
+                     std::to_string(count) + " of min " + std::to_string(s.settings.min_nodes) +
+                     " nodes joined (" +
+                     (names.empty() ? "none"
+                                    : few_of(names, [](const std::string& name) { return name; })) +
+                     "); missing: " + missing_text,
+                 0, 0, false});
 }
 
 /// The earliest time at which run_deadlines() has something to do.
@@ -977,11 +1096,12 @@ std::optional<TimePoint> next_wake(const JobState& s) {
     if (s.closed_at) consider(*s.closed_at + s.settings.close_timeout);
     return wake;
   }
-  for (const auto& [id, node] : s.nodes) consider(node.last_seen + s.settings.keep_alive_window());
+  if (!s.index.by_last_seen.empty())
+    consider(s.index.by_last_seen.begin()->first + s.settings.keep_alive_window());
   if (s.adopt_deadline) consider(*s.adopt_deadline);
   for (const auto& [identity, standing] : s.standing)
     if (standing.until) consider(*standing.until);
-  if (s.waiting_dirty && s.waiting_quiet_until) consider(*s.waiting_quiet_until);
+  if (s.waiting_dirty && s.waiting_quiet_until) consider(quiet_end(s));
   if (s.phase == JobPhase::Joining && !s.settings_from.empty()) {
     if (s.last_call) consider(*s.last_call);
     if (count_in(s, NodeState::Joined) < s.settings.min_nodes) {
@@ -995,6 +1115,17 @@ std::optional<TimePoint> next_wake(const JobState& s) {
 
 std::string node_identity(const Join& join) {
   return join.node_id.substr(0, join.node_id.find(':')) + "/" + join.addr;
+}
+
+bool NodeKeyLess::operator()(const NodeKey& a, const NodeKey& b) const {
+  if (natural_less(a.name, b.name)) return true;
+  if (natural_less(b.name, a.name)) return false;
+  return a.id < b.id;
+}
+
+void reindex(JobState& state) {
+  state.index = NodeIndex{};
+  for (const auto& [id, node] : state.nodes) index_in(state.index, id, node);
 }
 
 JobState new_job(std::string run_id, TimePoint now) {
@@ -1018,7 +1149,7 @@ StepResult step(JobState state, const Event& event, TimePoint now) {
     // Any phase, nodes unchanged: the server was not running, so no node's silence is news.
     // Each gets a full keep-alive window from now; what it sent meanwhile is read next.
     const Millis window = st.s.settings.keep_alive_window();
-    for (auto& [id, node] : st.s.nodes) node.last_seen = std::max(node.last_seen, now);
+    for (auto& [id, node] : st.s.nodes) touch(st.s, id, node, std::max(node.last_seen, now));
     if (st.s.adopt_deadline) st.s.adopt_deadline = std::max(*st.s.adopt_deadline, now + window);
   }
   // Every event (not only Tick) runs the due deadlines, so a late Tick cannot reorder outcomes.
@@ -1026,6 +1157,7 @@ StepResult step(JobState state, const Event& event, TimePoint now) {
   // [none] -> [forgotten]: the job's first join was refused, so nobody ever took part in it
   if (st.s.settings_from.empty() && st.s.nodes.empty() && st.s.phase == JobPhase::Joining)
     st.erase = true;
+  check_index(st.s);
   StepResult result;
   result.wake_at = st.erase ? std::nullopt : next_wake(st.s);
   result.state = std::move(st.s);

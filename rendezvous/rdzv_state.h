@@ -4,6 +4,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <variant>
 #include <vector>
@@ -74,6 +75,32 @@ struct NodeStanding {
 /// publishes).
 std::string node_identity(const Join& join);
 
+/// A node's place in the name order of its state (NodeIndex::by_name).
+struct NodeKey {
+  std::string name;  ///< request.name
+  std::string id;    ///< node_id
+  friend bool operator==(const NodeKey&, const NodeKey&) = default;
+};
+
+/// The order of every node list: numeric-aware by name ("node2" before "node10"), then node_id.
+struct NodeKeyLess {
+  bool operator()(const NodeKey& a, const NodeKey& b) const;
+};
+
+/// What JobState::nodes implies, kept up to date by rdzv_state.cpp with every change of a node
+/// (added, removed, its state or its Join replaced), so that a join, a heartbeat or a deadline
+/// costs O(log N) in the job's nodes, never a walk over all of them: a round of 16,384 nodes
+/// would otherwise cost N^2 steps (docs/design.md#rendezvous-at-scale).
+struct NodeIndex {
+  static constexpr std::size_t kStates = kNodeStateNames.size();
+  std::array<int, kStates> count{};                               ///< nodes per NodeState
+  std::array<std::set<NodeKey, NodeKeyLess>, kStates> by_name{};  ///< per NodeState, in order
+  /// node_rank -> node_id, of every node started with --node_rank.
+  std::multimap<int, std::string> by_node_rank{};
+  /// (last_seen, node_id) of every node: the keep-alive deadline and who is silent, at once.
+  std::set<std::pair<TimePoint, std::string>> by_last_seen{};
+};
+
 enum class JobPhase { Joining, Running, Closed };
 
 /// Names of JobPhase in status (job_status.h).
@@ -92,14 +119,18 @@ struct JobState {
   JobPhase phase = JobPhase::Joining;
   int round = 0;          ///< the round being formed (Joining) or running (Running)
   int restart_count = 0;  ///< counted restarts so far, job-wide
-  std::map<std::string, NodeRecord> nodes;    ///< by node_id: every live node of the job
+  /// By node_id: every live node of the job. Changed only through rdzv_state.cpp's helpers,
+  /// which keep `index` in step (a JobState built elsewhere calls reindex()).
+  std::map<std::string, NodeRecord> nodes;
+  NodeIndex index;
   std::map<std::string, int> previous_ranks;  ///< node_id -> group rank in the last round
   TimePoint round_started;                    ///< when the forming round began
   std::optional<TimePoint> last_call;         ///< deadline once min nodes joined (Joining)
   std::optional<TimePoint> adopt_deadline;    ///< re-registration window after a server restart
   std::optional<TimePoint> closed_at;         ///< set in Closed; erased after close_timeout
   std::optional<Closed> closed;               ///< how it ended, repeated to late joiners
-  /// Waiting broadcasts go out at most once per kWaitingQuietPeriod: until this time only the
+  /// Waiting broadcasts go out at most once per kWaitingQuietPeriod (longer in a large job:
+  /// kWaitingPacePerListener): until this time only the
   /// node that caused a change hears about it; `waiting_dirty` marks a broadcast owed then.
   /// (Thousands of nodes joining within a second cost O(N) messages, not O(N^2).)
   std::optional<TimePoint> waiting_quiet_until;
@@ -122,6 +153,12 @@ struct JobState {
 
 /// The shortest time between two Waiting broadcasts of one job.
 constexpr Millis kWaitingQuietPeriod{1'000};
+
+/// A Waiting broadcast costs one frame per listener, so a job with more than 1,000 listeners
+/// waits this long per listener between two (16 s at 16,384): broadcasts then cost the server
+/// at most about 1,000 frames a second however large the job, and a round whose nodes join
+/// faster than that forms with one Waiting (the join's reply) and one RoundReady per node.
+constexpr Millis kWaitingPacePerListener{1};
 
 /// At most this many nodes are listed per job in a status reply (node_count has them all), so
 /// one job's description stays far under kMaxFrameBytes.
@@ -176,6 +213,10 @@ struct StepResult {
 
 /// A new, empty job (phase Joining, round 0) whose first Join will set its settings.
 JobState new_job(std::string run_id, TimePoint now);
+
+/// Rebuilds `state.index` from `state.nodes`: for a JobState made outside step() (read back
+/// from etcd, or built by a test).
+void reindex(JobState& state);
 
 /// The state machine. Transitions (one comment each in the implementation):
 /// - Join, job Joining or Running: refused when admission.h's check_join() says so (settings

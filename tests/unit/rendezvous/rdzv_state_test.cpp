@@ -1237,6 +1237,55 @@ TEST_CASE("waiting broadcasts go out at most once per quiet period, and none is 
   CHECK_FALSE(job.state.waiting_dirty);
 }
 
+TEST_CASE("a large job's waiting broadcasts are paced by how many nodes hear them",
+          "[rdzv][unit]") {
+  // 1,500 listeners: one broadcast per 1.5 s (kWaitingPacePerListener), not one per second.
+  Job job;
+  const RdzvSettings settings = nnodes(2000, 2000);
+  job.join(join_of("n0", settings));
+  job.now += 10ms;
+  for (int i = 1; i < 1500; ++i) {
+    // In the quiet period a join is answered to the joiner alone.
+    const auto& out = job.join(join_of("n" + std::to_string(i), settings));
+    REQUIRE(out.size() == 1);
+  }
+  CHECK(job.last.wake_at == kStart + 1500ms);
+  job.now = kStart + kWaitingQuietPeriod;
+  CHECK(count_of<Waiting>(job.tick()) == 0);  // 1 s is not long enough for 1,500 listeners
+  job.now = kStart + 1500ms;
+  const auto& owed = job.tick();
+  CHECK(count_of<Waiting>(owed) == 1500);
+  const auto w = to<Waiting>(owed, "n7");
+  REQUIRE(w.size() == 1);
+  CHECK(w[0].joined_count == 1500);
+  // The first names in numeric-aware order, from the index: n0, n1, ..., n15.
+  REQUIRE(w[0].joined.size() == kMaxNamesInMessage);
+  CHECK(w[0].joined.front() == "n0");
+  CHECK(w[0].joined.back() == "n15");
+  CHECK(job.last.wake_at != kStart + 2500ms);  // nothing owed: no wake for a broadcast
+}
+
+TEST_CASE("messages about a large job name a few nodes and count the rest", "[rdzv][unit]") {
+  Job job;
+  RdzvSettings settings = nnodes(300, 300);
+  settings.join_timeout = 60s;
+  // 100 of 300 nodes join with --node_rank 100..199: 200 ranks are missing.
+  for (int i = 0; i < 100; ++i) job.join(join_of("n" + std::to_string(i), settings, 100 + i));
+  const auto& joined = job.join(join_of("n100", settings, 200));
+  const auto w = to<Waiting>(joined, "n100");
+  REQUIRE(w.size() == 1);
+  REQUIRE(w[0].missing_node_ranks.size() == kMaxNamesInMessage);
+  CHECK(w[0].missing_node_ranks.front() == 0);
+  CHECK(w[0].missing_node_ranks.back() == 15);
+  const auto closed = to<Closed>(job.pass(60s), "n3");  // heartbeats, then the join timeout
+  REQUIRE(closed.size() == 1);
+  CHECK_THAT(closed[0].message, Catch::Contains("101 of min 300 nodes joined (n0, n1, n2,"));
+  CHECK_THAT(closed[0].message, Catch::Contains("n15 and 85 more)"));
+  CHECK_THAT(closed[0].message, Catch::Contains("missing: node_ranks 0, 1, 2,"));
+  CHECK_THAT(closed[0].message, Catch::Contains("15 and 183 more"));
+  CHECK(closed[0].message.size() < 600);
+}
+
 TEST_CASE("a restarted server keeps the restart count the joining nodes remember", "[rdzv][unit]") {
   Job job;
   Join a = join_of("a", nnodes(2, 2, 3));
