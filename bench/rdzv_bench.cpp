@@ -6,7 +6,10 @@
 //   --mode latency   N clients with --nnodes N:N. N-1 join first; once each has had the
 //                    server's reply to its Join, the N-th joins. Measures the time from the last
 //                    join to every client holding its group rank, checks the ranks are 0..N-1,
-//                    and counts the frames the clients received during the round.
+//                    and counts the frames the clients received during the round. With
+//                    --procs K the N-1 first clients are spread over K forked processes (a
+//                    process holds at most its descriptor limit of sockets), the N-th stays in
+//                    this one, and the children report over pipes.
 //   --mode loss      M clients with --nnodes 2:M and a fast keep-alive; one of them lives in a
 //                    forked child process. Once the round runs, the child is sent SIGKILL (the
 //                    kernel closes its socket) or SIGSTOP (its socket stays open and only the
@@ -18,6 +21,7 @@
 //                    to every client of the job holding its rank, and the rounds per second.
 //
 // Prints one JSON object on stdout; exit 0 on success, 1 on a failed check, 2 on a timeout.
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -28,6 +32,7 @@
 #include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -77,6 +82,7 @@ struct BenchConfig {
   double round_gap_ms = 0;  ///< jobs mode: pause between a round's end and the next failure
   double duration_s = 20;   ///< jobs mode: the measurement window
   double warmup_s = 5;      ///< jobs mode: rounds repeat unmeasured this long first
+  int procs = 1;            ///< latency mode: processes the N-1 first clients are spread over
 };
 
 double ms_between(TimePoint from, TimePoint to) {
@@ -158,7 +164,222 @@ bool run_until(asio::io_context& io, const std::function<bool()>& done, double t
 
 void print(const json& j) { std::cout << j.dump() << std::endl; }
 
+/// Nanoseconds on the monotonic clock, which every process of the bench shares.
+std::int64_t mono_ns(TimePoint t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+/// One line from `fd` (without its newline), or nothing by `deadline` or at end of file.
+std::optional<std::string> read_line(int fd, std::chrono::steady_clock::time_point deadline) {
+  std::string line;
+  char ch = 0;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return std::nullopt;
+    pollfd p{fd, POLLIN, 0};
+    const int ready = ::poll(&p, 1, static_cast<int>(left.count()));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) return std::nullopt;
+    const ssize_t got = ::read(fd, &ch, 1);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return std::nullopt;
+    if (ch == '\n') return line;
+    line += ch;
+  }
+}
+
+void write_line(int fd, const json& j) {
+  const std::string text = j.dump() + "\n";
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    done += static_cast<std::size_t>(n);
+  }
+}
+
+/// A child of the multi-process latency mode: clients first..first+count-1 join; it says
+/// "joined" once each has the server's reply, then reports their ranks once the round forms.
+[[noreturn]] void run_latency_part(const BenchConfig& c, int first, int count, int fd) {
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  asio::io_context io;
+  SteadyClock clock;
+  auto clients = make_clients(io, clock, c, first, count, c.nodes, c.nodes);
+  std::vector<std::optional<RendezvousInfo>> infos(static_cast<std::size_t>(count));
+  std::vector<std::string> errors;
+  int finished = 0;
+  std::optional<TimePoint> first_rank_at, all_ranks_at;
+  for (int i = 0; i < count; ++i) {
+    clients[static_cast<std::size_t>(i)]->next_rendezvous([&, i](RendezvousResult result) {
+      const auto now = clock.now();
+      ++finished;
+      if (auto* info = std::get_if<RendezvousInfo>(&result))
+        infos[static_cast<std::size_t>(i)] = *info;
+      else
+        errors.push_back(std::get<RendezvousError>(result).message);
+      if (!first_rank_at) first_rank_at = now;
+      if (finished == count) all_ranks_at = now;
+    });
+  }
+  const bool joined = run_until(
+      io,
+      [&] {
+        return std::all_of(clients.begin(), clients.end(),
+                           [](const auto& cl) { return cl->frames_received() >= 2; });
+      },
+      c.timeout_s);
+  write_line(fd, json{{"joined", joined}});
+  if (!joined) ::_exit(2);
+  const bool complete = run_until(
+      io, [&] { return finished == count; }, c.timeout_s);
+  json out{{"complete", complete}};
+  std::uint64_t frames = 0;
+  for (const auto& cl : clients) frames += cl->frames_received();
+  out["frames"] = frames - static_cast<std::uint64_t>(count);  // hellos excluded
+  json ranks = json::array(), worlds = json::array(), rounds = json::array();
+  for (const auto& info : infos) {
+    if (!info) continue;
+    ranks.push_back(info->group_rank);
+    worlds.push_back(info->group_world_size);
+    rounds.push_back(info->round);
+  }
+  out["ranks"] = ranks;
+  out["worlds"] = worlds;
+  out["rounds"] = rounds;
+  if (errors.size() > 10) errors.resize(10);
+  out["errors"] = errors;
+  if (first_rank_at) out["first_rank_ns"] = mono_ns(*first_rank_at);
+  if (all_ranks_at) out["all_ranks_ns"] = mono_ns(*all_ranks_at);
+  write_line(fd, out);
+  for (auto& cl : clients) cl->leave("benchmark done");
+  io.restart();
+  io.run_for(std::chrono::milliseconds(200));
+  ::_exit(complete ? 0 : 2);
+}
+
+/// --mode latency with --procs K > 1: the same figures as run_latency, from K child processes
+/// holding the N-1 first clients and this one holding the N-th.
+int run_latency_procs(const BenchConfig& c) {
+  const int n = c.nodes;
+  const int k = std::min(c.procs, n - 1);
+  json out{{"mode", "latency"}, {"n", n}, {"procs", k}};
+  std::vector<pid_t> children;
+  std::vector<int> fds;
+  const auto reap = [&] {
+    for (pid_t pid : children) ::kill(pid, SIGKILL);
+    for (pid_t pid : children) ::waitpid(pid, nullptr, 0);
+    for (int fd : fds) ::close(fd);
+  };
+  const TimePoint first_join_at = std::chrono::steady_clock::now();
+  for (int part = 0, first = 0; part < k; ++part) {
+    const int count = (n - 1) / k + (part < (n - 1) % k ? 1 : 0);
+    int pipe_fds[2];
+    if (::pipe(pipe_fds) != 0) throw std::runtime_error("pipe failed");
+    const pid_t pid = ::fork();
+    if (pid < 0) throw std::runtime_error("fork failed");
+    if (pid == 0) {
+      ::close(pipe_fds[0]);
+      run_latency_part(c, first, count, pipe_fds[1]);
+    }
+    ::close(pipe_fds[1]);
+    children.push_back(pid);
+    fds.push_back(pipe_fds[0]);
+    first += count;
+  }
+  const auto deadline = [&] {
+    return std::chrono::steady_clock::now() +
+           std::chrono::milliseconds(static_cast<long long>(c.timeout_s * 1000));
+  };
+  const auto wait_joined = deadline();
+  for (int fd : fds) {
+    const auto line = read_line(fd, wait_joined);
+    if (!line || !json::parse(*line, nullptr, false).value("joined", false)) {
+      out["error"] = "timed out waiting for the first N-1 joins";
+      print(out);
+      reap();
+      return 2;
+    }
+  }
+  const TimePoint joined_at = std::chrono::steady_clock::now();
+
+  // The last join, from this process.
+  asio::io_context io;
+  SteadyClock clock;
+  auto last = make_clients(io, clock, c, n - 1, 1, n, n);
+  std::optional<RendezvousInfo> last_info;
+  std::optional<TimePoint> last_rank_at;
+  std::string last_error;
+  const TimePoint last_join_at = clock.now();
+  last.front()->next_rendezvous([&](RendezvousResult result) {
+    last_rank_at = clock.now();
+    if (auto* info = std::get_if<RendezvousInfo>(&result))
+      last_info = *info;
+    else
+      last_error = std::get<RendezvousError>(result).message;
+  });
+  const bool complete = run_until(
+      io, [&] { return last_rank_at.has_value(); }, c.timeout_s);
+  std::vector<std::string> problems;
+  if (!complete) problems.push_back("the last client got no round in time");
+  if (!last_error.empty()) problems.push_back("the last client: " + last_error);
+  std::uint64_t frames = last.front()->frames_received() - 1;
+  std::int64_t first_rank_ns = last_rank_at ? mono_ns(*last_rank_at) : 0;
+  std::int64_t all_ranks_ns = first_rank_ns;
+  std::vector<int> ranks;
+  int world_wrong = 0, rounds_other = 0;
+  if (last_info) ranks.push_back(last_info->group_rank);
+  const auto wait_ranks = deadline();
+  for (int fd : fds) {
+    const auto line = read_line(fd, wait_ranks);
+    const json part = line ? json::parse(*line, nullptr, false) : json();
+    if (!part.is_object() || !part.value("complete", false)) {
+      problems.push_back("a child's clients did not all get their round in time");
+      continue;
+    }
+    frames += part.at("frames").get<std::uint64_t>();
+    for (const auto& rank : part.at("ranks")) ranks.push_back(rank.get<int>());
+    for (const auto& world : part.at("worlds")) world_wrong += world.get<int>() != n ? 1 : 0;
+    for (const auto& round : part.at("rounds"))
+      rounds_other += last_info && round.get<int>() != last_info->round ? 1 : 0;
+    for (const auto& e : part.at("errors")) problems.push_back(e.get<std::string>());
+    first_rank_ns = std::min(first_rank_ns, part.value("first_rank_ns", first_rank_ns));
+    all_ranks_ns = std::max(all_ranks_ns, part.value("all_ranks_ns", all_ranks_ns));
+  }
+  std::sort(ranks.begin(), ranks.end());
+  bool exact = static_cast<int>(ranks.size()) == n;
+  for (int i = 0; exact && i < n; ++i) exact = ranks[static_cast<std::size_t>(i)] == i;
+  if (!exact) problems.push_back("group ranks are not exactly 0.." + std::to_string(n - 1));
+  if (world_wrong)
+    problems.push_back(std::to_string(world_wrong) + " clients got another world size");
+  if (rounds_other)
+    problems.push_back(std::to_string(rounds_other) + " clients are in another round");
+  const double ns_per_ms = 1e6;
+  out["first_n_minus_1_joined_ms"] = ms_between(first_join_at, joined_at);
+  out["last_join_to_first_rank_ms"] =
+      static_cast<double>(first_rank_ns - mono_ns(last_join_at)) / ns_per_ms;
+  out["last_join_to_all_ranks_ms"] =
+      static_cast<double>(all_ranks_ns - mono_ns(last_join_at)) / ns_per_ms;
+  out["first_join_to_all_ranks_ms"] =
+      static_cast<double>(all_ranks_ns - mono_ns(first_join_at)) / ns_per_ms;
+  out["frames_received"] = frames;
+  out["ranks_ok"] = problems.empty();
+  if (!problems.empty()) {
+    if (problems.size() > 10) problems.resize(10);
+    out["problems"] = problems;
+  }
+  print(out);
+  last.front()->leave("benchmark done");
+  io.restart();
+  io.run_for(std::chrono::milliseconds(200));
+  for (pid_t pid : children) ::waitpid(pid, nullptr, 0);
+  for (int fd : fds) ::close(fd);
+  return problems.empty() ? 0 : 1;
+}
+
 int run_latency(const BenchConfig& c) {
+  if (c.procs > 1 && c.nodes > 2) return run_latency_procs(c);
   const int n = c.nodes;
   asio::io_context io;
   SteadyClock clock;
@@ -595,6 +816,10 @@ int main(int argc, char** argv) {
                  "jobs: seconds of repeated rounds, not measured, between round 0 and the "
                  "window (default 5)")
       ->check(CLI::Range(0.0, 3600.0));
+  app.add_option("--procs", c.procs,
+                 "latency: spread the first N-1 clients over this many processes (default 1; "
+                 "each process holds at most its descriptor limit of sockets)")
+      ->check(CLI::Range(1, 64));
   app.add_option("--timeout", c.timeout_s, "give up after this many seconds (default 120)");
   try {
     app.parse(argc, argv);
