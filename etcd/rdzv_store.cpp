@@ -499,7 +499,7 @@ DriveResult drive(StoredState current, const View& view, common::TimePoint now) 
 
   const auto run = [&](const rdzv::Event& event) {
     // Liveness is the lease's: every node whose key exists is alive now.
-    for (auto& [id, node] : s.job.nodes) node.last_seen = now;
+    rdzv::mark_all_seen(s.job, now);
     rdzv::StepResult step = rdzv::step(std::move(s.job), event, now);
     s.job = std::move(step.state);
     for (auto& out : step.messages) s.messages.push_back(std::move(out));

@@ -1128,6 +1128,10 @@ void reindex(JobState& state) {
   for (const auto& [id, node] : state.nodes) index_in(state.index, id, node);
 }
 
+void mark_all_seen(JobState& state, TimePoint now) {
+  for (auto& [id, node] : state.nodes) touch(state, id, node, now);
+}
+
 JobState new_job(std::string run_id, TimePoint now) {
   JobState s;
   s.run_id = std::move(run_id);

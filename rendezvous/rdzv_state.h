@@ -218,6 +218,10 @@ JobState new_job(std::string run_id, TimePoint now);
 /// from etcd, or built by a test).
 void reindex(JobState& state);
 
+/// Every node of the job was heard from at `now` (on etcd, liveness is the lease's: a node
+/// whose key exists is alive), keeping the index in step.
+void mark_all_seen(JobState& state, TimePoint now);
+
 /// The state machine. Transitions (one comment each in the implementation):
 /// - Join, job Joining or Running: refused when admission.h's check_join() says so (settings
 ///   mismatch -> Refused(Mismatch) naming both values and both nodes; bad or duplicate
