@@ -18,11 +18,30 @@ using boost::system::error_code;
 
 namespace ssl = asio::ssl;
 
+namespace {
+
+constexpr std::size_t kReadChunkBytes = 16384;
+using ReadChunk = std::array<char, kReadChunkBytes>;
+
+/// Plain connections read into one buffer per thread: each waits until its socket is readable
+/// and then reads at once, inside its handler, so no read is ever pending into the buffer while
+/// another connection's bytes sit in it. One buffer per connection would cost 16 KiB each: 256
+/// MiB for a daemon that holds 16,384 agents (docs/design.md#rendezvous-at-scale).
+ReadChunk& shared_chunk() {
+  static thread_local ReadChunk chunk{};
+  return chunk;
+}
+
+}  // namespace
+
 struct FramedConnection::TlsStream {
   TlsStream(asio::ip::tcp::socket& socket, const TlsRole& role)
       : stream(socket, *role.context), server(role.server) {}
   ssl::stream<asio::ip::tcp::socket&> stream;
   bool server;
+  /// TLS reads complete into their buffer some time after the socket's bytes arrived (the
+  /// stream decrypts first), so each TLS connection keeps its own.
+  ReadChunk chunk{};
 };
 
 namespace {
@@ -111,27 +130,38 @@ std::string FramedConnection::local_address() const {
 }
 
 void FramedConnection::read_more() {
-  auto handler = [self = shared_from_this()](error_code ec, std::size_t n) {
-    self->on_read(ec, n);
-  };
-  if (tls_)
-    tls_->stream.async_read_some(asio::buffer(chunk_), std::move(handler));
-  else
-    socket_.async_read_some(asio::buffer(chunk_), std::move(handler));
+  if (tls_) {
+    tls_->stream.async_read_some(asio::buffer(tls_->chunk),
+                                 [self = shared_from_this()](error_code ec, std::size_t n) {
+                                   self->on_read(ec, std::string_view(self->tls_->chunk.data(), n));
+                                 });
+    return;
+  }
+  socket_.async_wait(asio::ip::tcp::socket::wait_read, [self = shared_from_this()](error_code ec) {
+    if (ec) return self->on_read(ec, {});
+    ReadChunk& chunk = shared_chunk();
+    error_code read_ec;
+    self->socket_.non_blocking(true, read_ec);
+    const std::size_t n = read_ec ? 0 : self->socket_.read_some(asio::buffer(chunk), read_ec);
+    if (read_ec == asio::error::would_block || read_ec == asio::error::try_again)
+      return self->read_more();  // woken with nothing to read after all
+    self->on_read(read_ec, std::string_view(chunk.data(), n));
+  });
 }
 
-void FramedConnection::on_read(error_code ec, std::size_t n) {
+void FramedConnection::on_read(error_code ec, std::string_view data) {
   if (!open_) return;
+  const std::size_t n = data.size();
   if (n > 0) {
     const bool first = bytes_received_ == 0;
     bytes_received_ += n;
     // A TLS record on a plain connection: the other side has TLS configured and this one not.
-    if (first && !tls_ && looks_like_tls(std::string(chunk_.data(), std::min<std::size_t>(n, 3)))) {
+    if (first && !tls_ && looks_like_tls(std::string(data.substr(0, 3)))) {
       return end({CloseKind::Tls, peer_ + " speaks TLS and this side does not: configure TLS on "
                                           "both sides (docs/operations.md#tls)"});
     }
     const std::size_t before = decoder_.buffered_bytes();
-    decoder_.feed(std::string_view(chunk_.data(), n));
+    decoder_.feed(data);
     account(before);
     while (open_) {
       const std::size_t held = decoder_.buffered_bytes();
@@ -269,18 +299,18 @@ void FramedConnection::linger_then_close() {
     error_code ignored_too;
     self->socket_.close(ignored_too);
   });
-  drain(std::move(timer), 0);
+  drain(std::move(timer), std::make_shared<ReadChunk>(), 0);
 }
 
 void FramedConnection::drain(std::shared_ptr<boost::asio::steady_timer> timer,
-                             std::size_t drained) {
-  socket_.async_read_some(asio::buffer(chunk_), [self = shared_from_this(), timer, drained](
-                                                    error_code ec, std::size_t n) {
+                             std::shared_ptr<std::array<char, 16384>> sink, std::size_t drained) {
+  socket_.async_read_some(asio::buffer(*sink), [self = shared_from_this(), timer, sink, drained](
+                                                   error_code ec, std::size_t n) {
     if (ec || drained + n > kLingerBytes) {
       timer->cancel();  // its handler closes the socket
       return;
     }
-    self->drain(timer, drained + n);
+    self->drain(timer, sink, drained + n);
   });
 }
 

@@ -4,12 +4,13 @@
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <functional>
+#include <list>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "rendezvous/framing.h"
 #include "rendezvous/tls.h"
@@ -108,7 +109,7 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
  private:
   struct TlsStream;
   void read_more();
-  void on_read(boost::system::error_code ec, std::size_t n);
+  void on_read(boost::system::error_code ec, std::string_view data);
   void write_next();
   /// Ends the connection and tells the close handler how and why. `linger`: as shut().
   void end(CloseReason reason, bool linger = false);
@@ -117,7 +118,9 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   /// After a refused TLS handshake on the server's side: drains the peer's input, bounded,
   /// before closing, so the peer reads the TLS alert instead of a reset.
   void linger_then_close();
-  void drain(std::shared_ptr<boost::asio::steady_timer> timer, std::size_t drained);
+  /// Reads and drops into `sink` (what arrives after a refusal is never looked at).
+  void drain(std::shared_ptr<boost::asio::steady_timer> timer,
+             std::shared_ptr<std::array<char, 16384>> sink, std::size_t drained);
   static constexpr std::chrono::milliseconds kLingerTime{1000};
   static constexpr std::size_t kLingerBytes = 1 << 20;
   /// Moves the budget's count by this connection's change in buffered bytes since `before`.
@@ -127,8 +130,7 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   std::unique_ptr<TlsStream> tls_;  ///< over socket_, with TLS
   bool handshaken_ = false;         ///< frames may be written (always, without TLS)
   FrameDecoder decoder_;
-  std::array<char, 16384> chunk_{};
-  std::deque<std::string> writes_;
+  std::list<std::string> writes_;  ///< a list: an idle connection holds no node for it
   MessageHandler on_message_;
   CloseHandler on_close_;
   std::function<void()> on_closed_after_writes_;  ///< close_after_writes's `closed`

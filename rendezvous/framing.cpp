@@ -6,13 +6,6 @@
 
 namespace ddprun::rdzv {
 
-namespace {
-
-/// Buffers grown past this by a large frame are shrunk once empty.
-constexpr std::size_t kShrinkAboveBytes = 64 * 1024;
-
-}  // namespace
-
 std::string encode_frame(const nlohmann::json& body) {
   std::string text = body.dump();
   DDPRUN_CHECK(text.size() <= kMaxFrameBytes, "rendezvous message over kMaxFrameBytes");
@@ -63,10 +56,9 @@ DecodeResult FrameDecoder::next() {
     return fail(std::string("frame body is not valid JSON: ") + e.what());
   }
   buffer_.erase(0, kFrameHeaderBytes + size);
-  // A large frame's memory is given back once read, so idle connections hold little.
-  if (buffer_.empty() && buffer_.capacity() > kShrinkAboveBytes) {
-    buffer_.shrink_to_fit();
-  }
+  // Between frames a connection holds no buffer: a daemon with 16,384 idle agents would
+  // otherwise keep one frame's capacity for each (docs/design.md#rendezvous-at-scale).
+  if (buffer_.empty()) std::string().swap(buffer_);
   if (!body.is_object()) {
     return fail(std::string("frame body is not a JSON object but a ") + body.type_name());
   }
