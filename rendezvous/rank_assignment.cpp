@@ -1,69 +1,74 @@
 #include "rendezvous/rank_assignment.h"
 
 #include <algorithm>
+#include <optional>
 
 namespace ddprun::rdzv {
 
 std::map<std::string, int> assign_group_ranks(const std::map<std::string, NodeRecord>& nodes,
                                               const std::vector<std::string>& participants,
                                               const std::map<std::string, int>& previous_ranks) {
-  const auto name_less = [&](const std::string& a, const std::string& b) {
-    const std::string& name_a = nodes.at(a).request.name;
-    const std::string& name_b = nodes.at(b).request.name;
-    if (natural_less(name_a, name_b)) return true;
-    if (natural_less(name_b, name_a)) return false;
-    return a < b;
+  // Each participant looked up once: the sorts below compare these, not map look-ups by id
+  // (16,384 participants would otherwise cost millions of string comparisons per round).
+  struct Entry {
+    const std::string* id;
+    const Join* request;
+    std::optional<int> previous;  ///< its group rank in the last round
+  };
+  const auto name_less = [](const Entry& a, const Entry& b) {
+    if (natural_less(a.request->name, b.request->name)) return true;
+    if (natural_less(b.request->name, a.request->name)) return false;
+    return *a.id < *b.id;
   };
   const int n = static_cast<int>(participants.size());
   std::map<std::string, int> ranks;
   std::vector<bool> taken(participants.size(), false);
 
   // --node_rank first, in its order: equal to the given values when 0..k-1 are all there.
-  std::vector<std::string> ranked;
-  std::vector<std::string> others;
+  std::vector<Entry> ranked;
+  std::vector<Entry> holders;    // survivors: keep their previous rank while it fits
+  std::vector<Entry> newcomers;  // the rest
   for (const std::string& id : participants) {
-    (nodes.at(id).request.node_rank ? ranked : others).push_back(id);
+    const Join& request = nodes.at(id).request;
+    auto previous = previous_ranks.find(id);
+    Entry entry{
+        &id, &request,
+        previous == previous_ranks.end() ? std::nullopt : std::optional<int>(previous->second)};
+    (request.node_rank ? ranked : entry.previous ? holders : newcomers).push_back(entry);
   }
-  std::sort(ranked.begin(), ranked.end(), [&](const std::string& a, const std::string& b) {
-    const int rank_a = *nodes.at(a).request.node_rank;
-    const int rank_b = *nodes.at(b).request.node_rank;
+  std::sort(ranked.begin(), ranked.end(), [&](const Entry& a, const Entry& b) {
+    const int rank_a = *a.request->node_rank;
+    const int rank_b = *b.request->node_rank;
     return rank_a != rank_b ? rank_a < rank_b : name_less(a, b);
   });
   int next_rank = 0;
-  for (const std::string& id : ranked) {
+  for (const Entry& entry : ranked) {
     taken[static_cast<std::size_t>(next_rank)] = true;
-    ranks[id] = next_rank++;
+    ranks[*entry.id] = next_rank++;
   }
 
   // Survivors keep their previous rank while it still fits and nobody took it.
-  std::vector<std::string> holders;
-  std::vector<std::string> newcomers;
-  for (const std::string& id : others) {
-    (previous_ranks.count(id) ? holders : newcomers).push_back(id);
-  }
-  std::sort(holders.begin(), holders.end(), [&](const std::string& a, const std::string& b) {
-    return previous_ranks.at(a) != previous_ranks.at(b)
-               ? previous_ranks.at(a) < previous_ranks.at(b)
-               : name_less(a, b);
+  std::sort(holders.begin(), holders.end(), [&](const Entry& a, const Entry& b) {
+    return *a.previous != *b.previous ? *a.previous < *b.previous : name_less(a, b);
   });
   std::sort(newcomers.begin(), newcomers.end(), name_less);
-  std::vector<std::string> unplaced;
-  for (const std::string& id : holders) {
-    const int previous = previous_ranks.at(id);
+  std::vector<Entry> unplaced;
+  for (const Entry& entry : holders) {
+    const int previous = *entry.previous;
     if (previous >= 0 && previous < n && !taken[static_cast<std::size_t>(previous)]) {
       taken[static_cast<std::size_t>(previous)] = true;
-      ranks[id] = previous;
+      ranks[*entry.id] = previous;
     } else {
-      unplaced.push_back(id);
+      unplaced.push_back(entry);
     }
   }
   // Everyone else fills the lowest free ranks: displaced holders first, then newcomers.
   unplaced.insert(unplaced.end(), newcomers.begin(), newcomers.end());
   std::size_t free_rank = 0;
-  for (const std::string& id : unplaced) {
+  for (const Entry& entry : unplaced) {
     while (taken[free_rank]) ++free_rank;
     taken[free_rank] = true;
-    ranks[id] = static_cast<int>(free_rank);
+    ranks[*entry.id] = static_cast<int>(free_rank);
   }
   return ranks;
 }
