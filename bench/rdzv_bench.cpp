@@ -13,7 +13,8 @@
 //   --mode loss      M clients with --nnodes 2:M and a fast keep-alive; one of them lives in a
 //                    forked child process. Once the round runs, the child is sent SIGKILL (the
 //                    kernel closes its socket) or SIGSTOP (its socket stays open and only the
-//                    heartbeats stop); measures the time until every survivor holds a Restart.
+//                    heartbeats stop); measures the time until every survivor holds a Restart,
+//                    and until every survivor holds its rank of the next round.
 //   --mode jobs      J jobs of N clients each (distinct rdzv ids, --nnodes N:N). Round 0 forms;
 //                    then each job repeats rounds for --duration seconds: a client reports a
 //                    worker failure, every client gets the server's Restart and joins again.
@@ -31,6 +32,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <cerrno>
 #include <chrono>
@@ -524,14 +526,26 @@ int run_loss(const BenchConfig& c) {
     SteadyClock clock;
     auto clients = make_clients(io, clock, c, 0, m - 1, c.min_nodes, m);
     std::vector<std::optional<RendezvousInfo>> infos(m - 1);
-    std::vector<std::optional<TimePoint>> restarted_at(m - 1);
+    std::vector<std::optional<TimePoint>> restarted_at(m - 1), next_round_at(m - 1);
+    std::vector<std::optional<RendezvousInfo>> next_infos(m - 1);
     std::string reason;
-    int ready = 0, failed = 0;
+    int ready = 0, failed = 0, next_failed = 0;
     for (int i = 0; i < m - 1; ++i) {
       clients[i]->set_notice_handler([&, i](Notice notice) {
         if (auto* restart = std::get_if<Restart>(&notice)) {
-          if (!restarted_at[i]) restarted_at[i] = clock.now();
+          if (restarted_at[i]) return;
+          restarted_at[i] = clock.now();
           reason = restart->reason;
+          // As an agent does once its workers stopped: join the next round.
+          asio::post(io, [&, i] {
+            clients[i]->next_rendezvous([&, i](RendezvousResult result) {
+              next_round_at[i] = clock.now();
+              if (auto* info = std::get_if<RendezvousInfo>(&result))
+                next_infos[i] = *info;
+              else
+                ++next_failed;
+            });
+          });
         }
       });
       clients[i]->next_rendezvous([&, i](RendezvousResult result) {
@@ -572,6 +586,28 @@ int run_loss(const BenchConfig& c) {
         out["signal_to_first_restart_ms"] = ms_between(signalled_at, first);
         out["signal_to_all_restarts_ms"] = ms_between(signalled_at, last);
         out["reason"] = reason;
+        // The next round: every survivor holds a rank of it, 0..M-2 exactly.
+        const bool formed = run_until(
+            io,
+            [&] {
+              return std::all_of(next_round_at.begin(), next_round_at.end(),
+                                 [](const auto& t) { return t.has_value(); });
+            },
+            c.timeout_s);
+        std::set<int> ranks;
+        for (const auto& info : next_infos)
+          if (info && info->group_world_size == m - 1) ranks.insert(info->group_rank);
+        const bool right = formed && next_failed == 0 && static_cast<int>(ranks.size()) == m - 1 &&
+                           *ranks.begin() == 0 && *ranks.rbegin() == m - 2;
+        if (!right) {
+          out["error"] = "the survivors did not all get ranks 0.." + std::to_string(m - 2) +
+                         " of the next round";
+          rc = 2;
+        } else {
+          TimePoint all = *next_round_at[0];
+          for (const auto& t : next_round_at) all = std::max(all, *t);
+          out["signal_to_next_round_ms"] = ms_between(signalled_at, all);
+        }
       }
     }
     for (auto& cl : clients) cl->leave("benchmark done");
