@@ -320,7 +320,8 @@ const std::set<std::string> kForeignFlags = {
     "--torch-reps", "--loss-reps",
     // bench/rdzv_attack_bench.py, bench/rdzv_attacker.py, ddprun-rdzv-bench (benchmarks.md)
     "--mode", "--jobs", "--round-gap-ms", "--duration", "--warmup", "--rate", "--hold", "--repeats",
-    "--refused-hellos", "--hosting-agent", "--no-secret", "--flood-threads",
+    "--refused-hellos", "--hosting-agent", "--no-secret", "--flood-threads", "--procs", "--victim",
+    "--keep-alive-interval",
     // bench/recovery_bench.py and bench/python_launch_bench.py (benchmarks.md)
     "--series",
     // the GPU machine's check: scripts/device_check.sh, and the benches' options for a GPU
