@@ -18,11 +18,11 @@ std::optional<long long> timestamp_of(const nlohmann::json& j) {
 
 }  // namespace
 
-std::variant<ErrorFileContent, std::string> parse_error_file(const std::string& json_text) {
+common::Result<ErrorFileContent> parse_error_file(const std::string& json_text) {
   nlohmann::json doc = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) return std::string("not valid JSON");
+  if (doc.is_discarded()) return common::Error{"not valid JSON"};
   if (!doc.is_object() || !doc.contains("message"))
-    return std::string("no \"message\" field (expected torch's @record format)");
+    return common::Error{"no \"message\" field (expected torch's @record format)"};
   ErrorFileContent out;
   const nlohmann::json& message = doc["message"];
   if (message.is_string()) {

@@ -1,16 +1,16 @@
 #pragma once
 #include <optional>
 #include <string>
-#include <variant>
 
 #include "agent/worker.h"
+#include "common/result.h"
 
 namespace ddprun::agent {
 
 /// Parses the JSON that torch's @record (or any worker) writes to TORCHELASTIC_ERROR_FILE:
 /// {"message": {"message": "...", "extraInfo": {"py_callstack": "...", "timestamp": "..."}}}
 /// or {"message": "...", "timestamp": N}. Returns the content or why it could not be read.
-std::variant<ErrorFileContent, std::string> parse_error_file(const std::string& json_text);
+common::Result<ErrorFileContent> parse_error_file(const std::string& json_text);
 
 /// The exception type the message names: "ValueError" of "ValueError: bad value" (torch's
 /// @record writes "<type>: <text>"), a dotted name kept whole; "" when it names none.

@@ -130,10 +130,10 @@ ProcessFailure collect_failure(const WorkerPlacement& placement, pid_t pid, Exit
     std::stringstream text;
     text << in.rdbuf();
     auto parsed = parse_error_file(text.str());
-    if (auto* content = std::get_if<ErrorFileContent>(&parsed))
-      f.error = *content;
+    if (parsed)
+      f.error = *parsed;
     else
-      f.error_file_problem = std::get<std::string>(parsed);
+      f.error_file_problem = parsed.error().message;
   }
   if (!hung_reason.empty() && !f.error) f.error = ErrorFileContent{hung_reason, "", std::nullopt};
   return f;

@@ -281,9 +281,10 @@ void HealthCheckRunner::run(std::function<void(HealthResult)> done) {
   spec.argv = {"/bin/sh", "-c", m.command};
   for (const auto& [name, value] : m.env) spec.envp.push_back(name + "=" + value);
   auto launched = m.launcher.launch(spec);
-  if (const auto* why = std::get_if<std::string>(&launched))
-    return m.end(HealthResult{false, "the health check could not start: " + *why, "", 0});
-  const LaunchedProcess& p = std::get<LaunchedProcess>(launched);
+  if (!launched)
+    return m.end(HealthResult{
+        false, "the health check could not start: " + launched.error().message, "", 0});
+  const LaunchedProcess& p = *launched;
   m.pid = p.pid;
   m.pipes[0].assign(p.stdout_fd);
   m.pipes[1].assign(p.stderr_fd);

@@ -346,8 +346,7 @@ class LocalAgent::Impl {
       std::ostringstream text;
       text << in.rdbuf();
       auto parsed = parse_error_file(text.str());
-      if (const auto* content = std::get_if<ErrorFileContent>(&parsed))
-        exited.exception = exception_type(*content);
+      if (parsed) exited.exception = exception_type(*parsed);
       return;
     }
   }
@@ -442,12 +441,12 @@ class LocalAgent::Impl {
       if (static_cast<size_t>(p.local_rank) < opt_.cpus_by_local_rank.size())
         spec.cpus = opt_.cpus_by_local_rank[static_cast<size_t>(p.local_rank)];
       auto launched = launcher_.launch(spec);
-      if (auto* process = std::get_if<LaunchedProcess>(&launched)) {
-        if (opt_.cleanup != nullptr) opt_.cleanup->track(process->pid);
-        output_.add(p, process->stdout_fd, process->stderr_fd, attempt_.rank_dir(p.local_rank));
-        return process->pid;
+      if (launched) {
+        if (opt_.cleanup != nullptr) opt_.cleanup->track(launched->pid);
+        output_.add(p, launched->stdout_fd, launched->stderr_fd, attempt_.rank_dir(p.local_rank));
+        return launched->pid;
       }
-      files.launch_error = std::get<std::string>(launched);
+      files.launch_error = launched.error().message;
     }
     spdlog::error("local rank {} did not start: {}", p.local_rank, files.launch_error);
     return -1;

@@ -20,12 +20,11 @@ void close_fd(int& fd) {
   fd = -1;
 }
 
-std::variant<int, std::string> open_channel(ProcessSpec& spec, int socket_type,
-                                            const std::string& fd_variable, int send_buffer,
-                                            int receive_buffer) {
+common::Result<int> open_channel(ProcessSpec& spec, int socket_type, const std::string& fd_variable,
+                                 int send_buffer, int receive_buffer) {
   int fds[2] = {-1, -1};
   if (::socketpair(AF_UNIX, socket_type | SOCK_CLOEXEC, 0, fds) != 0)
-    return std::string("socketpair: ") + std::strerror(errno);
+    return common::Error{std::string("socketpair: ") + std::strerror(errno)};
   ::setsockopt(fds[1], SOL_SOCKET, SO_SNDBUF, &send_buffer, sizeof send_buffer);
   if (receive_buffer > 0)
     ::setsockopt(fds[0], SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof receive_buffer);
@@ -34,20 +33,19 @@ std::variant<int, std::string> open_channel(ProcessSpec& spec, int socket_type,
   return fds[1];
 }
 
-std::variant<ChannelProcess, std::string> launch_with_channel(ProcessLauncher& launcher,
-                                                              ProcessSpec spec, int socket_type,
-                                                              const std::string& fd_variable,
-                                                              int send_buffer, int receive_buffer) {
+common::Result<ChannelProcess> launch_with_channel(ProcessLauncher& launcher, ProcessSpec spec,
+                                                   int socket_type, const std::string& fd_variable,
+                                                   int send_buffer, int receive_buffer) {
   auto channel = open_channel(spec, socket_type, fd_variable, send_buffer, receive_buffer);
-  if (auto* why = std::get_if<std::string>(&channel)) return *why;
-  int agent_fd = std::get<int>(channel);
+  if (!channel) return channel.error();
+  int agent_fd = *channel;
   auto launched = launcher.launch(spec);
   close_fd(spec.inherit_fd);
-  if (auto* why = std::get_if<std::string>(&launched)) {
+  if (!launched) {
     close_fd(agent_fd);
-    return *why;
+    return launched.error();
   }
-  return ChannelProcess{std::get<LaunchedProcess>(launched), agent_fd};
+  return ChannelProcess{*launched, agent_fd};
 }
 
 namespace {
@@ -123,7 +121,7 @@ void close_on_exec_from_3() {
 
 }  // namespace
 
-std::variant<LaunchedProcess, std::string> PosixProcessLauncher::launch(const ProcessSpec& spec) {
+common::Result<LaunchedProcess> PosixProcessLauncher::launch(const ProcessSpec& spec) {
   int out[2] = {-1, -1}, err[2] = {-1, -1}, report[2] = {-1, -1};
   if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0 ||
       ::pipe2(report, O_CLOEXEC) != 0) {
@@ -132,7 +130,7 @@ std::variant<LaunchedProcess, std::string> PosixProcessLauncher::launch(const Pr
       close_fd(fds[0]);
       close_fd(fds[1]);
     }
-    return why;
+    return common::Error{why};
   }
   std::vector<char*> argv = to_c_array(spec.argv);
   std::vector<char*> envp = to_c_array(spec.envp);
@@ -153,7 +151,7 @@ std::variant<LaunchedProcess, std::string> PosixProcessLauncher::launch(const Pr
     close_fd(out[0]);
     close_fd(err[0]);
     close_fd(report[0]);
-    return why;
+    return common::Error{why};
   }
   // Also from the parent, so a signal sent to the group right after launch cannot miss.
   ::setpgid(pid, pid);
@@ -168,8 +166,9 @@ std::variant<LaunchedProcess, std::string> PosixProcessLauncher::launch(const Pr
     close_fd(out[0]);
     close_fd(err[0]);
     if (child_errno < 0)
-      return "binding to CPUs (--numa_binding): " + std::string(std::strerror(-child_errno));
-    return "exec " + spec.executable + ": " + std::strerror(child_errno);
+      return common::Error{"binding to CPUs (--numa_binding): " +
+                           std::string(std::strerror(-child_errno))};
+    return common::Error{"exec " + spec.executable + ": " + std::strerror(child_errno)};
   }
   return LaunchedProcess{pid, out[0], err[0]};
 }

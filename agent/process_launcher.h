@@ -2,10 +2,10 @@
 #include <sys/types.h>
 
 #include <string>
-#include <variant>
 #include <vector>
 
 #include "agent/worker.h"
+#include "common/result.h"
 
 namespace ddprun::agent {
 
@@ -45,7 +45,7 @@ class ProcessLauncher {
  public:
   virtual ~ProcessLauncher() = default;
   /// Starts a process; on failure returns why (e.g. "exec /x: No such file or directory").
-  virtual std::variant<LaunchedProcess, std::string> launch(const ProcessSpec& spec) = 0;
+  virtual common::Result<LaunchedProcess> launch(const ProcessSpec& spec) = 0;
   /// Sends `sig` to every process in group `pgid`; true if any process received it.
   virtual bool signal_group(pid_t pgid, int sig) = 0;
   /// Reaps every child that has ended, without blocking (as a child subreaper the agent's
@@ -58,7 +58,7 @@ class ProcessLauncher {
 /// fork + execve with a close-on-exec error pipe, so a failed exec is reported with its errno.
 class PosixProcessLauncher final : public ProcessLauncher {
  public:
-  std::variant<LaunchedProcess, std::string> launch(const ProcessSpec& spec) override;
+  common::Result<LaunchedProcess> launch(const ProcessSpec& spec) override;
   bool signal_group(pid_t pgid, int sig) override;
   std::vector<ProcessExit> reap() override;
   void wait(pid_t pid) override;
@@ -79,17 +79,14 @@ struct ChannelProcess {
 /// the agent's end is returned and sends with `send_buffer` bytes of room (the child's end
 /// receives with `receive_buffer`, when not 0). On failure, why. The caller closes
 /// spec.inherit_fd once the process has it.
-std::variant<int, std::string> open_channel(ProcessSpec& spec, int socket_type,
-                                            const std::string& fd_variable, int send_buffer,
-                                            int receive_buffer = 0);
+common::Result<int> open_channel(ProcessSpec& spec, int socket_type, const std::string& fd_variable,
+                                 int send_buffer, int receive_buffer = 0);
 
 /// Starts `spec` with one end of a socket pair of `socket_type` inherited, its descriptor number
 /// in the environment variable `fd_variable`; the agent's end sends with `send_buffer` bytes of
 /// room (the child's end receives with `receive_buffer`, when not 0). On failure, why.
-std::variant<ChannelProcess, std::string> launch_with_channel(ProcessLauncher& launcher,
-                                                              ProcessSpec spec, int socket_type,
-                                                              const std::string& fd_variable,
-                                                              int send_buffer,
-                                                              int receive_buffer = 0);
+common::Result<ChannelProcess> launch_with_channel(ProcessLauncher& launcher, ProcessSpec spec,
+                                                   int socket_type, const std::string& fd_variable,
+                                                   int send_buffer, int receive_buffer = 0);
 
 }  // namespace ddprun::agent

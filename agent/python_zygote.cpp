@@ -71,12 +71,12 @@ std::string PythonZygote::start(ProcessSpec spec) {
   auto launched =
       launch_with_channel(launcher_, std::move(spec), SOCK_SEQPACKET, common::kZygoteFdVariable,
                           common::kZygoteRequestMax, common::kZygoteRequestMax);
-  if (auto* why = std::get_if<std::string>(&launched)) return *why;
-  process_ = std::get<ChannelProcess>(launched).process;
+  if (!launched) return launched.error().message;
+  process_ = launched->process;
   // Its output is read only when it fails (stderr_tail): never block the zygote on a full pipe.
   for (int fd : {process_.stdout_fd, process_.stderr_fd})
     ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-  control_fd_ = std::get<ChannelProcess>(launched).agent_fd;
+  control_fd_ = launched->agent_fd;
   state_ = State::Starting;
   return "";
 }
@@ -137,6 +137,15 @@ std::string PythonZygote::request_fork(int tag, const ProcessSpec& spec) {
   return "";
 }
 
+namespace {
+
+/// The answer to a fork request that no process came of.
+PythonZygote::Forked not_forked(int tag, std::string why) {
+  return PythonZygote::Forked{tag, common::Error{std::move(why)}};
+}
+
+}  // namespace
+
 std::vector<PythonZygote::Forked> PythonZygote::on_replies() {
   std::vector<Forked> answered;
   // Readable with nothing asked is the end of the zygote (end of file) or nonsense.
@@ -164,12 +173,12 @@ std::vector<PythonZygote::Forked> PythonZygote::on_replies() {
     close_fd(p.stderr_fd);
     if (doc.is_object() && doc.contains("error") && doc["error"].is_string()) {
       // A refused request leaves the zygote usable; nonsense does not.
-      answered.push_back(
-          {p.tag, "the Python zygote could not fork: " + doc["error"].get<std::string>()});
+      answered.push_back(not_forked(
+          p.tag, "the Python zygote could not fork: " + doc["error"].get<std::string>()));
       continue;
     }
     const std::string why = "the Python zygote answered " + got.text.substr(0, 200);
-    answered.push_back({p.tag, why});
+    answered.push_back(not_forked(p.tag, why));
     give_up(why);
   }
   fail_pending(answered);
@@ -190,7 +199,7 @@ void PythonZygote::fail_pending(std::vector<Forked>& out) {
   for (Pending& p : pending_) {
     close_fd(p.stdout_fd);
     close_fd(p.stderr_fd);
-    out.push_back({p.tag, "the Python zygote is gone: " + failure_});
+    out.push_back(not_forked(p.tag, "the Python zygote is gone: " + failure_));
   }
   pending_.clear();
 }

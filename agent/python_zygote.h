@@ -69,7 +69,7 @@ class PythonZygote {
   /// A fork request's answer: the standby, with its output pipes, or why there is none.
   struct Forked {
     int tag = 0;
-    std::variant<LaunchedProcess, std::string> result;
+    common::Result<LaunchedProcess> result;
   };
   /// Reads what made control_fd() readable while Ready: the answers that have arrived, in the
   /// order the requests were sent (end of file or an unasked message: -> Gone). Once the zygote is

@@ -74,10 +74,10 @@ std::string StandbyPool::start(int local_rank, ProcessSpec spec) {
   EnvMap start_env = parse_envp(spec.envp);
   auto launched = launch_with_channel(*launcher_, std::move(spec), SOCK_STREAM,
                                       common::kStandbyFdVariable, 1 << 20);  // a large environment
-  if (auto* why = std::get_if<std::string>(&launched)) return *why;
+  if (!launched) return launched.error().message;
   Standby s;
-  s.process = std::get<ChannelProcess>(launched).process;
-  s.handover_fd = std::get<ChannelProcess>(launched).agent_fd;
+  s.process = launched->process;
+  s.handover_fd = launched->agent_fd;
   s.start_env = std::move(start_env);
   spdlog::debug("standby for local rank {} started (pid {})", local_rank, s.process.pid);
   standbys_.emplace(local_rank, s);

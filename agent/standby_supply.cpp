@@ -90,11 +90,12 @@ struct StandbySupply::Impl {
           to_envp(build_standby_env(settings.agent_env, settings.spec, local, settings.run_id))};
       EnvMap start_env = parse_envp(ps.envp);
       auto channel = open_channel(ps, SOCK_STREAM, common::kStandbyFdVariable, 1 << 20);
-      if (const auto* why = std::get_if<std::string>(&channel)) {
-        spdlog::warn("cannot start a standby for local rank {}: {}", local, *why);
+      if (!channel) {
+        spdlog::warn("cannot start a standby for local rank {}: {}", local,
+                     channel.error().message);
         continue;
       }
-      int agent_fd = std::get<int>(channel);
+      int agent_fd = *channel;
       const std::string why = zygote->request_fork(local, ps);
       close_fd(ps.inherit_fd);  // in the request now (or not needed)
       if (!why.empty()) {
@@ -143,13 +144,14 @@ struct StandbySupply::Impl {
       if (it == forking.end()) continue;  // not asked for by this supply: never happens
       Forking f = std::move(it->second);
       forking.erase(it);
-      if (auto* process = std::get_if<LaunchedProcess>(&answer.result)) {
-        pool.adopt(answer.tag, *process, f.agent_fd, std::move(f.start_env));
-        if (pool.pid_of(answer.tag) == process->pid) forked.push_back(process->pid);
+      if (answer.result) {
+        const LaunchedProcess& process = *answer.result;
+        pool.adopt(answer.tag, process, f.agent_fd, std::move(f.start_env));
+        if (pool.pid_of(answer.tag) == process.pid) forked.push_back(process.pid);
       } else {
         close_fd(f.agent_fd);
         spdlog::warn("cannot start a standby for local rank {}: {}", answer.tag,
-                     std::get<std::string>(answer.result));
+                     answer.result.error().message);
       }
     }
     if (!forking.empty()) return await_replies();

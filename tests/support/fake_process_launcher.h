@@ -29,9 +29,8 @@ class FakeProcessLauncher final : public agent::ProcessLauncher {
         if (fd >= 0) ::close(fd);
   }
 
-  std::variant<agent::LaunchedProcess, std::string> launch(
-      const agent::ProcessSpec& spec) override {
-    if (!fail_with.empty()) return fail_with;
+  common::Result<agent::LaunchedProcess> launch(const agent::ProcessSpec& spec) override {
+    if (!fail_with.empty()) return common::Error{fail_with};
     specs.push_back(spec);
     const pid_t pid = next_pid++;
     inherited[pid] = spec.inherit_fd >= 0 ? ::fcntl(spec.inherit_fd, F_DUPFD_CLOEXEC, 0) : -1;

@@ -9,8 +9,8 @@ TEST_CASE("torch's @record error file gives message, traceback and time", "[agen
   auto r = parse_error_file(R"({"message": {"message": "RuntimeError: boom", "extraInfo":
       {"py_callstack": "Traceback (most recent call last):\n  x\nRuntimeError: boom\n",
        "timestamp": "1700000000"}}})");
-  auto* c = std::get_if<ErrorFileContent>(&r);
-  REQUIRE(c);
+  REQUIRE(r.ok());
+  const ErrorFileContent* c = &*r;
   CHECK(c->message == "RuntimeError: boom");
   CHECK(c->traceback.find("Traceback") == 0);
   CHECK(c->timestamp == 1700000000);
@@ -18,8 +18,8 @@ TEST_CASE("torch's @record error file gives message, traceback and time", "[agen
 
 TEST_CASE("an error file with a plain message and a top-level timestamp is read", "[agent][unit]") {
   auto r = parse_error_file(R"({"message": "out of memory", "timestamp": 12})");
-  auto* c = std::get_if<ErrorFileContent>(&r);
-  REQUIRE(c);
+  REQUIRE(r.ok());
+  const ErrorFileContent* c = &*r;
   CHECK(c->message == "out of memory");
   CHECK(c->traceback.empty());
   CHECK(c->timestamp == 12);
@@ -27,11 +27,11 @@ TEST_CASE("an error file with a plain message and a top-level timestamp is read"
 
 TEST_CASE("a broken error file is reported, not trusted", "[agent][unit]") {
   auto bad = parse_error_file("{\"message\": ");
-  REQUIRE(std::holds_alternative<std::string>(bad));
-  CHECK(std::get<std::string>(bad) == "not valid JSON");
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().message == "not valid JSON");
   auto missing = parse_error_file(R"({"error": "x"})");
-  REQUIRE(std::holds_alternative<std::string>(missing));
-  CHECK(std::get<std::string>(missing).find("message") != std::string::npos);
+  REQUIRE_FALSE(missing.ok());
+  CHECK(missing.error().message.find("message") != std::string::npos);
 }
 
 TEST_CASE("the error file for a launcher's parent carries the root cause's exit code",

@@ -102,15 +102,15 @@ TEST_CASE("zygote: fork requests go out at once and are answered in order as rep
   auto answers = z.zygote.on_replies();
   REQUIRE(answers.size() == 2);
   CHECK(answers[0].tag == 0);
-  REQUIRE(std::holds_alternative<LaunchedProcess>(answers[0].result));
-  const LaunchedProcess forked = std::get<LaunchedProcess>(answers[0].result);
+  REQUIRE(answers[0].result.ok());
+  const LaunchedProcess forked = (*answers[0].result);
   CHECK(forked.pid == 4242);
   // Its output pipes: what the standby writes to the end the zygote passed on arrives here.
   REQUIRE(::write(requests[0].fds[1], "hi", 2) == 2);
   char got[2];
   CHECK(::read(forked.stdout_fd, got, 2) == 2);
   CHECK(answers[1].tag == 1);
-  CHECK(std::get<std::string>(answers[1].result) ==
+  CHECK(answers[1].result.error().message ==
         "the Python zygote could not fork: fork: Resource temporarily unavailable");
   // A refused request leaves the zygote usable; rank 2's answer is still awaited.
   CHECK(z.zygote.state() == PythonZygote::State::Ready);
@@ -119,12 +119,12 @@ TEST_CASE("zygote: fork requests go out at once and are answered in order as rep
   answers = z.zygote.on_replies();
   REQUIRE(answers.size() == 1);
   CHECK(answers[0].tag == 2);
-  CHECK(std::get<LaunchedProcess>(answers[0].result).pid == 4243);
+  CHECK((*answers[0].result).pid == 4243);
   for (auto& r : requests)
     for (int fd : r.fds) ::close(fd);
   for (int fd : {forked.stdout_fd, forked.stderr_fd, pair[0], pair[1]}) ::close(fd);
-  ::close(std::get<LaunchedProcess>(answers[0].result).stdout_fd);
-  ::close(std::get<LaunchedProcess>(answers[0].result).stderr_fd);
+  ::close((*answers[0].result).stdout_fd);
+  ::close((*answers[0].result).stderr_fd);
 }
 
 TEST_CASE("zygote: one that stops answering is given up and every request out is answered",
@@ -137,7 +137,7 @@ TEST_CASE("zygote: one that stops answering is given up and every request out is
   auto answers = z.zygote.time_out();
   REQUIRE(answers.size() == 2);
   for (const auto& a : answers)
-    CHECK(std::get<std::string>(a.result).find("no answer to a fork request within 5000 ms") !=
+    CHECK(a.result.error().message.find("no answer to a fork request within 5000 ms") !=
           std::string::npos);
   CHECK(z.zygote.state() == PythonZygote::State::Gone);
   CHECK(z.zygote.forks_pending() == 0);
@@ -159,8 +159,8 @@ TEST_CASE("zygote: its end, or an unasked message, while requests are out answer
     auto answers = z.zygote.on_replies();
     REQUIRE(answers.size() == 1);
     // Closed with the request unread: the agent's end reads a reset rather than end of file.
-    INFO(std::get<std::string>(answers[0].result));
-    CHECK(std::get<std::string>(answers[0].result).rfind("the Python zygote is gone: ", 0) == 0);
+    INFO(answers[0].result.error().message);
+    CHECK(answers[0].result.error().message.rfind("the Python zygote is gone: ", 0) == 0);
     CHECK(z.zygote.state() == PythonZygote::State::Gone);
   }
   SECTION("an answer nobody asked for") {

@@ -19,8 +19,8 @@ TEST_CASE("an uncaught exception becomes an error file the agent can read", "[sd
       sdk::record([]() -> int { throw std::invalid_argument("bad learning rate -1"); }, file);
   CHECK(rc == 1);
   auto parsed = agent::parse_error_file(testing::read_file(file));
-  auto* content = std::get_if<agent::ErrorFileContent>(&parsed);
-  REQUIRE(content);
+  REQUIRE(parsed.ok());
+  const agent::ErrorFileContent* content = &*parsed;
   CHECK(content->message == "std::invalid_argument: bad learning rate -1");
   CHECK(content->traceback.find("std::invalid_argument: bad learning rate -1") !=
         std::string::npos);
