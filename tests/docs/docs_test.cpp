@@ -342,7 +342,7 @@ const std::set<std::string> kForeignFlags = {
     "--partition-for", "--gap", "--return-after", "--snapshot-every", "--step-sleep",
     // etcd and etcdctl (operations.md#the-rendezvous-on-etcd), etcd_rdzv_bench and
     // bench/torch_rdzv_bench.py --backend etcd-v2 (benchmarks.md)
-    "--enable-v2", "--endpoints", "--rdzvd", "--timeout", "--backend"};
+    "--enable-v2", "--endpoints", "--rdzvd", "--timeout", "--backend", "--max-request-bytes"};
 
 /// The man pages, relative to the source root.
 const std::vector<const char*> kManPages = {"docs/ddprun.1", "docs/ddprun-rdzvd.1",
