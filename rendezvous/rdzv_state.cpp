@@ -217,8 +217,8 @@ std::vector<std::string> first_names_in(const JobState& s, NodeState state) {
   return out;
 }
 
-/// The first kMaxNamesInMessage names: messages stay small however large the job. A copy of
-/// only those (a resized copy of all of them would keep their capacity in every message).
+/// The first kMaxNamesInMessage of `items` (names or ids): messages stay small however large the
+/// job. A copy of only those (a resized copy of all would keep their capacity in every message).
 std::vector<std::string> first_names(const std::vector<std::string>& names) {
   const auto keep = static_cast<std::ptrdiff_t>(std::min(names.size(), kMaxNamesInMessage));
   return {names.begin(), names.begin() + keep};
@@ -326,8 +326,9 @@ void complete_round(Step& st) {
   const std::map<std::string, int> ranks = assign_group_ranks(s.nodes, joined, s.previous_ranks);
   std::vector<std::string> by_rank(joined.size());
   for (const auto& [id, rank] : ranks) by_rank.at(static_cast<std::size_t>(rank)) = id;
-  // Every participant hears the same first names: made once, not once per participant.
-  const std::vector<std::string> names = first_names(names_of(s, by_rank));
+  // Every participant hears the same first names: made once, not once per participant, and
+  // only for the first ids (not a name per participant to keep 16 of them).
+  const std::vector<std::string> names = names_of(s, first_names(by_rank));
   const Join& master = s.nodes.at(by_rank.front()).request;
   const int world_size = static_cast<int>(by_rank.size());
   for (const std::string& id : by_rank) {
