@@ -169,9 +169,8 @@ std::optional<Refused> check_join(const JobState& s, const Join& join) {
       }
     }
   }
-  const bool ranks_held = !s.previous_ranks.empty() ||
-                          s.index.count[static_cast<std::size_t>(NodeState::Running)] > 0 ||
-                          s.index.count[static_cast<std::size_t>(NodeState::Succeeded)] > 0;
+  const bool ranks_held = !s.previous_ranks.empty() || s.index.count_of(NodeState::Running) > 0 ||
+                          s.index.count_of(NodeState::Succeeded) > 0;
   if (join.node_rank && !s.nodes.count(id) && ranks_held) {
     // A newcomer cannot take a group rank that a live node holds (in the running round, or
     // the one before the round that forms): that would move every worker's MASTER_ADDR.

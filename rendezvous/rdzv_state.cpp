@@ -42,7 +42,7 @@ bool is_participant(NodeState state) {
 
 std::size_t slot(NodeState state) { return static_cast<std::size_t>(state); }
 
-int count_in(const JobState& s, NodeState state) { return s.index.count[slot(state)]; }
+int count_in(const JobState& s, NodeState state) { return s.index.count_of(state); }
 
 int count_participants(const JobState& s) {
   return count_in(s, NodeState::Running) + count_in(s, NodeState::Succeeded);

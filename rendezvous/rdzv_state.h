@@ -99,6 +99,9 @@ struct NodeIndex {
   std::multimap<int, std::string> by_node_rank{};
   /// (last_seen, node_id) of every node: the keep-alive deadline and who is silent, at once.
   std::set<std::pair<TimePoint, std::string>> by_last_seen{};
+
+  /// How many nodes are in `state`.
+  int count_of(NodeState state) const { return count[static_cast<std::size_t>(state)]; }
 };
 
 enum class JobPhase { Joining, Running, Closed };
