@@ -1,5 +1,7 @@
 #include "agent/process_launcher.h"
 
+#include "common/open_files.h"
+
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
@@ -112,6 +114,10 @@ void close_on_exec_from_3() {
   ::dup2(err_w, STDERR_FILENO);
   close_on_exec_from_3();
   if (inherit_fd >= 0) ::fcntl(inherit_fd, F_SETFD, 0);
+  // The agent raised its own open-file limit for the store's and the rendezvous server's
+  // connections; a worker gets the limit ddprun was started with, as under torchrun. After the
+  // descriptors are marked: without close_range that walks up to the raised limit.
+  common::restore_inherited_open_file_limit();
   ::execve(exe, argv, envp);
   int err = errno;
   ssize_t ignored = ::write(report_w, &err, sizeof(err));

@@ -18,6 +18,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/open_files.h"
 #include "etcd/etcd_rendezvous.h"
 #include "rendezvous/free_port.h"
 #include "rendezvous/network_rendezvous.h"
@@ -197,11 +198,7 @@ int main(int argc, char** argv) {
   app.add_option("--timeout", timeout_s, "seconds per phase of one round");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::warn);  // each light client's status lines are noise here
-  rlimit limit{};
-  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
-    limit.rlim_cur = limit.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &limit);
-  }
+  ddprun::common::raise_open_file_limit();
 
   testing::EtcdCluster cluster;
   if (!cluster.wait_ready()) {

@@ -51,6 +51,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/open_files.h"
 #include "rendezvous/network_rendezvous.h"
 
 namespace {
@@ -89,16 +90,6 @@ struct BenchConfig {
 
 double ms_between(TimePoint from, TimePoint to) {
   return std::chrono::duration<double, std::milli>(to - from).count();
-}
-
-/// 1024 clients need more than the usual 1024 descriptors (plus one per free-port probe).
-void raise_fd_limit() {
-  rlimit limit{};
-  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
-  if (limit.rlim_cur < limit.rlim_max) {
-    limit.rlim_cur = limit.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &limit);
-  }
 }
 
 NetworkRendezvousOptions client_options(const BenchConfig& c, int index, int min_nodes,
@@ -866,7 +857,7 @@ int main(int argc, char** argv) {
   if (c.run_id.empty()) c.run_id = "bench-" + c.mode + "-" + std::to_string(getpid());
   spdlog::set_level(spdlog::level::warn);  // one process speaks for N agents: no per-agent lines
   std::signal(SIGPIPE, SIG_IGN);
-  raise_fd_limit();
+  ddprun::common::raise_open_file_limit();  // 1024 clients need more than 1024 descriptors
   try {
     if (c.mode == "jobs") return run_jobs(c);
     return c.mode == "latency" ? run_latency(c) : run_loss(c);

@@ -12,6 +12,7 @@
 #include "common/clock.h"
 #include "common/exit_codes.h"
 #include "common/log.h"
+#include "common/open_files.h"
 #include "common/signals.h"
 #include "common/strings.h"
 #include "common/version.h"
@@ -97,23 +98,6 @@ std::variant<DaemonConfig, DaemonExit> parse_daemon_args(const std::vector<std::
   return config;
 }
 
-namespace {
-
-/// Every agent holds a connection open for the whole job, so a daemon for a thousand nodes needs
-/// more descriptors than the usual soft limit of 1024: take what the hard limit allows.
-void raise_open_file_limit() {
-  rlimit limit{};
-  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= limit.rlim_max) return;
-  const rlim_t was = limit.rlim_cur;
-  limit.rlim_cur = limit.rlim_max;
-  if (setrlimit(RLIMIT_NOFILE, &limit) != 0) {
-    spdlog::warn("cannot raise the open-file limit from {} to {}: at most about {} agents", was,
-                 limit.rlim_max, was);
-  }
-}
-
-}  // namespace
-
 /// The longest a daemon takes to end after SIGTERM: sessions whose peer does not read the last
 /// messages are closed then.
 constexpr std::chrono::milliseconds kShutdownDeadline{2'000};
@@ -124,7 +108,11 @@ int run_daemon(const DaemonConfig& config) {
   if (const char* level = std::getenv("LOGLEVEL"); level && common::to_lower(level) == "debug")
     logger->set_level(spdlog::level::debug);
   spdlog::set_default_logger(logger);
-  raise_open_file_limit();
+  // Every agent holds a connection open for the whole job: a daemon for a thousand nodes needs
+  // more descriptors than the usual soft limit of 1024.
+  if (const auto files = common::raise_open_file_limit(); files.soft < files.hard)
+    spdlog::warn("cannot raise the open-file limit from {} to {}: at most about {} agents",
+                 files.soft, files.hard, files.soft);
 
   std::optional<Secret> secret;
   if (!config.secret_file.empty()) {

@@ -252,3 +252,19 @@ TEST_CASE("a worker inherits no socket of the agent's store", "[agent][integrati
   CHECK(contains(r.out, "[default0]:"));
   CHECK_FALSE(contains(r.out, "socket:"));
 }
+
+TEST_CASE("a worker gets the open-file limit ddprun was started with, not the agent's raised one",
+          "[agent][integration]") {
+  // The agent raises its soft limit to the hard one for the connections it serves; a worker
+  // gets the soft limit of 512 it would get under torchrun (select() breaks above 1023).
+  auto r = run_command({"/usr/bin/prlimit", "--nofile=512:4096", DDPRUN_BIN, "--standalone",
+                        "--nproc_per_node", "1", "--no_python", "/bin/sh", "-c",
+                        "echo soft=$(ulimit -Sn) hard=$(ulimit -Hn); "
+                        "grep 'Max open files' /proc/$PPID/limits"},
+                       {}, kJobLimit);
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(contains(r.out, "[default0]:soft=512 hard=4096"));
+  // The agent (the worker's parent) runs at its hard limit.
+  CHECK(contains(r.out, "Max open files            4096                 4096"));
+}
