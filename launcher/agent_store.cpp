@@ -35,7 +35,11 @@ AgentStorePlan plan_agent_store(const LaunchConfig& config, const RendezvousPlan
 
 void RoundObserver::next_rendezvous(std::function<void(rdzv::RendezvousResult)> done) {
   on_join_();
-  inner_.next_rendezvous(std::move(done));
+  inner_.next_rendezvous([this, done = std::move(done)](rdzv::RendezvousResult result) {
+    if (const auto* round = std::get_if<rdzv::RendezvousInfo>(&result); round && on_round_)
+      on_round_(*round);
+    done(std::move(result));
+  });
 }
 
 }  // namespace ddprun::launcher

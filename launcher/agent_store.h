@@ -26,11 +26,13 @@ AgentStorePlan plan_agent_store(const LaunchConfig& config, const RendezvousPlan
 
 /// A rendezvous handler that calls `on_join()` each time the agent joins a round, before the
 /// join goes out: the agent joins only once its workers are gone, and no node's next group
-/// can start before this join, so the store clears the last group's keys then.
+/// can start before this join, so the store clears the last group's keys then. `on_round`
+/// sees each round that forms, before the agent starts its workers.
 class RoundObserver : public rdzv::RendezvousHandler {
  public:
-  RoundObserver(rdzv::RendezvousHandler& inner, std::function<void()> on_join)
-      : inner_(inner), on_join_(std::move(on_join)) {}
+  RoundObserver(rdzv::RendezvousHandler& inner, std::function<void()> on_join,
+                std::function<void(const rdzv::RendezvousInfo&)> on_round = {})
+      : inner_(inner), on_join_(std::move(on_join)), on_round_(std::move(on_round)) {}
   void next_rendezvous(std::function<void(rdzv::RendezvousResult)> done) override;
   void set_notice_handler(std::function<void(rdzv::Notice)> handler) override {
     inner_.set_notice_handler(std::move(handler));
@@ -46,6 +48,7 @@ class RoundObserver : public rdzv::RendezvousHandler {
  private:
   rdzv::RendezvousHandler& inner_;
   std::function<void()> on_join_;
+  std::function<void(const rdzv::RendezvousInfo&)> on_round_;
 };
 
 }  // namespace ddprun::launcher

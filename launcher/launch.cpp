@@ -27,6 +27,7 @@
 #include "common/clock.h"
 #include "common/exit_codes.h"
 #include "common/log.h"
+#include "common/open_files.h"
 #include "common/signals.h"
 #include "common/strings.h"
 #include "etcd/etcd_rendezvous.h"
@@ -442,6 +443,10 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
     if (!adapted.info.empty()) spdlog::info("{}", adapted.info);
   }
 
+  // The store of a large job's workers and an embedded rendezvous server hold a connection
+  // per worker and per node: more than the usual soft limit of 1024 descriptors. Workers get
+  // the limit ddprun was started with (agent/process_launcher.cpp).
+  const common::OpenFileLimit open_files = common::raise_open_file_limit();
   boost::asio::io_context io;
   common::SteadyClock clock;
   // The workers' store, bound before the rendezvous publishes its port and before any worker
@@ -565,7 +570,17 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
   };
   agent::PosixProcessLauncher launcher;
   // Each join of a round clears the store: the next group finds none of the last one's keys.
-  RoundObserver observed(*rdzv, [&agent_store] { agent_store.clear(); });
+  // Each round sizes the store for its workers, and the node that serves them says when its
+  // open-file limit is too small for them.
+  RoundObserver observed(
+      *rdzv, [&agent_store] { agent_store.clear(); },
+      [&agent_store, &open_files, hosts = store_plan.host,
+       nproc = *nproc](const rdzv::RendezvousInfo& round) {
+        if (!hosts) return;
+        agent_store.expect_workers(
+            static_cast<std::size_t>(round.group_world_size) * static_cast<std::size_t>(nproc),
+            round.group_rank == 0 ? open_files.soft : 0);
+      });
   agent::LocalAgent agent(io, std::move(opt), observed, launcher);
   return agent.run();
 }

@@ -1,5 +1,6 @@
 #include "rendezvous/connection.h"
 
+#include "common/read_ready.h"
 #include "rendezvous/endpoint.h"
 
 #include <netinet/in.h>
@@ -22,15 +23,6 @@ namespace {
 
 constexpr std::size_t kReadChunkBytes = 16384;
 using ReadChunk = std::array<char, kReadChunkBytes>;
-
-/// Plain connections read into one buffer per thread: each waits until its socket is readable
-/// and then reads at once, inside its handler, so no read is ever pending into the buffer while
-/// another connection's bytes sit in it. One buffer per connection would cost 16 KiB each: 256
-/// MiB for a daemon that holds 16,384 agents (docs/design.md#rendezvous-at-scale).
-ReadChunk& shared_chunk() {
-  static thread_local ReadChunk chunk{};
-  return chunk;
-}
 
 }  // namespace
 
@@ -137,16 +129,11 @@ void FramedConnection::read_more() {
                                  });
     return;
   }
-  socket_.async_wait(asio::ip::tcp::socket::wait_read, [self = shared_from_this()](error_code ec) {
-    if (ec) return self->on_read(ec, {});
-    ReadChunk& chunk = shared_chunk();
-    error_code read_ec;
-    self->socket_.non_blocking(true, read_ec);
-    const std::size_t n = read_ec ? 0 : self->socket_.read_some(asio::buffer(chunk), read_ec);
-    if (read_ec == asio::error::would_block || read_ec == asio::error::try_again)
-      return self->read_more();  // woken with nothing to read after all
-    self->on_read(read_ec, std::string_view(chunk.data(), n));
-  });
+  // Plain connections hold no buffer while idle (common/read_ready.h).
+  common::async_read_ready(socket_,
+                           [self = shared_from_this()](error_code ec, std::string_view data) {
+                             self->on_read(ec, data);
+                           });
 }
 
 void FramedConnection::on_read(error_code ec, std::string_view data) {

@@ -1,12 +1,15 @@
 #include "store/server.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 
+#include <algorithm>
 #include <boost/asio/write.hpp>
 #include <chrono>
 #include <vector>
 
 #include "common/log.h"
+#include "common/read_ready.h"
 
 namespace ddprun::store {
 
@@ -30,9 +33,13 @@ StoreServer::StoreServer(asio::io_context& io, StoreLimits limits)
       acceptor_(io),
       accepts_(
           acceptor_, [this](tcp::socket socket) { on_accepted(std::move(socket)); },
-          [](const error_code& ec) {
+          [this](const error_code& ec) {
             // Out of descriptors, most often: the loop tries again shortly.
-            spdlog::warn("store: cannot accept a connection: {}", ec.message());
+            spdlog::warn("store: cannot accept a connection with {} open: {}{}", sessions_.size(),
+                         ec.message(),
+                         ec == asio::error::no_descriptors
+                             ? " (the open-file limit: raise ddprun's hard limit, ulimit -Hn)"
+                             : "");
           }),
       state_(limits.max_parked_bytes) {}
 
@@ -68,6 +75,28 @@ std::optional<common::Error> StoreServer::listen(const std::string& host, int po
   return common::Error{last};
 }
 
+std::size_t StoreServer::max_connections() const {
+  return std::max(limits_.max_connections, room_for_workers_);
+}
+
+void StoreServer::expect_workers(std::size_t workers, std::uint64_t open_files) {
+  // Two per torch 1.13 worker, and a few for the agent's own tools and a 2.x client's retries.
+  constexpr std::size_t kSpare = 64;
+  room_for_workers_ = 2 * workers + kSpare;
+  // The agent's own descriptors: its pipes to the workers, logs, the rendezvous connection.
+  const std::size_t needed = room_for_workers_ + kSpare + 3 * workers / 8;
+  if (open_files == 0 || open_files == RLIM_INFINITY || needed <= open_files ||
+      open_files_warned_for_ == workers)
+    return;
+  open_files_warned_for_ = workers;
+  spdlog::warn(
+      "store: this round's {} workers may hold {} connections to this node's store (two per "
+      "torch 1.13 worker), more than its open-file limit of {} allows: workers beyond it wait "
+      "in connect until their store timeout. Raise the hard limit ddprun runs under (ulimit "
+      "-Hn, LimitNOFILE= in a systemd unit, the limits srun propagates)",
+      workers, 2 * workers, open_files);
+}
+
 void StoreServer::shutdown() {
   if (stopped_) return;
   stopped_ = true;
@@ -83,7 +112,7 @@ void StoreServer::shutdown() {
 
 void StoreServer::on_accepted(tcp::socket socket) {
   error_code ignored;
-  if (sessions_.size() >= limits_.max_connections && !make_room()) {
+  if (sessions_.size() >= max_connections() && !make_room()) {
     if (!full_logged_)
       spdlog::warn(
           "store: {} connections are open, the limit; refusing more until some close (each "
@@ -141,17 +170,21 @@ void StoreServer::read_next(ConnId id) {
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return;
   Session& s = *it->second;
-  // No idle timeout: a 1.13 callback connection may stay silent for the whole job.
-  s.socket.async_read_some(asio::buffer(s.buffer),
-                           [this, id, keep = it->second](error_code ec, std::size_t n) {
+  // No idle timeout: a 1.13 callback connection may stay silent for the whole job. No buffer
+  // while idle either: 16,384 torch 1.13 workers hold 32,768 connections.
+  common::async_read_ready(s.socket,
+                           [this, id, keep = it->second](error_code ec, std::string_view data) {
                              if (stopped_) return;
                              auto it = sessions_.find(id);
                              if (it == sessions_.end()) return;
+                             if (!data.empty()) {
+                               it->second->heard = true;
+                               it->second->input.append(data);
+                               consume(id);
+                               if (sessions_.count(id) == 0) return;
+                             }
                              if (ec) return close(id, "");
-                             it->second->heard = true;
-                             it->second->input.append(it->second->buffer.data(), n);
-                             consume(id);
-                             if (sessions_.count(id) > 0) read_next(id);
+                             read_next(id);
                            });
 }
 
@@ -161,7 +194,11 @@ void StoreServer::consume(ConnId id) {
   std::size_t done = 0;
   // Session::need counts from the start of what is kept: it is set only by the request at
   // `done`, and cleared by every request that completes.
-  auto keep_rest = [&](Session& s) { s.input.erase(0, done); };
+  auto keep_rest = [&](Session& s) {
+    s.input.erase(0, done);
+    // A big request's buffer goes with it: an idle connection holds no input capacity.
+    if (s.input.empty() && s.input.capacity() > 4096) std::string().swap(s.input);
+  };
   for (;;) {
     auto it = sessions_.find(id);
     if (it == sessions_.end()) return;

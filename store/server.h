@@ -4,7 +4,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <cstdint>
-#include <deque>
+#include <list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -48,6 +48,15 @@ class StoreServer {
   /// The agent joins a new rendezvous round: the last group's keys go (StoreState::clear).
   void clear() { state_.clear(); }
 
+  /// A round of `workers` workers formed: the store makes room for two connections each (a
+  /// torch 1.13 worker holds two) beyond StoreLimits::max_connections. When `open_files` is
+  /// not 0 (this node's store serves the round: pass this process's open-file limit) and the
+  /// limit cannot hold them, it says so once per size.
+  void expect_workers(std::size_t workers, std::uint64_t open_files);
+
+  /// The most connections open at once now.
+  std::size_t max_connections() const;
+
   /// Stops accepting and closes every connection; nothing stays pending on the io_context.
   void shutdown();
 
@@ -64,12 +73,12 @@ class StoreServer {
     std::string peer;
     std::string address;  ///< the peer's address, as per_address_ counts it
     std::optional<Dialect> dialect;
-    std::string input;               ///< bytes read, not yet a whole request
-    std::size_t need = 0;            ///< input's size before decoding can progress
-    bool heard = false;              ///< it has sent at least one byte
-    std::deque<SharedBytes> output;  ///< replies queued; the front one is being written
+    std::string input;     ///< bytes read, not yet a whole request
+    std::size_t need = 0;  ///< input's size before decoding can progress
+    bool heard = false;    ///< it has sent at least one byte
+    /// Replies queued; the front one is being written (a list: an empty deque takes 576 bytes).
+    std::list<SharedBytes> output;
     std::size_t queued_bytes = 0;
-    std::array<char, 64 * 1024> buffer{};
   };
 
   void on_accepted(boost::asio::ip::tcp::socket socket);
@@ -99,6 +108,9 @@ class StoreServer {
   /// addresses already warned about.
   std::map<std::string, std::size_t> per_address_;
   std::set<std::string> per_address_logged_;
+  /// Room for the last round's workers (expect_workers); 0 before the first.
+  std::size_t room_for_workers_ = 0;
+  std::size_t open_files_warned_for_ = 0;
   int port_ = 0;
   bool stopped_ = false;
   bool full_logged_ = false;

@@ -15,6 +15,8 @@
 #include <future>
 #include <thread>
 
+#include "tests/support/polling.h"
+
 using namespace ddprun::store;
 using namespace std::chrono_literals;
 
@@ -199,4 +201,41 @@ TEST_CASE("at the connection limit a flood of idle connections replaces itself a
   callback.send(request(Op::Add, {"/n"}));
   CHECK(callback.read(8) == encode_i64(0));
   CHECK(store.on_io([&] { return store.server.connections(); }) <= 8);
+}
+
+TEST_CASE(
+    "a round with more workers than the connection limit keeps every worker's two connections",
+    "[store][unit]") {
+  StoreLimits limits;
+  limits.max_connections = 8;
+  RunningServer store(limits);
+  const int port = store.server.port();
+  // What the agent does once a round of 40 workers has formed: room for 2 x 40 and a margin.
+  store.on_io([&] {
+    store.server.expect_workers(40, 0);
+    return 0;
+  });
+  CHECK(store.on_io([&] { return store.server.max_connections(); }) >= 80);
+  // 40 torch 1.13 workers from 5 nodes: a connection that speaks and a silent callback each.
+  std::vector<std::unique_ptr<Client>> mains, callbacks;
+  for (int w = 0; w < 40; ++w) {
+    const std::string from = "127.0.1." + std::to_string(1 + w / 8);
+    mains.push_back(std::make_unique<Client>(port, 0, from.c_str()));
+    mains.back()->send(request(Op::Add, {"/n"}));
+    REQUIRE(mains.back()->read(8).size() == 8);
+    callbacks.push_back(std::make_unique<Client>(port, 0, from.c_str()));
+  }
+  // The last connections may still wait in the accept queue.
+  CHECK(ddprun::testing::wait_until(
+      [&] { return store.on_io([&] { return store.server.connections(); }) == 80; }, 5s));
+  // No callback connection was closed to make room: each is still served.
+  int served = 0;
+  for (auto& callback : callbacks) {
+    callback->send(request(Op::Add, {"/m"}));
+    served += callback->read(8).size() == 8 ? 1 : 0;
+  }
+  CHECK(served == 40);
+  // Without the round's size, the limit of 8 holds: a store that knows no round stays small.
+  RunningServer small(limits);
+  CHECK(small.on_io([&] { return small.server.max_connections(); }) == 8);
 }
