@@ -69,6 +69,23 @@ class AcceptLoop {
       if (!alive.lock() || stopped_ || ec == boost::asio::error::operation_aborted) return;
       if (!ec) {
         on_socket_(std::move(socket));
+        if (!alive.lock() || stopped_) return;
+        // The connections already waiting in the kernel's queue, up to kBurst, are taken now:
+        // a server busy answering thousands of clients would otherwise take one per pass of
+        // its loop, and the queue would overflow (the kernel then resets the connections it
+        // drops, which clients see after their connect succeeded).
+        for (int taken = 1; taken < kBurst; ++taken) {
+          boost::system::error_code more_ec;
+          acceptor_.non_blocking(true, more_ec);
+          if (more_ec) break;
+          boost::asio::ip::tcp::socket next = acceptor_.accept(more_ec);
+          if (more_ec == boost::asio::error::would_block ||
+              more_ec == boost::asio::error::try_again)
+            break;
+          if (more_ec) return retry_after(more_ec, alive);
+          on_socket_(std::move(next));
+          if (!alive.lock() || stopped_) return;
+        }
         // The next accept waits its turn behind the handlers already due (reads of the
         // connections accepted so far): a stream of new connections cannot starve them.
         if (!stopped_)
@@ -77,13 +94,21 @@ class AcceptLoop {
           });
         return;
       }
-      on_error_(ec);
-      retry_timer_.expires_after(retry_);
-      retry_timer_.async_wait([this, alive](const boost::system::error_code& wait_ec) {
-        if (alive.lock() && !wait_ec && !stopped_) accept_next();
-      });
+      retry_after(ec, alive);
     });
   }
+
+  /// A failed accept goes to the owner; accepting resumes after `retry_`.
+  void retry_after(const boost::system::error_code& ec, const std::weak_ptr<bool>& alive) {
+    on_error_(ec);
+    retry_timer_.expires_after(retry_);
+    retry_timer_.async_wait([this, alive](const boost::system::error_code& wait_ec) {
+      if (alive.lock() && !wait_ec && !stopped_) accept_next();
+    });
+  }
+
+  /// Connections taken from the kernel's queue in one pass of the loop, at most.
+  static constexpr int kBurst = 32;
 
   boost::asio::ip::tcp::acceptor& acceptor_;
   boost::asio::steady_timer retry_timer_;
