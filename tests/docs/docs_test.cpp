@@ -322,6 +322,9 @@ const std::set<std::string> kForeignFlags = {
     "--mode", "--jobs", "--round-gap-ms", "--duration", "--warmup", "--rate", "--hold", "--repeats",
     "--refused-hellos", "--hosting-agent", "--no-secret", "--flood-threads", "--procs", "--victim",
     "--keep-alive-interval",
+    // ddprun-store-bench and bench/store_scale_bench.py (benchmarks.md#the-agent-store-at-scale)
+    "--ranks", "--dialect", "--callback", "--exchange", "--barrier", "--ranks-per-address",
+    "--connect-window", "--serve", "--servers", "--before", "--bench", "--json",
     // bench/recovery_bench.py and bench/python_launch_bench.py (benchmarks.md)
     "--series",
     // the GPU machine's check: scripts/device_check.sh, and the benches' options for a GPU
