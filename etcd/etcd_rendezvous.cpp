@@ -71,6 +71,11 @@ EtcdRendezvous::EtcdRendezvous(asio::io_context& io, const common::Clock& clock,
                         std::chrono::system_clock::now().time_since_epoch())
                         .count();
   view_.prefix = prefix_;
+  if (opt_.settings.max_nodes > static_cast<int>(kMaxNodesOnEtcd))
+    spdlog::warn(
+        "--nnodes allows {} nodes, but one job on etcd v3 holds at most {}: the joins beyond are "
+        "refused; run jobs this large on ddprun-rdzvd (--rdzv_backend c10d)",
+        opt_.settings.max_nodes, kMaxNodesOnEtcd);
 }
 
 EtcdRendezvous::~EtcdRendezvous() {

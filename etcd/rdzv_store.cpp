@@ -489,6 +489,23 @@ std::string encode_message(const rdzv::AgentMessage& message) {
   return rdzv::to_json(message).dump();
 }
 
+namespace {
+
+/// The refusal of a join that would take the job past kMaxNodesOnEtcd.
+rdzv::Refused too_many_nodes(const rdzv::JobState& job, const rdzv::AgentMessage& message) {
+  const auto& join = std::get<rdzv::Join>(message);
+  return rdzv::Refused{
+      rdzv::RefusalKind::Mismatch,
+      "node " + join.name + " cannot join job '" + job.run_id + "': it holds " +
+          std::to_string(job.nodes.size()) +
+          " nodes, the most one job's state can hold in etcd v3 (about " +
+          std::to_string(kMaxStateBytes) +
+          " bytes, under etcd's 1.5 MiB request limit); run jobs this large on ddprun-rdzvd "
+          "(--rdzv_backend c10d --rdzv_endpoint HOST:PORT)"};
+}
+
+}  // namespace
+
 DriveResult drive(StoredState current, const View& view, common::TimePoint now) {
   DriveResult r;
   const json job_before = job_to_json(current.job, TimeAnchor{});
@@ -589,6 +606,10 @@ DriveResult drive(StoredState current, const View& view, common::TimePoint now) 
                                                          " in etcd: " + problem +
                                                          " (every node must run the same ddprun)"},
           true});
+      continue;
+    }
+    if (p.is_join && !s.job.nodes.count(p.id) && s.job.nodes.size() >= kMaxNodesOnEtcd) {
+      s.messages.push_back(rdzv::Outgoing{p.id, too_many_nodes(s.job, *message), true});
       continue;
     }
     // Built field by field: GCC 12 takes the moved-from variant in a braced FromNode for one

@@ -78,6 +78,11 @@ struct StoredState {
 /// Bounds on what a `state` value may hold (etcd refuses requests over 1.5 MiB).
 inline constexpr std::size_t kMaxStateBytes = 1'400'000;
 inline constexpr std::size_t kMaxNodesInState = 4'096;
+/// The most nodes one job may hold on etcd: a node takes 709 to 715 bytes of `state` with the
+/// bench's names (docs/benchmarks.md, "How large a job etcd v3 can hold"), so about 1,960 fit
+/// kMaxStateBytes; 1,800 leave 777 bytes a node for longer host names. The join of one more
+/// is refused, naming ddprun-rdzvd for larger jobs.
+inline constexpr std::size_t kMaxNodesOnEtcd = 1'800;
 inline constexpr std::size_t kMaxMessagesInState = 3 * kMaxNodesInState;
 
 /// The value of `state`: the job and `applied` (the messages go to encode_notices).

@@ -400,3 +400,23 @@ TEST_CASE("a round of 200 nodes puts each node's message only in its own message
     CHECK(std::holds_alternative<rdzv::RoundReady>(notices->messages.back()));
   }
 }
+
+TEST_CASE(
+    "the join that would take a job past what one etcd key holds is refused, naming the daemon",
+    "[etcd][unit]") {
+  Keys k;
+  const int most = static_cast<int>(kMaxNodesOnEtcd);
+  for (int i = 1; i <= most + 1; ++i) k.join(std::to_string(i), most + 100, 4096);
+  k.drive_once();
+  // The first kMaxNodesOnEtcd wait for the round; the one after them is refused.
+  const auto refused = k.to<rdzv::Refused>(std::to_string(most + 1));
+  REQUIRE(refused.size() == 1);
+  CHECK(refused[0].kind == rdzv::RefusalKind::Mismatch);
+  CHECK_THAT(refused[0].message, Contains("cannot join job 'job': it holds 1800 nodes"));
+  CHECK_THAT(refused[0].message, Contains("ddprun-rdzvd"));
+  CHECK(k.to<rdzv::Refused>("1").empty());
+  CHECK(k.to<rdzv::Refused>(std::to_string(most)).empty());
+  CHECK(k.current().job.nodes.size() == kMaxNodesOnEtcd);
+  // What stays fits one etcd value.
+  CHECK(encode_state(k.current(), k.anchor).size() <= kMaxStateBytes);
+}
