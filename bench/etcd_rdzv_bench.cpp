@@ -206,8 +206,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   auto port = rdzv::find_free_port("127.0.0.1");
-  if (!std::holds_alternative<int>(port)) return 1;
-  const int rdzvd_port = std::get<int>(port);
+  if (!port.ok()) return 1;
+  const int rdzvd_port = *port;
   testing::Subprocess daemon({rdzvd, "--port", std::to_string(rdzvd_port), "--host", "127.0.0.1"});
   if (!testing::wait_until([&] { return testing::contains(daemon.err_so_far(), "listening on"); },
                            10s)) {

@@ -222,9 +222,9 @@ JobState job_from_json(const json& j, const TimeAnchor& a, common::TimePoint now
       rdzv::NodeRecord node;
       if (const json* join = n.get("join")) {
         auto parsed = rdzv::parse_agent_message(*join);
-        if (const auto* bad = std::get_if<std::string>(&parsed)) {
-          n.fail(n.where("join") + ": " + *bad);
-        } else if (const auto* request = std::get_if<rdzv::Join>(&std::get<0>(parsed))) {
+        if (!parsed) {
+          n.fail(n.where("join") + ": " + parsed.error().message);
+        } else if (const auto* request = std::get_if<rdzv::Join>(&*parsed)) {
           node.request = *request;
         } else {
           n.fail(n.where("join") + " is not a join");
@@ -285,9 +285,9 @@ JobState job_from_json(const json& j, const TimeAnchor& a, common::TimePoint now
   }
   if (const json* closed = f.get("closed", false)) {
     auto parsed = rdzv::parse_server_message(*closed);
-    if (const auto* bad = std::get_if<std::string>(&parsed))
-      f.fail("job.closed: " + *bad);
-    else if (const auto* c = std::get_if<rdzv::Closed>(&std::get<0>(parsed)))
+    if (!parsed)
+      f.fail("job.closed: " + parsed.error().message);
+    else if (const auto* c = std::get_if<rdzv::Closed>(&*parsed))
       s.closed = *c;
     else
       f.fail("job.closed is not a closed message");
@@ -408,10 +408,10 @@ common::Result<Notices> decode_notices(const std::string& value, const std::stri
       if (mf.text("node") != node_id) continue;
       if (const json* body = mf.get("message")) {
         auto message = rdzv::parse_server_message(*body);
-        if (const auto* why = std::get_if<std::string>(&message))
-          mf.fail("messages[]: " + *why);
+        if (!message)
+          mf.fail("messages[]: " + message.error().message);
         else
-          out.messages.push_back(std::get<0>(std::move(message)));
+          out.messages.push_back(*std::move(message));
       }
       if (!mf.ok()) break;
     }
@@ -585,10 +585,10 @@ DriveResult drive(StoredState current, const View& view, common::TimePoint now) 
       problem = "not JSON";
     } else {
       auto parsed = rdzv::parse_agent_message(body);
-      if (const auto* why = std::get_if<std::string>(&parsed))
-        problem = *why;
+      if (!parsed)
+        problem = parsed.error().message;
       else
-        message = std::get<0>(std::move(parsed));
+        message = *std::move(parsed);
     }
     if (message) {
       const auto* join = std::get_if<rdzv::Join>(&*message);

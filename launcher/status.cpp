@@ -334,11 +334,11 @@ common::Result<json> fetch_status(const StatusRequest& request,
                       return;
                     }
                     auto parsed = rdzv::parse_server_message(body);
-                    auto* m = std::get_if<rdzv::ServerMessage>(&parsed);
+                    auto* m = parsed ? &*parsed : nullptr;
                     auto* reply = m ? std::get_if<rdzv::StatusReply>(m) : nullptr;
                     if (!reply) {
                       if (!m)
-                        error = "unexpected answer: " + std::get<std::string>(parsed);
+                        error = "unexpected answer: " + parsed.error().message;
                       else if (auto* refused = std::get_if<rdzv::Refused>(m))
                         error = "refused: " + refused->message;
                       else

@@ -19,8 +19,8 @@ std::string new_node_id() {
 int master_port_for(const std::optional<int>& fixed, const std::string& addr) {
   if (fixed) return *fixed;
   auto port = find_free_port(addr);
-  if (!std::holds_alternative<int>(port)) port = find_free_port("");
-  return std::holds_alternative<int>(port) ? std::get<int>(port) : 0;
+  if (!port.ok()) port = find_free_port("");
+  return port.ok() ? *port : 0;
 }
 
 ClientExecutor::ClientExecutor(boost::asio::io_context& io, const common::Clock& clock)

@@ -21,7 +21,7 @@ constexpr int kHighestPort = 65535;
 constexpr int kCandidates = 32;
 
 /// Binds `port` on `host`; returns the port actually bound (port 0 asks the kernel) or an error.
-std::variant<int, std::string> try_bind(const std::string& host, int port) {
+common::Result<int> try_bind(const std::string& host, int port) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -30,7 +30,7 @@ std::variant<int, std::string> try_bind(const std::string& host, int port) {
   const char* node = host.empty() ? nullptr : host.c_str();
   const std::string service = std::to_string(port);
   if (int rc = ::getaddrinfo(node, service.c_str(), &hints, &found); rc != 0)
-    return "cannot resolve '" + host + "': " + ::gai_strerror(rc);
+    return common::Error{"cannot resolve '" + host + "': " + ::gai_strerror(rc)};
   std::string last_error = "no address";
   for (addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
     int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
@@ -53,7 +53,7 @@ std::variant<int, std::string> try_bind(const std::string& host, int port) {
     ::close(fd);
   }
   ::freeaddrinfo(found);
-  return "cannot bind a free port on '" + host + "': " + last_error;
+  return common::Error{"cannot bind a free port on '" + host + "': " + last_error};
 }
 
 std::pair<int, int> ephemeral_range() {
@@ -101,10 +101,10 @@ std::vector<int> port_candidates(std::pair<int, int> ephemeral, unsigned seed, i
   return out;
 }
 
-std::variant<int, std::string> find_free_port(const std::string& host) {
+common::Result<int> find_free_port(const std::string& host) {
   for (int port : port_candidates(ephemeral_range(), std::random_device{}(), kCandidates)) {
     auto bound = try_bind(host, port);
-    if (std::holds_alternative<int>(bound)) return bound;
+    if (bound) return bound;
   }
   return try_bind(host, 0);
 }

@@ -2,8 +2,9 @@
 #include <optional>
 #include <string>
 #include <utility>
-#include <variant>
 #include <vector>
+
+#include "common/result.h"
 
 namespace ddprun::rdzv {
 
@@ -19,8 +20,7 @@ std::optional<std::pair<int, int>> parse_port_range(const std::string& text);
 std::vector<int> port_candidates(std::pair<int, int> ephemeral, unsigned seed, int count);
 
 /// A TCP port that is free on `host` (numeric IPv4/IPv6 or a name): the first of
-/// port_candidates() that binds, else whatever binding port 0 gives. Returns the port or an error
-/// message naming the host.
-std::variant<int, std::string> find_free_port(const std::string& host);
+/// port_candidates() that binds, else whatever binding port 0 gives. The error names the host.
+common::Result<int> find_free_port(const std::string& host);
 
 }  // namespace ddprun::rdzv

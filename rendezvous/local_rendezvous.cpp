@@ -56,11 +56,11 @@ void LocalRendezvous::next_rendezvous(std::function<void(RendezvousResult)> done
   } else {
     // A fresh port every round: a restarted rank 0 must not race the old store's TIME_WAIT.
     auto port = find_free_port(master_addr_);
-    if (auto* p = std::get_if<int>(&port)) {
-      join.master_port = *p;
+    if (port) {
+      join.master_port = *port;
     } else {
       result = RendezvousError{RendezvousErrorKind::State,
-                               "cannot pick MASTER_PORT: " + std::get<std::string>(port) +
+                               "cannot pick MASTER_PORT: " + port.error().message +
                                    "; pass --master_port PORT or --master_addr ADDR"};
       join.master_port = -1;
     }

@@ -137,10 +137,11 @@ void NetworkRendezvous::on_message(const nlohmann::json& body) {
     return step(Greeted{});
   }
   auto parsed = parse_server_message(body);
-  if (auto* bad = std::get_if<std::string>(&parsed))
-    return step(ServerUnusable{RendezvousError{RendezvousErrorKind::State,
-                                               "bad message from the rendezvous server: " + *bad}});
-  step(FrameReceived{std::get<ServerMessage>(std::move(parsed))});
+  if (!parsed)
+    return step(ServerUnusable{
+        RendezvousError{RendezvousErrorKind::State,
+                        "bad message from the rendezvous server: " + parsed.error().message}});
+  step(FrameReceived{*std::move(parsed)});
 }
 
 void NetworkRendezvous::when_flushed(std::function<void()> done) {

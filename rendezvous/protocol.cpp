@@ -281,15 +281,15 @@ struct ServerToJson {
   }
 };
 
-std::optional<std::string> type_of(const json& body, std::string& type) {
-  if (!body.is_object()) return std::string("message is not a JSON object");
+/// The message's type; the error says why there is none.
+common::Result<std::string> type_of(const json& body) {
+  if (!body.is_object()) return common::Error{"message is not a JSON object"};
   auto it = body.find("type");
-  if (it == body.end() || !it->is_string()) return std::string("message has no string \"type\"");
-  type = it->get<std::string>();
-  return std::nullopt;
+  if (it == body.end() || !it->is_string()) return common::Error{"message has no string \"type\""};
+  return it->get<std::string>();
 }
 
-std::variant<AgentMessage, std::string> read_agent(const std::string& type, Reader& r) {
+common::Result<AgentMessage> read_agent(const std::string& type, Reader& r) {
   if (type == "join") {
     Join m;
     m.run_id = r.id("run_id");
@@ -315,10 +315,10 @@ std::variant<AgentMessage, std::string> read_agent(const std::string& type, Read
       r.fail_value("master_port", "must lie in 0..65535");
     // node_rank, restart_count, settings and resume are read as types only: whether the job
     // can take them is admission's (admission.h), which words the refusal for the user.
-    if (r.error()) return *r.error();
-    return m;
+    if (r.error()) return common::Error{*r.error()};
+    return AgentMessage{std::move(m)};
   }
-  if (type == "heartbeat") return Heartbeat{};
+  if (type == "heartbeat") return AgentMessage{Heartbeat{}};
   if (type == "workers_failed") {
     WorkersFailed m;
     m.round = r.integer("round");
@@ -330,33 +330,32 @@ std::variant<AgentMessage, std::string> read_agent(const std::string& type, Read
     if (r.has("exception")) m.exception = r.str("exception", kMaxIdentifierBytes);
     m.progress = r.has("progress") ? r.boolean("progress") : true;
     m.culprit = r.has("culprit") ? r.boolean("culprit") : true;
-    if (r.error()) return *r.error();
-    return m;
+    if (r.error()) return common::Error{*r.error()};
+    return AgentMessage{std::move(m)};
   }
   if (type == "workers_succeeded") {
     WorkersSucceeded m;
     m.round = r.integer("round");
-    if (r.error()) return *r.error();
-    return m;
+    if (r.error()) return common::Error{*r.error()};
+    return AgentMessage{std::move(m)};
   }
   if (type == "leave") {
     Leave m;
     m.reason = r.str("reason");
-    if (r.error()) return *r.error();
-    return m;
+    if (r.error()) return common::Error{*r.error()};
+    return AgentMessage{std::move(m)};
   }
   if (type == "status") {
     StatusQuery m;
     if (r.has("run_id")) m.run_id = r.id("run_id");
     if (r.has("after")) m.after = r.id("after");
-    if (r.error()) return *r.error();
-    return m;
+    if (r.error()) return common::Error{*r.error()};
+    return AgentMessage{std::move(m)};
   }
-  return "unknown message type " + quote_peer_value(type);
+  return common::Error{"unknown message type " + quote_peer_value(type)};
 }
 
-std::variant<ServerMessage, std::string> read_server(const std::string& type, Reader& r,
-                                                     const json& body) {
+common::Result<ServerMessage> read_server(const std::string& type, Reader& r, const json& body) {
   if (type == "waiting") {
     Waiting m;
     m.round = r.integer("round");
@@ -370,8 +369,8 @@ std::variant<ServerMessage, std::string> read_server(const std::string& type, Re
     m.wait_listed = r.boolean("wait_listed");
     if (r.has("quarantined")) m.quarantined = r.str("quarantined", kMaxFrameBytes);
     if (r.has("quarantine_left_ms")) m.quarantine_left = r.millis("quarantine_left_ms");
-    if (r.error()) return *r.error();
-    return m;
+    if (r.error()) return common::Error{*r.error()};
+    return ServerMessage{std::move(m)};
   }
   if (type == "round") {
     RoundReady m;
@@ -387,8 +386,8 @@ std::variant<ServerMessage, std::string> read_server(const std::string& type, Re
       r.fail_value("group_rank", "must lie in 0..group_world_size-1");
     if (!r.error() && (m.master_port < 1 || m.master_port > 65535))
       r.fail_value("master_port", "must lie in 1..65535");
-    if (r.error()) return *r.error();
-    return m;
+    if (r.error()) return common::Error{*r.error()};
+    return ServerMessage{std::move(m)};
   }
   if (type == "restart") {
     Restart m;
@@ -402,8 +401,8 @@ std::variant<ServerMessage, std::string> read_server(const std::string& type, Re
       m.window = r.millis("window_ms");
       m.window_restarts = r.integer("window_restarts");
     }
-    if (r.error()) return *r.error();
-    return m;
+    if (r.error()) return common::Error{*r.error()};
+    return ServerMessage{std::move(m)};
   }
   if (type == "closed") {
     Closed m;
@@ -412,31 +411,34 @@ std::variant<ServerMessage, std::string> read_server(const std::string& type, Re
     m.exit_code = r.integer("exit_code");
     m.signal = r.integer("signal");
     if (r.has("do_not_requeue")) m.do_not_requeue = r.boolean("do_not_requeue");
-    if (r.error()) return *r.error();
+    if (r.error()) return common::Error{*r.error()};
     auto kind = enum_from(outcome, kJobOutcomeNames);
-    if (!kind) return "closed field \"outcome\" has an unknown value " + quote_peer_value(outcome);
+    if (!kind)
+      return common::Error{"closed field \"outcome\" has an unknown value " +
+                           quote_peer_value(outcome)};
     m.outcome = *kind;
-    return m;
+    return ServerMessage{std::move(m)};
   }
   if (type == "refused") {
     Refused m;
     const std::string kind = r.str("kind");
     m.message = r.str("message", kMaxFrameBytes);
-    if (r.error()) return *r.error();
+    if (r.error()) return common::Error{*r.error()};
     auto k = enum_from(kind, kRefusalNames);
-    if (!k) return "refused field \"kind\" has an unknown value " + quote_peer_value(kind);
+    if (!k)
+      return common::Error{"refused field \"kind\" has an unknown value " + quote_peer_value(kind)};
     m.kind = *k;
-    return m;
+    return ServerMessage{std::move(m)};
   }
   if (type == "status_reply") {
     if (!body.contains("jobs") || !body.at("jobs").is_array())
-      return std::string("status_reply field \"jobs\" must be an array");
+      return common::Error{"status_reply field \"jobs\" must be an array"};
     StatusReply m{body.at("jobs"), std::nullopt};
     if (r.has("next")) m.next = r.id("next");
-    if (r.error()) return *r.error();
-    return m;
+    if (r.error()) return common::Error{*r.error()};
+    return ServerMessage{std::move(m)};
   }
-  return "unknown message type " + quote_peer_value(type);
+  return common::Error{"unknown message type " + quote_peer_value(type)};
 }
 
 }  // namespace
@@ -444,18 +446,18 @@ std::variant<ServerMessage, std::string> read_server(const std::string& type, Re
 json to_json(const AgentMessage& message) { return std::visit(AgentToJson{}, message); }
 json to_json(const ServerMessage& message) { return std::visit(ServerToJson{}, message); }
 
-std::variant<AgentMessage, std::string> parse_agent_message(const json& body) {
-  std::string type;
-  if (auto bad = type_of(body, type)) return *bad;
-  Reader r(body, type);
-  return read_agent(type, r);
+common::Result<AgentMessage> parse_agent_message(const json& body) {
+  auto type = type_of(body);
+  if (!type) return type.error();
+  Reader r(body, *type);
+  return read_agent(*type, r);
 }
 
-std::variant<ServerMessage, std::string> parse_server_message(const json& body) {
-  std::string type;
-  if (auto bad = type_of(body, type)) return *bad;
-  Reader r(body, type);
-  return read_server(type, r, body);
+common::Result<ServerMessage> parse_server_message(const json& body) {
+  auto type = type_of(body);
+  if (!type) return type.error();
+  Reader r(body, *type);
+  return read_server(*type, r, body);
 }
 
 json make_hello(const std::string& role) {

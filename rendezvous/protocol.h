@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/enum_names.h"
+#include "common/result.h"
 
 // The messages of ddprun's rendezvous protocol (docs/design.md#rendezvous-protocol), as typed
 // values, and their JSON form. Pure: the server and client put these in frames (framing.h).
@@ -253,9 +254,9 @@ nlohmann::json settings_json(const RdzvSettings& settings);
 nlohmann::json to_json(const AgentMessage& message);
 nlohmann::json to_json(const ServerMessage& message);
 
-/// Parses a frame body; a string naming what is wrong for anything malformed (never throws).
-std::variant<AgentMessage, std::string> parse_agent_message(const nlohmann::json& body);
-std::variant<ServerMessage, std::string> parse_server_message(const nlohmann::json& body);
+/// Parses a frame body; the error names what is wrong for anything malformed (never throws).
+common::Result<AgentMessage> parse_agent_message(const nlohmann::json& body);
+common::Result<ServerMessage> parse_server_message(const nlohmann::json& body);
 
 /// The hello each side sends first (checked with check_hello in framing.h).
 nlohmann::json make_hello(const std::string& role);

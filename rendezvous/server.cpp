@@ -338,8 +338,8 @@ void RendezvousServer::on_message(std::uint64_t id, const json& body) {
     return;
   }
   auto parsed = parse_agent_message(body);
-  if (auto* bad = std::get_if<std::string>(&parsed)) return refuse(session, *bad);
-  AgentMessage& message = std::get<AgentMessage>(parsed);
+  if (!parsed) return refuse(session, parsed.error().message);
+  AgentMessage& message = *parsed;
   if (auto* query = std::get_if<StatusQuery>(&message)) {
     session.conn->send(to_json(ServerMessage{describe(query->run_id, query->after)}));
     return;

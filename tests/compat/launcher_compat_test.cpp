@@ -89,12 +89,12 @@ TEST_CASE("two elastic agents form one job of four ranks", "[python][integration
   require_torch();
   TempDir dir;
   auto port = ddprun::rdzv::find_free_port("127.0.0.1");
-  REQUIRE(std::holds_alternative<int>(port));
+  REQUIRE(port.ok());
   const std::vector<std::string> flags = {
       "--nnodes",         "1:2",
       "--nproc_per_node", "2",
       "--rdzv_backend",   "c10d",
-      "--rdzv_endpoint",  "127.0.0.1:" + std::to_string(std::get<int>(port)),
+      "--rdzv_endpoint",  "127.0.0.1:" + std::to_string(*port),
       "--rdzv_id",        "compat-two-agents",
       "--rdzv_conf",      "last_call_timeout=30,join_timeout=120"};
   Subprocess first(ddprun_cmd(flags, {kChecks, "--touch_dir", dir.path()}), kPython);
@@ -167,14 +167,14 @@ CommandResult torchrun(const std::vector<std::string>& flags,
                        const std::vector<std::string>& program,
                        const std::map<std::string, std::string>& env = kPython) {
   const auto port = ddprun::rdzv::find_free_port("127.0.0.1");
-  REQUIRE(std::holds_alternative<int>(port));
+  REQUIRE(port.ok());
   std::vector<std::string> argv{
       "/usr/bin/python3", std::string(DDPRUN_SOURCE_DIR) + "/bench/torchrun_shim.py",
       "--nnodes",         "1",
       "--node_rank",      "0",
       "--rdzv_backend",   "static",
       "--master_addr",    "127.0.0.1",
-      "--master_port",    std::to_string(std::get<int>(port)),
+      "--master_port",    std::to_string(*port),
       "--nproc_per_node", "2"};
   argv.insert(argv.end(), flags.begin(), flags.end());
   argv.insert(argv.end(), program.begin(), program.end());

@@ -431,9 +431,8 @@ std::string tail(const std::string& text, size_t n = 4000) {
 
 int free_port(const std::string& host) {
   auto p = rdzv::find_free_port(host);
-  if (!std::holds_alternative<int>(p))
-    throw std::runtime_error("no free port on " + host + ": " + std::get<std::string>(p));
-  return std::get<int>(p);
+  if (!p.ok()) throw std::runtime_error("no free port on " + host + ": " + p.error().message);
+  return *p;
 }
 
 /// The snapshot files in `dir`, newest (highest sequence) first.

@@ -15,7 +15,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     ddprun::rdzv::DecodeResult r = decoder.next();
     if (r.status != ddprun::rdzv::DecodeStatus::Complete) break;
     auto parsed = ddprun::rdzv::parse_server_message(r.body);
-    auto* message = std::get_if<ddprun::rdzv::ServerMessage>(&parsed);
+    auto* message = parsed ? &*parsed : nullptr;
     if (!message) continue;
     if (auto* reply = std::get_if<ddprun::rdzv::StatusReply>(message))
       (void)ddprun::launcher::format_status(reply->jobs);

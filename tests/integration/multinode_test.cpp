@@ -19,8 +19,8 @@ const std::string kFastConf = kFastRdzvConf;
 
 int free_port() {
   auto p = ddprun::rdzv::find_free_port("127.0.0.1");
-  REQUIRE(std::holds_alternative<int>(p));
-  return std::get<int>(p);
+  REQUIRE(p.ok());
+  return *p;
 }
 
 /// One agent: `ddprun --rdzv_backend c10d --rdzv_endpoint E --rdzv_id ID --local_addr A ...`.
@@ -248,8 +248,8 @@ TEST_CASE("the daemon killed and restarted mid-run does not stop the job, and ge
 
 TEST_CASE("an IPv6 loopback endpoint works", "[integration][multinode]") {
   auto p = ddprun::rdzv::find_free_port("::1");
-  REQUIRE(std::holds_alternative<int>(p));
-  const std::string endpoint = "[::1]:" + std::to_string(std::get<int>(p));
+  REQUIRE(p.ok());
+  const std::string endpoint = "[::1]:" + std::to_string(*p);
   std::vector<std::unique_ptr<Subprocess>> nodes;
   for (int i = 0; i < 2; ++i)
     nodes.push_back(std::make_unique<Subprocess>(ddprun_fake(

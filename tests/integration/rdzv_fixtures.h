@@ -18,8 +18,8 @@ namespace ddprun::testing {
 
 inline int free_port() {
   auto p = ddprun::rdzv::find_free_port("127.0.0.1");
-  REQUIRE(std::holds_alternative<int>(p));
-  return std::get<int>(p);
+  REQUIRE(p.ok());
+  return *p;
 }
 
 /// A daemon on a free port of 127.0.0.1, with extra flags; stopped with SIGTERM at the end.

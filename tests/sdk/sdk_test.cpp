@@ -75,9 +75,9 @@ sdk::WorkerContext local_context(int rank, int world, int port) {
 
 int free_port() {
   auto port = rdzv::find_free_port("127.0.0.1");
-  INFO((std::holds_alternative<std::string>(port) ? std::get<std::string>(port) : ""));
-  REQUIRE(std::holds_alternative<int>(port));
-  return std::get<int>(port);
+  INFO((!port.ok() ? port.error().message : ""));
+  REQUIRE(port.ok());
+  return *port;
 }
 
 /// Rewrites the zip at `path` with Python's zipfile, record `name` emptied and the rest kept.

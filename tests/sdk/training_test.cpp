@@ -435,7 +435,7 @@ TEST_CASE("under torchrun's static rendezvous the trainer joins the agent's stor
   // torchrun then sets TORCHELASTIC_USE_AGENT_STORE=True: the ranks are clients of the store
   // its agent hosts on MASTER_PORT, under /worker/attempt_0.
   auto port = ddprun::rdzv::find_free_port("127.0.0.1");
-  REQUIRE(std::holds_alternative<int>(port));
+  REQUIRE(port.ok());
   auto r = run_command({"/usr/bin/python3",
                         std::string(DDPRUN_SOURCE_DIR) + "/bench/torchrun_shim.py",
                         "--nnodes",
@@ -449,7 +449,7 @@ TEST_CASE("under torchrun's static rendezvous the trainer joins the agent's stor
                         "--master_addr",
                         "127.0.0.1",
                         "--master_port",
-                        std::to_string(std::get<int>(port)),
+                        std::to_string(*port),
                         "--no_python",
                         DDP_TRAIN_BIN,
                         "2",

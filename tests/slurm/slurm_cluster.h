@@ -258,8 +258,8 @@ class SlurmCluster {
 
   static int free_port() {
     auto port = rdzv::find_free_port("127.0.0.1");
-    REQUIRE(std::holds_alternative<int>(port));
-    return std::get<int>(port);
+    REQUIRE(port.ok());
+    return *port;
   }
 
   /// SIGTERM, then (in Subprocess's destructor) SIGKILL for a daemon that does not stop.
