@@ -9,7 +9,6 @@ namespace ddprun::common {
 struct OpenFileLimit {
   rlim_t soft = 0;
   rlim_t hard = 0;
-  rlim_t was = 0;  ///< the soft limit before raise_open_file_limit
 };
 
 /// The soft limit this process started with, once raise_open_file_limit raised it; 0 before.
@@ -19,14 +18,14 @@ inline rlim_t& inherited_open_file_soft_limit() {
 }
 
 /// Raises the soft open-file limit to the hard one (the usual soft limit of 1024 would stop a
-/// server at about a thousand connections) and returns the limits now in force; `was` differs
-/// from `soft` when it was raised. Never lowers a limit. A process that starts programs gives
+/// server at about a thousand connections) and returns the limits now in force (soft below hard:
+/// it could not be raised). Never lowers a limit. A process that starts programs gives
 /// them back the limit it was given (restore_inherited_open_file_limit, in the forked child):
 /// a program that uses select() breaks on descriptors above 1023.
 inline OpenFileLimit raise_open_file_limit() {
   rlimit limit{};
   if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return {};
-  OpenFileLimit out{limit.rlim_cur, limit.rlim_max, limit.rlim_cur};
+  OpenFileLimit out{limit.rlim_cur, limit.rlim_max};
   if (limit.rlim_cur >= limit.rlim_max) return out;
   const rlim_t was = limit.rlim_cur;
   limit.rlim_cur = limit.rlim_max;
