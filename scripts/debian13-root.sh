@@ -30,7 +30,7 @@ packages=(
   libssl-dev openssl nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libcatch2-dev
   prometheus-cpp-dev
   libtorch-dev libgloo-dev python3-torch python3-numpy
-  procps iproute2 file
+  procps iproute2 file ccache
 )
 wanted="${packages[*]}"
 

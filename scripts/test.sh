@@ -85,7 +85,7 @@ if [ -n "${CMAKE_CXX_COMPILER_LAUNCHER:-}" ]; then ccache -s | grep -E 'Hits|Mis
 stage "Debian 13, torch 2.6: the root"
 bash scripts/debian13-root.sh
 stage "Debian 13, torch 2.6: build"
-# Inside the root, without ccache (the root has none).
+# Inside the root, through the root's own ccache (scripts/debian13-build.sh).
 unset CMAKE_CXX_COMPILER_LAUNCHER
 # What the two labels run (and what those need, by add_dependencies): ddprun's libraries are
 # all compiled with GCC 14 that way; the other test programs are not built here.
