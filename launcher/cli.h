@@ -1,4 +1,5 @@
 #pragma once
+#include <cstddef>
 #include <functional>
 #include <optional>
 #include <string>
@@ -8,6 +9,68 @@
 #include "launcher/launch_config.h"
 
 namespace ddprun::launcher {
+
+/// ddprun's flags: one row each in launcher/cli.cpp's kOptions, in this order (that of --help).
+enum class Flag : std::size_t {
+  Nnodes,
+  NprocPerNode,
+  VirtualLocalRank,
+  NumaBinding,
+  NodeRank,
+  Standalone,
+  RdzvBackend,
+  RdzvEndpoint,
+  RdzvId,
+  RdzvConf,
+  MasterAddr,
+  MasterPort,
+  AgentStore,
+  LocalAddr,
+  MaxRestarts,
+  MonitorInterval,
+  ShutdownTimeout,
+  SignalsToHandle,
+  WatchdogTimeout,
+  RestartBackoff,
+  RestartBackoffReset,
+  RestartWindow,
+  CrashLoopStop,
+  QuarantineAfter,
+  QuarantineCooldown,
+  ProgressFile,
+  FatalExitCodes,
+  HealthCheck,
+  HealthCheckTimeout,
+  HealthCheckInterval,
+  StandbyWorkers,
+  StandbyPreload,
+  Cleanup,
+  StartMethod,
+  Role,
+  Module,
+  NoPython,
+  RunPath,
+  LocalRankArg,
+  LogDir,
+  EventLog,
+  MetricsPort,
+  MetricsHost,
+  Redirects,
+  Tee,
+  LocalRanksFilter,
+  DedupOutput,
+  DuplicateStdoutFilters,
+  DuplicateStderrFilters,
+  LogsSpecs,
+  EventLogHandler,
+  NoSlurmFanout,
+};
+constexpr std::size_t kFlagCount = static_cast<std::size_t>(Flag::NoSlurmFanout) + 1;
+
+/// A flag's spellings as CLI11 takes them ("--rdzv_endpoint,--rdzv-endpoint"), and its PET_
+/// variable ("PET_RDZV_ENDPOINT"): for `ddprun status`, which shares some of them.
+std::string flag_spellings(Flag flag);
+std::string flag_env_name(Flag flag);
 
 /// Reads one environment variable; nullopt when unset. Injected so parsing stays pure.
 using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
@@ -32,6 +95,10 @@ struct SlurmFanOut {
 };
 
 using ParseResult = std::variant<LaunchConfig, InfoRequest, UsageError, SlurmFanOut>;
+
+/// The configuration of a command line that sets no flag: every default, from the flag table
+/// (launcher/cli.cpp's kOptions); a LaunchConfig{} holds zeroes.
+LaunchConfig default_launch_config();
 
 /// Parses ddprun's command line (argv[0] excluded) and PET_<NAME> variables into a validated
 /// LaunchConfig. Flags win over PET_ variables, which win over what a SLURM job step supplies

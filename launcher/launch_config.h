@@ -32,80 +32,81 @@ struct SlurmDerived {
 };
 
 /// Everything one ddprun invocation was asked to do, parsed and validated, before any effect.
+/// A LaunchConfig{} holds zeroes: the defaults are the flag table's, in launcher/cli.cpp
+/// (default_launch_config(), and every parse_command_line).
 struct LaunchConfig {
   // Node and worker counts.
-  int min_nodes = 1;
-  int max_nodes = 1;
-  NprocKind nproc_kind = NprocKind::Count;
-  int nproc_per_node = 1;  ///< meaningful when nproc_kind == Count (or after resolution)
+  int min_nodes{};
+  int max_nodes{};
+  NprocKind nproc_kind{};
+  int nproc_per_node{};  ///< meaningful when nproc_kind == Count (or after resolution)
   /// --virtual_local_rank: LOCAL_RANK=0 and one GPU in CUDA_VISIBLE_DEVICES per worker.
-  bool virtual_local_rank = false;
+  bool virtual_local_rank{};
   /// --numa_binding: "" (off) or "node" (each worker on the CPUs of its GPU's NUMA node).
   std::string numa_binding;
 
   // Rendezvous.
-  bool standalone = false;
-  std::string rdzv_backend = "static";
+  bool standalone{};
+  std::string rdzv_backend;
   std::string rdzv_endpoint;  ///< "" when not given
-  std::string rdzv_id = "none";
+  std::string rdzv_id;
   std::map<std::string, std::string> rdzv_conf;
   std::optional<int> node_rank;  ///< nullopt when not given (torchrun's default is 0)
-  std::string master_addr = "127.0.0.1";
+  std::string master_addr;
   std::optional<int> master_port;  ///< nullopt: the agent picks a free port
   /// --agent_store: the agent hosts the workers' TCPStore (TORCHELASTIC_USE_AGENT_STORE=True).
-  bool agent_store = true;
+  bool agent_store{};
   std::string local_addr;  ///< "" when not given
 
   // Supervision.
-  int max_restarts = 0;
-  double monitor_interval =
-      0.1;  ///< seconds; accepted for compatibility, exits are observed at once
-  double shutdown_timeout = 30.0;      ///< seconds between the stop signal and SIGKILL
-  std::string start_method = "spawn";  ///< accepted for compatibility; workers are always fork+exec
+  int max_restarts{};
+  double monitor_interval{};  ///< seconds; accepted for compatibility, exits are observed at once
+  double shutdown_timeout{};  ///< seconds between the stop signal and SIGKILL
+  std::string start_method;   ///< accepted for compatibility; workers are always fork+exec
   std::vector<int> signals_to_handle;  ///< signal numbers, default SIGTERM,SIGINT,SIGHUP,SIGQUIT
-  double watchdog_timeout = 0.0;       ///< seconds; 0 = off (ddprun's own flag)
+  double watchdog_timeout{};           ///< seconds; 0 = off (ddprun's own flag)
   /// --restart_backoff BASE[:MAX] and --restart_backoff_reset, seconds (ddprun's own flags).
-  double restart_backoff = 1.0;
-  double restart_backoff_max = 30.0;
-  double restart_backoff_reset = 60.0;
+  double restart_backoff{};
+  double restart_backoff_max{};
+  double restart_backoff_reset{};
   /// --restart_window (seconds; 0: the whole job), --crash_loop_stop (0: off) and
   /// --fatal_exit_codes (sorted, unique): the job-wide failure policy (rdzv::RdzvSettings).
-  double restart_window = 0.0;
-  int crash_loop_stop = 3;
+  double restart_window{};
+  int crash_loop_stop{};
   std::vector<int> fatal_exit_codes;
   /// --quarantine_after (0: off) and --quarantine_cooldown SECONDS[:MAX] (seconds).
-  int quarantine_after = 2;
-  double quarantine_cooldown = 30.0;
-  double quarantine_cooldown_max = 600.0;
+  int quarantine_after{};
+  double quarantine_cooldown{};
+  double quarantine_cooldown_max{};
   std::string progress_file;  ///< --progress_file ("" for none)
   /// --health_check: "off", "builtin" (the built-in checks only) or a shell command (run after
   /// them); --health_check_timeout and --health_check_interval in seconds.
-  std::string health_check = "builtin";
-  double health_check_timeout = 60.0;
-  double health_check_interval = 30.0;
-  StandbyMode standby_workers = StandbyMode::Auto;  ///< a standby per local rank (ddprun's own)
-  bool standby_workers_given = false;        ///< by the flag or PET_STANDBY_WORKERS, not by default
+  std::string health_check;
+  double health_check_timeout{};
+  double health_check_interval{};
+  StandbyMode standby_workers{};             ///< a standby per local rank (ddprun's own)
+  bool standby_workers_given{};              ///< by the flag or PET_STANDBY_WORKERS, not by default
   std::vector<std::string> standby_preload;  ///< --standby_preload: modules to import
-  std::string role = "default";
+  std::string role;
   /// --cleanup: how no descendant of a worker outlives its group or the agent (ddprun's own).
-  agent::CleanupMode cleanup = agent::CleanupMode::Auto;
+  agent::CleanupMode cleanup{};
 
   // How workers are started.
-  bool module = false;           ///< -m: python -u -m <script>
-  bool no_python = false;        ///< --no_python: exec the script directly
-  bool run_path = false;         ///< --run_path: runpy.run_path(script) under python -u -c
-  std::string local_rank_arg{};  ///< --local_rank_arg: "local-rank", "local_rank" or ""
+  bool module{};               ///< -m: python -u -m <script>
+  bool no_python{};            ///< --no_python: exec the script directly
+  bool run_path{};             ///< --run_path: runpy.run_path(script) under python -u -c
+  std::string local_rank_arg;  ///< --local_rank_arg: "local-rank", "local_rank" or ""
 
   // Logs.
-  std::string log_dir;    ///< "" when not given
-  std::string event_log;  ///< --event_log: JSON lines of the recovery timeline ("" none)
-  int metrics_port = 0;   ///< --metrics_port: serve GET /metrics there (0: off)
-  std::string metrics_host = "127.0.0.1";  ///< --metrics_host
+  std::string log_dir;       ///< "" when not given
+  std::string event_log;     ///< --event_log: JSON lines of the recovery timeline ("" none)
+  int metrics_port{};        ///< --metrics_port: serve GET /metrics there (0: off)
+  std::string metrics_host;  ///< --metrics_host
   StdSpec redirects;
   StdSpec tee;
   /// --dedup_output: seconds within which identical console lines of several local ranks are
   /// shown once (0: off).
-  double dedup_output = 0.0;
+  double dedup_output{};
   std::optional<std::set<int>> local_ranks_filter;  ///< nullopt: every local rank on the console
   /// --duplicate_stdout_filters / --duplicate_stderr_filters: lines containing any of these
   /// are also copied to filtered_stdout.log / filtered_stderr.log of the attempt.

@@ -103,11 +103,11 @@ std::variant<StatusRequest, InfoRequest, UsageError> parse_status_args(
   std::string run_id;
   bool as_json = false;
   double timeout_s = 5.0;
-  app.add_option("--rdzv_endpoint,--rdzv-endpoint", endpoint,
+  app.add_option(flag_spellings(Flag::RdzvEndpoint), endpoint,
                  "host:port of the server (an agent's embedded one or ddprun-rdzvd)");
-  app.add_option("--rdzv_id,--rdzv-id", run_id, "show this job only");
+  app.add_option(flag_spellings(Flag::RdzvId), run_id, "show this job only");
   std::string backend = "c10d";
-  app.add_option("--rdzv_backend,--rdzv-backend", backend,
+  app.add_option(flag_spellings(Flag::RdzvBackend), backend,
                  "c10d (default) or etcd-v3: read the jobs from etcd, --rdzv_endpoint listing "
                  "its members");
   app.add_flag("--json", as_json, "print the server's JSON instead of tables");
@@ -135,7 +135,7 @@ std::variant<StatusRequest, InfoRequest, UsageError> parse_status_args(
                  "with --tls_ca: this client's certificate, for a server started with --tls_ca");
   app.add_option("--tls_key,--tls-key", tls.key, "the private key of --tls_cert");
   std::string rdzv_conf;
-  app.add_option("--rdzv_conf,--rdzv-conf", rdzv_conf,
+  app.add_option(flag_spellings(Flag::RdzvConf), rdzv_conf,
                  "K=V,... as the agents were given it: with etcd-v3, etcd_user and "
                  "etcd_password_file log in to etcd, tls_ca, tls_cert and tls_key speak TLS to it; "
                  "other keys are ignored");
@@ -148,10 +148,10 @@ std::variant<StatusRequest, InfoRequest, UsageError> parse_status_args(
     return UsageError{std::string("ddprun status: ") + e.what() + ": see ddprun status --help"};
   }
   if (endpoint.empty()) {
-    if (auto from_env = env("PET_RDZV_ENDPOINT")) endpoint = *from_env;
+    if (auto from_env = env(flag_env_name(Flag::RdzvEndpoint))) endpoint = *from_env;
   }
   if (run_id.empty()) {
-    if (auto from_env = env("PET_RDZV_ID")) run_id = *from_env;
+    if (auto from_env = env(flag_env_name(Flag::RdzvId))) run_id = *from_env;
   }
   if (endpoint.empty())
     return UsageError{

@@ -1,6 +1,8 @@
 #include "launcher/agent_store.h"
+#include "launcher/cli.h"
 
 #include <catch2/catch.hpp>
+
 #include <vector>
 
 using namespace ddprun::launcher;
@@ -37,7 +39,7 @@ class Rounds : public ddprun::rdzv::RendezvousHandler {
 }  // namespace
 
 TEST_CASE("one node binds its store on --master_addr and a free port", "[launcher][unit]") {
-  LaunchConfig config;
+  LaunchConfig config = default_launch_config();
   config.standalone = true;
   const AgentStorePlan plan = plan_agent_store(config, plan_of(config));
   CHECK(plan.use_agent_store);
@@ -53,7 +55,7 @@ TEST_CASE("one node binds its store on --master_addr and a free port", "[launche
 
 TEST_CASE("only node rank 0 of the static backend hosts the store at --master_port",
           "[launcher][unit]") {
-  LaunchConfig config;
+  LaunchConfig config = default_launch_config();
   config.min_nodes = config.max_nodes = 2;
   config.master_addr = "127.0.0.1";
   config.node_rank = 0;
@@ -67,7 +69,7 @@ TEST_CASE("only node rank 0 of the static backend hosts the store at --master_po
 }
 
 TEST_CASE("every c10d node hosts a store because any may become group rank 0", "[launcher][unit]") {
-  LaunchConfig config;
+  LaunchConfig config = default_launch_config();
   config.min_nodes = 1;
   config.max_nodes = 3;
   config.rdzv_backend = "c10d";
@@ -78,8 +80,9 @@ TEST_CASE("every c10d node hosts a store because any may become group rank 0", "
   CHECK(plan.listen_port == 0);
 }
 
-TEST_CASE("with --agent_store off the agent hosts nothing and workers host their own", "[launcher][unit]") {
-  LaunchConfig config;
+TEST_CASE("with --agent_store off the agent hosts nothing and workers host their own",
+          "[launcher][unit]") {
+  LaunchConfig config = default_launch_config();
   config.standalone = true;
   config.agent_store = false;
   const AgentStorePlan plan = plan_agent_store(config, plan_of(config));

@@ -948,3 +948,59 @@ TEST_CASE("a master address with control characters or spaces is refused, escape
         "characters");
   CHECK(parse_error({"--master_addr", "a b", "train.py"}).find("no spaces") != std::string::npos);
 }
+
+TEST_CASE("the defaults are the flag table's: a command line without flags gets them, --help "
+          "shows them",
+          "[launcher][unit]") {
+  const LaunchConfig defaults = ddprun::launcher::default_launch_config();
+  CHECK(defaults.min_nodes == 1);
+  CHECK(defaults.max_nodes == 1);
+  CHECK(defaults.nproc_kind == NprocKind::Count);
+  CHECK(defaults.nproc_per_node == 1);
+  CHECK(defaults.rdzv_backend == "static");
+  CHECK(defaults.rdzv_id == "none");
+  CHECK(defaults.master_addr == "127.0.0.1");
+  CHECK(defaults.agent_store);
+  CHECK(defaults.shutdown_timeout == 30.0);
+  CHECK(defaults.monitor_interval == 0.1);
+  CHECK(defaults.signals_to_handle == std::vector<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT});
+  CHECK(defaults.restart_backoff == 1.0);
+  CHECK(defaults.restart_backoff_max == 30.0);
+  CHECK(defaults.restart_backoff_reset == 60.0);
+  CHECK(defaults.crash_loop_stop == 3);
+  CHECK(defaults.quarantine_after == 2);
+  CHECK(defaults.quarantine_cooldown == 30.0);
+  CHECK(defaults.quarantine_cooldown_max == 600.0);
+  CHECK(defaults.health_check == "builtin");
+  CHECK(defaults.health_check_timeout == 60.0);
+  CHECK(defaults.health_check_interval == 30.0);
+  CHECK(defaults.standby_workers == ddprun::launcher::StandbyMode::Auto);
+  CHECK_FALSE(defaults.standby_workers_given);
+  CHECK(defaults.role == "default");
+  CHECK(defaults.start_method == "spawn");
+  CHECK(defaults.metrics_host == "127.0.0.1");
+  CHECK(defaults.metrics_port == 0);
+
+  const LaunchConfig parsed = parse_ok({"train.py"});
+  CHECK(parsed.shutdown_timeout == defaults.shutdown_timeout);
+  CHECK(parsed.rdzv_backend == defaults.rdzv_backend);
+  CHECK(parsed.crash_loop_stop == defaults.crash_loop_stop);
+  CHECK(parsed.signals_to_handle == defaults.signals_to_handle);
+  CHECK(parsed.standby_workers == defaults.standby_workers);
+  CHECK(parsed.health_check_interval == defaults.health_check_interval);
+
+  const std::string help = parse_info({"--help"});
+  CHECK_THAT(help, Contains("SIGKILL (default 30)."));
+  CHECK_THAT(help, Contains("(default 1:30; 0: no pause)"));
+  CHECK_THAT(help, Contains("SIGTERM,SIGINT,SIGHUP,SIGQUIT)."));
+  CHECK_THAT(help, !Contains("{default}"));
+}
+
+TEST_CASE("the flags ddprun status shares keep their spellings and PET_ variables",
+          "[launcher][unit]") {
+  using ddprun::launcher::Flag;
+  CHECK(ddprun::launcher::flag_spellings(Flag::RdzvEndpoint) ==
+        "--rdzv_endpoint,--rdzv-endpoint");
+  CHECK(ddprun::launcher::flag_spellings(Flag::Redirects) == "-r,--redirects");
+  CHECK(ddprun::launcher::flag_env_name(Flag::RdzvId) == "PET_RDZV_ID");
+}

@@ -1,4 +1,5 @@
 #include "launcher/launch_plan.h"
+#include "launcher/cli.h"
 
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -59,7 +60,7 @@ struct FakeMachine {
 };
 
 LaunchConfig standalone(int nproc, const std::string& script = "train.py") {
-  LaunchConfig config;
+  LaunchConfig config = default_launch_config();
   config.standalone = true;
   config.nproc_per_node = nproc;
   config.script = script;

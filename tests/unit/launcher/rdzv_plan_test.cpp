@@ -1,4 +1,5 @@
 #include "launcher/rdzv_plan.h"
+#include "launcher/cli.h"
 
 #include <catch2/catch.hpp>
 
@@ -10,7 +11,7 @@ namespace {
 bool local_if_head(const std::string& host) { return host == "head" || host == "127.0.0.1"; }
 
 LaunchConfig c10d(int min_nodes, int max_nodes, const std::string& endpoint) {
-  LaunchConfig config;
+  LaunchConfig config = default_launch_config();
   config.min_nodes = min_nodes;
   config.max_nodes = max_nodes;
   config.rdzv_backend = "c10d";
@@ -35,10 +36,10 @@ std::string error_of(const LaunchConfig& config) {
 }  // namespace
 
 TEST_CASE("one node without an endpoint needs no rendezvous server", "[launcher][unit]") {
-  LaunchConfig standalone;
+  LaunchConfig standalone = default_launch_config();
   standalone.standalone = true;
   CHECK(plan_of(standalone).single_node);
-  CHECK(plan_of(LaunchConfig{}).single_node);
+  CHECK(plan_of(default_launch_config()).single_node);
 }
 
 TEST_CASE("a c10d job hosts the server on the endpoint's machine and joins it elsewhere",
@@ -77,7 +78,7 @@ TEST_CASE("the --rdzv_conf settings set the timeouts and force hosting either wa
 
 TEST_CASE("the static backend keeps --master_port for workers and meets one port above",
           "[launcher][unit]") {
-  LaunchConfig config;
+  LaunchConfig config = default_launch_config();
   config.min_nodes = config.max_nodes = 2;
   config.master_addr = "head";
   config.master_port = 29500;
@@ -94,12 +95,12 @@ TEST_CASE("the static backend keeps --master_port for workers and meets one port
 }
 
 TEST_CASE("impossible rendezvous settings are refused naming the values", "[launcher][unit]") {
-  LaunchConfig elastic_static;
+  LaunchConfig elastic_static = default_launch_config();
   elastic_static.min_nodes = 2;
   elastic_static.max_nodes = 3;
   elastic_static.node_rank = 0;
   CHECK(error_of(elastic_static).find("--nnodes (got 2:3)") != std::string::npos);
-  LaunchConfig no_rank;
+  LaunchConfig no_rank = default_launch_config();
   no_rank.min_nodes = no_rank.max_nodes = 2;
   CHECK(error_of(no_rank).find("needs --node_rank on every node (0..1)") != std::string::npos);
   LaunchConfig far = c10d(2, 2, "head:1");
