@@ -114,7 +114,7 @@ AgentMetrics::AgentMetrics()
   healthy_.Set(1);
 }
 
-void AgentMetrics::observe(const std::string& event, const json& fields, common::TimePoint at) {
+void AgentMetrics::observe(EventName event, const json& fields, common::TimePoint at) {
   // Read defensively: a field of another type is absent, never an exception in the agent.
   auto number = [&](const char* key) -> std::optional<double> {
     if (!fields.is_object() || !fields.contains(key) || !fields[key].is_number()) return {};
@@ -125,8 +125,8 @@ void AgentMetrics::observe(const std::string& event, const json& fields, common:
     return fields[key].get<std::string>();
   };
 
-  if (event == "failure_detected" || event == "restart") {
-    if (event == "failure_detected") {
+  if (event == EventName::FailureDetected || event == EventName::Restart) {
+    if (event == EventName::FailureDetected) {
       const std::string how = text("how");
       bool known = false;
       for (const char* kind : kFailureKinds) known = known || how == kind;
@@ -149,43 +149,43 @@ void AgentMetrics::observe(const std::string& event, const json& fields, common:
     for (const auto& [name, ms] : phases) phases_.Add({{"phase", name}}).Set(gauge_seconds(*ms));
     phases_.Add({{"phase", "total"}}).Set(last->total_ms / 1000.0);
   }
-  if (event == "failure_detected" || event == "restart") return;
-  if (event == "health_check_failed") {
+  if (event == EventName::FailureDetected || event == EventName::Restart) return;
+  if (event == EventName::HealthCheckFailed) {
     health_failures_.Increment();
     healthy_.Set(0);
-  } else if (event == "health_check_passed") {
+  } else if (event == EventName::HealthCheckPassed) {
     healthy_.Set(1);
-  } else if (event == "quarantined") {
+  } else if (event == EventName::Quarantined) {
     quarantines_.Increment();
     quarantined_.Set(1);
-  } else if (event == "quarantine_over") {
+  } else if (event == EventName::QuarantineOver) {
     quarantined_.Set(0);
   }
-  if (event == "restart_delayed") {
+  if (event == EventName::RestartDelayed) {
     backoff_.Set(number("delay_ms").value_or(0) / 1000.0);
     delays_.Increment();
-  } else if (event == "rendezvous_start") {
+  } else if (event == EventName::RendezvousStart) {
     backoff_.Set(0);
   }
-  if (event == "rendezvous_complete") {
+  if (event == EventName::RendezvousComplete) {
     if (auto r = number("round")) round_.Set(*r);
     if (auto count = number("restart_count")) job_restarts_.Set(*count);
-  } else if (event == "workers_started") {
+  } else if (event == EventName::WorkersStarted) {
     if (auto count = number("count")) workers_.Set(*count);
     // `from_standby` of the standbys became workers of this group; new ones start next.
     if (auto used = number("from_standby")) standbys_.Set(std::max(0.0, standbys_.Value() - *used));
-  } else if (event == "teardown_done" || event == "job_end") {
+  } else if (event == EventName::TeardownDone || event == EventName::JobEnd) {
     workers_.Set(0);
-    if (event == "job_end") {
+    if (event == EventName::JobEnd) {
       standbys_.Set(0);
       zygote_ready_.Set(0);
       if (auto lost = number("log_bytes_lost")) log_lost_bytes_.Set(*lost);
     }
-  } else if (event == "standbys_started") {
+  } else if (event == EventName::StandbysStarted) {
     if (auto count = number("count")) standbys_.Increment(*count);
-  } else if (event == "zygote_ready") {
+  } else if (event == EventName::ZygoteReady) {
     zygote_ready_.Set(1);
-  } else if (event == "log_write_failed") {
+  } else if (event == EventName::LogWriteFailed) {
     lost_by_file_[text("path")] = static_cast<long long>(number("bytes_lost").value_or(0));
     double total = 0;
     for (const auto& [file, bytes] : lost_by_file_) total += static_cast<double>(bytes);

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "agent/event_names.h"
 #include "agent/recovery_tracker.h"
 #include "common/clock.h"
 
@@ -26,7 +27,7 @@ class AgentMetrics {
   prometheus::Registry& registry() { return registry_; }
 
   /// One event, as the event log writes it: its name, its fields and when it happened.
-  void observe(const std::string& event, const nlohmann::json& fields, common::TimePoint at);
+  void observe(EventName event, const nlohmann::json& fields, common::TimePoint at);
 
  private:
   prometheus::Registry registry_;

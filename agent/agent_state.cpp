@@ -152,7 +152,7 @@ class Stepper {
   void on(const RoundReady& e) {
     if (s_.phase != AgentPhase::Rendezvous) return;
     if (s_.pending_signal != 0) return advance();
-    out_.push_back(EmitEvent{"rendezvous_complete",
+    out_.push_back(EmitEvent{EventName::RendezvousComplete,
                              {{"round", e.info.round},
                               {"group_rank", e.info.group_rank},
                               {"group_world_size", e.info.group_world_size},
@@ -174,13 +174,13 @@ class Stepper {
     if (e.error.kind == rdzv::RendezvousErrorKind::Rejoin) {
       // Rendezvous -> HealthCheck/Rendezvous: the quarantine is over; the node checks itself
       // and joins again (the quarantine was its pause: no back-off is owed)
-      out_.push_back(EmitEvent{"quarantine_over", {{"message", e.error.message}}});
+      out_.push_back(EmitEvent{EventName::QuarantineOver, {{"message", e.error.message}}});
       log(LogLevel::Info, e.error.message);
       s_.failures_in_a_row = 0;
       return join_round();
     }
     // Rendezvous -> Finished: no round, no job.
-    out_.push_back(EmitEvent{"rendezvous_failed", {{"message", e.error.message}}});
+    out_.push_back(EmitEvent{EventName::RendezvousFailed, {{"message", e.error.message}}});
     log(LogLevel::Error, "rendezvous failed: " + e.error.message);
     finish(job_exit_code(JobOutcome::of(JobEnd::RendezvousFailed)));
   }
@@ -198,7 +198,7 @@ class Stepper {
     s_.waiting_round.reset();  // that round is over for this node
     if (s_.phase == AgentPhase::AwaitingZygote) s_.phase = AgentPhase::BetweenRounds;
     if (const auto* restart = std::get_if<rdzv::Restart>(&e.notice)) {
-      out_.push_back(EmitEvent{"restart",
+      out_.push_back(EmitEvent{EventName::Restart,
                                {{"reason", restart->reason},
                                 {"counted", restart->counted},
                                 {"restart_count", restart->restart_count}}});
@@ -213,7 +213,7 @@ class Stepper {
       }
       if (restart->quarantine.count() > 0) {
         out_.push_back(EmitEvent{
-            "quarantined",
+            EventName::Quarantined,
             {{"reason", restart->reason},
              {"cooldown_s", std::chrono::duration<double>(restart->quarantine).count()}}});
         log(LogLevel::Warn,
@@ -225,7 +225,7 @@ class Stepper {
       s_.restart = *restart;
     } else if (const auto* closed = std::get_if<rdzv::Closed>(&e.notice)) {
       out_.push_back(
-          EmitEvent{"job_closed",
+          EmitEvent{EventName::JobClosed,
                     {{"message", closed->message}, {"do_not_requeue", closed->do_not_requeue}}});
       s_.closed = *closed;
     } else {
@@ -365,7 +365,7 @@ class Stepper {
       return;
     }
     s_.pending_signal = sig;
-    out_.push_back(EmitEvent{"signal", {{"signal", common::signal_name(sig)}}});
+    out_.push_back(EmitEvent{EventName::Signal, {{"signal", common::signal_name(sig)}}});
     log(LogLevel::Warn, "received " + common::signal_name(sig) + ": stopping the workers");
     // Between rounds (or in a rendezvous): leave now. Draining: the end of the drain leaves.
     if (idle(s_.phase)) return advance();
@@ -422,7 +422,7 @@ class Stepper {
         log(LogLevel::Info, fmt::format("health check passed after {} failed check(s): joining "
                                         "the rendezvous",
                                         s_.health_failures));
-        out_.push_back(EmitEvent{"health_check_passed",
+        out_.push_back(EmitEvent{EventName::HealthCheckPassed,
                                  {{"ms", e.ms}, {"failures_before", s_.health_failures}}});
       }
       s_.health_failures = 0;
@@ -432,7 +432,7 @@ class Stepper {
     ++s_.health_failures;
     const long long retry_s =
         std::chrono::duration_cast<std::chrono::seconds>(spec_.health_retry).count();
-    out_.push_back(EmitEvent{"health_check_failed",
+    out_.push_back(EmitEvent{EventName::HealthCheckFailed,
                              {{"why", e.why},
                               {"output", e.output},
                               {"ms", e.ms},
@@ -453,7 +453,7 @@ class Stepper {
       out_.push_back(ReportSuccess{});
     } else {
       out_.push_back(
-          EmitEvent{"teardown_done", {{"teardown_ms", ms_between(s_.stop_started, now_)}}});
+          EmitEvent{EventName::TeardownDone, {{"teardown_ms", ms_between(s_.stop_started, now_)}}});
     }
     advance();
   }
@@ -479,7 +479,7 @@ class Stepper {
     DDPRUN_CHECK(idle(s_.phase), "a node joins a round only while nothing of it runs");
     // -> Rendezvous: join the next round.
     s_.phase = AgentPhase::Rendezvous;
-    out_.push_back(EmitEvent{"rendezvous_start", {{"restart_count", s_.restart_count}}});
+    out_.push_back(EmitEvent{EventName::RendezvousStart, {{"restart_count", s_.restart_count}}});
     out_.push_back(JoinRound{});
   }
 
@@ -549,7 +549,7 @@ class Stepper {
     }
     nlohmann::json pids = nlohmann::json::array();
     for (const auto& w : s_.workers) pids.push_back(w.pid);
-    out_.push_back(EmitEvent{"workers_started",
+    out_.push_back(EmitEvent{EventName::WorkersStarted,
                              {{"count", s_.workers.size()},
                               {"pids", pids},
                               {"restart_count", s_.restart_count},
@@ -601,7 +601,7 @@ class Stepper {
         const bool progress = made_progress();
         // A watchdog kill of a worker that was not stopped blames no node (check_watchdog).
         const bool culprit = !root.hung || root.hung_alone;
-        out_.push_back(EmitEvent{"failure_detected",
+        out_.push_back(EmitEvent{EventName::FailureDetected,
                                  {{"rank", root.placement.global_rank},
                                   {"local_rank", root.placement.local_rank},
                                   {"pid", root.pid},
@@ -772,7 +772,7 @@ class Stepper {
         // BetweenRounds (backing off): failures in a row; wait before the next round.
         s_.backing_off = true;
         const long long ms = std::chrono::duration_cast<std::chrono::milliseconds>(pause).count();
-        out_.push_back(EmitEvent{"restart_delayed",
+        out_.push_back(EmitEvent{EventName::RestartDelayed,
                                  {{"delay_ms", ms}, {"failures_in_a_row", s_.failures_in_a_row}}});
         log(LogLevel::Info,
             fmt::format(

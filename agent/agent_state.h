@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "agent/event_names.h"
 #include "agent/worker.h"
 #include "common/clock.h"
 #include "rendezvous/rendezvous_handler.h"
@@ -350,7 +351,7 @@ struct CancelTimer {
 };
 /// A line of the event log (and the metrics).
 struct EmitEvent {
-  std::string name;
+  EventName name = EventName::Other;
   nlohmann::json fields = nlohmann::json::object();
 };
 enum class LogLevel { Debug, Info, Warn, Error };

@@ -17,9 +17,10 @@ EventLog::~EventLog() {
   ::close(fd_);
 }
 
-std::optional<std::string> EventLog::open(const std::string& path, std::string node) {
+std::optional<common::Error> EventLog::open(const std::string& path, std::string node) {
   fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd_ < 0) return "cannot open the event log " + path + ": " + std::strerror(errno);
+  if (fd_ < 0)
+    return common::Error{"cannot open the event log " + path + ": " + std::strerror(errno)};
   node_ = std::move(node);
   path_ = path;
   return std::nullopt;

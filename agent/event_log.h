@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/clock.h"
+#include "common/result.h"
 
 namespace ddprun::agent {
 
@@ -21,8 +22,8 @@ class EventLog {
   EventLog(const EventLog&) = delete;
   EventLog& operator=(const EventLog&) = delete;
 
-  /// Opens `path` for appending; returns why not.
-  std::optional<std::string> open(const std::string& path, std::string node);
+  /// Opens `path` for appending; the error names the path and why not.
+  std::optional<common::Error> open(const std::string& path, std::string node);
 
   bool enabled() const { return fd_ >= 0; }
 

@@ -164,9 +164,10 @@ GroupCleanup::~GroupCleanup() {
 
 /// Forks the watcher of `node_dir` ("" without a cgroup): its pid and the pipe's write end,
 /// or why not.
-std::variant<std::pair<pid_t, int>, std::string> start_watcher(const std::string& node_dir) {
+common::Result<std::pair<pid_t, int>> start_watcher(const std::string& node_dir) {
   int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) return std::string("pipe: ") + std::strerror(errno);
+  if (::pipe2(fds, O_CLOEXEC) != 0)
+    return common::Error{std::string("pipe: ") + std::strerror(errno)};
   const pid_t watcher = ::fork();
   if (watcher == 0) {
     ::close(fds[1]);
@@ -175,21 +176,21 @@ std::variant<std::pair<pid_t, int>, std::string> start_watcher(const std::string
   ::close(fds[0]);
   if (watcher < 0) {
     ::close(fds[1]);
-    return std::string("fork: ") + std::strerror(errno);
+    return common::Error{std::string("fork: ") + std::strerror(errno)};
   }
   return std::make_pair(watcher, fds[1]);
 }
 
-std::variant<std::unique_ptr<GroupCleanup>, std::string> GroupCleanup::start(CleanupMode mode) {
+common::Result<std::unique_ptr<GroupCleanup>> GroupCleanup::start(CleanupMode mode) {
   std::unique_ptr<GroupCleanup> cleanup(new GroupCleanup());
-  if (std::string why = become_child_subreaper(); !why.empty()) return why;
+  if (auto why = become_child_subreaper()) return *why;
   // Without a cgroup, a watcher that kills the workers' process groups should the agent die
   // (a failure to start it leaves the /proc walk, which covers every end but a SIGKILL).
   auto use_subreaper = [&cleanup] {
     auto started = start_watcher("");
-    if (auto* w = std::get_if<std::pair<pid_t, int>>(&started)) {
-      cleanup->watcher_ = w->first;
-      cleanup->watcher_pipe_ = w->second;
+    if (started) {
+      cleanup->watcher_ = started->first;
+      cleanup->watcher_pipe_ = started->second;
       cleanup->tracking_ = true;
     }
   };
@@ -244,11 +245,11 @@ std::variant<std::unique_ptr<GroupCleanup>, std::string> GroupCleanup::start(Cle
   }
   if (unusable.empty()) {
     auto started = start_watcher(node_dir);
-    if (auto* why = std::get_if<std::string>(&started)) {
-      unusable = *why;
+    if (!started) {
+      unusable = started.error().message;
     } else {
-      cleanup->watcher_ = std::get<std::pair<pid_t, int>>(started).first;
-      cleanup->watcher_pipe_ = std::get<std::pair<pid_t, int>>(started).second;
+      cleanup->watcher_ = started->first;
+      cleanup->watcher_pipe_ = started->second;
     }
   }
   if (unusable.empty()) {
@@ -258,9 +259,9 @@ std::variant<std::unique_ptr<GroupCleanup>, std::string> GroupCleanup::start(Cle
   }
   if (!node_dir.empty()) remove_cgroup(node_dir);
   if (mode == CleanupMode::Cgroup)
-    return "--cleanup cgroup: " + unusable +
-           "; run ddprun where a cgroup v2 tree is delegated to its user (a systemd unit or "
-           "scope with Delegate=yes), or pass --cleanup auto";
+    return common::Error{"--cleanup cgroup: " + unusable +
+                         "; run ddprun where a cgroup v2 tree is delegated to its user (a "
+                         "systemd unit or scope with Delegate=yes), or pass --cleanup auto"};
   cleanup->no_cgroup_ = unusable;
   use_subreaper();
   return cleanup;  // auto: the subreaper

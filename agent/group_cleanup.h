@@ -5,8 +5,9 @@
 #include <optional>
 #include <set>
 #include <string>
-#include <variant>
 #include <vector>
+
+#include "common/result.h"
 
 namespace ddprun::agent {
 
@@ -53,7 +54,7 @@ class GroupCleanup {
   /// Sets up the mode asked for. Call before any other process or thread starts: the cgroup
   /// watcher is forked here. An error (a forced cgroup that cannot be used) names the reason
   /// and the fix.
-  static std::variant<std::unique_ptr<GroupCleanup>, std::string> start(CleanupMode mode);
+  static common::Result<std::unique_ptr<GroupCleanup>> start(CleanupMode mode);
 
   /// The mode in effect (never Auto), and where or why: "cgroup /sys/fs/cgroup/ddprun-12",
   /// "subreaper (no cgroup: <reason>)".

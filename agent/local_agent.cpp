@@ -73,9 +73,7 @@ class LocalAgent::Impl {
         reports_(io),
         output_(io, clock_, opt_.output, [this](const LogWriteFailure& f) { on_log_failure(f); }),
         standbys_(io, launcher, clock_, standby_settings(),
-                  [this](const std::string& event, const nlohmann::json& fields) {
-                    emit(event, fields);
-                  }) {
+                  [this](EventName event, const nlohmann::json& fields) { emit(event, fields); }) {
     spec_.local_world_size = opt_.spec.local_world_size;
     spec_.max_restarts = opt_.spec.max_restarts;
     spec_.shutdown_timeout = opt_.spec.shutdown_timeout;
@@ -105,7 +103,7 @@ class LocalAgent::Impl {
     if (!opt_.event_log.empty()) {
       if (auto why =
               events_.open(opt_.event_log, opt_.node_name.empty() ? spec_.host : opt_.node_name)) {
-        spdlog::error("{}; pass a writable --event_log path", *why);
+        spdlog::error("{}; pass a writable --event_log path", why->message);
         return fail_to_start();
       }
     }
@@ -270,7 +268,7 @@ class LocalAgent::Impl {
     for (const WorkerRef& w : e.workers) targets.push_back({w.pid, w.global_rank, w.local_rank});
     for (nlohmann::json& fields : log_native_stacks(targets, e.why)) {
       fields["python_traceback"] = spec_.python_tracebacks;
-      emit("stacks_dumped", fields);
+      emit(EventName::StacksDumped, fields);
     }
   }
 
@@ -353,9 +351,14 @@ class LocalAgent::Impl {
 
   // ---- event log and worker reports -------------------------------------------------------
 
-  void emit(const std::string& event, const nlohmann::json& fields = nlohmann::json::object()) {
+  void emit(EventName event, const nlohmann::json& fields = nlohmann::json::object()) {
+    record(event_name(event), event, fields);
+  }
+
+  /// An event as the log names it (a worker's report may name one ddprun does not know).
+  void record(std::string_view name, EventName event, const nlohmann::json& fields) {
     const auto at = clock_.now();
-    events_.write(event, fields, at);
+    events_.write(std::string(name), fields, at);
     if (opt_.metrics != nullptr) opt_.metrics->observe(event, fields, at);
   }
 
@@ -370,11 +373,11 @@ class LocalAgent::Impl {
     fields["source"] = "worker";
     fields["rank"] = state_.workers[*slot].placement.global_rank;
     fields["restart_count"] = state_.restart_count;
-    emit(report.event, fields);
+    record(report.event, event_named(report.event), fields);
   }
 
   void on_log_failure(const LogWriteFailure& f) {
-    emit("log_write_failed",
+    emit(EventName::LogWriteFailed,
          {{"path", f.path}, {"error", std::strerror(f.error)}, {"bytes_lost", f.bytes_lost}});
   }
 
@@ -466,7 +469,7 @@ class LocalAgent::Impl {
       spdlog::warn("{} bytes of worker output could not be written to {} log file(s) (see above)",
                    loss.bytes, loss.files);
     }
-    emit("job_end", end);
+    emit(EventName::JobEnd, end);
     for (asio::steady_timer& timer : timers_) timer.cancel();
     standbys_.stop();
     if (health_) health_->stop();

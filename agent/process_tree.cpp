@@ -132,10 +132,10 @@ int reap_children_except(const std::set<pid_t>& spared, int limit_ms) {
   return reaped;
 }
 
-std::string become_child_subreaper() {
+std::optional<common::Error> become_child_subreaper() {
   if (::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0)
-    return std::string("prctl(PR_SET_CHILD_SUBREAPER): ") + std::strerror(errno);
-  return "";
+    return common::Error{std::string("prctl(PR_SET_CHILD_SUBREAPER): ") + std::strerror(errno)};
+  return std::nullopt;
 }
 
 }  // namespace ddprun::agent

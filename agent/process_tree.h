@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "common/result.h"
+
 namespace ddprun::agent {
 
 /// What /proc/<pid>/stat says of a process's relations.
@@ -51,7 +53,7 @@ int reap_children_except(const std::set<pid_t>& spared, int limit_ms);
 
 /// Makes this process a child subreaper (PR_SET_CHILD_SUBREAPER): a descendant orphaned by its
 /// parent (a worker's setsid'd grandchild whose worker ended) becomes our child, so it stays
-/// findable below us and is reaped by us. Returns the error, or "".
-std::string become_child_subreaper();
+/// findable below us and is reaped by us. The error when the kernel refuses.
+std::optional<common::Error> become_child_subreaper();
 
 }  // namespace ddprun::agent

@@ -16,10 +16,10 @@ namespace {
 
 /// The events that end a phase, in the order the phases follow one another (the back-off,
 /// between teardown and rendezvous, is measured from restart_delayed and rendezvous_start).
-constexpr const char* kTeardown = "teardown_done";
-constexpr const char* kAfterBackoff[] = {"rendezvous_complete", "workers_started",
-                                         "worker_main",         "pg_ready",
-                                         "snapshot_loaded",     "first_step"};
+constexpr EventName kTeardown = EventName::TeardownDone;
+constexpr EventName kAfterBackoff[] = {EventName::RendezvousComplete, EventName::WorkersStarted,
+                                       EventName::WorkerMain,         EventName::PgReady,
+                                       EventName::SnapshotLoaded,     EventName::FirstStep};
 
 /// How far back an injected fault (the fault harness's fault_injected) is the cause of a failure.
 constexpr double kFaultWindowS = 60.0;
@@ -55,20 +55,20 @@ std::string event_text_field(const json& body, const char* key, const std::strin
   return it != body.end() && it->is_string() ? common::printable(it->get<std::string>()) : fallback;
 }
 
-bool RecoveryTracker::observe(const std::string& event, const json& fields, double t) {
-  if (event == "fault_injected") {
+bool RecoveryTracker::observe(EventName event, const json& fields, double t) {
+  if (event == EventName::FaultInjected) {
     last_fault_ = t;
     return false;
   }
   Window* current = windows_.empty() ? nullptr : &windows_.back();
   const bool open = current != nullptr && !current->closed;
-  if (event == "failure_detected" || event == "restart") {
+  if (event == EventName::FailureDetected || event == EventName::Restart) {
     // Part of the recovery under way until its workers started again.
     if (open && !current->resumed) return false;
     if (current != nullptr) current->closed = true;
     Window w;
     w.began = t;
-    w.cause = event == "failure_detected"
+    w.cause = event == EventName::FailureDetected
                   ? describe_failure(fields)
                   : "restart: " + event_text_field(fields, "reason", "the rendezvous asked");
     if (last_fault_ && *last_fault_ >= t - kFaultWindowS && *last_fault_ <= t)
@@ -79,17 +79,17 @@ bool RecoveryTracker::observe(const std::string& event, const json& fields, doub
   if (!open) return false;
   // A job stopped by a signal (or ended) after the recovery tears down again: those lines
   // belong to the stop, not to the recovery.
-  if (event == "signal" || event == "job_end") {
+  if (event == EventName::Signal || event == EventName::JobEnd) {
     current->closed = true;
     return false;
   }
-  if (event == "restart_delayed" && !current->delayed_at) current->delayed_at = t;
-  if (event == "rendezvous_start" && current->delayed_at && !current->rejoined_at)
+  if (event == EventName::RestartDelayed && !current->delayed_at) current->delayed_at = t;
+  if (event == EventName::RendezvousStart && current->delayed_at && !current->rejoined_at)
     current->rejoined_at = t;
   if (event == kTeardown) current->last[event] = t;
-  for (const char* phase : kAfterBackoff)
+  for (const EventName phase : kAfterBackoff)
     if (event == phase) current->last[event] = t;
-  if (event == "workers_started") {
+  if (event == EventName::WorkersStarted) {
     current->resumed = true;
     current->restart_count = event_int_field(fields, "restart_count", current->restart_count);
   }
@@ -102,7 +102,7 @@ Recovery RecoveryTracker::phases_of(const Window& w) {
   r.restart_count = w.restart_count;
   if (w.fault_at) r.detect_ms = (w.began - *w.fault_at) * 1000.0;
   double at = w.began;
-  auto phase = [&](const char* name, std::optional<double>& out) {
+  auto phase = [&](EventName name, std::optional<double>& out) {
     auto it = w.last.find(name);
     if (it == w.last.end() || it->second < at) return;
     out = (it->second - at) * 1000.0;

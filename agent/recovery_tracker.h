@@ -17,6 +17,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "agent/event_names.h"
+
 namespace ddprun::agent {
 
 /// One recovery, cut into phases. Phases whose events are absent (a program without the SDK
@@ -41,7 +43,7 @@ struct Recovery {
 class RecoveryTracker {
  public:
   /// Takes the next event; returns true when it began a recovery.
-  bool observe(const std::string& event, const nlohmann::json& fields, double t);
+  bool observe(EventName event, const nlohmann::json& fields, double t);
 
   /// Every recovery so far, its phases as the events seen so far make them.
   std::vector<Recovery> recoveries() const;
@@ -54,12 +56,12 @@ class RecoveryTracker {
     double began = 0;
     std::string cause;
     std::optional<double> fault_at;
-    std::map<std::string, double> last;  ///< phase event -> its last time in the window
-    std::optional<double> delayed_at;    ///< the first restart_delayed
-    std::optional<double> rejoined_at;   ///< the first rendezvous_start after it
-    long long restart_count = 0;         ///< the last workers_started's
-    bool resumed = false;                ///< its workers started: a failure begins the next
-    bool closed = false;                 ///< a stop signal or the job's end closed it
+    std::map<EventName, double> last;   ///< phase event -> its last time in the window
+    std::optional<double> delayed_at;   ///< the first restart_delayed
+    std::optional<double> rejoined_at;  ///< the first rendezvous_start after it
+    long long restart_count = 0;        ///< the last workers_started's
+    bool resumed = false;               ///< its workers started: a failure begins the next
+    bool closed = false;                ///< a stop signal or the job's end closed it
   };
   static Recovery phases_of(const Window& w);
 

@@ -28,8 +28,7 @@ constexpr std::chrono::seconds kZygoteReadyTimeout{60};
 
 struct StandbySupply::Impl {
   Impl(asio::io_context& io, ProcessLauncher& launcher_, const common::Clock& clock_,
-       StandbySettings settings_,
-       std::function<void(const std::string&, const nlohmann::json&)> emit_)
+       StandbySettings settings_, std::function<void(EventName, const nlohmann::json&)> emit_)
       : launcher(launcher_),
         clock(clock_),
         settings(std::move(settings_)),
@@ -76,7 +75,8 @@ struct StandbySupply::Impl {
         started.push_back(pool.pid_of(local));
     }
     if (!started.empty())
-      emit("standbys_started", {{"count", started.size()}, {"pids", started}, {"forked", false}});
+      emit(EventName::StandbysStarted,
+           {{"count", started.size()}, {"pids", started}, {"forked", false}});
   }
 
   /// One fork request per local rank without a standby, all sent at once; the zygote answers
@@ -162,7 +162,8 @@ struct StandbySupply::Impl {
   /// No fork request is out: say which standbys were forked, and go on with what waited.
   void forks_settled() {
     if (!forked.empty())
-      emit("standbys_started", {{"count", forked.size()}, {"pids", forked}, {"forked", true}});
+      emit(EventName::StandbysStarted,
+           {{"count", forked.size()}, {"pids", forked}, {"forked", true}});
     forked = nlohmann::json::array();
     if (auto next = std::exchange(after_forks, nullptr)) next();
   }
@@ -207,7 +208,7 @@ struct StandbySupply::Impl {
     const bool ready = state == PythonZygote::State::Ready;
     if (ready) {
       // zygote_wait stays open: the answers to fork requests arrive on it.
-      emit("zygote_ready",
+      emit(EventName::ZygoteReady,
            {{"pid", zygote->pid()},
             {"import_ms",
              std::chrono::duration<double, std::milli>(clock.now() - zygote_started).count()}});
@@ -228,7 +229,7 @@ struct StandbySupply::Impl {
   ProcessLauncher& launcher;
   const common::Clock& clock;
   StandbySettings settings;
-  std::function<void(const std::string&, const nlohmann::json&)> emit;
+  std::function<void(EventName, const nlohmann::json&)> emit;
   asio::steady_timer standby_timer;
   asio::steady_timer zygote_timer;
   asio::posix::stream_descriptor zygote_wait;  ///< a copy of the zygote's control socket
@@ -290,7 +291,7 @@ struct StandbySupply::Impl {
 
 StandbySupply::StandbySupply(asio::io_context& io, ProcessLauncher& launcher,
                              const common::Clock& clock, StandbySettings settings,
-                             std::function<void(const std::string&, const nlohmann::json&)> emit)
+                             std::function<void(EventName, const nlohmann::json&)> emit)
     : impl_(std::make_unique<Impl>(io, launcher, clock, std::move(settings), std::move(emit))) {}
 
 StandbySupply::~StandbySupply() { stop(); }
@@ -317,7 +318,7 @@ bool StandbySupply::start_zygote(std::function<void(bool ready)> settled) {
   }
   s.on_settled = std::move(settled);
   s.zygote_started = s.clock.now();
-  s.emit("zygote_started", {{"pid", s.zygote->pid()}});
+  s.emit(EventName::ZygoteStarted, {{"pid", s.zygote->pid()}});
   s.zygote_wait.assign(::fcntl(s.zygote->control_fd(), F_DUPFD_CLOEXEC, 0));
   s.await_ready();
   s.zygote_timer.expires_after(kZygoteReadyTimeout);

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "agent/event_names.h"
 #include "agent/group_cleanup.h"
 #include "agent/process_launcher.h"
 #include "agent/worker.h"
@@ -45,7 +46,7 @@ class StandbySupply {
   /// `emit` writes an event-log line (zygote_started, zygote_ready, standbys_started).
   StandbySupply(boost::asio::io_context& io, ProcessLauncher& launcher, const common::Clock& clock,
                 StandbySettings settings,
-                std::function<void(const std::string&, const nlohmann::json&)> emit);
+                std::function<void(EventName, const nlohmann::json&)> emit);
   ~StandbySupply();
   StandbySupply(const StandbySupply&) = delete;
   StandbySupply& operator=(const StandbySupply&) = delete;

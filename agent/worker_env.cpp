@@ -22,15 +22,15 @@ std::vector<WorkerPlacement> place_workers(const rdzv::RendezvousInfo& info, int
   return placements;
 }
 
-std::optional<std::string> virtual_local_rank_problem(const EnvMap& agent_env,
-                                                      int local_world_size) {
+std::optional<common::Error> virtual_local_rank_problem(const EnvMap& agent_env,
+                                                        int local_world_size) {
   auto it = agent_env.find("CUDA_VISIBLE_DEVICES");
   if (it == agent_env.end()) return std::nullopt;
   const size_t gpus = common::split(it->second, ',').size();
   if (static_cast<int>(gpus) >= local_world_size) return std::nullopt;
-  return "--virtual_local_rank with " + std::to_string(local_world_size) +
-         " workers per node: CUDA_VISIBLE_DEVICES=" + it->second + " names only " +
-         std::to_string(gpus) + " GPU(s); run as many workers as GPUs or widen it";
+  return common::Error{"--virtual_local_rank with " + std::to_string(local_world_size) +
+                       " workers per node: CUDA_VISIBLE_DEVICES=" + it->second + " names only " +
+                       std::to_string(gpus) + " GPU(s); run as many workers as GPUs or widen it"};
 }
 
 bool will_default_omp_threads(const EnvMap& agent_env, int local_world_size) {

@@ -6,6 +6,7 @@
 
 #include "agent/worker.h"
 #include "common/env.h"
+#include "common/result.h"
 #include "rendezvous/rendezvous_handler.h"
 
 namespace ddprun::agent {
@@ -43,8 +44,8 @@ EnvMap build_standby_env(const EnvMap& agent_env, const WorkerSpec& spec, int lo
 
 /// Why --virtual_local_rank cannot give each of local_world_size workers its own GPU: the
 /// agent's CUDA_VISIBLE_DEVICES names fewer; nullopt when it can (or the variable is unset).
-std::optional<std::string> virtual_local_rank_problem(const EnvMap& agent_env,
-                                                      int local_world_size);
+std::optional<common::Error> virtual_local_rank_problem(const EnvMap& agent_env,
+                                                        int local_world_size);
 
 /// True when build_worker_env will add OMP_NUM_THREADS=1 (the agent prints one notice).
 bool will_default_omp_threads(const EnvMap& agent_env, int local_world_size);

@@ -2,6 +2,8 @@
 #include <optional>
 #include <string>
 
+#include "common/result.h"
+
 namespace ddprun::agent {
 
 /// The kernel's per-process limits that bound how many workers one agent can run.
@@ -27,7 +29,7 @@ inline constexpr long long kBaseDescriptors = 64;
 
 /// Refuses, before anything starts, a worker count the limits cannot hold: the message names
 /// the limit, its value, what the count needs and the fix. nullopt when the count fits.
-std::optional<std::string> check_worker_limits(int workers, const WorkerNeeds& needs,
-                                               const ProcessLimits& limits);
+std::optional<common::Error> check_worker_limits(int workers, const WorkerNeeds& needs,
+                                                 const ProcessLimits& limits);
 
 }  // namespace ddprun::agent

@@ -16,6 +16,7 @@
 #include <map>
 #include <sstream>
 
+#include "agent/event_names.h"
 #include "common/exit_codes.h"
 #include "common/strings.h"
 
@@ -30,7 +31,7 @@ constexpr int kMaxEventDepth = 32;
 
 struct Event {
   double t = 0;
-  std::string name;
+  agent::EventName name = agent::EventName::Other;
   json body;
 };
 
@@ -59,7 +60,8 @@ EventSummary summarize_events(const std::string& text) {
       ++summary.malformed_lines;
       continue;
     }
-    events.push_back(Event{body["t"].get<double>(), body["event"].get<std::string>(), body});
+    events.push_back(
+        Event{body["t"].get<double>(), agent::event_named(body["event"].get<std::string>()), body});
   }
   std::stable_sort(events.begin(), events.end(),
                    [](const Event& a, const Event& b) { return a.t < b.t; });
@@ -69,8 +71,8 @@ EventSummary summarize_events(const std::string& text) {
   const Event* ended = nullptr;
   const Event* closed = nullptr;
   for (const Event& e : events) {
-    if (e.name == "job_end") ended = &e;
-    if (e.name == "job_closed") closed = &e;
+    if (e.name == agent::EventName::JobEnd) ended = &e;
+    if (e.name == agent::EventName::JobClosed) closed = &e;
   }
   if (ended != nullptr) {
     constexpr long long kNone = std::numeric_limits<long long>::min();

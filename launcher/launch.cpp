@@ -216,11 +216,11 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
   log_notes(plan.notes);
   // Before any thread or process starts: the cgroup watcher is forked here.
   auto started_cleanup = agent::GroupCleanup::start(plan.config.cleanup);
-  if (auto* why = std::get_if<std::string>(&started_cleanup)) {
-    spdlog::error("{}", *why);
+  if (!started_cleanup) {
+    spdlog::error("{}", started_cleanup.error().message);
     return common::kExitUsage;
   }
-  auto cleanup = std::get<std::unique_ptr<agent::GroupCleanup>>(std::move(started_cleanup));
+  std::unique_ptr<agent::GroupCleanup> cleanup = *std::move(started_cleanup);
   spdlog::debug("process cleanup: {}", cleanup->describe());
   plan.agent.cleanup = cleanup.get();
 

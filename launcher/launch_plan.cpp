@@ -384,9 +384,9 @@ common::Result<LaunchPlan> plan_launch(const LaunchConfig& config, const agent::
   needs.log_files = config.redirects.any() || config.tee.any();
   needs.standbys = config.standby_workers != StandbyMode::Off;
   if (auto why = agent::check_worker_limits(plan.nproc, needs, probes.process_limits()))
-    return common::Error{*why};
+    return *why;
   if (config.virtual_local_rank)
-    if (auto why = agent::virtual_local_rank_problem(env, plan.nproc)) return common::Error{*why};
+    if (auto why = agent::virtual_local_rank_problem(env, plan.nproc)) return *why;
   if (auto why = planner.bind_numa()) return *why;
 
   if (agent::will_default_omp_threads(env, plan.nproc))

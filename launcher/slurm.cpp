@@ -43,29 +43,29 @@ std::string padded(long long value, size_t width) {
 
 /// The numbers inside one pair of brackets, "01-04,07", as strings with their padding.
 /// `offset` is where the text starts in the whole list, for error positions.
-std::variant<std::vector<std::string>, std::string> expand_ranges(std::string_view text,
-                                                                  size_t offset) {
+common::Result<std::vector<std::string>> expand_ranges(std::string_view text, size_t offset) {
+  using common::Error;
   std::vector<std::string> out;
-  if (text.empty()) return "empty brackets " + at_char(offset - 1) + "; expected e.g. [1-4]";
+  if (text.empty()) return Error{"empty brackets " + at_char(offset - 1) + "; expected e.g. [1-4]"};
   size_t start = 0;
   for (const std::string& piece : common::split(text, ',')) {
     const size_t where = offset + start;
     start += piece.size() + 1;
-    if (piece.empty()) return "empty range " + at_char(where) + " inside brackets";
+    if (piece.empty()) return Error{"empty range " + at_char(where) + " inside brackets"};
     const size_t dash = piece.find('-');
     const std::string lo_text = piece.substr(0, dash);
     const std::string hi_text = dash == std::string::npos ? lo_text : piece.substr(dash + 1);
     if (!all_digits(lo_text) || !all_digits(hi_text) || lo_text.size() > 18 ||
         hi_text.size() > 18) {
-      return "'" + piece + "' " + at_char(where) +
-             " is not a number or a range of numbers such as 01-04";
+      return Error{"'" + piece + "' " + at_char(where) +
+                   " is not a number or a range of numbers such as 01-04"};
     }
     const long long lo = *common::parse_int(lo_text);
     const long long hi = *common::parse_int(hi_text);
-    if (hi < lo) return "range " + piece + " " + at_char(where) + " runs backwards";
+    if (hi < lo) return Error{"range " + piece + " " + at_char(where) + " runs backwards"};
     if (static_cast<unsigned long long>(hi - lo) >= kMaxHostlistNames) {
-      return "range " + piece + " " + at_char(where) + " has more than " +
-             std::to_string(kMaxHostlistNames) + " names";
+      return Error{"range " + piece + " " + at_char(where) + " has more than " +
+                   std::to_string(kMaxHostlistNames) + " names"};
     }
     for (long long n = lo; n <= hi; ++n) out.push_back(padded(n, lo_text.size()));
   }
@@ -74,9 +74,10 @@ std::variant<std::vector<std::string>, std::string> expand_ranges(std::string_vi
 
 /// One comma-free item such as "gpu[01-04]" or "a[1-2]b[3-4]": every combination of its
 /// bracket groups, the leftmost varying slowest.
-std::optional<std::string> expand_item(std::string_view list, size_t begin, size_t end,
-                                       std::vector<std::string>& names) {
-  if (begin == end) return "empty node name " + at_char(begin) + " (two commas, or one at an end)";
+std::optional<common::Error> expand_item(std::string_view list, size_t begin, size_t end,
+                                         std::vector<std::string>& names) {
+  if (begin == end)
+    return common::Error{"empty node name " + at_char(begin) + " (two commas, or one at an end)"};
   std::vector<std::string> partial{""};
   size_t i = begin;
   while (i < end) {
@@ -88,10 +89,11 @@ std::optional<std::string> expand_item(std::string_view list, size_t begin, size
     }
     const size_t close = list.find(']', i);  // balanced: checked by the caller
     auto numbers = expand_ranges(list.substr(i + 1, close - i - 1), i + 1);
-    if (auto* why = std::get_if<std::string>(&numbers)) return *why;
-    const auto& values = std::get<std::vector<std::string>>(numbers);
+    if (!numbers) return numbers.error();
+    const std::vector<std::string>& values = *numbers;
     if (partial.size() * values.size() + names.size() > kMaxHostlistNames) {
-      return "the list expands to more than " + std::to_string(kMaxHostlistNames) + " names";
+      return common::Error{"the list expands to more than " + std::to_string(kMaxHostlistNames) +
+                           " names"};
     }
     std::vector<std::string> combined;
     combined.reserve(partial.size() * values.size());
@@ -165,7 +167,7 @@ common::Result<std::vector<std::string>> parse_hostlist(std::string_view hostlis
       if (depth == 0) return common::Error{"']' " + at_char(i) + " has no matching '['"};
       depth = 0;
     } else if (c == ',' && depth == 0) {
-      if (auto why = expand_item(hostlist, item_begin, i, names)) return common::Error{*why};
+      if (auto why = expand_item(hostlist, item_begin, i, names)) return *why;
       item_begin = i + 1;
     }
     if (i == hostlist.size() && depth > 0)

@@ -324,7 +324,7 @@ common::Result<json> fetch_status(const StatusRequest& request,
                     if (!greeted) {
                       rdzv::HandshakeStep hs = handshake.on_message(body);
                       if (hs.error) {
-                        error = *hs.error;
+                        error = hs.error->message;
                         return conn->close();
                       }
                       if (hs.send) conn->send(*hs.send);

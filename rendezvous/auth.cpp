@@ -134,7 +134,7 @@ HandshakeStep ServerHandshake::on_message(const json& body) {
   HandshakeStep out;
   if (!challenged_) {
     if (auto bad = check_hello(body)) {
-      out.error = bad->message;
+      out.error = common::Error{bad->message};
       return out;
     }
     role_ = short_string(body, "role", 32).value_or("");
@@ -145,10 +145,10 @@ HandshakeStep ServerHandshake::on_message(const json& body) {
     }
     auto nonce = short_string(body, "nonce", kMaxNonceChars);
     if (!nonce || nonce->size() < kMinNonceChars) {
-      out.error =
+      out.error = common::Error{
           "authentication failed: this rendezvous server requires the shared secret; give "
           "every node the server's secret file (--rdzv_conf secret_file=PATH, or " +
-          std::string(kSecretFileVariable) + "=PATH)";
+          std::string(kSecretFileVariable) + "=PATH)"};
       out.unauthorized = true;
       return out;
     }
@@ -159,14 +159,15 @@ HandshakeStep ServerHandshake::on_message(const json& body) {
   }
   auto mac = short_string(body, "mac", 128);
   if (type_of(body) != "auth" || !mac) {
-    out.error = "authentication failed: expected the answer to the challenge, got another message";
+    out.error = common::Error{
+        "authentication failed: expected the answer to the challenge, got another message"};
     out.unauthorized = true;
     return out;
   }
   if (!same_mac(*mac, handshake_mac(*secret_, "client", role_, client_nonce_, server_nonce_))) {
-    out.error =
+    out.error = common::Error{
         "authentication failed: wrong secret; every node, ddprun status and the server need "
-        "the same secret file";
+        "the same secret file"};
     out.unauthorized = true;
     return out;
   }
@@ -194,25 +195,25 @@ HandshakeStep ClientHandshake::on_message(const json& body) {
   const std::string type = type_of(body);
   if (type == "refused") {
     auto message = short_string(body, "message", kMaxFrameBytes);
-    out.error = "the rendezvous server refused this connection: " +
-                message.value_or(std::string("no reason given"));
+    out.error = common::Error{"the rendezvous server refused this connection: " +
+                              message.value_or(std::string("no reason given"))};
     // A refusal of kind "unauthorized" already says "authentication failed: ...".
     if (message && short_string(body, "kind", 32) == std::optional<std::string>("unauthorized"))
-      out.error = *message;
+      out.error = common::Error{*message};
     return out;
   }
   if (type == "challenge") {
     auto nonce = short_string(body, "nonce", kMaxNonceChars);
     if (!secret_) {
-      out.error =
+      out.error = common::Error{
           "authentication failed: the rendezvous server requires a shared secret; give the "
           "server's secret file with --rdzv_conf secret_file=PATH (ddprun status: "
           "--secret_file PATH), or " +
-          std::string(kSecretFileVariable) + "=PATH";
+          std::string(kSecretFileVariable) + "=PATH"};
       return out;
     }
     if (!nonce || nonce->size() < kMinNonceChars || !server_nonce_.empty()) {
-      out.error = "authentication failed: the server's challenge is malformed";
+      out.error = common::Error{"authentication failed: the server's challenge is malformed"};
       return out;
     }
     server_nonce_ = *nonce;
@@ -222,7 +223,7 @@ HandshakeStep ClientHandshake::on_message(const json& body) {
     return out;
   }
   if (auto bad = check_hello(body)) {
-    out.error = "not a ddprun rendezvous server of this version: " + bad->message;
+    out.error = common::Error{"not a ddprun rendezvous server of this version: " + bad->message};
     out.not_ddprun = true;
     return out;
   }
@@ -230,9 +231,9 @@ HandshakeStep ClientHandshake::on_message(const json& body) {
     auto mac = short_string(body, "mac", 128);
     if (server_nonce_.empty() || !mac ||
         !same_mac(*mac, handshake_mac(*secret_, "server", role_, client_nonce_, server_nonce_))) {
-      out.error =
+      out.error = common::Error{
           "authentication failed: the rendezvous server did not prove that it holds the secret "
-          "(is it started without --secret_file, or with another secret?)";
+          "(is it started without --secret_file, or with another secret?)"};
       return out;
     }
   }

@@ -48,7 +48,7 @@ std::string handshake_mac(const Secret& secret, const std::string& side, const s
 struct HandshakeStep {
   std::optional<nlohmann::json> send;  ///< a message to send now
   bool done = false;                   ///< authenticated (or no secret needed): go on
-  std::optional<std::string> error;    ///< refuse (server) or give up (client) with this
+  std::optional<common::Error> error;  ///< refuse (server) or give up (client) with this
   bool unauthorized = false;           ///< the error is a failed authentication (server)
   bool not_ddprun = false;  ///< (client) the peer's greeting is not ddprun's of this version
 };

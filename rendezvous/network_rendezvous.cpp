@@ -125,7 +125,8 @@ void NetworkRendezvous::on_message(const nlohmann::json& body) {
       // A refusal instead of a hello says why (the protocol differs, the secret is wrong).
       return step(ServerUnusable{RendezvousError{
           RendezvousErrorKind::State,
-          hs.not_ddprun ? "the server at " + spec_.endpoint + " is " + *hs.error : *hs.error}});
+          hs.not_ddprun ? "the server at " + spec_.endpoint + " is " + hs.error->message
+                        : hs.error->message}});
     }
     if (hs.send) conn_->send(*hs.send);
     if (!hs.done) return;

@@ -324,7 +324,7 @@ void RendezvousServer::on_message(std::uint64_t id, const json& body) {
     // Hello, and with a secret the challenge and its answer: nothing else is read before.
     HandshakeStep hs = session.handshake->on_message(body);
     if (hs.error)
-      return refuse(session, *hs.error,
+      return refuse(session, hs.error->message,
                     hs.unauthorized ? RefusalKind::Unauthorized : RefusalKind::Protocol);
     if (hs.send && hs.done && daemon_) (*hs.send)["daemon"] = true;
     if (hs.send) session.conn->send(*hs.send);

@@ -33,17 +33,21 @@ void exercise(rdzv::ServerMetrics& m) {
 /// Every family of the agent, with a recovery's phases.
 void exercise(agent::AgentMetrics& m) {
   const common::TimePoint t0{};
-  m.observe("failure_detected", {{"how", "exit"}}, t0);
-  m.observe("restart", {{"restart_count", 1}}, t0 + 10ms);
-  m.observe("teardown_done", {}, t0 + 1s);
-  m.observe("rendezvous_complete", {{"round", 1}, {"restart_count", 1}}, t0 + 3s);
-  m.observe("standbys_started", {{"count", 2}}, t0 + 2s);
-  m.observe("workers_started", {{"count", 2}, {"from_standby", 2}}, t0 + 3500ms);
-  m.observe("standbys_started", {{"count", 2}}, t0 + 4s);
-  m.observe("zygote_ready", {}, t0 + 4s);
-  m.observe("log_write_failed", {{"path", "/x"}, {"bytes_lost", 10}}, t0 + 5s);
-  m.observe("quarantined", {{"reason", "r"}, {"cooldown_s", 30.0}}, t0 + 6s);
-  m.observe("quarantine_over", {{"message", "m"}}, t0 + 36s);
+  m.observe(ddprun::agent::event_named("failure_detected"), {{"how", "exit"}}, t0);
+  m.observe(ddprun::agent::event_named("restart"), {{"restart_count", 1}}, t0 + 10ms);
+  m.observe(ddprun::agent::event_named("teardown_done"), {}, t0 + 1s);
+  m.observe(ddprun::agent::event_named("rendezvous_complete"), {{"round", 1}, {"restart_count", 1}},
+            t0 + 3s);
+  m.observe(ddprun::agent::event_named("standbys_started"), {{"count", 2}}, t0 + 2s);
+  m.observe(ddprun::agent::event_named("workers_started"), {{"count", 2}, {"from_standby", 2}},
+            t0 + 3500ms);
+  m.observe(ddprun::agent::event_named("standbys_started"), {{"count", 2}}, t0 + 4s);
+  m.observe(ddprun::agent::event_named("zygote_ready"), {}, t0 + 4s);
+  m.observe(ddprun::agent::event_named("log_write_failed"), {{"path", "/x"}, {"bytes_lost", 10}},
+            t0 + 5s);
+  m.observe(ddprun::agent::event_named("quarantined"), {{"reason", "r"}, {"cooldown_s", 30.0}},
+            t0 + 6s);
+  m.observe(ddprun::agent::event_named("quarantine_over"), {{"message", "m"}}, t0 + 36s);
 }
 
 }  // namespace
@@ -156,7 +160,7 @@ TEST_CASE("the metrics and events summarize see the same recoveries with the sam
   for (const auto& [t, e] : events) {
     nlohmann::json fields = e;
     fields.erase("event");
-    m.observe(e["event"], fields,
+    m.observe(agent::event_named(e["event"].get<std::string>()), fields,
               common::TimePoint(
                   std::chrono::duration_cast<common::Duration>(std::chrono::duration<double>(t))));
     nlohmann::json line = e;
@@ -210,7 +214,7 @@ TEST_CASE("the agent's metrics ignore events with fields of an unexpected type",
   const common::TimePoint t0{};
   for (const char* event : {"failure_detected", "restart", "rendezvous_complete", "workers_started",
                             "standbys_started", "log_write_failed", "job_end"}) {
-    CHECK_NOTHROW(m.observe(event,
+    CHECK_NOTHROW(m.observe(agent::event_named(event),
                             {{"how", 3},
                              {"count", "x"},
                              {"from_standby", true},
@@ -218,7 +222,7 @@ TEST_CASE("the agent's metrics ignore events with fields of an unexpected type",
                              {"round", nullptr},
                              {"log_bytes_lost", "x"}},
                             t0));
-    CHECK_NOTHROW(m.observe(event, nlohmann::json::array(), t0));
+    CHECK_NOTHROW(m.observe(agent::event_named(event), nlohmann::json::array(), t0));
   }
   CHECK(sample(serialize(m.registry()), "ddprun_agent_worker_failures_total{kind=\"other\"}") == 2);
 }
@@ -227,8 +231,8 @@ TEST_CASE("a failure after the workers restarted begins the next recovery", "[me
   agent::AgentMetrics m;
   exercise(m);
   const common::TimePoint t1 = common::TimePoint{} + std::chrono::seconds(100);
-  m.observe("failure_detected", {{"how", "watchdog"}}, t1);
-  m.observe("teardown_done", {}, t1 + 250ms);
+  m.observe(ddprun::agent::event_named("failure_detected"), {{"how", "watchdog"}}, t1);
+  m.observe(ddprun::agent::event_named("teardown_done"), {}, t1 + 250ms);
   const std::string text = serialize(m.registry());
   CHECK(sample(text, "ddprun_agent_recoveries_total") == 2);
   CHECK(sample(text, "ddprun_agent_worker_failures_total{kind=\"watchdog\"}") == 1);
@@ -241,11 +245,12 @@ TEST_CASE("the agent's metrics show a pause of --restart_backoff while it lasts"
           "[metrics][unit]") {
   agent::AgentMetrics m;
   const common::TimePoint t0{};
-  m.observe("restart_delayed", {{"delay_ms", 2000}, {"failures_in_a_row", 3}}, t0);
+  m.observe(ddprun::agent::event_named("restart_delayed"),
+            {{"delay_ms", 2000}, {"failures_in_a_row", 3}}, t0);
   std::string text = serialize(m.registry());
   CHECK(sample(text, "ddprun_agent_restart_backoff_seconds") == 2);
   CHECK(sample(text, "ddprun_agent_restart_delays_total") == 1);
-  m.observe("rendezvous_start", {{"restart_count", 3}}, t0 + 2s);
+  m.observe(ddprun::agent::event_named("rendezvous_start"), {{"restart_count", 3}}, t0 + 2s);
   text = serialize(m.registry());
   CHECK(sample(text, "ddprun_agent_restart_backoff_seconds") == 0);
   CHECK(sample(text, "ddprun_agent_restart_delays_total") == 1);
@@ -256,12 +261,12 @@ TEST_CASE("the agent's metrics count failed health checks and say whether the no
   agent::AgentMetrics m;
   const common::TimePoint t0{};
   CHECK(sample(serialize(m.registry()), "ddprun_agent_healthy") == 1);
-  m.observe("health_check_failed", {{"why", "GPU gone"}}, t0);
-  m.observe("health_check_failed", {{"why", "GPU gone"}}, t0 + 30s);
+  m.observe(ddprun::agent::event_named("health_check_failed"), {{"why", "GPU gone"}}, t0);
+  m.observe(ddprun::agent::event_named("health_check_failed"), {{"why", "GPU gone"}}, t0 + 30s);
   std::string text = serialize(m.registry());
   CHECK(sample(text, "ddprun_agent_health_check_failures_total") == 2);
   CHECK(sample(text, "ddprun_agent_healthy") == 0);
-  m.observe("health_check_passed", {{"ms", 3}}, t0 + 60s);
+  m.observe(ddprun::agent::event_named("health_check_passed"), {{"ms", 3}}, t0 + 60s);
   CHECK(sample(serialize(m.registry()), "ddprun_agent_healthy") == 1);
 }
 

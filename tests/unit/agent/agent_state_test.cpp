@@ -7,6 +7,8 @@
 #include <catch2/catch.hpp>
 #include <csignal>
 #include <optional>
+#include <set>
+#include <string_view>
 
 #include "common/exit_codes.h"
 #include "tests/support/in_child.h"
@@ -50,12 +52,12 @@ struct Agent {
   }
   bool emitted(const std::string& name) const {
     for (const auto& e : effects<EmitEvent>())
-      if (e.name == name) return true;
+      if (event_name(e.name) == name) return true;
     return false;
   }
   nlohmann::json event(const std::string& name) const {
     for (const auto& e : effects<EmitEvent>())
-      if (e.name == name) return e.fields;
+      if (event_name(e.name) == name) return e.fields;
     return nullptr;
   }
   bool logged(const std::string& text) const {
@@ -1125,4 +1127,19 @@ TEST_CASE("agent: every step keeps the lifecycle's invariants, and a broken stat
   });
   CHECK(WIFSIGNALED(status));
   CHECK(err.find("a group being stopped is Stopping, not Running") != std::string::npos);
+}
+
+TEST_CASE("every event has one name in the log, and the log's names read back as the same event",
+          "[agent][unit]") {
+  std::set<std::string_view> names;
+  for (int i = 0; i <= static_cast<int>(EventName::Other); ++i) {
+    const auto event = static_cast<EventName>(i);
+    const std::string_view name = event_name(event);
+    CHECK_FALSE(name.empty());
+    CHECK(names.insert(name).second);
+    if (event != EventName::Other) CHECK(event_named(name) == event);
+  }
+  CHECK(event_name(EventName::FailureDetected) == "failure_detected");
+  CHECK(event_named("a_report_of_the_program's_own") == EventName::Other);
+  CHECK(event_named("other") == EventName::Other);
 }

@@ -41,7 +41,7 @@ TEST_CASE("an event log that cannot be opened says which path, and a closed log 
   EventLog log;
   auto why = log.open("/nonexistent-dir/x/events.jsonl", "n");
   REQUIRE(why);
-  CHECK(why->find("/nonexistent-dir/x/events.jsonl") != std::string::npos);
+  CHECK(why->message.find("/nonexistent-dir/x/events.jsonl") != std::string::npos);
   CHECK_FALSE(log.enabled());
   log.write("ignored", {}, std::chrono::steady_clock::now());
 }

@@ -111,7 +111,7 @@ TEST_CASE("the option --virtual_local_rank needs a GPU per worker in CUDA_VISIBL
   CHECK_FALSE(virtual_local_rank_problem({{"CUDA_VISIBLE_DEVICES", "0,1"}}, 2).has_value());
   auto why = virtual_local_rank_problem({{"CUDA_VISIBLE_DEVICES", "0,1"}}, 3);
   REQUIRE(why.has_value());
-  CHECK(*why ==
+  CHECK(why->message ==
         "--virtual_local_rank with 3 workers per node: CUDA_VISIBLE_DEVICES=0,1 names only 2 "
         "GPU(s); run as many workers as GPUs or widen it");
 }

@@ -21,9 +21,10 @@ TEST_CASE("too many workers for RLIMIT_NOFILE are refused with the value and the
           "[agent][unit]") {
   auto why = check_worker_limits(5000, {}, limits(256, -1, false));
   REQUIRE(why);
-  CHECK(why->find("--nproc_per_node 5000 needs about 10064 open files (2 per worker)") == 0);
-  CHECK(why->find("RLIMIT_NOFILE allows (256)") != std::string::npos);
-  CHECK(why->find("`ulimit -n 10064`") != std::string::npos);
+  CHECK(why->message.find("--nproc_per_node 5000 needs about 10064 open files (2 per worker)") ==
+        0);
+  CHECK(why->message.find("RLIMIT_NOFILE allows (256)") != std::string::npos);
+  CHECK(why->message.find("`ulimit -n 10064`") != std::string::npos);
 }
 
 TEST_CASE("log files and standbys count against RLIMIT_NOFILE", "[agent][unit]") {
@@ -35,8 +36,8 @@ TEST_CASE("log files and standbys count against RLIMIT_NOFILE", "[agent][unit]")
 TEST_CASE("RLIMIT_NPROC is checked only where it applies", "[agent][unit]") {
   auto why = check_worker_limits(200, {}, limits(-1, 100, true));
   REQUIRE(why);
-  CHECK(why->find("RLIMIT_NPROC allows this user (100)") != std::string::npos);
-  CHECK(why->find("ulimit -u") != std::string::npos);
+  CHECK(why->message.find("RLIMIT_NPROC allows this user (100)") != std::string::npos);
+  CHECK(why->message.find("ulimit -u") != std::string::npos);
   // Root: the kernel does not apply it.
   CHECK_FALSE(check_worker_limits(200, {}, limits(-1, 100, false)));
 }
