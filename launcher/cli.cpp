@@ -647,6 +647,25 @@ std::string random_run_id() {
   return id;
 }
 
+/// The parsers of the flags that are their text, trimmed or not, or a switch.
+template <auto Field>
+Check set_text(const RawValue& v, LaunchConfig& config) {
+  config.*Field = v.text;
+  return std::nullopt;
+}
+
+template <auto Field>
+Check set_trimmed(const RawValue& v, LaunchConfig& config) {
+  config.*Field = trim(v.text);
+  return std::nullopt;
+}
+
+template <auto Field>
+Check set_switch(const RawValue& v, LaunchConfig& config) {
+  config.*Field = v.on;
+  return std::nullopt;
+}
+
 Check parse_standalone(const RawValue& v, LaunchConfig& config) {
   config.standalone = v.on;
   if (!config.standalone) return std::nullopt;
@@ -670,51 +689,6 @@ Check parse_rdzv_id(const RawValue& v, LaunchConfig& config) {
     return common::Error{describe(v) +
                          ": a job id names a directory under --log_dir and the job's keys: no "
                          "'/', no control characters, not '.' or '..' (e.g. my_job-1)"};
-  return std::nullopt;
-}
-
-Check parse_local_addr(const RawValue& v, LaunchConfig& config) {
-  config.local_addr = trim(v.text);
-  return std::nullopt;
-}
-
-Check parse_progress_file(const RawValue& v, LaunchConfig& config) {
-  config.progress_file = v.text;
-  return std::nullopt;
-}
-
-Check parse_log_dir(const RawValue& v, LaunchConfig& config) {
-  config.log_dir = v.text;
-  return std::nullopt;
-}
-
-Check parse_event_log(const RawValue& v, LaunchConfig& config) {
-  config.event_log = v.text;
-  return std::nullopt;
-}
-
-Check parse_virtual_local_rank(const RawValue& v, LaunchConfig& config) {
-  config.virtual_local_rank = v.on;
-  return std::nullopt;
-}
-
-Check parse_module(const RawValue& v, LaunchConfig& config) {
-  config.module = v.on;
-  return std::nullopt;
-}
-
-Check parse_no_python(const RawValue& v, LaunchConfig& config) {
-  config.no_python = v.on;
-  return std::nullopt;
-}
-
-Check parse_run_path(const RawValue& v, LaunchConfig& config) {
-  config.run_path = v.on;
-  return std::nullopt;
-}
-
-Check parse_no_slurm_fanout(const RawValue& v, LaunchConfig& config) {
-  config.no_slurm_fanout = v.on;
   return std::nullopt;
 }
 
@@ -804,7 +778,7 @@ constexpr OptionSpec kOptions[] = {
      "nproc_per_node", "", false, "N|cpu|gpu|auto", "1", kNodes,
      "Workers per node: a count, cpu (one per core), gpu (one per GPU) or auto (gpu when there "
      "are GPUs, else cpu) (default {default})."},
-    {Flag::VirtualLocalRank, parse_virtual_local_rank,
+    {Flag::VirtualLocalRank, set_switch<&LaunchConfig::virtual_local_rank>,
      "virtual_local_rank", "", true, "", "", kNodes,
      "Every worker gets LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES set to its own GPU (the local "
      "rank's entry of ddprun's CUDA_VISIBLE_DEVICES, else the local rank), as torchrun does."},
@@ -851,7 +825,7 @@ constexpr OptionSpec kOptions[] = {
      "on: the agent hosts the workers' TCPStore at MASTER_ADDR:MASTER_PORT, bound before they "
      "start (TORCHELASTIC_USE_AGENT_STORE=True); off: worker rank 0 hosts it, as torchrun "
      "1.13 does for c10d (default {default})."},
-    {Flag::LocalAddr, parse_local_addr,
+    {Flag::LocalAddr, set_trimmed<&LaunchConfig::local_addr>,
      "local_addr", "", false, "HOST", "", kRendezvous,
      "This node's address as the other nodes see it: the rendezvous connection leaves from it "
      "and it is MASTER_ADDR when this node is group rank 0 (default: the address the "
@@ -904,7 +878,7 @@ constexpr OptionSpec kOptions[] = {
      "quarantine_cooldown", "", false, "SECONDS[:MAX]", "30:600", kSupervision,
      "How long a node's first quarantine lasts; each further one doubles it, up to MAX. The "
      "node then checks itself and joins again as a spare (default {default})."},
-    {Flag::ProgressFile, parse_progress_file,
+    {Flag::ProgressFile, set_text<&LaunchConfig::progress_file>,
      "progress_file", "", false, "PATH", "", kSupervision,
      "A file the training program rewrites as it gets somewhere (a checkpoint's iteration "
      "file): a group during which it changed made progress, so its failure is no crash loop "
@@ -948,13 +922,13 @@ constexpr OptionSpec kOptions[] = {
     {Flag::Role, parse_role,
      "role", "", false, "NAME", "default", kSupervision,
      "Role name of the workers, shown in logs (default \"{default}\")."},
-    {Flag::Module, parse_module,
+    {Flag::Module, set_switch<&LaunchConfig::module>,
      "module", "m", true, "", "", kProgram,
      "Run the script as a Python module: python -u -m <script>."},
-    {Flag::NoPython, parse_no_python,
+    {Flag::NoPython, set_switch<&LaunchConfig::no_python>,
      "no_python", "", true, "", "", kProgram,
      "Run the script as a program, without python -u in front (any executable works)."},
-    {Flag::RunPath, parse_run_path,
+    {Flag::RunPath, set_switch<&LaunchConfig::run_path>,
      "run_path", "", true, "", "", kProgram,
      "Run the script with runpy.run_path(script, run_name=\"__main__\") in each worker (python "
      "-u -c), as torchrun does."},
@@ -963,10 +937,10 @@ constexpr OptionSpec kOptions[] = {
      "For scripts written for torch.distributed.launch: put --local-rank=N (its 2.x spelling) "
      "or --local_rank=N (1.x) after the script, N being the worker's local rank; LOCAL_RANK is "
      "set as always (default: none, as torchrun)."},
-    {Flag::LogDir, parse_log_dir,
+    {Flag::LogDir, set_text<&LaunchConfig::log_dir>,
      "log_dir", "", false, "DIR", "", kLogs,
      "Directory for the workers' log files."},
-    {Flag::EventLog, parse_event_log,
+    {Flag::EventLog, set_text<&LaunchConfig::event_log>,
      "event_log", "", false, "PATH", "", kLogs,
      "Append the recovery timeline (rendezvous, starts, failures, teardowns, restarts, and "
      "what workers report) to PATH as JSON lines; see ddprun events summarize."},
@@ -1006,7 +980,7 @@ constexpr OptionSpec kOptions[] = {
      "event_log_handler", "", false, "null", "null", kLogs,
      "torchrun's event handler name: only null (the default) is accepted; for ddprun's event "
      "timeline use --event_log."},
-    {Flag::NoSlurmFanout, parse_no_slurm_fanout,
+    {Flag::NoSlurmFanout, set_switch<&LaunchConfig::no_slurm_fanout>,
      "no_slurm_fanout", "", true, "", "", kSlurm,
      "Outside srun on a multi-node SLURM allocation, stop with the srun line to use instead of "
      "rerunning ddprun under srun (one per node)."},
