@@ -22,9 +22,11 @@ for f in bin/ddprun bin/ddprun-rdzvd share/ddprun/ddprun_standby.py \
          prefix/include/nlohmann/json.hpp prefix/include/CLI/CLI.hpp; do
   [ -f "$tmp/bundle/$f" ] || fail "the bundle has no $f"
 done
-# The bundled launcher finds its libraries beside it, not on the system's path.
-ldd "$tmp/bundle/bin/ddprun" | grep -q "libspdlog.*=> $tmp/bundle/bin/../lib/" ||
-  fail "bundled ddprun does not load its own libspdlog: $(ldd "$tmp/bundle/bin/ddprun")"
+# The bundled launcher finds its libraries beside it, not on the system's path. (ldd's output
+# is read whole first: `ldd | grep -q` under pipefail fails whenever grep stops reading early.)
+libraries=$(ldd "$tmp/bundle/bin/ddprun")
+grep -qF "=> $tmp/bundle/bin/../lib/libspdlog" <<<"$libraries" ||
+  fail "bundled ddprun does not load its own libspdlog: $libraries"
 
 status=0
 DDPRUN_DEVICE_BUNDLE=$tmp/bundle OUT=$tmp/out PYTHON=/usr/bin/python3 \
