@@ -10,9 +10,10 @@
 
 namespace ddprun::agent {
 
-void handle_agent_signals(boost::asio::signal_set& set, const std::vector<int>& to_handle) {
+void handle_agent_signals(boost::asio::signal_set& set, const std::vector<int>& to_handle,
+                          bool sigchld) {
   boost::system::error_code ec;
-  set.add(SIGCHLD, ec);
+  if (sigchld) set.add(SIGCHLD, ec);
   std::vector<int> sigs = to_handle;
   // Left to their default action the notices would kill the agent, and with it (PDEATHSIG)
   // every worker.

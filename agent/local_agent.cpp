@@ -7,7 +7,6 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
-#include <boost/asio/steady_timer.hpp>
 #include <csignal>
 #include <cstring>
 #include <deque>
@@ -68,8 +67,6 @@ class LocalAgent::Impl {
         rdzv_(rdzv),
         launcher_(launcher),
         signals_(io),
-        timers_{asio::steady_timer(io), asio::steady_timer(io), asio::steady_timer(io),
-                asio::steady_timer(io), asio::steady_timer(io)},
         reports_(io),
         output_(io, clock_, opt_.output, [this](const LogWriteFailure& f) { on_log_failure(f); }),
         standbys_(io, launcher, clock_, standby_settings(),
@@ -85,6 +82,9 @@ class LocalAgent::Impl {
     spec_.host = rdzv::local_host_name();
     spec_.health_gate = opt_.health_gate;
     spec_.health_retry = opt_.health_check_interval;
+    if (opt_.timers == nullptr) own_timers_ = steady_deadline_timers(io, clock_);
+    DeadlineTimers& timers = opt_.timers != nullptr ? *opt_.timers : *own_timers_;
+    for (std::unique_ptr<DeadlineTimer>& timer : timers_) timer = timers.make();
   }
 
   ~Impl() {
@@ -240,11 +240,7 @@ class LocalAgent::Impl {
   }
 
   void execute(const ArmTimer& e) {
-    asio::steady_timer& timer = timer_for(e.timer);
-    timer.expires_after(std::max(Duration{0}, e.at - clock_.now()));
-    timer.async_wait([this, which = e.timer](const boost::system::error_code& ec) {
-      if (!ec) apply(TimerFired{which});
-    });
+    timer_for(e.timer).arm(e.at, [this, which = e.timer] { apply(TimerFired{which}); });
   }
 
   void execute(const CancelTimer& e) { timer_for(e.timer).cancel(); }
@@ -294,26 +290,40 @@ class LocalAgent::Impl {
 
   void execute(const Finish& e) { finish(e.code, e.kill); }
 
-  asio::steady_timer& timer_for(AgentTimer timer) { return timers_[static_cast<size_t>(timer)]; }
+  DeadlineTimer& timer_for(AgentTimer timer) { return *timers_[static_cast<size_t>(timer)]; }
 
   // ---- set-up -----------------------------------------------------------------------------
 
+  /// Signals, and the ends of children: by SIGCHLD, or through the launcher when it says so
+  /// itself (a test's fake), reaped on the loop after the call.
   void install_signals() {
-    handle_agent_signals(signals_, opt_.signals_to_handle);
+    const bool told = launcher_.notify_exits([this] {
+      asio::post(io_, [this] {
+        if (!finished_) reap_children();
+      });
+    });
+    handle_agent_signals(signals_, opt_.signals_to_handle, /*sigchld=*/!told);
     wait_for_signal();
   }
 
   void wait_for_signal() {
     signals_.async_wait([this](const boost::system::error_code& ec, int sig) {
       if (ec) return;
-      if (sig == SIGCHLD)
-        reap_children();
-      else
-        apply(SignalReceived{sig});
+      on_signal(sig);
       if (!finished_) wait_for_signal();
     });
   }
 
+ public:
+  void on_signal(int sig) {
+    if (finished_) return;
+    if (sig == SIGCHLD)
+      reap_children();
+    else
+      apply(SignalReceived{sig});
+  }
+
+ private:
   void reap_children() {
     if (handing_over_) {
       reap_deferred_ = true;
@@ -470,7 +480,7 @@ class LocalAgent::Impl {
                    loss.bytes, loss.files);
     }
     emit(EventName::JobEnd, end);
-    for (asio::steady_timer& timer : timers_) timer.cancel();
+    for (std::unique_ptr<DeadlineTimer>& timer : timers_) timer->cancel();
     standbys_.stop();
     if (health_) health_->stop();
     reports_.close();
@@ -495,7 +505,8 @@ class LocalAgent::Impl {
   std::deque<AgentEvent> queue_;
   bool applying_ = false;
   asio::signal_set signals_;
-  std::array<asio::steady_timer, kAgentTimers> timers_;  ///< by AgentTimer
+  std::unique_ptr<DeadlineTimers> own_timers_;                       ///< when the options gave none
+  std::array<std::unique_ptr<DeadlineTimer>, kAgentTimers> timers_;  ///< by AgentTimer
   ReportSocket reports_;
   EventLog events_;
   WorkerOutput output_;
@@ -527,5 +538,6 @@ int LocalAgent::run() { return impl_->run(); }
 bool LocalAgent::start() { return impl_->start(); }
 bool LocalAgent::finished() const { return impl_->finished(); }
 int LocalAgent::exit_code() const { return impl_->exit_code(); }
+void LocalAgent::on_signal(int sig) { impl_->on_signal(sig); }
 
 }  // namespace ddprun::agent

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "agent/agent_metrics.h"
+#include "agent/deadline_timer.h"
 #include "agent/group_cleanup.h"
 #include "agent/process_launcher.h"
 #include "agent/worker.h"
@@ -79,6 +80,9 @@ struct AgentOptions {
   std::function<void()> on_finish;
   /// The time source (nullptr: the steady clock). Must outlive the agent.
   const common::Clock* clock = nullptr;
+  /// The agent's deadline timers (nullptr: steady timers on `clock`); a test's fire when it
+  /// moves its fake clock on. Must outlive the agent.
+  DeadlineTimers* timers = nullptr;
 };
 
 /// The node's elastic agent: rendezvous, start the worker group, watch it, stop it on the first
@@ -108,6 +112,10 @@ class LocalAgent {
   bool start();
   bool finished() const;
   int exit_code() const;
+
+  /// Acts on `sig` as if it had just arrived (a stop signal, a preemption notice): what the
+  /// agent's signal set does with one it caught, for a test that raises no real signal.
+  void on_signal(int sig);
 
  private:
   class Impl;

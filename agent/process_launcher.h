@@ -1,6 +1,7 @@
 #pragma once
 #include <sys/types.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -39,7 +40,8 @@ struct ProcessExit {
 };
 
 /// Starts workers and reaps what ends. Every process leads its own process group and is bound
-/// to die with the agent (PR_SET_PDEATHSIG). The agent calls reap() on SIGCHLD; it is the only
+/// to die with the agent (PR_SET_PDEATHSIG). The agent calls reap() when a child ended (on
+/// SIGCHLD, or when notify_exits' callback says so); it is the only
 /// place children are collected, so a test's fake sees every exit the agent acts on.
 class ProcessLauncher {
  public:
@@ -53,6 +55,14 @@ class ProcessLauncher {
   virtual std::vector<ProcessExit> reap() = 0;
   /// Waits for `pid`, already sent SIGKILL, to end and reaps it (nothing when it was reaped).
   virtual void wait(pid_t pid) = 0;
+  /// How the agent hears that a child may have ended, to call reap(). false: by SIGCHLD (the
+  /// POSIX launcher; the agent's signal set catches it). A launcher that says so itself (a
+  /// test's fake) keeps `exited`, calls it for each end, and returns true; the agent then
+  /// reaps on its event loop, after the call.
+  virtual bool notify_exits(std::function<void()> exited) {
+    (void)exited;
+    return false;
+  }
 };
 
 /// fork + execve with a close-on-exec error pipe, so a failed exec is reported with its errno.

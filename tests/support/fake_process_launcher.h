@@ -1,13 +1,15 @@
 #pragma once
 // A ProcessLauncher that starts nothing: it records each spec, hands out made-up pids, and
 // keeps a duplicate of the descriptor a process would inherit, so a test can read what the
-// agent writes to it. A test ends a made-up process with end() (which raises SIGCHLD, as the
-// kernel would, so the agent reaps it through reap()), can make the stop signals end them, and
-// can give processes real output pipes to write to.
+// agent writes to it. A test ends a made-up process with end(), which tells the agent through
+// notify_exits (or, with no agent listening, raises SIGCHLD, as the kernel would), so the agent
+// reaps it through reap(); it can make the stop signals end them, and can give processes real
+// output pipes to write to.
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <csignal>
+#include <functional>
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -63,12 +65,21 @@ class FakeProcessLauncher final : public agent::ProcessLauncher {
 
   void wait(pid_t pid) override { waited.push_back(pid); }
 
-  /// The made-up process `pid` ends with `status`: its output pipes close and SIGCHLD is raised.
+  bool notify_exits(std::function<void()> exited) override {
+    exited_ = std::move(exited);
+    return true;
+  }
+
+  /// The made-up process `pid` ends with `status`: its output pipes close and the agent is
+  /// told (SIGCHLD is raised when no agent listens).
   void end(pid_t pid, agent::ExitStatus status) {
     if (running.erase(pid) == 0) return;
     close_output(pid);
     ended_.push_back(agent::ProcessExit{pid, status});
-    ::raise(SIGCHLD);
+    if (exited_)
+      exited_();
+    else
+      ::raise(SIGCHLD);
   }
 
   /// Writes `text` to the stdout (or stderr) pipe of `pid` (with_pipes).
@@ -108,6 +119,7 @@ class FakeProcessLauncher final : public agent::ProcessLauncher {
   pid_t next_pid = 4000000;                     ///< made up: no real process has it
 
  private:
+  std::function<void()> exited_;  ///< the agent's, from notify_exits
   std::vector<agent::ProcessExit> ended_;
 };
 

@@ -1,7 +1,8 @@
 // LocalAgent, the executor of agent_step, run in-process: the single-node rendezvous, a fake
 // process launcher whose made-up workers the test ends, and the event loop polled by the test.
-// No processes, no sleeps: an end() raises SIGCHLD in this process, which the agent's
-// signal_set turns into a reap() of the fake, as the kernel's SIGCHLD would.
+// No processes, no sleeps, no real signal: an end() tells the agent through the launcher
+// (notify_exits), which reaps the fake as SIGCHLD would have it; a stop signal is handed to
+// on_signal(); with fake time the deadlines fire when the test moves the clock on.
 #include "agent/local_agent.h"
 
 #include <sys/socket.h>
@@ -20,6 +21,7 @@
 #include "common/standby_protocol.h"
 #include "rendezvous/local_rendezvous.h"
 #include "tests/support/fake_clock.h"
+#include "tests/support/fake_deadline_timers.h"
 #include "tests/support/fake_process_launcher.h"
 
 using namespace ddprun::agent;
@@ -38,11 +40,14 @@ std::string env_of(const ProcessSpec& spec, const std::string& key) {
 struct Job {
   asio::io_context io;
   ddprun::testing::FakeProcessLauncher launcher;
+  /// With fake_time: the agent's clock and deadline timers, moved on by the test.
+  ddprun::testing::FakeClock clock;
+  std::unique_ptr<ddprun::testing::FakeDeadlineTimers> timers;
   std::unique_ptr<ddprun::rdzv::LocalRendezvous> rdzv;
   std::unique_ptr<LocalAgent> agent;
 
   explicit Job(int workers, int max_restarts = 0,
-               const std::function<void(AgentOptions&)>& tweak = {}) {
+               const std::function<void(AgentOptions&)>& tweak = {}, bool fake_time = false) {
     launcher.ends_on = {SIGTERM, SIGKILL};
     rdzv = std::make_unique<ddprun::rdzv::LocalRendezvous>(
         "c10d", "unit", "127.0.0.1", 29999,
@@ -61,6 +66,11 @@ struct Job {
     opt.signals_to_handle = {SIGTERM, SIGINT, SIGHUP};
     opt.script = "/bin/true";
     opt.agent_env = {{"PATH", "/usr/bin:/bin"}, {"OMP_NUM_THREADS", "1"}};
+    if (fake_time) {
+      timers = std::make_unique<ddprun::testing::FakeDeadlineTimers>(clock, io);
+      opt.clock = &clock;
+      opt.timers = timers.get();
+    }
     if (tweak) tweak(opt);
     agent = std::make_unique<LocalAgent>(io, std::move(opt), *rdzv, launcher);
   }
@@ -259,7 +269,7 @@ TEST_CASE("local agent: SIGTERM stops the workers and the job exits 143", "[agen
   Job job(3);
   REQUIRE(job.agent->start());
   REQUIRE(job.runs(3));
-  ::raise(SIGTERM);  // caught by the agent's signal_set, as a kill from outside would be
+  job.agent->on_signal(SIGTERM);  // what the agent's signal set does with a kill from outside
   REQUIRE(job.finished());
   CHECK(job.agent->exit_code() == 128 + SIGTERM);
   CHECK(job.launcher.running.empty());
@@ -338,4 +348,35 @@ TEST_CASE("local agent: the event log's times come from the injected clock", "[a
   REQUIRE(teardown_ms);
   CHECK(*teardown_ms == 250.0);
   fs::remove(log);
+}
+
+TEST_CASE(
+    "local agent: a worker that ignores its stop signal is killed once --shutdown_timeout "
+    "has passed on the agent's clock",
+    "[agent][unit]") {
+  Job job(
+      2, 0, [](AgentOptions& opt) { opt.spec.shutdown_timeout = std::chrono::seconds(30); },
+      /*fake_time=*/true);
+  job.launcher.ends_on = {SIGKILL};  // SIGTERM is ignored
+  REQUIRE(job.agent->start());
+  REQUIRE(job.runs(2));
+  const auto pids = job.running();
+  auto sent = [&](pid_t pid, int sig) {
+    return std::find(job.launcher.signals.begin(), job.launcher.signals.end(),
+                     std::pair<pid_t, int>{pid, sig}) != job.launcher.signals.end();
+  };
+  job.launcher.end(pids[0], {1, 0});
+  REQUIRE(job.poll_until([&] { return sent(pids[1], SIGTERM); }));
+  auto settle = [&] { job.poll_until([] { return false; }); };  // run all that is ready
+  settle();
+  CHECK_FALSE(sent(pids[1], SIGKILL));
+  CHECK(job.timers->armed() >= 1);
+  job.timers->advance(std::chrono::seconds(29));
+  settle();
+  CHECK_FALSE(sent(pids[1], SIGKILL));
+  job.timers->advance(std::chrono::seconds(1));
+  REQUIRE(job.poll_until([&] { return sent(pids[1], SIGKILL); }));
+  REQUIRE(job.finished());
+  CHECK(job.agent->exit_code() == 1);
+  CHECK(job.launcher.running.empty());
 }
