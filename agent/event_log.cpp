@@ -30,7 +30,7 @@ double monotonic_seconds(common::TimePoint at) {
   return std::chrono::duration<double>(at.time_since_epoch()).count();
 }
 
-void EventLog::write(const std::string& event, const nlohmann::json& fields, common::TimePoint at) {
+void EventLog::write(std::string_view event, const nlohmann::json& fields, common::TimePoint at) {
   if (fd_ < 0) return;
   nlohmann::json line = {
       {"t", monotonic_seconds(at)},

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "common/clock.h"
 #include "common/result.h"
@@ -30,7 +31,7 @@ class EventLog {
   /// Appends one event at monotonic time `at`; `fields` (an object) are merged into the line.
   /// A failed write (a full disk) does not stop the job: the first is logged as a warning, and
   /// the destructor says how many events were lost.
-  void write(const std::string& event, const nlohmann::json& fields, common::TimePoint at);
+  void write(std::string_view event, const nlohmann::json& fields, common::TimePoint at);
 
   /// Events that could not be written.
   std::size_t lost() const { return lost_; }

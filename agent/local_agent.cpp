@@ -92,6 +92,15 @@ class LocalAgent::Impl {
     if (!temp_dir_.empty()) fs::remove_all(temp_dir_, ignored);
   }
 
+  /// A caught signal, or one a test hands over (LocalAgent::on_signal).
+  void on_signal(int sig) {
+    if (finished_) return;
+    if (sig == SIGCHLD)
+      reap_children();
+    else
+      apply(SignalReceived{sig});
+  }
+
   bool start() {
     auto root = make_log_root(opt_.log_dir, rdzv_.run_id(), opt_.output.wants_files());
     if (!root) {
@@ -314,16 +323,6 @@ class LocalAgent::Impl {
     });
   }
 
- public:
-  void on_signal(int sig) {
-    if (finished_) return;
-    if (sig == SIGCHLD)
-      reap_children();
-    else
-      apply(SignalReceived{sig});
-  }
-
- private:
   void reap_children() {
     if (handing_over_) {
       reap_deferred_ = true;
@@ -368,7 +367,7 @@ class LocalAgent::Impl {
   /// An event as the log names it (a worker's report may name one ddprun does not know).
   void record(std::string_view name, EventName event, const nlohmann::json& fields) {
     const auto at = clock_.now();
-    events_.write(std::string(name), fields, at);
+    events_.write(name, fields, at);
     if (opt_.metrics != nullptr) opt_.metrics->observe(event, fields, at);
   }
 

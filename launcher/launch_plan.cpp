@@ -48,6 +48,13 @@ struct Planner {
   void agent_options();
   void standbys(const agent::CommandRequest& req);
   void adapt_to_torch(const agent::CommandRequest& req);
+
+  /// The workers' Python source, read once for the standby decision and the libuv check.
+  const std::string& python_source(const agent::CommandRequest& req) {
+    if (!source) source = probes.python_source(req, probes.working_directory());
+    return *source;
+  }
+  std::optional<std::string> source;
 };
 
 /// The shared secret of the rendezvous: --rdzv_conf secret_file, else the environment.
@@ -226,8 +233,7 @@ void Planner::standbys(const agent::CommandRequest& req) {
     opt.standby_workers = true;
     return;
   }
-  if (automatic &&
-      !agent::source_imports_torch(probes.python_source(req, probes.working_directory())))
+  if (automatic && !agent::source_imports_torch(python_source(req)))
     return off_because(config.script +
                        " does not import torch at its top level (--standby_workers=on makes "
                        "standbys for it anyway)");
@@ -253,8 +259,8 @@ void Planner::adapt_to_torch(const agent::CommandRequest& req) {
   agent::AgentOptions& opt = plan.agent;
   std::string workers_python;
   if (!opt.interpreter_origin.empty()) {
-    const std::string source = probes.python_source(req, probes.working_directory());
-    if (source.empty() || agent::source_imports_torch(source)) workers_python = opt.interpreter;
+    const std::string& text = python_source(req);
+    if (text.empty() || agent::source_imports_torch(text)) workers_python = opt.interpreter;
   } else if (names_python_interpreter(opt.spec.argv.front())) {
     workers_python = opt.spec.argv.front();
   }
@@ -362,7 +368,7 @@ LaunchProbes system_probes(const agent::EnvMap& env) {
 
 common::Result<LaunchPlan> plan_launch(const LaunchConfig& config, const agent::EnvMap& env,
                                        const LaunchProbes& probes) {
-  Planner planner{config, env, probes, LaunchPlan{}};
+  Planner planner{config, env, probes, LaunchPlan{}, std::nullopt};
   LaunchPlan& plan = planner.plan;
   plan.config = config;
   auto nproc = resolve_nproc(config, probes.node_resources());

@@ -26,6 +26,7 @@ struct FakeMachine {
   TorchLibuv libuv = TorchLibuv::NotAsked;
   agent::ProcessLimits limits{};
   int libuv_probes = 0;
+  int source_reads = 0;
 
   LaunchProbes probes() {
     LaunchProbes p;
@@ -41,6 +42,7 @@ struct FakeMachine {
       return std::string();
     };
     p.python_source = [this](const agent::CommandRequest& req, const std::string&) {
+      ++source_reads;
       auto it = sources.find(req.script);
       return it == sources.end() ? std::string() : it->second;
     };
@@ -112,6 +114,7 @@ TEST_CASE("a one-node Python job: workers, interpreter, agent store and standbys
   CHECK(plan.store.listen_host == "127.0.0.1");
   CHECK(notes_with(plan, LaunchNote::Level::Info, "OMP_NUM_THREADS=1") == 1);
   CHECK(machine.libuv_probes == 1);
+  CHECK(machine.source_reads == 1);  // the standby decision and the libuv check share it
 }
 
 TEST_CASE("the plan keeps what the user set in the workers' environment", "[launcher][unit]") {
