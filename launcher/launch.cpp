@@ -122,10 +122,9 @@ class NodeRendezvous {
       case RendezvousKind::Local: {
         const LaunchConfig& config = plan.config;
         handler_ = std::make_unique<rdzv::LocalRendezvous>(
-            config.standalone ? "c10d" : config.rdzv_backend, config.rdzv_id,
+            io, clock, config.standalone ? "c10d" : config.rdzv_backend, config.rdzv_id,
             config.local_addr.empty() ? config.master_addr : config.local_addr, master_port,
-            rendezvous.client.settings,
-            [&io](std::function<void()> fn) { boost::asio::post(io, std::move(fn)); });
+            rendezvous.client.settings);
         break;
       }
       case RendezvousKind::Network: {

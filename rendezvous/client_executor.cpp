@@ -56,8 +56,11 @@ void ClientExecutor::apply(const ClientEffect& effect) {
                    done_ = nullptr;
                    if (!done) return;
                    if (deliver.posted)
-                     boost::asio::post(
-                         io_, [done = std::move(done), result = deliver.result] { done(result); });
+                     // Nothing reaches an agent that left in between (Detach).
+                     boost::asio::post(io_, [this, alive = alive_, done = std::move(done),
+                                             result = deliver.result] {
+                       if (*alive && !detached_) done(result);
+                     });
                    else
                      done(deliver.result);
                  },
@@ -71,6 +74,7 @@ void ClientExecutor::apply(const ClientEffect& effect) {
                    node_id_renewed();
                  },
                  [&](const Detach&) {
+                   detached_ = true;
                    done_ = nullptr;
                    on_notice_ = nullptr;
                  },
@@ -80,7 +84,7 @@ void ClientExecutor::apply(const ClientEffect& effect) {
                    });
                  },
                  [&](const DisarmClientTimer& disarm) { timers_.disarm(disarm.timer); },
-                 [&](const ClientLog& line) { log_client_line(line); },
+                 [&](const ClientLog& line) { log_line(line); },
              },
              effect);
 }

@@ -54,6 +54,8 @@ class ClientExecutor : public RendezvousHandler {
   virtual void close_link(bool after_writes) = 0;
   /// After RenewNodeId gave this node a new id.
   virtual void node_id_renewed() {}
+  /// Writes one of the client's log lines (at its level, unless a backend says otherwise).
+  virtual void log_line(const ClientLog& line) { log_client_line(line); }
 
   boost::asio::io_context& io_;
   const common::Clock& clock_;
@@ -69,6 +71,7 @@ class ClientExecutor : public RendezvousHandler {
 
   std::function<void(RendezvousResult)> done_;
   std::function<void(Notice)> on_notice_;
+  bool detached_ = false;  ///< the agent left: its callbacks are gone for good
   ClientTimers timers_;
 };
 

@@ -1,5 +1,6 @@
 #include "rendezvous/local_rendezvous.h"
 
+#include <boost/asio/post.hpp>
 #include <utility>
 
 #include "rendezvous/free_port.h"
@@ -7,117 +8,68 @@
 
 namespace ddprun::rdzv {
 
-namespace {
-
-/// The one node's id in the in-memory job (never on a wire).
-constexpr const char* kNodeId = "local";
-
-}  // namespace
-
-LocalRendezvous::LocalRendezvous(std::string backend, std::string run_id, std::string master_addr,
-                                 std::optional<int> master_port, RdzvSettings settings,
-                                 std::function<void(std::function<void()>)> post)
-    : backend_(std::move(backend)),
-      run_id_(std::move(run_id)),
+LocalRendezvous::LocalRendezvous(boost::asio::io_context& io, const common::Clock& clock,
+                                 std::string backend, std::string run_id, std::string master_addr,
+                                 std::optional<int> master_port, RdzvSettings settings)
+    : ClientExecutor(io, clock),
+      backend_(std::move(backend)),
       master_addr_(std::move(master_addr)),
       master_port_(master_port),
-      settings_(std::move(settings)),
-      host_(local_host_name()),
-      job_(new_job(run_id_, std::chrono::steady_clock::now())),
-      post_(std::move(post)) {
-  settings_.min_nodes = 1;
-  settings_.max_nodes = 1;
+      job_(new_job(run_id, clock.now())) {
+  spec_.run_id = std::move(run_id);
+  spec_.endpoint = "this node (single-node rendezvous)";
+  spec_.name = local_host_name();
+  spec_.settings = std::move(settings);
+  spec_.settings.min_nodes = 1;
+  spec_.settings.max_nodes = 1;
+  spec_.heartbeats = false;
 }
 
-std::vector<ServerMessage> LocalRendezvous::step(AgentMessage message) {
-  const common::TimePoint now = std::chrono::steady_clock::now();
-  StepResult r = rdzv::step(std::move(job_), FromNode{kNodeId, std::move(message)}, now);
-  job_ = std::move(r.state);
-  if (r.erase) job_ = new_job(run_id_, now);  // a refused first join
-  std::vector<ServerMessage> replies;
-  for (auto& out : r.messages) {
-    if (out.node_id == kNodeId) replies.push_back(std::move(out.message));
-  }
-  return replies;
+LocalRendezvous::~LocalRendezvous() { *alive_ = false; }
+
+void LocalRendezvous::post(ClientEvent event) {
+  boost::asio::post(io_, [this, alive = alive_, event = std::move(event)] {
+    if (*alive) step(event);
+  });
 }
 
-void LocalRendezvous::next_rendezvous(std::function<void(RendezvousResult)> done) {
-  Join join;
-  join.run_id = run_id_;
-  join.node_id = kNodeId;
-  join.name = host_;
+void LocalRendezvous::connect() {
+  // Nothing to open and no secret to prove: the link is up at once.
+  post(Connected{true});
+}
+
+void LocalRendezvous::send_join(Join join) {
+  join.node_id = node_id_;
   join.addr = master_addr_;
-  join.settings = settings_;
-  join.restart_count = job_.restart_count;
-  RendezvousResult result =
-      RendezvousError{RendezvousErrorKind::State, "the rendezvous did not complete the round"};
   if (master_port_) {
     join.master_port = *master_port_;
   } else {
     // A fresh port every round: a restarted rank 0 must not race the old store's TIME_WAIT.
     auto port = find_free_port(master_addr_);
-    if (port) {
-      join.master_port = *port;
-    } else {
-      result = RendezvousError{RendezvousErrorKind::State,
-                               "cannot pick MASTER_PORT: " + port.error().message +
-                                   "; pass --master_port PORT or --master_addr ADDR"};
-      join.master_port = -1;
-    }
+    if (!port.ok())
+      return post(ServerUnusable{RendezvousError{
+          RendezvousErrorKind::State, "cannot pick MASTER_PORT: " + port.error().message +
+                                          "; pass --master_port PORT or --master_addr ADDR"}});
+    join.master_port = *port;
   }
-  if (join.master_port >= 0) {
-    for (const ServerMessage& reply : step(join)) {
-      if (const auto* ready = std::get_if<RoundReady>(&reply)) {
-        // Joining -> Running: one node is min and max nodes, so the round completes at once.
-        RendezvousInfo info;
-        info.round = ready->round;
-        info.group_rank = ready->group_rank;
-        info.group_world_size = ready->group_world_size;
-        info.master_addr = ready->master_addr;
-        info.master_port = ready->master_port;
-        info.restart_count = ready->restart_count;
-        result = info;
-      } else if (const auto* refused = std::get_if<Refused>(&reply)) {
-        // Closed -> Closed: the job is over; a late join is refused with its end.
-        result = RendezvousError{refused->kind == RefusalKind::Closed ? RendezvousErrorKind::Closed
-                                                                      : RendezvousErrorKind::State,
-                                 refused->message};
-      }
-    }
-  }
-  post_([this, done = std::move(done), result = std::move(result)]() {
-    if (!left_) done(result);
-  });
+  to_server(std::move(join));
 }
 
-void LocalRendezvous::set_notice_handler(std::function<void(Notice)> handler) {
-  on_notice_ = std::move(handler);
+void LocalRendezvous::send(const AgentMessage& message) { to_server(message); }
+
+void LocalRendezvous::close_link(bool /*after_writes*/) {}  // nothing is queued in memory
+
+void LocalRendezvous::log_line(const ClientLog& line) {
+  log_client_line(ClientLog{ClientLogLevel::Debug, line.text});
 }
 
-void LocalRendezvous::report_failure(const WorkersFailed& failure) {
-  // Running -> Joining (Restart) while the budget lasts, else Running -> Closed(Failed).
-  for (const ServerMessage& reply : step(failure)) {
-    if (const auto* restart = std::get_if<Restart>(&reply)) notify(*restart);
-    if (const auto* closed = std::get_if<Closed>(&reply)) notify(*closed);
-  }
-}
-
-void LocalRendezvous::report_success() {
-  // Running -> Closed(Succeeded): the only participant succeeded.
-  for (const ServerMessage& reply : step(WorkersSucceeded{job_.round})) {
-    if (const auto* closed = std::get_if<Closed>(&reply)) notify(*closed);
-  }
-}
-
-void LocalRendezvous::leave(const std::string& reason) {
-  left_ = true;
-  step(Leave{reason});
-}
-
-void LocalRendezvous::notify(Notice notice) {
-  post_([this, notice = std::move(notice)]() {
-    if (!left_ && on_notice_) on_notice_(notice);
-  });
+void LocalRendezvous::to_server(AgentMessage message) {
+  const common::TimePoint now = clock_.now();
+  StepResult r = rdzv::step(std::move(job_), FromNode{node_id_, std::move(message)}, now);
+  job_ = std::move(r.state);
+  if (r.erase) job_ = new_job(spec_.run_id, now);  // a refused first join
+  for (auto& out : r.messages)
+    if (out.node_id == node_id_) post(FrameReceived{std::move(out.message)});
 }
 
 }  // namespace ddprun::rdzv

@@ -1,52 +1,56 @@
 #pragma once
-#include <functional>
+#include <boost/asio/io_context.hpp>
 #include <optional>
 #include <string>
-#include <vector>
 
+#include "common/clock.h"
+#include "rendezvous/client_executor.h"
 #include "rendezvous/rdzv_state.h"
-#include "rendezvous/rendezvous_handler.h"
 
 namespace ddprun::rdzv {
 
 /// Single-node rendezvous (--standalone, or --nnodes 1): this node is group rank 0 of 1 and hosts
-/// the workers' store at master_addr and a port that is free when the round completes. It runs
-/// the rendezvous server's step() (rdzv_state.h) in memory on a job of one node, so the restart
-/// budget, the restart reasons and the job's outcome follow the same policy as a multi-node job.
-/// The single node is never silent: no Tick is ever given; the steady clock dates each message
-/// (for --restart_window).
-class LocalRendezvous final : public RendezvousHandler {
+/// the workers' store at master_addr and a port that is free when the round completes.
+///
+/// It is the rendezvous client of a multi-node job (rdzv_client_step, through ClientExecutor)
+/// over an in-memory link to the server's step() (rdzv_state.h) on a job of one node, so the
+/// agent's calls, the restart budget, the restart reasons and the job's outcome follow the same
+/// code as a multi-node job's:
+///
+///   next_rendezvous/report_* --> rdzv_client_step --> (in memory) server step(), this clock
+///   the server's replies, posted as frames --> rdzv_client_step --> done / notice callbacks
+///
+/// The link cannot break or go silent: no heartbeat, no Tick. Everything the server says reaches
+/// the agent later on the event loop, as a networked server's frames would.
+class LocalRendezvous final : public ClientExecutor {
  public:
   /// `settings`: --max_restarts and the failure policy (restart window, crash loops, fatal exit
-  /// codes); its node counts are set to 1. `post` runs a callback later on the agent's event
-  /// loop (keeps completion asynchronous).
-  LocalRendezvous(std::string backend, std::string run_id, std::string master_addr,
-                  std::optional<int> master_port, RdzvSettings settings,
-                  std::function<void(std::function<void()>)> post);
+  /// codes); its node counts are set to 1. `clock` dates each message (for --restart_window).
+  LocalRendezvous(boost::asio::io_context& io, const common::Clock& clock, std::string backend,
+                  std::string run_id, std::string master_addr, std::optional<int> master_port,
+                  RdzvSettings settings);
+  ~LocalRendezvous() override;
 
-  void next_rendezvous(std::function<void(RendezvousResult)> done) override;
-  void set_notice_handler(std::function<void(Notice)> handler) override;
-  void report_failure(const WorkersFailed& failure) override;
-  void report_success() override;
-  void leave(const std::string& reason) override;
   std::string backend() const override { return backend_; }
-  std::string run_id() const override { return run_id_; }
+  std::string run_id() const override { return spec_.run_id; }
 
  private:
-  /// Runs the server's step() on this node's message; returns what it sends back to the node.
-  std::vector<ServerMessage> step(AgentMessage message);
-  void notify(Notice notice);
+  void connect() override;
+  void send_join(Join join) override;
+  void send(const AgentMessage& message) override;
+  void close_link(bool after_writes) override;
+  /// At debug: a single node's rounds are no news (the agent says what its workers do).
+  void log_line(const ClientLog& line) override;
+
+  /// Runs the server's step() on this node's message and posts its replies to this node.
+  void to_server(AgentMessage message);
+  /// Steps the client with `event` later on the event loop.
+  void post(ClientEvent event);
 
   std::string backend_;
-  std::string run_id_;
   std::string master_addr_;
   std::optional<int> master_port_;
-  RdzvSettings settings_;
-  std::string host_;
   JobState job_;
-  bool left_ = false;
-  std::function<void(std::function<void()>)> post_;
-  std::function<void(Notice)> on_notice_;
 };
 
 }  // namespace ddprun::rdzv

@@ -52,7 +52,8 @@ class Stepper {
     // Without a secret the join follows the hello at once (one round trip saved); with one,
     // nothing is sent before the server has proved that it holds the secret.
     if (ready()) after_ready();
-    out_.push_back(ArmClientTimer{ClientTimer::Heartbeat, spec_.settings.keep_alive_interval});
+    if (spec_.heartbeats)
+      out_.push_back(ArmClientTimer{ClientTimer::Heartbeat, spec_.settings.keep_alive_interval});
   }
 
   void on(const Greeted&) {

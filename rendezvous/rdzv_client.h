@@ -73,6 +73,8 @@ struct ClientSpec {
   RdzvSettings settings;
   Millis connect_timeout{60'000};
   Millis status_interval{5'000};
+  /// False over a link that cannot go silent (LocalRendezvous's in-memory one): no heartbeats.
+  bool heartbeats = true;
   /// What the endpoint is, in "lost the <server> at <endpoint>" (the etcd backend: "etcd").
   std::string server = "rendezvous server";
   /// What to check when it stays unreachable for connect_timeout.

@@ -42,6 +42,8 @@ struct Job {
   ddprun::testing::FakeProcessLauncher launcher;
   /// With fake_time: the agent's clock and deadline timers, moved on by the test.
   ddprun::testing::FakeClock clock;
+  /// The rendezvous's clock (its restart window is not under test here).
+  ddprun::common::SteadyClock steady;
   std::unique_ptr<ddprun::testing::FakeDeadlineTimers> timers;
   std::unique_ptr<ddprun::rdzv::LocalRendezvous> rdzv;
   std::unique_ptr<LocalAgent> agent;
@@ -50,14 +52,12 @@ struct Job {
                const std::function<void(AgentOptions&)>& tweak = {}, bool fake_time = false) {
     launcher.ends_on = {SIGTERM, SIGKILL};
     rdzv = std::make_unique<ddprun::rdzv::LocalRendezvous>(
-        "c10d", "unit", "127.0.0.1", 29999,
-        [&] {
+        io, steady, "c10d", "unit", "127.0.0.1", 29999, [&] {
           ddprun::rdzv::RdzvSettings settings;
           settings.max_restarts = max_restarts;
           settings.crash_loop_limit = 0;  // these tests count restarts, not crash loops
           return settings;
-        }(),
-        [this](std::function<void()> fn) { asio::post(io, std::move(fn)); });
+        }());
     AgentOptions opt;
     opt.spec.local_world_size = workers;
     opt.spec.max_restarts = max_restarts;
@@ -319,6 +319,8 @@ TEST_CASE("local agent: the event log's times come from the injected clock", "[a
       fs::temp_directory_path() / ("ddprun-local-agent-events-" + std::to_string(::getpid()));
   fs::remove(log);
   ddprun::testing::FakeClock clock;
+  /// The rendezvous's clock (its restart window is not under test here).
+  ddprun::common::SteadyClock steady;
   Job job(2, 1, [&](AgentOptions& opt) {
     opt.event_log = log.string();
     opt.clock = &clock;

@@ -1,23 +1,19 @@
 #include "rendezvous/local_rendezvous.h"
 
 #include <catch2/catch.hpp>
-#include <deque>
 
 using namespace ddprun::rdzv;
 
 namespace {
 
-struct ManualLoop {
-  std::deque<std::function<void()>> queue;
-  std::function<void(std::function<void()>)> poster() {
-    return [this](std::function<void()> fn) { queue.push_back(std::move(fn)); };
-  }
+/// The agent's event loop and clock.
+struct Loop {
+  boost::asio::io_context io;
+  ddprun::common::SteadyClock clock;
+  /// Runs what is ready (the test arms no timer; bounded all the same).
   void run() {
-    while (!queue.empty()) {
-      auto fn = std::move(queue.front());
-      queue.pop_front();
-      fn();
-    }
+    io.restart();
+    io.run_for(std::chrono::seconds(5));
   }
 };
 
@@ -31,8 +27,8 @@ RdzvSettings restarts(int max_restarts) {
 }  // namespace
 
 TEST_CASE("a single-node round makes this node rank 0 of 1 with a free port", "[rdzv][unit]") {
-  ManualLoop loop;
-  LocalRendezvous rdzv("c10d", "job", "127.0.0.1", std::nullopt, restarts(0), loop.poster());
+  Loop loop;
+  LocalRendezvous rdzv(loop.io, loop.clock, "c10d", "job", "127.0.0.1", std::nullopt, restarts(0));
   std::optional<RendezvousResult> got;
   rdzv.next_rendezvous([&](RendezvousResult r) { got = r; });
   CHECK_FALSE(got);  // completes asynchronously, like a networked round
@@ -50,8 +46,8 @@ TEST_CASE("a single-node round makes this node rank 0 of 1 with a free port", "[
 }
 
 TEST_CASE("an explicit master port is used as given", "[rdzv][unit]") {
-  ManualLoop loop;
-  LocalRendezvous rdzv("static", "none", "127.0.0.1", 29555, restarts(0), loop.poster());
+  Loop loop;
+  LocalRendezvous rdzv(loop.io, loop.clock, "static", "none", "127.0.0.1", 29555, restarts(0));
   std::optional<RendezvousResult> got;
   rdzv.next_rendezvous([&](RendezvousResult r) { got = r; });
   loop.run();
@@ -59,9 +55,10 @@ TEST_CASE("an explicit master port is used as given", "[rdzv][unit]") {
 }
 
 TEST_CASE("an address that cannot be bound is a state error naming it", "[rdzv][unit]") {
-  ManualLoop loop;
+  Loop loop;
   // 192.0.2.1 (TEST-NET-1) is on no interface of this machine, and a literal needs no lookup.
-  LocalRendezvous rdzv("static", "none", "192.0.2.1", std::nullopt, restarts(0), loop.poster());
+  LocalRendezvous rdzv(loop.io, loop.clock, "static", "none", "192.0.2.1", std::nullopt,
+                       restarts(0));
   std::optional<RendezvousResult> got;
   rdzv.next_rendezvous([&](RendezvousResult r) { got = r; });
   loop.run();
@@ -72,8 +69,8 @@ TEST_CASE("an address that cannot be bound is a state error naming it", "[rdzv][
 
 TEST_CASE("a single node's failures restart it while the budget lasts, then close the job",
           "[rdzv][unit]") {
-  ManualLoop loop;
-  LocalRendezvous rdzv("c10d", "job", "127.0.0.1", std::nullopt, restarts(2), loop.poster());
+  Loop loop;
+  LocalRendezvous rdzv(loop.io, loop.clock, "c10d", "job", "127.0.0.1", std::nullopt, restarts(2));
   std::vector<Notice> notices;
   rdzv.set_notice_handler([&](Notice n) { notices.push_back(n); });
   std::optional<RendezvousResult> got;
@@ -108,8 +105,8 @@ TEST_CASE("a single node's failures restart it while the budget lasts, then clos
 }
 
 TEST_CASE("a failure report for an earlier round is ignored", "[rdzv][unit]") {
-  ManualLoop loop;
-  LocalRendezvous rdzv("c10d", "job", "127.0.0.1", std::nullopt, restarts(2), loop.poster());
+  Loop loop;
+  LocalRendezvous rdzv(loop.io, loop.clock, "c10d", "job", "127.0.0.1", std::nullopt, restarts(2));
   std::vector<Notice> notices;
   rdzv.set_notice_handler([&](Notice n) { notices.push_back(n); });
   rdzv.next_rendezvous([](RendezvousResult) {});
@@ -124,8 +121,8 @@ TEST_CASE("a failure report for an earlier round is ignored", "[rdzv][unit]") {
 }
 
 TEST_CASE("a single node's success closes the job, and nothing follows a leave", "[rdzv][unit]") {
-  ManualLoop loop;
-  LocalRendezvous rdzv("c10d", "job", "127.0.0.1", std::nullopt, restarts(0), loop.poster());
+  Loop loop;
+  LocalRendezvous rdzv(loop.io, loop.clock, "c10d", "job", "127.0.0.1", std::nullopt, restarts(0));
   std::vector<Notice> notices;
   rdzv.set_notice_handler([&](Notice n) { notices.push_back(n); });
   rdzv.next_rendezvous([](RendezvousResult) {});
@@ -142,11 +139,12 @@ TEST_CASE("a single node's success closes the job, and nothing follows a leave",
 }
 
 TEST_CASE("a round asked for after the job closed fails as closed", "[rdzv][unit]") {
-  ManualLoop loop;
-  LocalRendezvous rdzv("c10d", "job", "127.0.0.1", std::nullopt, restarts(0), loop.poster());
+  Loop loop;
+  LocalRendezvous rdzv(loop.io, loop.clock, "c10d", "job", "127.0.0.1", std::nullopt, restarts(0));
   rdzv.next_rendezvous([](RendezvousResult) {});
   loop.run();
   rdzv.report_success();
+  loop.run();
   std::optional<RendezvousResult> got;
   rdzv.next_rendezvous([&](RendezvousResult r) { got = r; });
   loop.run();

@@ -89,6 +89,15 @@ TEST_CASE("asking for a round without a connection connects first and joins once
   CHECK(c.armed(ClientTimer::Heartbeat) == c.spec.settings.keep_alive_interval);
 }
 
+TEST_CASE("a link that cannot go silent arms no heartbeat", "[rdzv][client][unit]") {
+  Client c;
+  c.spec.heartbeats = false;
+  c.on(NextRound{});
+  c.on(Connected{true});
+  CHECK(c.all<SendJoin>().size() == 1);
+  CHECK_FALSE(c.armed(ClientTimer::Heartbeat));
+}
+
 TEST_CASE("with a secret the join waits for the server's proof", "[rdzv][client][unit]") {
   Client c;
   c.on(NextRound{});
