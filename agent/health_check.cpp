@@ -9,7 +9,6 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/post.hpp>
-#include <boost/asio/steady_timer.hpp>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
@@ -135,7 +134,8 @@ std::vector<std::string> builtin_health_problems(const HealthInputs& inputs,
 }
 
 struct HealthCheckRunner::Impl {
-  Impl(asio::io_context& io, ProcessLauncher& launcher, HealthInputs inputs, std::string command,
+  Impl(asio::io_context& io, ProcessLauncher& launcher, const common::Clock& clock,
+       DeadlineTimers& timers, HealthInputs inputs, std::string command,
        std::chrono::milliseconds timeout, EnvMap env)
       : io(io),
         launcher(launcher),
@@ -143,16 +143,17 @@ struct HealthCheckRunner::Impl {
         command(std::move(command)),
         timeout(timeout),
         env(std::move(env)),
-        timer(io),
-        grace(io),
+        clock(clock),
+        timer(timers.make()),
+        grace(timers.make()),
         pipes{asio::posix::stream_descriptor(io), asio::posix::stream_descriptor(io)} {}
 
   /// Ends the check that runs now: its pipes closed, a command still running killed and left
   /// to the agent's reaping (on_exit() takes it), `done` posted with `result` when given.
   void end(std::optional<HealthResult> result) {
     ++generation;  // read handlers still queued belong to the check that ended
-    timer.cancel();
-    grace.cancel();
+    timer->cancel();
+    grace->cancel();
     for (auto& pipe : pipes) {
       boost::system::error_code ignored;
       pipe.close(ignored);
@@ -166,9 +167,8 @@ struct HealthCheckRunner::Impl {
     done = nullptr;
     if (!result || !callback) return;
     result->output = output;
-    result->ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                     std::chrono::steady_clock::now() - started)
-                     .count();
+    result->ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(clock.now() - started).count();
     asio::post(io,
                [callback = std::move(callback), result = std::move(*result)] { callback(result); });
   }
@@ -220,9 +220,8 @@ struct HealthCheckRunner::Impl {
   static constexpr std::chrono::milliseconds kGrace{500};
 
   void arm_grace() {
-    grace.expires_after(kGrace);
-    grace.async_wait([this, gen = generation](const boost::system::error_code& ec) {
-      if (!ec && gen == generation) end(verdict());
+    grace->arm(clock.now() + kGrace, [this, gen = generation] {
+      if (gen == generation) end(verdict());
     });
   }
 
@@ -233,8 +232,9 @@ struct HealthCheckRunner::Impl {
   std::chrono::milliseconds timeout;
   EnvMap env;
   HealthBaseline baseline;
-  asio::steady_timer timer;
-  asio::steady_timer grace;
+  const common::Clock& clock;
+  std::unique_ptr<DeadlineTimer> timer;
+  std::unique_ptr<DeadlineTimer> grace;
   std::array<asio::posix::stream_descriptor, 2> pipes;
   std::array<std::array<char, 4096>, 2> buffers{};
   std::array<bool, 2> eof{};
@@ -247,15 +247,16 @@ struct HealthCheckRunner::Impl {
   /// Commands killed and no longer waited for (a stop, or a check stuck past its timeout in
   /// the kernel): on_exit() takes their exits.
   std::set<pid_t> discarded;
-  std::chrono::steady_clock::time_point started;
+  common::TimePoint started;
   std::function<void(HealthResult)> done;
 };
 
 HealthCheckRunner::HealthCheckRunner(asio::io_context& io, ProcessLauncher& launcher,
+                                     const common::Clock& clock, DeadlineTimers& timers,
                                      HealthInputs inputs, std::string command,
                                      std::chrono::milliseconds timeout, EnvMap env)
-    : impl_(std::make_unique<Impl>(io, launcher, std::move(inputs), std::move(command), timeout,
-                                   std::move(env))) {}
+    : impl_(std::make_unique<Impl>(io, launcher, clock, timers, std::move(inputs),
+                                   std::move(command), timeout, std::move(env))) {}
 
 HealthCheckRunner::~HealthCheckRunner() { stop(); }
 
@@ -268,7 +269,7 @@ void HealthCheckRunner::run(std::function<void(HealthResult)> done) {
   m.exited = false;
   m.status = ExitStatus{};
   m.eof = {false, false};
-  m.started = std::chrono::steady_clock::now();
+  m.started = m.clock.now();
   const std::vector<std::string> problems = builtin_health_problems(m.inputs, m.baseline);
   if (!problems.empty()) {
     std::string why;
@@ -290,9 +291,8 @@ void HealthCheckRunner::run(std::function<void(HealthResult)> done) {
   m.pipes[1].assign(p.stderr_fd);
   m.read(0);
   m.read(1);
-  m.timer.expires_after(m.timeout);
-  m.timer.async_wait([&m, gen = m.generation](const boost::system::error_code& ec) {
-    if (ec || gen != m.generation || m.exited) return;
+  m.timer->arm(m.clock.now() + m.timeout, [&m, gen = m.generation] {
+    if (gen != m.generation || m.exited) return;
     // Past the timeout: the whole group goes. Its exit, reaped as usual, ends the check; a
     // command the kernel holds (a hung mount) ends it after the grace without its exit.
     m.timed_out = true;
@@ -309,7 +309,7 @@ bool HealthCheckRunner::on_exit(pid_t pid, ExitStatus status) {
   m.launcher.signal_group(pid, SIGKILL);  // whatever it left in its group
   m.exited = true;
   m.status = status;
-  m.timer.cancel();
+  m.timer->cancel();
   if (!m.timed_out) m.arm_grace();  // after a timeout, its grace runs already
   m.maybe_end();
   return true;

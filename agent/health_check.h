@@ -21,8 +21,10 @@
 #include <string>
 #include <vector>
 
+#include "agent/deadline_timer.h"
 #include "agent/process_launcher.h"
 #include "agent/worker_env.h"
+#include "common/clock.h"
 
 namespace boost::asio {
 class io_context;
@@ -68,7 +70,9 @@ struct HealthResult {
 /// exit, whenever it comes, is taken and dropped.
 class HealthCheckRunner {
  public:
-  HealthCheckRunner(boost::asio::io_context& io, ProcessLauncher& launcher, HealthInputs inputs,
+  /// The command's timeout and the grace after it are `timers` on `clock`.
+  HealthCheckRunner(boost::asio::io_context& io, ProcessLauncher& launcher,
+                    const common::Clock& clock, DeadlineTimers& timers, HealthInputs inputs,
                     std::string command, std::chrono::milliseconds timeout, EnvMap env);
   ~HealthCheckRunner();
   HealthCheckRunner(const HealthCheckRunner&) = delete;

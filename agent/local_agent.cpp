@@ -67,9 +67,12 @@ class LocalAgent::Impl {
         rdzv_(rdzv),
         launcher_(launcher),
         signals_(io),
+        own_timers_(opt_.timers != nullptr ? nullptr : steady_deadline_timers(io, clock_)),
+        deadlines_(opt_.timers != nullptr ? *opt_.timers : *own_timers_),
         reports_(io),
-        output_(io, clock_, opt_.output, [this](const LogWriteFailure& f) { on_log_failure(f); }),
-        standbys_(io, launcher, clock_, standby_settings(),
+        output_(io, clock_, deadlines_, opt_.output,
+                [this](const LogWriteFailure& f) { on_log_failure(f); }),
+        standbys_(io, launcher, clock_, deadlines_, standby_settings(),
                   [this](EventName event, const nlohmann::json& fields) { emit(event, fields); }) {
     spec_.local_world_size = opt_.spec.local_world_size;
     spec_.max_restarts = opt_.spec.max_restarts;
@@ -82,9 +85,7 @@ class LocalAgent::Impl {
     spec_.host = rdzv::local_host_name();
     spec_.health_gate = opt_.health_gate;
     spec_.health_retry = opt_.health_check_interval;
-    if (opt_.timers == nullptr) own_timers_ = steady_deadline_timers(io, clock_);
-    DeadlineTimers& timers = opt_.timers != nullptr ? *opt_.timers : *own_timers_;
-    for (std::unique_ptr<DeadlineTimer>& timer : timers_) timer = timers.make();
+    for (std::unique_ptr<DeadlineTimer>& timer : timers_) timer = deadlines_.make();
   }
 
   ~Impl() {
@@ -193,9 +194,9 @@ class LocalAgent::Impl {
     if (!health_) {
       HealthInputs inputs;
       inputs.dirs = {log_root_.string()};
-      health_ =
-          std::make_unique<HealthCheckRunner>(io_, launcher_, inputs, opt_.health_check_command,
-                                              opt_.health_check_timeout, opt_.agent_env);
+      health_ = std::make_unique<HealthCheckRunner>(io_, launcher_, clock_, deadlines_, inputs,
+                                                    opt_.health_check_command,
+                                                    opt_.health_check_timeout, opt_.agent_env);
     }
     health_->run([this](HealthResult r) {
       std::istringstream lines(r.output);
@@ -504,7 +505,9 @@ class LocalAgent::Impl {
   std::deque<AgentEvent> queue_;
   bool applying_ = false;
   asio::signal_set signals_;
-  std::unique_ptr<DeadlineTimers> own_timers_;                       ///< when the options gave none
+  std::unique_ptr<DeadlineTimers> own_timers_;  ///< when the options gave none
+  /// Every timer of the agent and its parts (output, standbys, health check) comes from here.
+  DeadlineTimers& deadlines_;
   std::array<std::unique_ptr<DeadlineTimer>, kAgentTimers> timers_;  ///< by AgentTimer
   ReportSocket reports_;
   EventLog events_;

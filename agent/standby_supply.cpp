@@ -6,7 +6,6 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
-#include <boost/asio/steady_timer.hpp>
 #include <utility>
 
 #include "agent/python_zygote.h"
@@ -27,18 +26,20 @@ constexpr std::chrono::seconds kZygoteReadyTimeout{60};
 }  // namespace
 
 struct StandbySupply::Impl {
-  Impl(asio::io_context& io, ProcessLauncher& launcher_, const common::Clock& clock_,
-       StandbySettings settings_, std::function<void(EventName, const nlohmann::json&)> emit_)
-      : launcher(launcher_),
+  Impl(asio::io_context& io_, ProcessLauncher& launcher_, const common::Clock& clock_,
+       DeadlineTimers& timers, StandbySettings settings_,
+       std::function<void(EventName, const nlohmann::json&)> emit_)
+      : io(io_),
+        launcher(launcher_),
         clock(clock_),
         settings(std::move(settings_)),
         emit(std::move(emit_)),
-        standby_timer(io),
-        zygote_timer(io),
-        zygote_wait(io),
+        standby_timer(timers.make()),
+        zygote_timer(timers.make()),
+        zygote_wait(io_),
         pool(launcher_),
-        fork_timer(io),
-        ack_timer(io) {
+        fork_timer(timers.make()),
+        ack_timer(timers.make()) {
     if (!settings.python_bootstrap.empty())
       pool.set_exit_hint("a Python standby imports torch and waits in ddprun's bootstrap (" +
                          settings.python_bootstrap + "); " + zygote_hint());
@@ -109,9 +110,8 @@ struct StandbySupply::Impl {
     if (!zygote_ready()) return settle_forks(zygote->on_replies());
     if (forking.empty()) return forks_settled();
     await_replies();
-    fork_timer.expires_after(kZygoteForkTimeout);
-    fork_timer.async_wait([this](const boost::system::error_code& ec) {
-      if (!ec && !stopped && !forking.empty()) settle_forks(zygote->time_out());
+    fork_timer->arm(clock.now() + kZygoteForkTimeout, [this] {
+      if (!stopped && !forking.empty()) settle_forks(zygote->time_out());
     });
   }
 
@@ -155,7 +155,7 @@ struct StandbySupply::Impl {
       }
     }
     if (!forking.empty()) return await_replies();
-    fork_timer.cancel();
+    fork_timer->cancel();
     forks_settled();
   }
 
@@ -181,7 +181,7 @@ struct StandbySupply::Impl {
                               argv_for_local_rank(settings.spec.argv, local_rank)};
     // Every standby is sent its message at once; the deadline bounds the whole hand-over.
     for (const auto& [local_rank, fd] : pool.begin_hand_over(envs, handover_warnings, python)) {
-      auto wait = std::make_unique<asio::posix::stream_descriptor>(ack_timer.get_executor());
+      auto wait = std::make_unique<asio::posix::stream_descriptor>(io);
       const int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
       boost::system::error_code ec;
       if (copy >= 0) wait->assign(copy, ec);
@@ -193,18 +193,16 @@ struct StandbySupply::Impl {
     }
     if (pool.awaiting_acks() == 0) return end_hand_over();
     for (const auto& [local_rank, wait] : ack_waits) await_ack(local_rank);
-    ack_timer.expires_after(kHandoverAckTimeout);
-    ack_timer.async_wait(
-        [this, generation = handover_generation](const boost::system::error_code& ec) {
-          if (!ec && handed && generation == handover_generation) end_hand_over();
-        });
+    ack_timer->arm(clock.now() + kHandoverAckTimeout, [this, generation = handover_generation] {
+      if (handed && generation == handover_generation) end_hand_over();
+    });
   }
 
   /// Starting -> Ready or Gone: standbys come from the zygote, or there are none.
   void settle(PythonZygote::State state, const std::string& why = "") {
     if (zygote_settled) return;
     zygote_settled = true;
-    zygote_timer.cancel();
+    zygote_timer->cancel();
     const bool ready = state == PythonZygote::State::Ready;
     if (ready) {
       // zygote_wait stays open: the answers to fork requests arrive on it.
@@ -226,12 +224,13 @@ struct StandbySupply::Impl {
     if (on_settled) on_settled(ready);
   }
 
+  asio::io_context& io;
   ProcessLauncher& launcher;
   const common::Clock& clock;
   StandbySettings settings;
   std::function<void(EventName, const nlohmann::json&)> emit;
-  asio::steady_timer standby_timer;
-  asio::steady_timer zygote_timer;
+  std::unique_ptr<DeadlineTimer> standby_timer;
+  std::unique_ptr<DeadlineTimer> zygote_timer;
   asio::posix::stream_descriptor zygote_wait;  ///< a copy of the zygote's control socket
   /// The Python zygote, when one was started (start_zygote); the pool's standbys are its forks.
   std::unique_ptr<PythonZygote> zygote;
@@ -248,14 +247,14 @@ struct StandbySupply::Impl {
     EnvMap start_env;
   };
   std::map<int, Forking> forking;
-  asio::steady_timer fork_timer;
+  std::unique_ptr<DeadlineTimer> fork_timer;
   bool awaiting_replies = false;
   nlohmann::json forked = nlohmann::json::array();  ///< pids forked since the last event
   std::function<void()> after_forks;  ///< a hand-over waiting for the forks to be answered
 
   // The hand-over under way: a wait on a copy of each standby's socket, and its deadline.
   std::map<int, std::unique_ptr<asio::posix::stream_descriptor>> ack_waits;
-  asio::steady_timer ack_timer;
+  std::unique_ptr<DeadlineTimer> ack_timer;
   std::function<void(std::map<int, LaunchedProcess>)> handed;
   std::vector<std::string> handover_warnings;
 
@@ -277,7 +276,7 @@ struct StandbySupply::Impl {
   /// Every rank settled, or the deadline passed: what took over are workers.
   void end_hand_over() {
     ++handover_generation;
-    ack_timer.cancel();
+    ack_timer->cancel();
     for (auto& [local_rank, wait] : ack_waits) {
       boost::system::error_code ignored;
       wait->close(ignored);  // a copy: the standby's socket stays the pool's
@@ -290,9 +289,11 @@ struct StandbySupply::Impl {
 };
 
 StandbySupply::StandbySupply(asio::io_context& io, ProcessLauncher& launcher,
-                             const common::Clock& clock, StandbySettings settings,
+                             const common::Clock& clock, DeadlineTimers& timers,
+                             StandbySettings settings,
                              std::function<void(EventName, const nlohmann::json&)> emit)
-    : impl_(std::make_unique<Impl>(io, launcher, clock, std::move(settings), std::move(emit))) {}
+    : impl_(std::make_unique<Impl>(io, launcher, clock, timers, std::move(settings),
+                                   std::move(emit))) {}
 
 StandbySupply::~StandbySupply() { stop(); }
 
@@ -321,9 +322,8 @@ bool StandbySupply::start_zygote(std::function<void(bool ready)> settled) {
   s.emit(EventName::ZygoteStarted, {{"pid", s.zygote->pid()}});
   s.zygote_wait.assign(::fcntl(s.zygote->control_fd(), F_DUPFD_CLOEXEC, 0));
   s.await_ready();
-  s.zygote_timer.expires_after(kZygoteReadyTimeout);
-  s.zygote_timer.async_wait([&s](const boost::system::error_code& ec) {
-    if (ec || s.stopped || s.zygote->state() != PythonZygote::State::Starting) return;
+  s.zygote_timer->arm(s.clock.now() + kZygoteReadyTimeout, [&s] {
+    if (s.stopped || s.zygote->state() != PythonZygote::State::Starting) return;
     s.zygote->stop();
     s.settle(PythonZygote::State::Gone,
              "it was not ready within " + std::to_string(kZygoteReadyTimeout.count()) + " s");
@@ -351,9 +351,8 @@ bool StandbySupply::handing_over() const { return impl_->handed != nullptr; }
 void StandbySupply::schedule(const std::string& executable) {
   Impl& s = *impl_;
   if (!s.settings.enabled || executable.empty()) return;
-  s.standby_timer.expires_after(s.settings.delay);
-  s.standby_timer.async_wait([&s, executable](const boost::system::error_code& ec) {
-    if (!ec && !s.stopped) s.start_standbys(executable);
+  s.standby_timer->arm(s.clock.now() + s.settings.delay, [&s, executable] {
+    if (!s.stopped) s.start_standbys(executable);
   });
 }
 
@@ -399,17 +398,17 @@ void StandbySupply::stop() {
   Impl& s = *impl_;
   if (s.stopped) return;
   s.stopped = true;
-  s.standby_timer.cancel();
-  s.zygote_timer.cancel();
+  s.standby_timer->cancel();
+  s.zygote_timer->cancel();
   boost::system::error_code ignored;
   s.zygote_wait.close(ignored);
   s.handed = nullptr;
   s.after_forks = nullptr;
-  s.fork_timer.cancel();
+  s.fork_timer->cancel();
   for (auto& [local_rank, f] : s.forking) close_fd(f.agent_fd);
   s.forking.clear();
   ++s.handover_generation;
-  s.ack_timer.cancel();
+  s.ack_timer->cancel();
   for (auto& [local_rank, wait] : s.ack_waits) wait->close(ignored);
   s.ack_waits.clear();
   s.pool.clear();

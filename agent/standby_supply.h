@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "agent/deadline_timer.h"
 #include "agent/event_names.h"
 #include "agent/group_cleanup.h"
 #include "agent/process_launcher.h"
@@ -43,9 +44,10 @@ struct StandbySettings {
 
 class StandbySupply {
  public:
-  /// `emit` writes an event-log line (zygote_started, zygote_ready, standbys_started).
+  /// `emit` writes an event-log line (zygote_started, zygote_ready, standbys_started). The
+  /// standbys' delay and the zygote's and the hand-over's deadlines are `timers` on `clock`.
   StandbySupply(boost::asio::io_context& io, ProcessLauncher& launcher, const common::Clock& clock,
-                StandbySettings settings,
+                DeadlineTimers& timers, StandbySettings settings,
                 std::function<void(EventName, const nlohmann::json&)> emit);
   ~StandbySupply();
   StandbySupply(const StandbySupply&) = delete;

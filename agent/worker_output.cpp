@@ -8,7 +8,6 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/post.hpp>
-#include <boost/asio/steady_timer.hpp>
 #include <cerrno>
 #include <cstring>
 #include <functional>
@@ -158,14 +157,14 @@ common::Result<LogRoot> make_log_root(const std::string& log_dir, const std::str
 }
 
 struct WorkerOutput::Impl {
-  Impl(asio::io_context& io_, const common::Clock& clock_, OutputSettings settings_,
-       std::function<void(const LogWriteFailure&)> on_log_failure_)
+  Impl(asio::io_context& io_, const common::Clock& clock_, DeadlineTimers& timers,
+       OutputSettings settings_, std::function<void(const LogWriteFailure&)> on_log_failure_)
       : io(io_),
         clock(clock_),
         settings(std::move(settings_)),
         on_log_failure(std::move(on_log_failure_)),
-        drain_timer(io_),
-        dedup_timer(io_) {
+        drain_timer(timers.make()),
+        dedup_timer(timers.make()) {
     if (settings.dedup_window.count() > 0)
       dedup.emplace(settings.dedup_window, settings.prefix_template, settings.role);
   }
@@ -179,9 +178,7 @@ struct WorkerOutput::Impl {
     const auto next = dedup->next_deadline();
     if (!next || (dedup_armed_for && *dedup_armed_for <= *next)) return;
     dedup_armed_for = *next;
-    dedup_timer.expires_after(std::max(common::Duration{0}, *next - clock.now()));
-    dedup_timer.async_wait([this](const boost::system::error_code& ec) {
-      if (ec) return;
+    dedup_timer->arm(*next, [this] {
       dedup_armed_for.reset();
       show(dedup->due(clock.now()));
       arm_dedup();
@@ -190,7 +187,7 @@ struct WorkerOutput::Impl {
 
   void flush_dedup() {
     if (!dedup) return;
-    dedup_timer.cancel();
+    dedup_timer->cancel();
     dedup_armed_for.reset();
     show(dedup->flush());
   }
@@ -260,7 +257,7 @@ struct WorkerOutput::Impl {
     if (!after_drain) return;
     for (auto& s : streams)
       if (s->open) return;
-    drain_timer.cancel();
+    drain_timer->cancel();
     flush_dedup();
     auto next = std::move(after_drain);
     after_drain = nullptr;
@@ -272,8 +269,8 @@ struct WorkerOutput::Impl {
   OutputSettings settings;
   std::function<void(const LogWriteFailure&)> on_log_failure;
   std::function<void(int)> on_line;
-  asio::steady_timer drain_timer;
-  asio::steady_timer dedup_timer;
+  std::unique_ptr<DeadlineTimer> drain_timer;
+  std::unique_ptr<DeadlineTimer> dedup_timer;
   std::optional<LineDedup> dedup;  ///< --dedup_output
   std::optional<common::TimePoint> dedup_armed_for;
   std::function<void()> after_drain;
@@ -283,10 +280,11 @@ struct WorkerOutput::Impl {
   std::vector<std::shared_ptr<OutputStream>> failed;   ///< each reported once
 };
 
-WorkerOutput::WorkerOutput(asio::io_context& io, const common::Clock& clock,
+WorkerOutput::WorkerOutput(asio::io_context& io, const common::Clock& clock, DeadlineTimers& timers,
                            OutputSettings settings,
                            std::function<void(const LogWriteFailure&)> on_log_failure)
-    : impl_(std::make_unique<Impl>(io, clock, std::move(settings), std::move(on_log_failure))) {}
+    : impl_(std::make_unique<Impl>(io, clock, timers, std::move(settings),
+                                   std::move(on_log_failure))) {}
 
 WorkerOutput::~WorkerOutput() = default;
 
@@ -311,9 +309,7 @@ void WorkerOutput::add(const WorkerPlacement& placement, int stdout_fd, int stde
 
 void WorkerOutput::drain(std::chrono::milliseconds timeout, std::function<void()> done) {
   impl_->after_drain = std::move(done);
-  impl_->drain_timer.expires_after(timeout);
-  impl_->drain_timer.async_wait([impl = impl_.get()](const boost::system::error_code& ec) {
-    if (ec) return;
+  impl_->drain_timer->arm(impl_->clock.now() + timeout, [impl = impl_.get()] {
     impl->close_open();
     impl->maybe_drained();
   });
@@ -322,7 +318,7 @@ void WorkerOutput::drain(std::chrono::milliseconds timeout, std::function<void()
 
 void WorkerOutput::close_all() {
   impl_->after_drain = nullptr;
-  impl_->drain_timer.cancel();
+  impl_->drain_timer->cancel();
   impl_->close_open();
   impl_->flush_dedup();
 }

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/deadline_timer.h"
 #include "agent/failure_report.h"
 #include "agent/worker.h"
 #include "common/clock.h"
@@ -99,8 +100,9 @@ struct LogWriteFailure {
 class WorkerOutput {
  public:
   /// A failed write to a log file is warned about once per file, then `on_log_failure` runs.
-  WorkerOutput(boost::asio::io_context& io, const common::Clock& clock, OutputSettings settings,
-               std::function<void(const LogWriteFailure&)> on_log_failure);
+  /// The drain's deadline and the dedup window's wake-ups are `timers` on `clock`.
+  WorkerOutput(boost::asio::io_context& io, const common::Clock& clock, DeadlineTimers& timers,
+               OutputSettings settings, std::function<void(const LogWriteFailure&)> on_log_failure);
   ~WorkerOutput();
   WorkerOutput(const WorkerOutput&) = delete;
   WorkerOutput& operator=(const WorkerOutput&) = delete;

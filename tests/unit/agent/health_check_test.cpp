@@ -11,6 +11,8 @@
 #include <optional>
 #include <thread>
 
+#include "common/clock.h"
+#include "tests/support/fake_deadline_timers.h"
 #include "tests/support/subprocess.h"
 
 using namespace ddprun::agent;
@@ -140,23 +142,27 @@ TEST_CASE("the check command passes with exit 0, fails otherwise, and is killed 
   FakeSysfs sys;
   boost::asio::io_context io;
   PosixProcessLauncher launcher;
+  ddprun::common::SteadyClock clock;
+  const auto timers = steady_deadline_timers(io, clock);
   {
-    HealthCheckRunner ok(io, launcher, sys.inputs(), "echo fine", std::chrono::seconds(10), {});
+    HealthCheckRunner ok(io, launcher, clock, *timers, sys.inputs(), "echo fine",
+                         std::chrono::seconds(10), {});
     const HealthResult r = check_once(ok, launcher, io);
     CHECK(r.ok);
     CHECK(r.output == "fine\n");
   }
   {
-    HealthCheckRunner bad(io, launcher, sys.inputs(), "echo 'nvme0 degraded' >&2; exit 4",
-                          std::chrono::seconds(10), {{"PATH", "/usr/bin:/bin"}});
+    HealthCheckRunner bad(io, launcher, clock, *timers, sys.inputs(),
+                          "echo 'nvme0 degraded' >&2; exit 4", std::chrono::seconds(10),
+                          {{"PATH", "/usr/bin:/bin"}});
     const HealthResult r = check_once(bad, launcher, io);
     CHECK_FALSE(r.ok);
     CHECK(r.why == "the health check `echo 'nvme0 degraded' >&2; exit 4` failed with exit code 4");
     CHECK(r.output == "nvme0 degraded\n");
   }
   {
-    HealthCheckRunner slow(io, launcher, sys.inputs(), "sleep 30", std::chrono::milliseconds(300),
-                           {});
+    HealthCheckRunner slow(io, launcher, clock, *timers, sys.inputs(), "sleep 30",
+                           std::chrono::milliseconds(300), {});
     const HealthResult r = check_once(slow, launcher, io);
     CHECK_FALSE(r.ok);
     CHECK_THAT(r.why, Catch::Contains("ran past --health_check_timeout"));
@@ -166,7 +172,8 @@ TEST_CASE("the check command passes with exit 0, fails otherwise, and is killed 
     // The built-in checks come first: a failing one means the command does not run.
     HealthInputs in = sys.inputs();
     in.dirs = {"/nonexistent-ddprun-dir"};
-    HealthCheckRunner gated(io, launcher, in, "echo ran", std::chrono::seconds(10), {});
+    HealthCheckRunner gated(io, launcher, clock, *timers, in, "echo ran", std::chrono::seconds(10),
+                            {});
     const HealthResult r = check_once(gated, launcher, io);
     CHECK_FALSE(r.ok);
     CHECK(r.output.empty());
@@ -179,9 +186,11 @@ TEST_CASE("a check's output is kept to its last byte, and a check never waits fo
   FakeSysfs sys;
   boost::asio::io_context io;
   PosixProcessLauncher launcher;
+  ddprun::common::SteadyClock clock;
+  const auto timers = steady_deadline_timers(io, clock);
   {
     // Output written just before the exit, on both pipes, is all there.
-    HealthCheckRunner chatty(io, launcher, sys.inputs(),
+    HealthCheckRunner chatty(io, launcher, clock, *timers, sys.inputs(),
                              "i=0; while [ $i -lt 300 ]; do echo line$i; i=$((i+1)); done; "
                              "echo last-out; echo last-err >&2; exit 3",
                              std::chrono::seconds(10), {});
@@ -197,8 +206,8 @@ TEST_CASE("a check's output is kept to its last byte, and a check never waits fo
   {
     // An exit the agent never sees (a command stuck in the kernel) still ends the check at
     // its timeout; the exit, when it comes, is taken and dropped.
-    HealthCheckRunner stuck(io, launcher, sys.inputs(), "sleep 30", std::chrono::milliseconds(200),
-                            {});
+    HealthCheckRunner stuck(io, launcher, clock, *timers, sys.inputs(), "sleep 30",
+                            std::chrono::milliseconds(200), {});
     const HealthResult r = check_once(stuck, launcher, io, /*reap=*/false);
     CHECK_FALSE(r.ok);
     CHECK(r.why == "the health check ran past --health_check_timeout (200 ms) and was killed");
@@ -211,7 +220,8 @@ TEST_CASE("a check's output is kept to its last byte, and a check never waits fo
   }
   {
     // stop() kills a running check without waiting; its exit is taken later, `done` never runs.
-    HealthCheckRunner stopped(io, launcher, sys.inputs(), "sleep 30", std::chrono::seconds(10), {});
+    HealthCheckRunner stopped(io, launcher, clock, *timers, sys.inputs(), "sleep 30",
+                              std::chrono::seconds(10), {});
     bool called = false;
     stopped.run([&](HealthResult) { called = true; });
     io.run_for(std::chrono::milliseconds(50));
@@ -228,4 +238,34 @@ TEST_CASE("a check's output is kept to its last byte, and a check never waits fo
     CHECK(taken);
     CHECK_FALSE(called);
   }
+}
+
+TEST_CASE("a check's timeout is on the agent's clock", "[agent][unit][health]") {
+  FakeSysfs sys;
+  boost::asio::io_context io;
+  PosixProcessLauncher launcher;
+  ddprun::testing::FakeClock clock;
+  ddprun::testing::FakeDeadlineTimers timers(clock, io);
+  HealthCheckRunner slow(io, launcher, clock, timers, sys.inputs(), "sleep 30",
+                         std::chrono::seconds(30), {});
+  std::optional<HealthResult> result;
+  slow.run([&](HealthResult r) { result = std::move(r); });
+  // Runs the loop and reaps for up to `rounds` times 10 ms of real time.
+  const auto settle = [&](int rounds) {
+    for (int i = 0; i < rounds && !result; ++i) {
+      io.run_for(std::chrono::milliseconds(10));
+      io.restart();
+      for (const ProcessExit& e : launcher.reap()) slow.on_exit(e.pid, e.status);
+    }
+  };
+  settle(20);
+  timers.advance(std::chrono::seconds(29));
+  settle(20);
+  CHECK_FALSE(result);  // 29 s of 30: the command still runs
+  timers.advance(std::chrono::seconds(1));
+  settle(500);
+  REQUIRE(result);
+  CHECK_FALSE(result->ok);
+  CHECK(result->why == "the health check ran past --health_check_timeout (30 s) and was killed");
+  CHECK(result->ms == 30'000);  // the agent's clock's, not the seconds this test took
 }
