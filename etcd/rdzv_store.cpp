@@ -158,9 +158,10 @@ rdzv::RdzvSettings settings_from_json(Fields f) {
 json job_to_json(const JobState& s, const TimeAnchor& a) {
   json nodes = json::object();
   for (const auto& [id, node] : s.nodes) {
-    nodes[id] = {{"join", rdzv::to_json(rdzv::AgentMessage{node.request})},
-                 {"state", std::string(common::name_of(node.state, rdzv::kNodeStateNames))},
-                 {"group_rank", node.group_rank}};
+    nodes[id] = {
+        {"join", rdzv::to_json(rdzv::AgentMessage{rdzv::join_message(s, id, node.request)})},
+        {"state", std::string(common::name_of(node.state, rdzv::kNodeStateNames))},
+        {"group_rank", node.group_rank}};
   }
   json j = {{"run_id", s.run_id},
             {"settings", rdzv::settings_json(s.settings)},
@@ -225,7 +226,7 @@ JobState job_from_json(const json& j, const TimeAnchor& a, common::TimePoint now
         if (!parsed) {
           n.fail(n.where("join") + ": " + parsed.error().message);
         } else if (const auto* request = std::get_if<rdzv::Join>(&*parsed)) {
-          node.request = *request;
+          node.request = rdzv::node_join(*request);
         } else {
           n.fail(n.where("join") + " is not a join");
         }

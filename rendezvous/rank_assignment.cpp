@@ -12,7 +12,7 @@ std::map<std::string, int> assign_group_ranks(const std::map<std::string, NodeRe
   // (16,384 participants would otherwise cost millions of string comparisons per round).
   struct Entry {
     const std::string* id;
-    const Join* request;
+    const NodeJoin* request;
     std::optional<int> previous;  ///< its group rank in the last round
   };
   const auto name_less = [](const Entry& a, const Entry& b) {
@@ -29,7 +29,7 @@ std::map<std::string, int> assign_group_ranks(const std::map<std::string, NodeRe
   std::vector<Entry> holders;    // survivors: keep their previous rank while it fits
   std::vector<Entry> newcomers;  // the rest
   for (const std::string& id : participants) {
-    const Join& request = nodes.at(id).request;
+    const NodeJoin& request = nodes.at(id).request;
     auto previous = previous_ranks.find(id);
     Entry entry{
         &id, &request,

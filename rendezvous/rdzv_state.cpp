@@ -134,10 +134,10 @@ NodeRecord& set_state(JobState& s, const std::string& id, NodeState state) {
 }
 
 /// A known node's new Join (its name or --node_rank may differ from the last).
-void set_request(JobState& s, const std::string& id, Join join) {
+void set_request(JobState& s, const std::string& id, const Join& join) {
   NodeRecord& node = s.nodes.at(id);
   index_out(s.index, id, node);
-  node.request = std::move(join);
+  node.request = node_join(join);
   index_in(s.index, id, node);
 }
 
@@ -331,7 +331,7 @@ void complete_round(Step& st) {
   // Every participant hears the same first names: made once, not once per participant, and
   // only for the first ids (not a name per participant to keep 16 of them).
   const std::vector<std::string> names = names_of(s, first_names(by_rank));
-  const Join& master = s.nodes.at(by_rank.front()).request;
+  const NodeJoin& master = s.nodes.at(by_rank.front()).request;
   const int world_size = static_cast<int>(by_rank.size());
   for (const std::string& id : by_rank) {
     NodeRecord& node = set_state(s, id, NodeState::Running);
@@ -592,7 +592,7 @@ void finish_adoption_if_complete(Step& st) {
 }
 
 NodeRecord record_for(const Join& join, NodeState state, int group_rank, TimePoint now) {
-  return NodeRecord{join, state, group_rank, now};
+  return NodeRecord{node_join(join), state, group_rank, now};
 }
 
 /// A Join carrying a RoundClaim: the node's workers run a round it got before losing its
@@ -1116,8 +1116,34 @@ std::optional<TimePoint> next_wake(const JobState& s) {
 
 }  // namespace
 
-std::string node_identity(const Join& join) {
-  return join.node_id.substr(0, join.node_id.find(':')) + "/" + join.addr;
+namespace {
+
+/// The host part of a node id ("host:pid:random").
+std::string host_of(const std::string& node_id) { return node_id.substr(0, node_id.find(':')); }
+
+}  // namespace
+
+std::string node_identity(const Join& join) { return host_of(join.node_id) + "/" + join.addr; }
+
+std::string node_identity(const NodeJoin& join) { return join.host + "/" + join.addr; }
+
+NodeJoin node_join(const Join& join) {
+  return NodeJoin{join.name,      join.addr,   host_of(join.node_id), join.master_port,
+                  join.node_rank, join.resume, join.restart_count};
+}
+
+Join join_message(const JobState& job, const std::string& id, const NodeJoin& node) {
+  Join join;
+  join.run_id = job.run_id;
+  join.node_id = id;
+  join.name = node.name;
+  join.addr = node.addr;
+  join.master_port = node.master_port;
+  join.node_rank = node.node_rank;
+  join.settings = job.settings;
+  join.restart_count = node.restart_count;
+  join.resume = node.resume;
+  return join;
 }
 
 bool NodeKeyLess::operator()(const NodeKey& a, const NodeKey& b) const {

@@ -55,8 +55,30 @@ inline constexpr std::array<common::EnumName<NodeState>, 6> kNodeStateNames{{
 }};
 static_assert(common::name_table_complete(kNodeStateNames));
 
+/// What the server keeps of a node's latest Join: what it reads once the join is admitted.
+/// The join's run id and settings are the job's (admission checked them), so no node keeps its
+/// own copy: 16,384 nodes held 16,384 copies (docs/design.md#rendezvous-at-scale).
+struct NodeJoin {
+  std::string name;  ///< Join::name
+  std::string addr;  ///< Join::addr
+  std::string host;  ///< the host part of its node id ("host:pid:random"), for node_identity
+  int master_port = 0;
+  std::optional<int> node_rank;
+  std::optional<RoundClaim> resume;
+  int restart_count = 0;  ///< the job's count as the node last heard it
+};
+
+/// What `join` leaves in its node's record.
+NodeJoin node_join(const Join& join);
+
+struct JobState;
+
+/// The Join node `id` of `job` sent, as far as the server keeps it (the job's run id and
+/// settings in it): etcd's stored state holds each node's join as a message.
+Join join_message(const JobState& job, const std::string& id, const NodeJoin& node);
+
 struct NodeRecord {
-  Join request;  ///< the node's latest Join
+  NodeJoin request;  ///< the node's latest Join
   NodeState state = NodeState::Joined;
   int group_rank = -1;  ///< in the running round; -1 otherwise
   TimePoint last_seen;  ///< last message of any kind (heartbeats included)
@@ -74,6 +96,7 @@ struct NodeStanding {
 /// A node as --quarantine_after counts it: "host/addr" (the host of its node id, the address it
 /// publishes).
 std::string node_identity(const Join& join);
+std::string node_identity(const NodeJoin& join);
 
 /// A node's place in the name order of its state (NodeIndex::by_name).
 struct NodeKey {

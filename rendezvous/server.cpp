@@ -149,7 +149,8 @@ void RendezvousServer::on_accepted(tcp::socket socket) {
   Session& session = sessions_[id];
   session.id = id;
   session.conn = conn;
-  session.handshake.emplace(secret_, secret_ ? make_nonce() : std::string());
+  session.handshake =
+      std::make_unique<ServerHandshake>(secret_, secret_ ? make_nonce() : std::string());
   session.opened_at = session.progress_at = clock_.now();
   silent_.insert(id);
   conn->start([this, id](const json& body) { on_message(id, body); },

@@ -85,7 +85,7 @@ class RendezvousServer {
   struct Session {
     std::uint64_t id = 0;  ///< its key in sessions_
     std::shared_ptr<FramedConnection> conn;
-    std::optional<ServerHandshake> handshake;  ///< until the hello (and proof) is done
+    std::unique_ptr<ServerHandshake> handshake;  ///< until the hello (and proof) is done
     bool greeted = false;
     std::string run_id;  ///< set by the first Join
     std::string node_id;

@@ -938,7 +938,7 @@ TEST_CASE("previous holders keep ranks that fit and newcomers take the lowest fr
           "[rdzv][unit]") {
   std::map<std::string, NodeRecord> nodes;
   for (const std::string name : {"n1", "n2", "n3", "n4", "n5"}) {
-    nodes[name].request = join_of(name, nnodes(1, 5));
+    nodes[name].request = node_join(join_of(name, nnodes(1, 5)));
   }
   const std::map<std::string, int> previous = {{"n4", 2}, {"n5", 4}, {"n2", 0}};
   const auto ranks = assign_group_ranks(nodes, {"n1", "n2", "n3", "n4", "n5"}, previous);
