@@ -1133,17 +1133,8 @@ NodeJoin node_join(const Join& join) {
 }
 
 Join join_message(const JobState& job, const std::string& id, const NodeJoin& node) {
-  Join join;
-  join.run_id = job.run_id;
-  join.node_id = id;
-  join.name = node.name;
-  join.addr = node.addr;
-  join.master_port = node.master_port;
-  join.node_rank = node.node_rank;
-  join.settings = job.settings;
-  join.restart_count = node.restart_count;
-  join.resume = node.resume;
-  return join;
+  return Join{job.run_id,     id,           node.name,          node.addr,  node.master_port,
+              node.node_rank, job.settings, node.restart_count, node.resume};
 }
 
 bool NodeKeyLess::operator()(const NodeKey& a, const NodeKey& b) const {
