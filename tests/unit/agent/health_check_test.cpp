@@ -250,10 +250,13 @@ TEST_CASE("a check's timeout is on the agent's clock", "[agent][unit][health]") 
                          std::chrono::seconds(30), {});
   std::optional<HealthResult> result;
   slow.run([&](HealthResult r) { result = std::move(r); });
-  // Runs the loop and reaps for up to `rounds` times 10 ms of real time.
+  // Runs the loop and reaps for up to `rounds` times 10 ms of real time. The loop may have
+  // nothing to wait on (the pipes closed, the grace is on the fake clock) while the killed
+  // command is not yet reapable: then it sleeps instead.
   const auto settle = [&](int rounds) {
     for (int i = 0; i < rounds && !result; ++i) {
-      io.run_for(std::chrono::milliseconds(10));
+      if (io.run_for(std::chrono::milliseconds(10)) == 0)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
       io.restart();
       for (const ProcessExit& e : launcher.reap()) slow.on_exit(e.pid, e.status);
     }
