@@ -180,7 +180,19 @@ void FramedConnection::on_read(error_code ec, std::string_view data) {
 
 void FramedConnection::send(const nlohmann::json& body) {
   if (!open_ || close_when_written_) return;
-  writes_.push_back(encode_frame(body));
+  std::string frame = encode_frame(body);
+  if (!tls_ && handshaken_ && !writing_ && writes_.empty()) {
+    // Nothing waits before it: the socket takes it now, and only what it does not take is
+    // queued. A server answering a round of 16,384 nodes then holds no frame per node while
+    // it answers (docs/design.md#rendezvous-at-scale). A failed write is left to write_next's
+    // handler, which ends the connection from the executor: never from inside send().
+    error_code ec;
+    socket_.non_blocking(true, ec);
+    const std::size_t n = ec ? 0 : socket_.write_some(asio::buffer(frame), ec);
+    if (!ec && n == frame.size()) return;
+    frame.erase(0, ec ? 0 : n);
+  }
+  writes_.push_back(std::move(frame));
   queued_bytes_ += writes_.back().size();
   if (write_limit_ != 0 && queued_bytes_ > write_limit_) {
     // Ended from the executor, not here: the caller may be walking its own sessions.

@@ -46,32 +46,21 @@ void JobHistory::stepped(const ServerMetrics::Before& before, const std::string&
     if (join && join->resume) opened.detail = "nodes re-registered after a server restart";
     add(job, std::move(opened));
   }
-  if (join && state.nodes.count(from->node_id)) job.names[from->node_id] = join->name;
-  const auto name_of_node = [&](const std::string& node_id) {
-    auto found = job.names.find(node_id);
-    return found == job.names.end() ? std::string() : found->second;
-  };
-  if (const auto* failed = from ? std::get_if<WorkersFailed>(&from->message) : nullptr)
+  if (const auto* failed = from ? std::get_if<WorkersFailed>(&from->message) : nullptr) {
+    auto node = state.nodes.find(from->node_id);
     add(job, make_event(JobEventKind::FailureReported, now, failed->round,
-                        name_of_node(from->node_id), failed->description));
-  // One step adds at most the node that joined, so equal sizes mean the same nodes: only a
-  // step that removed nodes costs a pass over them.
-  if (job.names.size() != state.nodes.size()) {
-    const bool lost =
-        (std::holds_alternative<Disconnected>(event) || std::holds_alternative<Tick>(event)) &&
-        before.phase != JobPhase::Closed && state.phase != JobPhase::Closed;
-    const bool left =
-        from && std::holds_alternative<Leave>(from->message) && state.phase != JobPhase::Closed;
-    for (auto node = job.names.begin(); node != job.names.end();) {
-      if (state.nodes.count(node->first)) {
-        ++node;
-        continue;
-      }
-      if (lost || left)
-        add(job, make_event(lost ? JobEventKind::NodeLost : JobEventKind::NodeLeft, now,
-                            before.round, node->second, ""));
-      node = job.names.erase(node);
-    }
+                        node == state.nodes.end() ? std::string() : node->second.request.name,
+                        failed->description));
+  }
+  const bool lost =
+      (std::holds_alternative<Disconnected>(event) || std::holds_alternative<Tick>(event)) &&
+      before.phase != JobPhase::Closed && state.phase != JobPhase::Closed;
+  const bool left =
+      from && std::holds_alternative<Leave>(from->message) && state.phase != JobPhase::Closed;
+  if (lost || left) {
+    for (const std::string& name : after.removed)
+      add(job, make_event(lost ? JobEventKind::NodeLost : JobEventKind::NodeLeft, now, before.round,
+                          name, ""));
   }
   bool restarted = false;
   for (const Outgoing& out : after.messages) {

@@ -64,8 +64,6 @@ class JobHistory {
   struct Job {
     std::deque<JobEvent> events;
     std::size_t dropped = 0;
-    /// node_id -> name of the nodes the job holds, to name the ones that go.
-    std::map<std::string, std::string> names;
   };
 
   /// The job's history; nullptr when none was recorded.

@@ -8,6 +8,11 @@ namespace ddprun::rdzv {
 
 using nlohmann::json;
 
+const std::vector<std::string>& SharedNames::get() const {
+  static const std::vector<std::string> kNone;
+  return names_ ? *names_ : kNone;
+}
+
 json settings_json(const RdzvSettings& s) {
   return {{"min_nodes", s.min_nodes},
           {"max_nodes", s.max_nodes},
@@ -251,7 +256,7 @@ struct ServerToJson {
             {"master_addr", m.master_addr},
             {"master_port", m.master_port},
             {"restart_count", m.restart_count},
-            {"participants", m.participants}};
+            {"participants", m.participants.get()}};
   }
   json operator()(const Restart& m) const {
     return {{"type", "restart"},

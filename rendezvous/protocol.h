@@ -1,6 +1,8 @@
 #pragma once
 #include <array>
 #include <chrono>
+#include <initializer_list>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -153,6 +155,26 @@ struct Waiting {
   Millis quarantine_left{0};
 };
 
+/// A list of names that many messages carry alike, held once: every participant's RoundReady
+/// names the same first nodes, and a round of 16,384 nodes held 16,384 copies of them while it
+/// was answered (docs/design.md#rendezvous-at-scale). Copies share the list; it never changes.
+class SharedNames {
+ public:
+  SharedNames() = default;
+  SharedNames(std::vector<std::string> names)  // NOLINT: implicit, like the list it holds
+      : names_(std::make_shared<const std::vector<std::string>>(std::move(names))) {}
+  SharedNames(std::initializer_list<std::string> names)  // NOLINT: implicit, as above
+      : SharedNames(std::vector<std::string>(names)) {}
+  const std::vector<std::string>& get() const;
+  std::size_t size() const { return get().size(); }
+  friend bool operator==(const SharedNames& a, const std::vector<std::string>& b) {
+    return a.get() == b;
+  }
+
+ private:
+  std::shared_ptr<const std::vector<std::string>> names_;
+};
+
 /// The round is complete: this node's place in the job.
 struct RoundReady {
   int round = 0;
@@ -161,7 +183,7 @@ struct RoundReady {
   std::string master_addr;
   int master_port = 0;
   int restart_count = 0;
-  std::vector<std::string> participants;  ///< names in group-rank order (the first few)
+  SharedNames participants;  ///< names in group-rank order (the first few)
 };
 
 /// Stop the workers and join again for round `next_round`.

@@ -182,7 +182,8 @@ class Stepper {
     log(ClientLogLevel::Info,
         fmt::format("rendezvous round {} complete: group rank {} of {} nodes ({}), master {}:{}",
                     ready.round, ready.group_rank, ready.group_world_size,
-                    common::join(ready.participants, ", "), ready.master_addr, ready.master_port));
+                    common::join(ready.participants.get(), ", "), ready.master_addr,
+                    ready.master_port));
     out_.push_back(Deliver{info});
   }
 

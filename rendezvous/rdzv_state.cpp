@@ -20,6 +20,7 @@ struct Step {
   std::vector<Outgoing> out;
   TimePoint now;
   bool erase = false;
+  std::vector<std::string> removed{};  ///< StepResult::removed
 };
 
 /// "15 s" for whole seconds, "1500 ms" otherwise: users read these in error messages.
@@ -73,7 +74,7 @@ std::vector<std::string> ids_in(const JobState& s, NodeState state) {
   std::vector<std::string> ids;
   const auto& keys = s.index.by_name[slot(state)];
   ids.reserve(keys.size());
-  for (const NodeKey& key : keys) ids.push_back(key.id);
+  for (const NodeKey& key : keys) ids.push_back(*key.id);
   return ids;
 }
 
@@ -91,21 +92,26 @@ void send(Step& st, const std::string& id, ServerMessage message, bool close_aft
 // Every change of JobState::nodes goes through put_node, set_state, set_request and
 // erase_node, which keep JobState::index in step; check_index() holds them to it.
 
-void index_in(NodeIndex& index, const std::string& id, const NodeRecord& node) {
+using NodeEntry = std::map<std::string, NodeRecord>::value_type;
+
+/// Indexes a node of the job's table: the index points at the entry's id and name.
+void index_in(NodeIndex& index, const NodeEntry& entry) {
+  const auto& [id, node] = entry;
   ++index.count[slot(node.state)];
-  index.by_name[slot(node.state)].insert(NodeKey{node.request.name, id});
-  if (node.request.node_rank) index.by_node_rank.emplace(*node.request.node_rank, id);
-  index.by_last_seen.emplace(node.last_seen, id);
+  index.by_name[slot(node.state)].insert(NodeKey{&node.request.name, &id});
+  if (node.request.node_rank) index.by_node_rank.emplace(*node.request.node_rank, &id);
+  index.by_last_seen.insert(LastSeen{node.last_seen, &id});
 }
 
-void index_out(NodeIndex& index, const std::string& id, const NodeRecord& node) {
+void index_out(NodeIndex& index, const NodeEntry& entry) {
+  const auto& [id, node] = entry;
   --index.count[slot(node.state)];
-  index.by_name[slot(node.state)].erase(NodeKey{node.request.name, id});
-  index.by_last_seen.erase({node.last_seen, id});
+  index.by_name[slot(node.state)].erase(NodeKey{&node.request.name, &id});
+  index.by_last_seen.erase(LastSeen{node.last_seen, &id});
   if (!node.request.node_rank) return;
   auto [first, last] = index.by_node_rank.equal_range(*node.request.node_rank);
   for (auto it = first; it != last; ++it) {
-    if (it->second == id) {
+    if (*it->second == id) {
       index.by_node_rank.erase(it);
       return;
     }
@@ -116,33 +122,40 @@ void index_out(NodeIndex& index, const std::string& id, const NodeRecord& node) 
 NodeRecord& put_node(JobState& s, const std::string& id, NodeRecord record) {
   auto it = s.nodes.find(id);
   if (it != s.nodes.end()) {
-    index_out(s.index, id, it->second);
+    index_out(s.index, *it);
     it->second = std::move(record);
   } else {
     it = s.nodes.emplace(id, std::move(record)).first;
   }
-  index_in(s.index, id, it->second);
+  index_in(s.index, *it);
   return it->second;
 }
 
+/// The node's entry in the job's table (it must be there).
+NodeEntry& entry_of(JobState& s, const std::string& id) {
+  auto it = s.nodes.find(id);
+  DDPRUN_CHECK(it != s.nodes.end(), "rdzv_state: a node the job does not hold");
+  return *it;
+}
+
 NodeRecord& set_state(JobState& s, const std::string& id, NodeState state) {
-  NodeRecord& node = s.nodes.at(id);
-  index_out(s.index, id, node);
-  node.state = state;
-  index_in(s.index, id, node);
-  return node;
+  NodeEntry& entry = entry_of(s, id);
+  index_out(s.index, entry);
+  entry.second.state = state;
+  index_in(s.index, entry);
+  return entry.second;
 }
 
 /// A known node's new Join (its name or --node_rank may differ from the last).
 void set_request(JobState& s, const std::string& id, const Join& join) {
-  NodeRecord& node = s.nodes.at(id);
-  index_out(s.index, id, node);
-  node.request = node_join(join);
-  index_in(s.index, id, node);
+  NodeEntry& entry = entry_of(s, id);
+  index_out(s.index, entry);
+  entry.second.request = node_join(join);
+  index_in(s.index, entry);
 }
 
 void erase_node(JobState& s, std::map<std::string, NodeRecord>::iterator it) {
-  index_out(s.index, it->first, it->second);
+  index_out(s.index, *it);
   s.nodes.erase(it);
 }
 
@@ -150,9 +163,10 @@ void erase_node(JobState& s, std::map<std::string, NodeRecord>::iterator it) {
 void touch(JobState& s, const std::string& id, NodeRecord& node, TimePoint now) {
   // Nothing moves: the etcd driver marks every node seen before each event of its pass.
   if (node.last_seen == now) return;
-  s.index.by_last_seen.erase({node.last_seen, id});
+  const std::string* key = &entry_of(s, id).first;
+  s.index.by_last_seen.erase(LastSeen{node.last_seen, key});
   node.last_seen = now;
-  s.index.by_last_seen.emplace(node.last_seen, id);
+  s.index.by_last_seen.insert(LastSeen{node.last_seen, key});
 }
 
 /// Jobs of at most this many nodes have their whole index checked after every step (tests and
@@ -170,8 +184,9 @@ void check_index(const JobState& s) {
   reindex(fresh);
   DDPRUN_CHECK(fresh.index.count == s.index.count && fresh.index.by_name == s.index.by_name,
                "rdzv_state: the node index disagrees with the nodes' states or names");
-  const auto sorted = [](const std::multimap<int, std::string>& ranks) {
-    std::vector<std::pair<int, std::string>> v(ranks.begin(), ranks.end());
+  const auto sorted = [](const std::multimap<int, const std::string*>& ranks) {
+    std::vector<std::pair<int, std::string>> v;
+    for (const auto& [rank, id] : ranks) v.emplace_back(rank, *id);
     std::sort(v.begin(), v.end());
     return v;
   };
@@ -191,7 +206,7 @@ std::vector<int> missing_node_ranks(const JobState& s,
        ++rank) {
     bool held = false;
     for (; it != ranks.end() && it->first <= rank; ++it)
-      held = held || (it->first == rank && s.nodes.at(it->second).state == NodeState::Joined);
+      held = held || (it->first == rank && s.nodes.at(*it->second).state == NodeState::Joined);
     if (!held) missing.push_back(rank);
   }
   return missing;
@@ -214,7 +229,7 @@ std::vector<std::string> first_names_in(const JobState& s, NodeState state) {
   std::vector<std::string> out;
   for (const NodeKey& key : s.index.by_name[slot(state)]) {
     if (out.size() == kMaxNamesInMessage) break;
-    out.push_back(key.name);
+    out.push_back(*key.name);
   }
   return out;
 }
@@ -325,14 +340,15 @@ void complete_round(Step& st) {
   const std::vector<std::string> joined = ids_in(s, NodeState::Joined);
   DDPRUN_CHECK(!joined.empty() && static_cast<int>(joined.size()) <= s.settings.max_nodes,
                "complete_round: a round needs 1 to max_nodes joined nodes");
-  const std::map<std::string, int> ranks = assign_group_ranks(s.nodes, joined, s.previous_ranks);
+  std::map<std::string, int> ranks = assign_group_ranks(s.nodes, joined, s.previous_ranks);
   std::vector<std::string> by_rank(joined.size());
   for (const auto& [id, rank] : ranks) by_rank.at(static_cast<std::size_t>(rank)) = id;
-  // Every participant hears the same first names: made once, not once per participant, and
-  // only for the first ids (not a name per participant to keep 16 of them).
-  const std::vector<std::string> names = names_of(s, first_names(by_rank));
+  // Every participant hears the same first names: made once and shared by every RoundReady
+  // (SharedNames), and only for the first ids (not a name per participant to keep 16 of them).
+  const SharedNames names = names_of(s, first_names(by_rank));
   const NodeJoin& master = s.nodes.at(by_rank.front()).request;
   const int world_size = static_cast<int>(by_rank.size());
+  st.out.reserve(st.out.size() + by_rank.size());
   for (const std::string& id : by_rank) {
     NodeRecord& node = set_state(s, id, NodeState::Running);
     node.group_rank = ranks.at(id);
@@ -340,7 +356,7 @@ void complete_round(Step& st) {
          RoundReady{s.round, node.group_rank, world_size, master.addr, master.master_port,
                     s.restart_count, names});
   }
-  s.previous_ranks = ranks;
+  s.previous_ranks = std::move(ranks);
   s.phase = JobPhase::Running;
   s.last_call.reset();
   s.waiting_dirty = false;
@@ -486,6 +502,7 @@ void remove_node(Step& st, const std::string& id, const std::string& reason, boo
   if (it == s.nodes.end()) return;
   const NodeState was = it->second.state;
   const std::string name = it->second.request.name;
+  st.removed.push_back(name);
   erase_node(s, it);
   s.previous_ranks.erase(id);
   if (tell) {
@@ -1018,13 +1035,16 @@ void run_deadlines(Step& st) {
   }
   const Millis window = s.settings.keep_alive_window();
   // The silent, from the oldest last_seen on: a step where nobody is silent walks no nodes.
-  std::vector<NodeKey> silent;
+  std::vector<NodeKey> keys;
   for (const auto& [seen, id] : s.index.by_last_seen) {
     if (seen + window > st.now) break;
-    silent.push_back(NodeKey{s.nodes.at(id).request.name, id});
+    keys.push_back(NodeKey{&s.nodes.at(*id).request.name, id});
   }
-  std::sort(silent.begin(), silent.end(), NodeKeyLess{});  // the order of every node list
-  for (const auto& [silent_name, id] : silent) {
+  std::sort(keys.begin(), keys.end(), NodeKeyLess{});  // the order of every node list
+  // Copies: removing a node frees the id its key points at.
+  std::vector<std::string> silent;
+  for (const NodeKey& key : keys) silent.push_back(*key.id);
+  for (const std::string& id : silent) {
     if (s.phase == JobPhase::Closed) return;
     auto it = s.nodes.find(id);
     if (it == s.nodes.end()) continue;
@@ -1100,7 +1120,7 @@ std::optional<TimePoint> next_wake(const JobState& s) {
     return wake;
   }
   if (!s.index.by_last_seen.empty())
-    consider(s.index.by_last_seen.begin()->first + s.settings.keep_alive_window());
+    consider(s.index.by_last_seen.begin()->at + s.settings.keep_alive_window());
   if (s.adopt_deadline) consider(*s.adopt_deadline);
   for (const auto& [identity, standing] : s.standing)
     if (standing.until) consider(*standing.until);
@@ -1138,14 +1158,24 @@ Join join_message(const JobState& job, const std::string& id, const NodeJoin& no
 }
 
 bool NodeKeyLess::operator()(const NodeKey& a, const NodeKey& b) const {
-  if (natural_less(a.name, b.name)) return true;
-  if (natural_less(b.name, a.name)) return false;
-  return a.id < b.id;
+  if (natural_less(*a.name, *b.name)) return true;
+  if (natural_less(*b.name, *a.name)) return false;
+  return *a.id < *b.id;
 }
 
 void reindex(JobState& state) {
   state.index = NodeIndex{};
-  for (const auto& [id, node] : state.nodes) index_in(state.index, id, node);
+  for (const NodeEntry& entry : state.nodes) index_in(state.index, entry);
+}
+
+JobState::JobState(const JobState& other) : JobFields(other) { reindex(*this); }
+
+JobState& JobState::operator=(const JobState& other) {
+  if (this != &other) {
+    JobFields::operator=(other);
+    reindex(*this);
+  }
+  return *this;
 }
 
 void mark_all_seen(JobState& state, TimePoint now) {
@@ -1186,6 +1216,7 @@ StepResult step(JobState state, const Event& event, TimePoint now) {
   result.wake_at = st.erase ? std::nullopt : next_wake(st.s);
   result.state = std::move(st.s);
   result.messages = std::move(st.out);
+  result.removed = std::move(st.removed);
   result.erase = st.erase;
   return result;
 }

@@ -98,11 +98,14 @@ struct NodeStanding {
 std::string node_identity(const Join& join);
 std::string node_identity(const NodeJoin& join);
 
-/// A node's place in the name order of its state (NodeIndex::by_name).
+/// A node's place in the name order of its state (NodeIndex::by_name): its name and id where its
+/// job's node table holds them, not copies (16,384 nodes held each id three times).
 struct NodeKey {
-  std::string name;  ///< request.name
-  std::string id;    ///< node_id
-  friend bool operator==(const NodeKey&, const NodeKey&) = default;
+  const std::string* name = nullptr;  ///< &record.request.name
+  const std::string* id = nullptr;    ///< &its key in JobState::nodes
+  friend bool operator==(const NodeKey& a, const NodeKey& b) {
+    return *a.name == *b.name && *a.id == *b.id;
+  }
 };
 
 /// The order of every node list: numeric-aware by name ("node2" before "node10"), then node_id.
@@ -110,18 +113,36 @@ struct NodeKeyLess {
   bool operator()(const NodeKey& a, const NodeKey& b) const;
 };
 
+/// When a node was last heard from (NodeIndex::by_last_seen).
+struct LastSeen {
+  TimePoint at;
+  const std::string* id = nullptr;  ///< &its key in JobState::nodes
+  friend bool operator==(const LastSeen& a, const LastSeen& b) {
+    return a.at == b.at && *a.id == *b.id;
+  }
+};
+
+/// By time, then by node id.
+struct LastSeenLess {
+  bool operator()(const LastSeen& a, const LastSeen& b) const {
+    return a.at != b.at ? a.at < b.at : *a.id < *b.id;
+  }
+};
+
 /// What JobState::nodes implies, kept up to date by rdzv_state.cpp with every change of a node
 /// (added, removed, its state or its Join replaced), so that a join, a heartbeat or a deadline
 /// costs O(log N) in the job's nodes, never a walk over all of them: a round of 16,384 nodes
-/// would otherwise cost N^2 steps (docs/design.md#rendezvous-at-scale).
+/// would otherwise cost N^2 steps (docs/design.md#rendezvous-at-scale). Its entries point into
+/// JobState::nodes (whose entries stay put when the map is moved); a copied JobState builds its
+/// own.
 struct NodeIndex {
   static constexpr std::size_t kStates = kNodeStateNames.size();
   std::array<int, kStates> count{};                               ///< nodes per NodeState
   std::array<std::set<NodeKey, NodeKeyLess>, kStates> by_name{};  ///< per NodeState, in order
-  /// node_rank -> node_id, of every node started with --node_rank.
-  std::multimap<int, std::string> by_node_rank{};
-  /// (last_seen, node_id) of every node: the keep-alive deadline and who is silent, at once.
-  std::set<std::pair<TimePoint, std::string>> by_last_seen{};
+  /// node_rank -> &node_id, of every node started with --node_rank.
+  std::multimap<int, const std::string*> by_node_rank{};
+  /// Every node by last_seen: the keep-alive deadline and who is silent, at once.
+  std::set<LastSeen, LastSeenLess> by_last_seen{};
 
   /// How many nodes are in `state`.
   int count_of(NodeState state) const { return count[static_cast<std::size_t>(state)]; }
@@ -137,8 +158,8 @@ inline constexpr std::array<common::EnumName<JobPhase>, 3> kJobPhaseNames{{
 }};
 static_assert(common::name_table_complete(kJobPhaseNames));
 
-/// Everything the server holds for one job.
-struct JobState {
+/// Everything the server holds for one job (JobState adds how it is copied).
+struct JobFields {
   std::string run_id;
   RdzvSettings settings;      ///< set by the first node to join; later nodes must agree
   std::string settings_from;  ///< name of the node that set them (for mismatch messages)
@@ -175,6 +196,17 @@ struct JobState {
   /// --quarantine_after: by node identity, those that caused a failure or were quarantined
   /// (at most one entry per counted restart; entries with nothing to remember are dropped).
   std::map<std::string, NodeStanding> standing;
+};
+
+/// Everything the server holds for one job. A copy rebuilds its index (which points into its own
+/// nodes); a move keeps it, as the moved map keeps its entries where they are.
+struct JobState : JobFields {
+  JobState() = default;
+  JobState(const JobState& other);
+  JobState& operator=(const JobState& other);
+  JobState(JobState&&) = default;
+  JobState& operator=(JobState&&) = default;
+  ~JobState() = default;
 };
 
 /// The shortest time between two Waiting broadcasts of one job.
@@ -233,6 +265,9 @@ struct Outgoing {
 struct StepResult {
   JobState state;
   std::vector<Outgoing> messages;
+  /// Names of the nodes this step removed (left, lost, dropped for silence, refused after
+  /// joining), for those who say what went: the status page's history keeps no node list.
+  std::vector<std::string> removed;
   std::optional<TimePoint> wake_at;  ///< call step(Tick) at this time (earliest deadline)
   bool erase = false;                ///< the job's tombstone expired: forget the job
 };

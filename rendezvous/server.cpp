@@ -49,8 +49,8 @@ long long ms_of(common::Duration d) {
 void log_outgoing(const std::string& run_id, const Outgoing& out) {
   if (auto* ready = std::get_if<RoundReady>(&out.message); ready && ready->group_rank == 0) {
     spdlog::info("job '{}': round {} complete with {} node(s): {}; restart count {}", run_id,
-                 ready->round, ready->group_world_size, common::join(ready->participants, ", "),
-                 ready->restart_count);
+                 ready->round, ready->group_world_size,
+                 common::join(ready->participants.get(), ", "), ready->restart_count);
   } else if (auto* closed = std::get_if<Closed>(&out.message)) {
     spdlog::debug("job '{}': closing node {}: {}", run_id, out.node_id, closed->message);
   } else if (auto* refused = std::get_if<Refused>(&out.message)) {
@@ -354,18 +354,24 @@ void RendezvousServer::on_message(std::uint64_t id, const json& body) {
       return refuse(session, "this rendezvous server holds " + std::to_string(jobs_.size()) +
                                  " jobs, its limit: start job '" + join->run_id +
                                  "' later, or raise ddprun-rdzvd --max_jobs");
-    session.run_id = join->run_id;
-    session.node_id = join->node_id;
-    auto [route, fresh] = routes_.try_emplace({join->run_id, join->node_id}, id);
-    if (!fresh && route->second != id) {
-      // The node reconnected: its old connection no longer speaks for it.
-      if (auto old = sessions_.find(route->second); old != sessions_.end()) {
+    if (session.node_id.empty()) {
+      session.run_id = join->run_id;
+      session.node_id = join->node_id;
+    }
+    auto route = routes_.find(RouteKey{session.run_id, session.node_id});
+    if (route != routes_.end() && route->second != id) {
+      // The node reconnected: its old connection no longer speaks for it. The route's key
+      // points into the old session, so it goes with it and comes back pointing into this one.
+      const std::uint64_t old_id = route->second;
+      routes_.erase(route);
+      route = routes_.end();
+      if (auto old = sessions_.find(old_id); old != sessions_.end()) {
         old->second.conn->close();
         forget_ungreeted(old->first);
         sessions_.erase(old);
       }
-      route->second = id;
     }
+    if (route == routes_.end()) routes_.emplace(RouteKey{session.run_id, session.node_id}, id);
     if (!jobs_.count(join->run_id)) jobs_[join->run_id].state = new_job(join->run_id, clock_.now());
   } else if (session.node_id.empty()) {
     return refuse(session, "the first message after hello must be a join or a status query");
@@ -395,11 +401,12 @@ void RendezvousServer::on_closed(std::uint64_t id, const CloseReason& why) {
       break;
   }
   forget_ungreeted(id);
+  // The route's key points into the session: it goes first.
+  auto route = node_id.empty() ? routes_.end() : routes_.find(RouteKey{run_id, node_id});
+  const bool spoke_for_node = route != routes_.end() && route->second == id;
+  if (spoke_for_node) routes_.erase(route);
   sessions_.erase(it);
-  if (node_id.empty()) return;
-  auto route = routes_.find({run_id, node_id});
-  if (route == routes_.end() || route->second != id) return;
-  routes_.erase(route);
+  if (!spoke_for_node) return;
   spdlog::debug("job '{}': node {} disconnected{}", run_id, node_id,
                 why.text.empty() ? "" : ": " + why.text);
   if (jobs_.count(run_id)) apply(run_id, Disconnected{node_id});
@@ -424,7 +431,12 @@ void RendezvousServer::apply(const std::string& run_id, const Event& event) {
   if (job->second.wake_at) deadlines_.erase({*job->second.wake_at, run_id});
   job->second.wake_at = r.erase ? std::nullopt : r.wake_at;
   if (job->second.wake_at) deadlines_.insert({*job->second.wake_at, run_id});
-  for (const Outgoing& out : r.messages) deliver(run_id, out);
+  for (Outgoing& out : r.messages) {
+    deliver(run_id, out);
+    // Each message is freed once sent (a socket that takes it holds no copy), so a round of
+    // 16,384 nodes is not held twice while it is answered.
+    out = Outgoing{};
+  }
   if (r.erase) {
     spdlog::debug("job '{}': forgotten", run_id);
     jobs_.erase(run_id);
@@ -434,7 +446,7 @@ void RendezvousServer::apply(const std::string& run_id, const Event& event) {
 
 void RendezvousServer::deliver(const std::string& run_id, const Outgoing& out) {
   log_outgoing(run_id, out);
-  auto route = routes_.find({run_id, out.node_id});
+  auto route = routes_.find(RouteKey{run_id, out.node_id});
   if (route == routes_.end()) return;
   auto session = sessions_.find(route->second);
   if (session == sessions_.end()) return;

@@ -10,6 +10,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 
 #include "common/accept_loop.h"
 #include "common/clock.h"
@@ -164,8 +165,10 @@ class RendezvousServer {
     silent_.erase(id);
     greeting_.erase(id);
   }
-  /// (run_id, node_id) -> the session that speaks for that node now.
-  std::map<std::pair<std::string, std::string>, std::uint64_t> routes_;
+  /// (run_id, node_id) -> the session that speaks for that node now. The key points at that
+  /// session's run_id and node_id (no third copy of each id): a route goes before its session.
+  using RouteKey = std::pair<std::string_view, std::string_view>;
+  std::map<RouteKey, std::uint64_t> routes_;
   std::map<std::string, Job> jobs_;
   /// (wake_at, run id) of every job that has one: the earliest is the timer's.
   std::set<std::pair<TimePoint, std::string>> deadlines_;

@@ -119,10 +119,11 @@ TEST_CASE("every server message survives the trip through JSON", "[rdzv][unit]")
   CHECK(w.joined_count == 2);
   CHECK(w.missing_node_ranks == std::vector<int>{2});
   CHECK(w.waited == Millis(12000));
-  RoundReady r = server_round_trip(RoundReady{2, 1, 3, "10.0.0.1", 29500, 1, {"a", "b", "c"}});
+  RoundReady r = server_round_trip(
+      RoundReady{2, 1, 3, "10.0.0.1", 29500, 1, std::vector<std::string>{"a", "b", "c"}});
   CHECK(r.group_rank == 1);
   CHECK(r.master_addr == "10.0.0.1");
-  CHECK(r.participants.size() == 3);
+  CHECK(r.participants == std::vector<std::string>{"a", "b", "c"});
   Restart s = server_round_trip(Restart{3, "node b lost", true, 2});
   CHECK(s.counted);
   CHECK(s.restart_count == 2);
