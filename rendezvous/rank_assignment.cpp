@@ -5,9 +5,10 @@
 
 namespace ddprun::rdzv {
 
-std::map<std::string, int> assign_group_ranks(const std::map<std::string, NodeRecord>& nodes,
-                                              const std::vector<std::string>& participants,
-                                              const std::map<std::string, int>& previous_ranks) {
+std::vector<const std::string*> assign_group_ranks(
+    const std::map<std::string, NodeRecord>& nodes,
+    const std::vector<const std::string*>& participants,
+    const std::map<std::string, int>& previous_ranks) {
   // Each participant looked up once: the sorts below compare these, not map look-ups by id
   // (16,384 participants would otherwise cost millions of string comparisons per round).
   struct Entry {
@@ -21,18 +22,18 @@ std::map<std::string, int> assign_group_ranks(const std::map<std::string, NodeRe
     return *a.id < *b.id;
   };
   const int n = static_cast<int>(participants.size());
-  std::map<std::string, int> ranks;
+  std::vector<const std::string*> by_rank(participants.size(), nullptr);
   std::vector<bool> taken(participants.size(), false);
 
   // --node_rank first, in its order: equal to the given values when 0..k-1 are all there.
   std::vector<Entry> ranked;
   std::vector<Entry> holders;    // survivors: keep their previous rank while it fits
   std::vector<Entry> newcomers;  // the rest
-  for (const std::string& id : participants) {
-    const NodeJoin& request = nodes.at(id).request;
-    auto previous = previous_ranks.find(id);
+  for (const std::string* id : participants) {
+    const NodeJoin& request = nodes.at(*id).request;
+    auto previous = previous_ranks.find(*id);
     Entry entry{
-        &id, &request,
+        id, &request,
         previous == previous_ranks.end() ? std::nullopt : std::optional<int>(previous->second)};
     (request.node_rank ? ranked : entry.previous ? holders : newcomers).push_back(entry);
   }
@@ -44,7 +45,7 @@ std::map<std::string, int> assign_group_ranks(const std::map<std::string, NodeRe
   int next_rank = 0;
   for (const Entry& entry : ranked) {
     taken[static_cast<std::size_t>(next_rank)] = true;
-    ranks[*entry.id] = next_rank++;
+    by_rank[static_cast<std::size_t>(next_rank++)] = entry.id;
   }
 
   // Survivors keep their previous rank while it still fits and nobody took it.
@@ -57,7 +58,7 @@ std::map<std::string, int> assign_group_ranks(const std::map<std::string, NodeRe
     const int previous = *entry.previous;
     if (previous >= 0 && previous < n && !taken[static_cast<std::size_t>(previous)]) {
       taken[static_cast<std::size_t>(previous)] = true;
-      ranks[*entry.id] = previous;
+      by_rank[static_cast<std::size_t>(previous)] = entry.id;
     } else {
       unplaced.push_back(entry);
     }
@@ -68,9 +69,9 @@ std::map<std::string, int> assign_group_ranks(const std::map<std::string, NodeRe
   for (const Entry& entry : unplaced) {
     while (taken[free_rank]) ++free_rank;
     taken[free_rank] = true;
-    ranks[*entry.id] = static_cast<int>(free_rank);
+    by_rank[free_rank] = entry.id;
   }
-  return ranks;
+  return by_rank;
 }
 
 bool natural_less(const std::string& a, const std::string& b) {

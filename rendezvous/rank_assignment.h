@@ -10,15 +10,17 @@
 
 namespace ddprun::rdzv {
 
-/// Group ranks for the participants of a round (node_ids), 0..n-1:
+/// Group ranks for the participants of a round (node_ids), 0..n-1, as the participants in rank
+/// order: element r points at the id (one of `participants`' strings) that gets rank r.
 /// - nodes that gave --node_rank are ordered by it (ranks equal node_rank when 0..n-1 are all
 ///   present; gaps are closed in order);
 /// - otherwise a node keeps its previous rank while it is < n and not taken; the remaining
 ///   nodes fill the lowest free ranks, previous holders first, then newcomers in
 ///   numeric-aware order of their names ("node2" before "node10"), node_id breaking ties.
-std::map<std::string, int> assign_group_ranks(const std::map<std::string, NodeRecord>& nodes,
-                                              const std::vector<std::string>& participants,
-                                              const std::map<std::string, int>& previous_ranks);
+std::vector<const std::string*> assign_group_ranks(
+    const std::map<std::string, NodeRecord>& nodes,
+    const std::vector<const std::string*>& participants,
+    const std::map<std::string, int>& previous_ranks);
 
 /// Numeric-aware "less than": digit runs compare as numbers ("n2" < "n10" < "n10a").
 bool natural_less(const std::string& a, const std::string& b);

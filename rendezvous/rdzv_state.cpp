@@ -234,13 +234,6 @@ std::vector<std::string> first_names_in(const JobState& s, NodeState state) {
   return out;
 }
 
-/// The first kMaxNamesInMessage of `items` (names or ids): messages stay small however large the
-/// job. A copy of only those (a resized copy of all would keep their capacity in every message).
-std::vector<std::string> first_names(const std::vector<std::string>& names) {
-  const auto keep = static_cast<std::ptrdiff_t>(std::min(names.size(), kMaxNamesInMessage));
-  return {names.begin(), names.begin() + keep};
-}
-
 /// Who hears a Waiting broadcast: the wait-listed, and the forming round's members.
 int waiting_listeners(const JobState& s) {
   return count_in(s, NodeState::WaitListed) +
@@ -337,26 +330,35 @@ bool fill_places(JobState& s) {
 void complete_round(Step& st) {
   JobState& s = st.s;
   DDPRUN_CHECK(s.phase == JobPhase::Joining, "complete_round: no round is forming");
-  const std::vector<std::string> joined = ids_in(s, NodeState::Joined);
+  // The ids where the node table holds them, in name order: ranking a round copies no id.
+  std::vector<const std::string*> joined;
+  joined.reserve(static_cast<std::size_t>(count_in(s, NodeState::Joined)));
+  for (const NodeKey& key : s.index.by_name[slot(NodeState::Joined)]) joined.push_back(key.id);
   DDPRUN_CHECK(!joined.empty() && static_cast<int>(joined.size()) <= s.settings.max_nodes,
                "complete_round: a round needs 1 to max_nodes joined nodes");
-  std::map<std::string, int> ranks = assign_group_ranks(s.nodes, joined, s.previous_ranks);
-  std::vector<std::string> by_rank(joined.size());
-  for (const auto& [id, rank] : ranks) by_rank.at(static_cast<std::size_t>(rank)) = id;
+  const std::vector<const std::string*> by_rank =
+      assign_group_ranks(s.nodes, joined, s.previous_ranks);
   // Every participant hears the same first names: made once and shared by every RoundReady
   // (SharedNames), and only for the first ids (not a name per participant to keep 16 of them).
-  const SharedNames names = names_of(s, first_names(by_rank));
-  const NodeJoin& master = s.nodes.at(by_rank.front()).request;
+  std::vector<std::string> first;
+  for (std::size_t rank = 0; rank < by_rank.size() && rank < kMaxNamesInMessage; ++rank)
+    first.push_back(s.nodes.at(*by_rank[rank]).request.name);
+  const SharedNames names = std::move(first);
+  const NodeJoin& master = s.nodes.at(*by_rank.front()).request;
   const int world_size = static_cast<int>(by_rank.size());
   st.out.reserve(st.out.size() + by_rank.size());
-  for (const std::string& id : by_rank) {
+  for (std::size_t rank = 0; rank < by_rank.size(); ++rank) {
+    const std::string& id = *by_rank[rank];
     NodeRecord& node = set_state(s, id, NodeState::Running);
-    node.group_rank = ranks.at(id);
+    node.group_rank = static_cast<int>(rank);
     send(st, id,
          RoundReady{s.round, node.group_rank, world_size, master.addr, master.master_port,
                     s.restart_count, names});
   }
-  s.previous_ranks = std::move(ranks);
+  // The running round's ranks are its participants' group_rank: restart_round makes them the
+  // previous ranks when the round ends (a map with every id again would cost a round of 16,384
+  // nodes about 2 MB while it runs).
+  s.previous_ranks.clear();
   s.phase = JobPhase::Running;
   s.last_call.reset();
   s.waiting_dirty = false;

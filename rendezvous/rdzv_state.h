@@ -170,12 +170,14 @@ struct JobFields {
   /// which keep `index` in step (a JobState built elsewhere calls reindex()).
   std::map<std::string, NodeRecord> nodes;
   NodeIndex index;
-  std::map<std::string, int> previous_ranks;  ///< node_id -> group rank in the last round
-  TimePoint round_started;                    ///< when the forming round began
-  std::optional<TimePoint> last_call;         ///< deadline once min nodes joined (Joining)
-  std::optional<TimePoint> adopt_deadline;    ///< re-registration window after a server restart
-  std::optional<TimePoint> closed_at;         ///< set in Closed; erased after close_timeout
-  std::optional<Closed> closed;               ///< how it ended, repeated to late joiners
+  /// node_id -> group rank in the last round, while the next one forms (and what re-registered
+  /// nodes claimed after a server restart); a running round's ranks are its nodes' group_rank.
+  std::map<std::string, int> previous_ranks;
+  TimePoint round_started;                  ///< when the forming round began
+  std::optional<TimePoint> last_call;       ///< deadline once min nodes joined (Joining)
+  std::optional<TimePoint> adopt_deadline;  ///< re-registration window after a server restart
+  std::optional<TimePoint> closed_at;       ///< set in Closed; erased after close_timeout
+  std::optional<Closed> closed;             ///< how it ended, repeated to late joiners
   /// Waiting broadcasts go out at most once per kWaitingQuietPeriod (longer in a large job:
   /// kWaitingPacePerListener): until this time only the
   /// node that caused a change hears about it; `waiting_dirty` marks a broadcast owed then.

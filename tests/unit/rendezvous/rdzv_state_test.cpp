@@ -941,18 +941,20 @@ TEST_CASE("previous holders keep ranks that fit and newcomers take the lowest fr
     nodes[name].request = node_join(join_of(name, nnodes(1, 5)));
   }
   const std::map<std::string, int> previous = {{"n4", 2}, {"n5", 4}, {"n2", 0}};
-  const auto ranks = assign_group_ranks(nodes, {"n1", "n2", "n3", "n4", "n5"}, previous);
-  CHECK(ranks.at("n2") == 0);
-  CHECK(ranks.at("n4") == 2);
-  CHECK(ranks.at("n5") == 4);
-  CHECK(ranks.at("n1") == 1);
-  CHECK(ranks.at("n3") == 3);
+  // The ids in rank order, as the strings they are.
+  const auto ranked = [&](const std::vector<std::string>& ids) {
+    std::vector<const std::string*> participants;
+    for (const std::string& id : ids) participants.push_back(&id);
+    std::vector<std::string> by_rank;
+    for (const std::string* id : assign_group_ranks(nodes, participants, previous))
+      by_rank.push_back(*id);
+    return by_rank;
+  };
+  CHECK(ranked({"n1", "n2", "n3", "n4", "n5"}) ==
+        std::vector<std::string>{"n2", "n1", "n4", "n3", "n5"});
 
   // n5's rank 4 does not fit a world of 3: it takes the lowest free rank before newcomers.
-  const auto smaller = assign_group_ranks(nodes, {"n1", "n5", "n4"}, previous);
-  CHECK(smaller.at("n4") == 2);
-  CHECK(smaller.at("n5") == 0);
-  CHECK(smaller.at("n1") == 1);
+  CHECK(ranked({"n1", "n5", "n4"}) == std::vector<std::string>{"n5", "n1", "n4"});
 }
 
 TEST_CASE("the --node_rank given decides the group rank and so the master address",
