@@ -240,7 +240,7 @@ void FramedConnection::close_after_writes(std::function<void()> closed) {
     if (closed) asio::post(socket_.get_executor(), std::move(closed));
     return;
   }
-  if (closed) on_closed_after_writes_ = std::move(closed);
+  if (closed) on_closed_after_writes_ = std::make_unique<std::function<void()>>(std::move(closed));
   close_when_written_ = true;
   write_next();
 }
@@ -272,8 +272,8 @@ void FramedConnection::shut(bool linger) {
   // Drained: whoever waits for the queued frames to go out (a shutting-down server) hears it
   // from the executor, so it may erase its own sessions then.
   if (on_closed_after_writes_)
-    asio::post(socket_.get_executor(), std::move(on_closed_after_writes_));
-  on_closed_after_writes_ = nullptr;
+    asio::post(socket_.get_executor(), std::move(*on_closed_after_writes_));
+  on_closed_after_writes_.reset();
 }
 
 void FramedConnection::end(CloseReason reason, bool linger) {

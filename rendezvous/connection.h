@@ -128,13 +128,15 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
 
   boost::asio::ip::tcp::socket socket_;
   std::unique_ptr<TlsStream> tls_;  ///< over socket_, with TLS
-  bool handshaken_ = false;         ///< frames may be written (always, without TLS)
   FrameDecoder decoder_;
   std::list<std::string> writes_;  ///< a list: an idle connection holds no node for it
   MessageHandler on_message_;
   CloseHandler on_close_;
-  std::function<void()> on_closed_after_writes_;  ///< close_after_writes's `closed`
+  /// close_after_writes's `closed`: a pointer, as few connections are given one (a server
+  /// holds thousands of connections, docs/design.md#rendezvous-at-scale).
+  std::unique_ptr<std::function<void()>> on_closed_after_writes_;
   std::string peer_;
+  bool handshaken_ = false;  ///< frames may be written (always, without TLS)
   bool open_ = true;
   bool writing_ = false;
   bool close_when_written_ = false;

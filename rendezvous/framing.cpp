@@ -66,7 +66,7 @@ DecodeResult FrameDecoder::next() {
 }
 
 DecodeResult FrameDecoder::fail(std::string error) {
-  bad_ = error;
+  bad_ = std::make_unique<const std::string>(error);
   buffer_.clear();
   buffer_.shrink_to_fit();
   return DecodeResult{DecodeStatus::Bad, {}, std::move(error)};

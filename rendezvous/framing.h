@@ -1,6 +1,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -52,7 +53,8 @@ class FrameDecoder {
   DecodeResult fail(std::string error);
 
   std::string buffer_;
-  std::optional<std::string> bad_;
+  /// Why the stream went bad; a pointer, as few decoders ever hold one (one per connection).
+  std::unique_ptr<const std::string> bad_;
 };
 
 /// A peer's value as a message may quote it: a string escaped and cut at kMaxQuotedChars (with
