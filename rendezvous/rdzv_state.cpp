@@ -1,6 +1,7 @@
 #include "rendezvous/rdzv_state.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <limits>
 #include <set>
 #include <utility>
@@ -160,13 +161,13 @@ void erase_node(JobState& s, std::map<std::string, NodeRecord>::iterator it) {
 }
 
 /// The node was heard from at `now` (any message proves it alive).
-void touch(JobState& s, const std::string& id, NodeRecord& node, TimePoint now) {
+void touch(JobState& s, NodeEntry& entry, TimePoint now) {
+  NodeRecord& node = entry.second;
   // Nothing moves: the etcd driver marks every node seen before each event of its pass.
   if (node.last_seen == now) return;
-  const std::string* key = &entry_of(s, id).first;
-  s.index.by_last_seen.erase(LastSeen{node.last_seen, key});
+  s.index.by_last_seen.erase(LastSeen{node.last_seen, &entry.first});
   node.last_seen = now;
-  s.index.by_last_seen.insert(LastSeen{node.last_seen, key});
+  s.index.by_last_seen.insert(LastSeen{node.last_seen, &entry.first});
 }
 
 /// Jobs of at most this many nodes have their whole index checked after every step (tests and
@@ -232,6 +233,18 @@ std::vector<std::string> first_names_in(const JobState& s, NodeState state) {
     out.push_back(*key.name);
   }
   return out;
+}
+
+/// The nodes in `states`, in the order of ids_where, as the index's keys: pointers into the node
+/// table, valid while no node is removed (a round of 16,384 nodes copies no id to walk them).
+std::vector<NodeKey> keys_in(const JobState& s, std::initializer_list<NodeState> states) {
+  std::vector<NodeKey> keys;
+  for (const NodeState state : states) {
+    const auto& in_state = s.index.by_name[slot(state)];
+    keys.insert(keys.end(), in_state.begin(), in_state.end());
+  }
+  if (states.size() > 1) std::sort(keys.begin(), keys.end(), NodeKeyLess{});
+  return keys;
 }
 
 /// Who hears a Waiting broadcast: the wait-listed, and the forming round's members.
@@ -330,10 +343,8 @@ bool fill_places(JobState& s) {
 void complete_round(Step& st) {
   JobState& s = st.s;
   DDPRUN_CHECK(s.phase == JobPhase::Joining, "complete_round: no round is forming");
-  // The ids where the node table holds them, in name order: ranking a round copies no id.
   std::vector<const std::string*> joined;
-  joined.reserve(static_cast<std::size_t>(count_in(s, NodeState::Joined)));
-  for (const NodeKey& key : s.index.by_name[slot(NodeState::Joined)]) joined.push_back(key.id);
+  for (const NodeKey& key : keys_in(s, {NodeState::Joined})) joined.push_back(key.id);
   DDPRUN_CHECK(!joined.empty() && static_cast<int>(joined.size()) <= s.settings.max_nodes,
                "complete_round: a round needs 1 to max_nodes joined nodes");
   const std::vector<const std::string*> by_rank =
@@ -437,15 +448,8 @@ void restart_round(Step& st, const std::string& reason, bool counted, Closed if_
     if (s.settings.restart_window.count() > 0) s.window_restarts.push_back(st.now);
   }
   s.previous_ranks.clear();
-  // The participants in the order of ids_where, as their keys in the node table (which the
-  // loop changes the states of, never the keys): a restart of 16,384 nodes copies no id here.
-  std::vector<NodeKey> participants;
-  participants.reserve(static_cast<std::size_t>(count_participants(s)));
-  for (const NodeState state : {NodeState::Running, NodeState::Succeeded}) {
-    const auto& keys = s.index.by_name[slot(state)];
-    participants.insert(participants.end(), keys.begin(), keys.end());
-  }
-  std::sort(participants.begin(), participants.end(), NodeKeyLess{});
+  // The loop changes the participants' states, never their keys: the keys stay valid.
+  const std::vector<NodeKey> participants = keys_in(s, {NodeState::Running, NodeState::Succeeded});
   // One Restart each: grown by doubling, the list would hold up to three times its size while
   // a job of 16,384 nodes restarts.
   st.out.reserve(st.out.size() + participants.size());
@@ -1018,14 +1022,14 @@ void on_from_node(Step& st, const FromNode& from) {
   if (const auto* join = std::get_if<Join>(&from.message)) {
     auto known = st.s.nodes.find(from.node_id);
     if (known != st.s.nodes.end() && st.s.phase != JobPhase::Closed) {
-      touch(st.s, from.node_id, known->second, st.now);
+      touch(st.s, *known, st.now);
     }
     on_join(st, from.node_id, *join);
     return;
   }
   auto known = st.s.nodes.find(from.node_id);
   if (known == st.s.nodes.end() || st.s.phase == JobPhase::Closed) return;  // stale or unknown
-  touch(st.s, from.node_id, known->second, st.now);  // any message proves the node alive
+  touch(st.s, *known, st.now);  // any message proves the node alive
   const std::string name = known->second.request.name;
   if (const auto* failed = std::get_if<WorkersFailed>(&from.message)) {
     on_workers_failed(st, from.node_id, *failed);
@@ -1193,7 +1197,7 @@ JobState& JobState::operator=(const JobState& other) {
 }
 
 void mark_all_seen(JobState& state, TimePoint now) {
-  for (auto& [id, node] : state.nodes) touch(state, id, node, now);
+  for (NodeEntry& entry : state.nodes) touch(state, entry, now);
 }
 
 JobState new_job(std::string run_id, TimePoint now) {
@@ -1217,7 +1221,7 @@ StepResult step(JobState state, const Event& event, TimePoint now) {
     // Any phase, nodes unchanged: the server was not running, so no node's silence is news.
     // Each gets a full keep-alive window from now; what it sent meanwhile is read next.
     const Millis window = st.s.settings.keep_alive_window();
-    for (auto& [id, node] : st.s.nodes) touch(st.s, id, node, std::max(node.last_seen, now));
+    for (NodeEntry& entry : st.s.nodes) touch(st.s, entry, std::max(entry.second.last_seen, now));
     if (st.s.adopt_deadline) st.s.adopt_deadline = std::max(*st.s.adopt_deadline, now + window);
   }
   // Every event (not only Tick) runs the due deadlines, so a late Tick cannot reorder outcomes.
