@@ -86,7 +86,16 @@ struct BenchConfig {
   double duration_s = 20;   ///< jobs mode: the measurement window
   double warmup_s = 5;      ///< jobs mode: rounds repeat unmeasured this long first
   int procs = 1;            ///< latency mode: processes the N-1 first clients are spread over
+  double hold_s = 0;        ///< latency mode: how long the clients stay in the running round
 };
+
+/// --hold: the clients stay connected in the running round (heartbeats going) this long after
+/// the figures are out, so the daemon's memory can be read with the round running.
+void hold(asio::io_context& io, const BenchConfig& c) {
+  if (c.hold_s <= 0) return;
+  io.restart();
+  io.run_for(std::chrono::milliseconds(static_cast<long long>(c.hold_s * 1000)));
+}
 
 double ms_between(TimePoint from, TimePoint to) {
   return std::chrono::duration<double, std::milli>(to - from).count();
@@ -246,6 +255,7 @@ void write_line(int fd, const json& j) {
   if (first_rank_at) out["first_rank_ns"] = mono_ns(*first_rank_at);
   if (all_ranks_at) out["all_ranks_ns"] = mono_ns(*all_ranks_at);
   write_line(fd, out);
+  hold(io, c);
   for (auto& cl : clients) cl->leave("benchmark done");
   io.restart();
   io.run_for(std::chrono::milliseconds(200));
@@ -363,6 +373,7 @@ int run_latency_procs(const BenchConfig& c) {
     out["problems"] = problems;
   }
   print(out);
+  hold(io, c);
   last.front()->leave("benchmark done");
   io.restart();
   io.run_for(std::chrono::milliseconds(200));
@@ -472,6 +483,7 @@ int run_latency(const BenchConfig& c) {
     out["problems"] = problems;
   }
   print(out);
+  hold(io, c);
 
   for (auto& cl : clients) cl->leave("benchmark done");
   io.restart();
@@ -847,6 +859,11 @@ int main(int argc, char** argv) {
                  "latency: spread the first N-1 clients over this many processes (default 1; "
                  "each process holds at most its descriptor limit of sockets)")
       ->check(CLI::Range(1, 64));
+  app.add_option("--hold", c.hold_s,
+                 "latency: seconds the clients stay in the running round after the figures are "
+                 "printed, before they leave (default 0): the daemon's memory with the round "
+                 "running can be read then")
+      ->check(CLI::Range(0.0, 3600.0));
   app.add_option("--timeout", c.timeout_s, "give up after this many seconds (default 120)");
   try {
     app.parse(argc, argv);

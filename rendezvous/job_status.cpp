@@ -44,7 +44,8 @@ nlohmann::json describe_job(const JobState& state, TimePoint now) {
     if (node.request.node_rank) entry["node_rank"] = *node.request.node_rank;
     if (node.state == NodeState::Quarantined) {
       // How long it sits out, and why (--quarantine_after)
-      if (auto it = state.standing.find(node_identity(node.request)); it != state.standing.end()) {
+      if (auto it = state.standing.find(node_identity(id, node.request));
+          it != state.standing.end()) {
         if (it->second.until)
           entry["quarantine_left_s"] = std::max(
               0.0,

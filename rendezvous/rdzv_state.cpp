@@ -4,6 +4,7 @@
 #include <initializer_list>
 #include <limits>
 #include <set>
+#include <type_traits>
 #include <utility>
 
 #include "common/check.h"
@@ -50,14 +51,20 @@ int count_participants(const JobState& s) {
   return count_in(s, NodeState::Running) + count_in(s, NodeState::Succeeded);
 }
 
-/// Node ids matching `keep`, in numeric-aware order of their names (node_id breaks ties), so that
+/// Node ids matching `keep` (called with the node's record, or with its id and record),
+/// in numeric-aware order of their names (node_id breaks ties), so that
 /// every message list and every choice among nodes is deterministic.
 template <typename Pred>
 std::vector<std::string> ids_where(const JobState& s, Pred keep) {
   // Sorted as (name, id) pointers: no map look-ups inside the comparisons.
   std::vector<std::pair<const std::string*, const std::string*>> keyed;
   for (const auto& [id, node] : s.nodes) {
-    if (keep(node)) keyed.emplace_back(&node.request.name, &id);
+    bool kept = false;
+    if constexpr (std::is_invocable_v<Pred, const std::string&, const NodeRecord&>)
+      kept = keep(id, node);
+    else
+      kept = keep(node);
+    if (kept) keyed.emplace_back(&node.request.name, &id);
   }
   std::sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) {
     if (natural_less(*a.first, *b.first)) return true;
@@ -731,7 +738,8 @@ int count_failure(JobState& s, const std::string& culprit) {
 bool can_go_on_without(const JobState& s, const std::string& identity) {
   int others = 0;
   for (const auto& [id, node] : s.nodes)
-    if (node.state != NodeState::Quarantined && node_identity(node.request) != identity) ++others;
+    if (node.state != NodeState::Quarantined && node_identity(id, node.request) != identity)
+      ++others;
   return others >= s.settings.min_nodes;
 }
 
@@ -755,9 +763,10 @@ void quarantine_and_restart(Step& st, const std::string& identity, const std::st
   JobState& s = st.s;
   NodeStanding& standing = s.standing[identity];
   const Millis cooldown = cooldown_after(s.settings, standing.quarantines);
-  const std::vector<std::string> ids = ids_where(s, [&](const NodeRecord& node) {
-    return node.state != NodeState::Quarantined && node_identity(node.request) == identity;
-  });
+  const std::vector<std::string> ids =
+      ids_where(s, [&](const std::string& id, const NodeRecord& node) {
+        return node.state != NodeState::Quarantined && node_identity(id, node.request) == identity;
+      });
   const std::string names = join_names(names_of(s, ids));
   standing.why = "its workers caused " + std::to_string(standing.failures_in_a_row) +
                  " group failures in a row (--quarantine_after " +
@@ -806,8 +815,10 @@ void release_quarantines(Step& st) {
     const std::string why = over ? "its quarantine is over"
                                  : "the job needs it: the round it forms is short of min_nodes";
     const std::string id_of = identity;
-    for (const std::string& id : ids_where(s, [&](const NodeRecord& node) {
-           return node.state == NodeState::Quarantined && node_identity(node.request) == id_of;
+    for (const std::string& id :
+         ids_where(s, [&](const std::string&node_id, const NodeRecord&node) {
+           return node.state == NodeState::Quarantined &&
+                  node_identity(node_id, node.request) == id_of;
          })) {
       // Quarantined -> [forgotten]: it joins again as a newcomer, after its health check
       const std::string name = s.nodes.at(id).request.name;
@@ -978,7 +989,7 @@ void on_workers_failed(Step& st, const std::string& id, const WorkersFailed& fai
                    ") with no progress in between: no training step was reported and no group "
                    "ran for --restart_backoff_reset";
     // Every one of them on one machine: a broken machine looks the same as a broken script.
-    const auto standing = s.standing.find(node_identity(node.request));
+    const auto standing = s.standing.find(node_identity(id, node.request));
     if (failed.culprit && standing != s.standing.end() &&
         standing->second.failures_in_a_row + 1 >= s.failure_repeats)
       ends.message += "; each time on node " + node.request.name +
@@ -994,7 +1005,7 @@ void on_workers_failed(Step& st, const std::string& id, const WorkersFailed& fai
     return restart_round(st, reason + " (no node is blamed for a hang: its worker was waiting)",
                          true, ends, {}, s.failure_repeats >= 2);
   }
-  const std::string culprit = node_identity(node.request);
+  const std::string culprit = node_identity(id, node.request);
   const int in_a_row = count_failure(s, culprit);
   if (s.settings.quarantine_after > 0 && in_a_row >= s.settings.quarantine_after &&
       can_go_on_without(s, culprit)) {
@@ -1163,16 +1174,27 @@ std::string host_of(const std::string& node_id) { return node_id.substr(0, node_
 
 std::string node_identity(const Join& join) { return host_of(join.node_id) + "/" + join.addr; }
 
-std::string node_identity(const NodeJoin& join) { return join.host + "/" + join.addr; }
+std::string node_identity(const std::string& id, const NodeJoin& join) {
+  return host_of(id) + "/" + join.addr;
+}
 
 NodeJoin node_join(const Join& join) {
-  return NodeJoin{join.name,      join.addr,   host_of(join.node_id), join.master_port,
-                  join.node_rank, join.resume, join.restart_count};
+  return NodeJoin{
+      join.name,          join.addr,
+      join.master_port,   join.node_rank,
+      join.restart_count, join.resume ? std::make_shared<const RoundClaim>(*join.resume) : nullptr};
 }
 
 Join join_message(const JobState& job, const std::string& id, const NodeJoin& node) {
-  return Join{job.run_id,     id,           node.name,          node.addr,  node.master_port,
-              node.node_rank, job.settings, node.restart_count, node.resume};
+  return Join{job.run_id,
+              id,
+              node.name,
+              node.addr,
+              node.master_port,
+              node.node_rank,
+              job.settings,
+              node.restart_count,
+              node.resume ? std::optional<RoundClaim>(*node.resume) : std::nullopt};
 }
 
 bool NodeKeyLess::operator()(const NodeKey& a, const NodeKey& b) const {

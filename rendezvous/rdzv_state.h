@@ -2,6 +2,7 @@
 #include <array>
 #include <deque>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -58,14 +59,16 @@ static_assert(common::name_table_complete(kNodeStateNames));
 /// What the server keeps of a node's latest Join: what it reads once the join is admitted.
 /// The join's run id and settings are the job's (admission checked them), so no node keeps its
 /// own copy: 16,384 nodes held 16,384 copies (docs/design.md#rendezvous-at-scale).
+/// Its host (node_identity) is the host part of its node id, read from the key when needed.
 struct NodeJoin {
   std::string name;  ///< Join::name
   std::string addr;  ///< Join::addr
-  std::string host;  ///< the host part of its node id ("host:pid:random"), for node_identity
   int master_port = 0;
   std::optional<int> node_rank;
-  std::optional<RoundClaim> resume;
   int restart_count = 0;  ///< the job's count as the node last heard it
+  /// Join::resume: behind a pointer, as only a node re-registering after a server restart has
+  /// one (inline, it cost every node of a 16,384-node job 64 bytes).
+  std::shared_ptr<const RoundClaim> resume{};
 };
 
 /// What `join` leaves in its node's record.
@@ -96,7 +99,8 @@ struct NodeStanding {
 /// A node as --quarantine_after counts it: "host/addr" (the host of its node id, the address it
 /// publishes).
 std::string node_identity(const Join& join);
-std::string node_identity(const NodeJoin& join);
+/// The same for node `id` of a job's node table.
+std::string node_identity(const std::string& id, const NodeJoin& join);
 
 /// A node's place in the name order of its state (NodeIndex::by_name): its name and id where its
 /// job's node table holds them, not copies (16,384 nodes held each id three times).

@@ -147,11 +147,10 @@ void RendezvousServer::on_accepted(tcp::socket socket) {
   conn->set_input_budget(&input_budget_);
   conn->set_write_limit(kSessionWriteLimit);
   Session& session = sessions_[id];
-  session.id = id;
   session.conn = conn;
-  session.handshake =
-      std::make_unique<ServerHandshake>(secret_, secret_ ? make_nonce() : std::string());
-  session.opened_at = session.progress_at = clock_.now();
+  session.progress_at = clock_.now();
+  session.hello = std::make_unique<Hello>(
+      Hello{ServerHandshake(secret_, secret_ ? make_nonce() : std::string()), session.progress_at});
   silent_.insert(id);
   conn->start([this, id](const json& body) { on_message(id, body); },
               [this, id](const CloseReason& why) { on_closed(id, why); });
@@ -235,7 +234,10 @@ void RendezvousServer::note_awake() {
       "the rendezvous server did not run for {} ms (stopped, swapped out or starved); every node "
       "gets a full keep-alive window from now",
       ms_of(gap));
-  for (auto& [id, session] : sessions_) session.opened_at = session.progress_at = now;
+  for (auto& [id, session] : sessions_) {
+    session.progress_at = now;
+    if (session.hello) session.hello->opened_at = now;
+  }
   std::vector<std::string> ids;
   for (const auto& [id, job] : jobs_) ids.push_back(id);
   for (const std::string& id : ids) apply(id, Resumed{});
@@ -263,7 +265,7 @@ void RendezvousServer::housekeeping() {
       session.bytes_seen = bytes;
       session.progress_at = now;
     }
-    if (!session.greeted && now - session.opened_at >= limits_.hello_timeout) {
+    if (session.hello && now - session.hello->opened_at >= limits_.hello_timeout) {
       expired.emplace_back(
           id, "no hello within " + std::to_string(limits_.hello_timeout.count()) + " ms");
     } else if (session.conn->buffered_bytes() > 0 &&
@@ -300,18 +302,19 @@ void RendezvousServer::warn_peer(const std::string& peer, const std::string& mes
   spdlog::warn("rendezvous connection from {}: {}", peer, message);
 }
 
-void RendezvousServer::refuse(Session& session, const std::string& message, RefusalKind kind) {
+void RendezvousServer::refuse(std::uint64_t id, Session& session, const std::string& message,
+                              RefusalKind kind) {
   if (metrics_) metrics_->refused(kind);
   warn_peer(session.conn->peer(), message);
   session.conn->send(to_json(ServerMessage{Refused{kind, message}}));
-  close_after_writes(session);
+  close_after_writes(id, session);
 }
 
-void RendezvousServer::close_after_writes(Session& session) {
+void RendezvousServer::close_after_writes(std::uint64_t id, Session& session) {
   // The connection's close handler does not run for a close this side asked for, so the
   // session is forgotten here once its last frame is out (or the connection ended otherwise):
   // a refused stranger, or a node done with its job, must not hold memory after its socket.
-  session.conn->close_after_writes([this, id = session.id, alive = std::weak_ptr<bool>(alive_)] {
+  session.conn->close_after_writes([this, id, alive = std::weak_ptr<bool>(alive_)] {
     if (alive.lock() && !stopped_) on_closed(id, {CloseKind::ClosedHere, ""});
   });
 }
@@ -321,25 +324,24 @@ void RendezvousServer::on_message(std::uint64_t id, const json& body) {
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return;
   Session& session = it->second;
-  if (!session.greeted) {
+  if (session.hello) {
     // Hello, and with a secret the challenge and its answer: nothing else is read before.
-    HandshakeStep hs = session.handshake->on_message(body);
+    HandshakeStep hs = session.hello->handshake.on_message(body);
     if (hs.error)
-      return refuse(session, hs.error->message,
+      return refuse(id, session, hs.error->message,
                     hs.unauthorized ? RefusalKind::Unauthorized : RefusalKind::Protocol);
     if (hs.send && hs.done && daemon_) (*hs.send)["daemon"] = true;
     if (hs.send) session.conn->send(*hs.send);
     // A hello was accepted: no longer among the first to go when too many wait.
     if (silent_.erase(id) > 0 && !hs.done) greeting_.insert(id);
     if (hs.done) {
-      session.greeted = true;
       forget_ungreeted(id);
-      session.handshake.reset();
+      session.hello.reset();
     }
     return;
   }
   auto parsed = parse_agent_message(body);
-  if (!parsed) return refuse(session, parsed.error().message);
+  if (!parsed) return refuse(id, session, parsed.error().message);
   AgentMessage& message = *parsed;
   if (auto* query = std::get_if<StatusQuery>(&message)) {
     session.conn->send(to_json(ServerMessage{describe(query->run_id, query->after)}));
@@ -348,12 +350,14 @@ void RendezvousServer::on_message(std::uint64_t id, const json& body) {
   if (auto* join = std::get_if<Join>(&message)) {
     if (!session.node_id.empty() &&
         (session.node_id != join->node_id || session.run_id != join->run_id))
-      return refuse(session, "a connection speaks for one node of one job; node " +
-                                 session.node_id + " cannot join as " + join->node_id);
+      return refuse(id, session,
+                    "a connection speaks for one node of one job; node " + session.node_id +
+                        " cannot join as " + join->node_id);
     if (!jobs_.count(join->run_id) && jobs_.size() >= limits_.max_jobs)
-      return refuse(session, "this rendezvous server holds " + std::to_string(jobs_.size()) +
-                                 " jobs, its limit: start job '" + join->run_id +
-                                 "' later, or raise ddprun-rdzvd --max_jobs");
+      return refuse(id, session,
+                    "this rendezvous server holds " + std::to_string(jobs_.size()) +
+                        " jobs, its limit: start job '" + join->run_id +
+                        "' later, or raise ddprun-rdzvd --max_jobs");
     if (session.node_id.empty()) {
       session.run_id = join->run_id;
       session.node_id = join->node_id;
@@ -374,7 +378,7 @@ void RendezvousServer::on_message(std::uint64_t id, const json& body) {
     if (route == routes_.end()) routes_.emplace(RouteKey{session.run_id, session.node_id}, id);
     if (!jobs_.count(join->run_id)) jobs_[join->run_id].state = new_job(join->run_id, clock_.now());
   } else if (session.node_id.empty()) {
-    return refuse(session, "the first message after hello must be a join or a status query");
+    return refuse(id, session, "the first message after hello must be a join or a status query");
   }
   apply(session.run_id, FromNode{session.node_id, std::move(message)});
 }
@@ -454,7 +458,7 @@ void RendezvousServer::deliver(const std::string& run_id, const Outgoing& out) {
   if (out.close_after) {
     // The node is done with this job: its disconnect is no longer news.
     routes_.erase(route);
-    close_after_writes(session->second);
+    close_after_writes(session->first, session->second);
   }
 }
 

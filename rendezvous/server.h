@@ -83,14 +83,18 @@ class RendezvousServer {
   nlohmann::json status_document(std::size_t max_jobs) const;
 
  private:
+  /// What a session holds until its hello (and proof) is done.
+  struct Hello {
+    ServerHandshake handshake;
+    TimePoint opened_at;  ///< for the hello timeout
+  };
+  /// One connection, by its key in sessions_ (a server holds thousands: nothing here that most
+  /// sessions do not need, docs/design.md#rendezvous-at-scale).
   struct Session {
-    std::uint64_t id = 0;  ///< its key in sessions_
     std::shared_ptr<FramedConnection> conn;
-    std::unique_ptr<ServerHandshake> handshake;  ///< until the hello (and proof) is done
-    bool greeted = false;
-    std::string run_id;  ///< set by the first Join
+    std::unique_ptr<Hello> hello;  ///< until the hello is done; null once greeted
+    std::string run_id;            ///< set by the first Join
     std::string node_id;
-    TimePoint opened_at;           ///< for the hello timeout
     std::uint64_t bytes_seen = 0;  ///< bytes_received() at the last housekeeping
     TimePoint progress_at;         ///< when bytes_seen last changed
   };
@@ -112,10 +116,10 @@ class RendezvousServer {
   void housekeeping();
   void on_message(std::uint64_t id, const nlohmann::json& body);
   void on_closed(std::uint64_t id, const CloseReason& why);
-  void refuse(Session& session, const std::string& message,
+  void refuse(std::uint64_t id, Session& session, const std::string& message,
               RefusalKind kind = RefusalKind::Protocol);
-  /// Ends the session once its queued frames are written, and then forgets it.
-  void close_after_writes(Session& session);
+  /// Ends session `id` once its queued frames are written, and then forgets it.
+  void close_after_writes(std::uint64_t id, Session& session);
   void apply(const std::string& run_id, const Event& event);
   void deliver(const std::string& run_id, const Outgoing& out);
   void arm_timer();
