@@ -20,21 +20,21 @@ constexpr std::size_t kReadReadyBytes = 64 * 1024;
 /// Waits until `socket` is readable, reads what is there, and calls
 /// `on_data(error_code, std::string_view bytes)`; the bytes are valid only during the call. A
 /// wake with nothing to read waits again. `on_data` must keep the socket's owner alive (a
-/// shared_ptr it captures): the wait's handler refers to the socket.
-template <class OnData>
-void async_read_ready(boost::asio::ip::tcp::socket& socket, OnData on_data) {
-  socket.async_wait(
-      boost::asio::ip::tcp::socket::wait_read,
-      [&socket, on_data = std::move(on_data)](boost::system::error_code ec) mutable {
-        if (ec) return on_data(ec, std::string_view());
-        static thread_local std::array<char, kReadReadyBytes> chunk{};
-        boost::system::error_code read_ec;
-        socket.non_blocking(true, read_ec);
-        const std::size_t n = read_ec ? 0 : socket.read_some(boost::asio::buffer(chunk), read_ec);
-        if (read_ec == boost::asio::error::would_block || read_ec == boost::asio::error::try_again)
-          return async_read_ready(socket, std::move(on_data));
-        on_data(read_ec, std::string_view(chunk.data(), n));
-      });
+/// shared_ptr it captures): the wait's handler refers to the socket. `Socket`: a TCP socket on
+/// any executor.
+template <class Socket, class OnData>
+void async_read_ready(Socket& socket, OnData on_data) {
+  socket.async_wait(Socket::wait_read, [&socket, on_data = std::move(on_data)](
+                                           boost::system::error_code ec) mutable {
+    if (ec) return on_data(ec, std::string_view());
+    static thread_local std::array<char, kReadReadyBytes> chunk{};
+    boost::system::error_code read_ec;
+    socket.non_blocking(true, read_ec);
+    const std::size_t n = read_ec ? 0 : socket.read_some(boost::asio::buffer(chunk), read_ec);
+    if (read_ec == boost::asio::error::would_block || read_ec == boost::asio::error::try_again)
+      return async_read_ready(socket, std::move(on_data));
+    on_data(read_ec, std::string_view(chunk.data(), n));
+  });
 }
 
 }  // namespace ddprun::common

@@ -1,10 +1,12 @@
 #include "rendezvous/connection.h"
 
+#include "common/check.h"
 #include "common/read_ready.h"
 #include "rendezvous/endpoint.h"
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <unistd.h>
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/ssl/error.hpp>
@@ -27,9 +29,9 @@ using ReadChunk = std::array<char, kReadChunkBytes>;
 }  // namespace
 
 struct FramedConnection::TlsStream {
-  TlsStream(asio::ip::tcp::socket& socket, const TlsRole& role)
+  TlsStream(ConnectionSocket& socket, const TlsRole& role)
       : stream(socket, *role.context), server(role.server) {}
-  ssl::stream<asio::ip::tcp::socket&> stream;
+  ssl::stream<ConnectionSocket&> stream;
   bool server;
   /// TLS reads complete into their buffer some time after the socket's bytes arrived (the
   /// stream decrypts first), so each TLS connection keeps its own.
@@ -51,10 +53,28 @@ std::string handshake_error(const error_code& ec) {
   return text;
 }
 
+/// `socket`'s descriptor, in a socket bound to its io_context's executor.
+ConnectionSocket own_socket(asio::ip::tcp::socket socket) {
+  const auto* executor = socket.get_executor().target<asio::io_context::executor_type>();
+  DDPRUN_CHECK(executor != nullptr, "FramedConnection: the socket must run on an io_context");
+  ConnectionSocket own(executor->context());
+  if (!socket.is_open()) return own;
+  error_code ec;
+  // The family is all the protocol says of a TCP socket; a socket that has no local address
+  // any more (it broke) reads as IPv4, which only matters to a later open().
+  const auto local = socket.local_endpoint(ec);
+  const asio::ip::tcp protocol = ec ? asio::ip::tcp::v4() : local.protocol();
+  const int fd = socket.release(ec);
+  if (ec) return own;  // released nothing: the connection starts closed and reads an error
+  own.assign(protocol, fd, ec);
+  if (ec) ::close(fd);
+  return own;
+}
+
 }  // namespace
 
 FramedConnection::FramedConnection(asio::ip::tcp::socket socket, std::optional<TlsRole> tls)
-    : socket_(std::move(socket)) {
+    : socket_(own_socket(std::move(socket))) {
   error_code ec;
   auto remote = socket_.remote_endpoint(ec);
   peer_ = ec ? "?" : format_endpoint(remote.address().to_string(), remote.port());

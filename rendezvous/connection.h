@@ -1,5 +1,6 @@
 #pragma once
 #include <array>
+#include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
@@ -46,6 +47,12 @@ struct CloseReason {
   std::string detail{};
 };
 
+/// The socket a connection holds: bound to its io_context's executor rather than asio's
+/// polymorphic any_io_executor, which costs 32 bytes in the socket and 40 in every pending wait
+/// (a server holds thousands of both, docs/design.md#rendezvous-at-scale).
+using ConnectionSocket =
+    boost::asio::basic_stream_socket<boost::asio::ip::tcp, boost::asio::io_context::executor_type>;
+
 /// One TCP connection that carries frames (framing.h) both ways: a read loop that decodes
 /// frames and a write queue, over the plain socket or a TLS stream on it (tls.h). Shared by the
 /// server's sessions, the agent's client and `ddprun status`. Lives in shared_ptrs: pending
@@ -57,7 +64,8 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   using CloseHandler = std::function<void(const CloseReason&)>;
 
   /// With `tls`, start() first runs the TLS handshake in that role; frames sent before it
-  /// completes wait in the queue.
+  /// completes wait in the queue. `socket` must run on an io_context (its descriptor moves
+  /// into a ConnectionSocket).
   explicit FramedConnection(boost::asio::ip::tcp::socket socket,
                             std::optional<TlsRole> tls = std::nullopt);
   ~FramedConnection();
@@ -126,7 +134,7 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   /// Moves the budget's count by this connection's change in buffered bytes since `before`.
   void account(std::size_t before);
 
-  boost::asio::ip::tcp::socket socket_;
+  ConnectionSocket socket_;
   std::unique_ptr<TlsStream> tls_;  ///< over socket_, with TLS
   FrameDecoder decoder_;
   std::list<std::string> writes_;  ///< a list: an idle connection holds no node for it
