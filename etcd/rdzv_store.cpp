@@ -157,7 +157,9 @@ rdzv::RdzvSettings settings_from_json(Fields f) {
 
 json job_to_json(const JobState& s, const TimeAnchor& a) {
   json nodes = json::object();
+  json previous_ranks = json::object();
   for (const auto& [id, node] : s.nodes) {
+    if (node.previous_rank >= 0) previous_ranks[id] = node.previous_rank;
     nodes[id] = {
         {"join", rdzv::to_json(rdzv::AgentMessage{rdzv::join_message(s, id, node.request)})},
         {"state", std::string(common::name_of(node.state, rdzv::kNodeStateNames))},
@@ -170,7 +172,7 @@ json job_to_json(const JobState& s, const TimeAnchor& a) {
             {"round", s.round},
             {"restart_count", s.restart_count},
             {"nodes", std::move(nodes)},
-            {"previous_ranks", s.previous_ranks},
+            {"previous_ranks", std::move(previous_ranks)},
             {"round_started_ms", a.to_wall(s.round_started)},
             {"waiting_dirty", s.waiting_dirty},
             {"dropped_ids", s.dropped_ids}};
@@ -237,7 +239,6 @@ JobState job_from_json(const json& j, const TimeAnchor& a, common::TimePoint now
       s.nodes.emplace(id, std::move(node));
     }
   }
-  rdzv::reindex(s);  // step() keeps the index from here on
   if (const json* ranks = f.container("previous_ranks", true, kMaxNodesInState)) {
     for (const auto& [id, rank] : ranks->items()) {
       if (!rank.is_number_integer() || rank.get<std::int64_t>() < 0 ||
@@ -245,9 +246,12 @@ JobState job_from_json(const json& j, const TimeAnchor& a, common::TimePoint now
         f.fail("job.previous_ranks[" + id + "] must be a group rank");
         break;
       }
-      s.previous_ranks[id] = rank.get<int>();
+      // Only a node of the job has one (the rank of a node gone is never read).
+      if (auto node = s.nodes.find(id); node != s.nodes.end())
+        node->second.previous_rank = rank.get<int>();
     }
   }
+  rdzv::reindex(s);  // step() keeps the index from here on
   s.round_started = f.time("round_started_ms", a, true).value_or(now);
   s.last_call = f.time("last_call_ms", a, false);
   s.adopt_deadline = f.time("adopt_deadline_ms", a, false);

@@ -169,17 +169,15 @@ std::optional<Refused> check_join(const JobState& s, const Join& join) {
       }
     }
   }
-  const bool ranks_held = !s.previous_ranks.empty() || s.index.count_of(NodeState::Running) > 0 ||
+  const bool ranks_held = s.index.previous_ranked > 0 || s.index.count_of(NodeState::Running) > 0 ||
                           s.index.count_of(NodeState::Succeeded) > 0;
   if (join.node_rank && !s.nodes.count(id) && ranks_held) {
     // A newcomer cannot take a group rank that a live node holds (in the running round, or
     // the one before the round that forms): that would move every worker's MASTER_ADDR.
     // (While round 0 forms nobody holds one, so thousands of first joins walk no nodes.)
     for (const auto& [other_id, node] : s.nodes) {
-      auto previous = s.previous_ranks.find(other_id);
       const bool holds =
-          node.group_rank == *join.node_rank ||
-          (previous != s.previous_ranks.end() && previous->second == *join.node_rank);
+          node.group_rank == *join.node_rank || node.previous_rank == *join.node_rank;
       if (other_id != id && holds) {
         return Refused{RefusalKind::DuplicateRank,
                        "node " + join.name + " was started with --node_rank " +

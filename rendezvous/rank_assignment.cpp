@@ -7,8 +7,7 @@ namespace ddprun::rdzv {
 
 std::vector<const std::string*> assign_group_ranks(
     const std::map<std::string, NodeRecord>& nodes,
-    const std::vector<const std::string*>& participants,
-    const std::map<std::string, int>& previous_ranks) {
+    const std::vector<const std::string*>& participants) {
   // Each participant looked up once: the sorts below compare these, not map look-ups by id
   // (16,384 participants would otherwise cost millions of string comparisons per round).
   struct Entry {
@@ -30,12 +29,10 @@ std::vector<const std::string*> assign_group_ranks(
   std::vector<Entry> holders;    // survivors: keep their previous rank while it fits
   std::vector<Entry> newcomers;  // the rest
   for (const std::string* id : participants) {
-    const NodeJoin& request = nodes.at(*id).request;
-    auto previous = previous_ranks.find(*id);
-    Entry entry{
-        id, &request,
-        previous == previous_ranks.end() ? std::nullopt : std::optional<int>(previous->second)};
-    (request.node_rank ? ranked : entry.previous ? holders : newcomers).push_back(entry);
+    const NodeRecord& node = nodes.at(*id);
+    Entry entry{id, &node.request,
+                node.previous_rank < 0 ? std::nullopt : std::optional<int>(node.previous_rank)};
+    (node.request.node_rank ? ranked : entry.previous ? holders : newcomers).push_back(entry);
   }
   std::sort(ranked.begin(), ranked.end(), [&](const Entry& a, const Entry& b) {
     const int rank_a = *a.request->node_rank;

@@ -17,10 +17,10 @@ namespace ddprun::rdzv {
 /// - otherwise a node keeps its previous rank while it is < n and not taken; the remaining
 ///   nodes fill the lowest free ranks, previous holders first, then newcomers in
 ///   numeric-aware order of their names ("node2" before "node10"), node_id breaking ties.
+/// A node's previous rank is its record's previous_rank.
 std::vector<const std::string*> assign_group_ranks(
     const std::map<std::string, NodeRecord>& nodes,
-    const std::vector<const std::string*>& participants,
-    const std::map<std::string, int>& previous_ranks);
+    const std::vector<const std::string*>& participants);
 
 /// Numeric-aware "less than": digit runs compare as numbers ("n2" < "n10" < "n10a").
 bool natural_less(const std::string& a, const std::string& b);

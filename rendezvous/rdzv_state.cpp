@@ -106,6 +106,7 @@ using NodeEntry = std::map<std::string, NodeRecord>::value_type;
 void index_in(NodeIndex& index, const NodeEntry& entry) {
   const auto& [id, node] = entry;
   ++index.count[slot(node.state)];
+  if (node.previous_rank >= 0) ++index.previous_ranked;
   index.by_name[slot(node.state)].insert(NodeKey{&node.request.name, &id});
   if (node.request.node_rank) index.by_node_rank.emplace(*node.request.node_rank, &id);
   index.by_last_seen.insert(LastSeen{node.last_seen, &id});
@@ -114,6 +115,7 @@ void index_in(NodeIndex& index, const NodeEntry& entry) {
 void index_out(NodeIndex& index, const NodeEntry& entry) {
   const auto& [id, node] = entry;
   --index.count[slot(node.state)];
+  if (node.previous_rank >= 0) --index.previous_ranked;
   index.by_name[slot(node.state)].erase(NodeKey{&node.request.name, &id});
   index.by_last_seen.erase(LastSeen{node.last_seen, &id});
   if (!node.request.node_rank) return;
@@ -126,11 +128,12 @@ void index_out(NodeIndex& index, const NodeEntry& entry) {
   }
 }
 
-/// Adds a node, or replaces what the job holds of it.
+/// Adds a node, or replaces what the job holds of it (but its previous rank).
 NodeRecord& put_node(JobState& s, const std::string& id, NodeRecord record) {
   auto it = s.nodes.find(id);
   if (it != s.nodes.end()) {
     index_out(s.index, *it);
+    record.previous_rank = it->second.previous_rank;
     it->second = std::move(record);
   } else {
     it = s.nodes.emplace(id, std::move(record)).first;
@@ -162,6 +165,19 @@ void set_request(JobState& s, const std::string& id, const Join& join) {
   index_in(s.index, entry);
 }
 
+/// Sets a node's previous rank (-1: none).
+void set_previous_rank(JobState& s, NodeRecord& node, int rank) {
+  s.index.previous_ranked += (rank >= 0 ? 1 : 0) - (node.previous_rank >= 0 ? 1 : 0);
+  node.previous_rank = rank;
+}
+
+/// No node of the job has a previous rank any more.
+void clear_previous_ranks(JobState& s) {
+  if (s.index.previous_ranked == 0) return;
+  for (auto& [id, node] : s.nodes) node.previous_rank = -1;
+  s.index.previous_ranked = 0;
+}
+
 void erase_node(JobState& s, std::map<std::string, NodeRecord>::iterator it) {
   index_out(s.index, *it);
   s.nodes.erase(it);
@@ -190,7 +206,8 @@ void check_index(const JobState& s) {
   JobState fresh;
   fresh.nodes = s.nodes;
   reindex(fresh);
-  DDPRUN_CHECK(fresh.index.count == s.index.count && fresh.index.by_name == s.index.by_name,
+  DDPRUN_CHECK(fresh.index.count == s.index.count && fresh.index.by_name == s.index.by_name &&
+                   fresh.index.previous_ranked == s.index.previous_ranked,
                "rdzv_state: the node index disagrees with the nodes' states or names");
   const auto sorted = [](const std::multimap<int, const std::string*>& ranks) {
     std::vector<std::pair<int, std::string>> v;
@@ -354,8 +371,7 @@ void complete_round(Step& st) {
   for (const NodeKey& key : keys_in(s, {NodeState::Joined})) joined.push_back(key.id);
   DDPRUN_CHECK(!joined.empty() && static_cast<int>(joined.size()) <= s.settings.max_nodes,
                "complete_round: a round needs 1 to max_nodes joined nodes");
-  const std::vector<const std::string*> by_rank =
-      assign_group_ranks(s.nodes, joined, s.previous_ranks);
+  const std::vector<const std::string*> by_rank = assign_group_ranks(s.nodes, joined);
   // Every participant hears the same first names: made once and shared by every RoundReady
   // (SharedNames), and only for the first ids (not a name per participant to keep 16 of them).
   std::vector<std::string> first;
@@ -374,9 +390,8 @@ void complete_round(Step& st) {
                     s.restart_count, names});
   }
   // The running round's ranks are its participants' group_rank: restart_round makes them the
-  // previous ranks when the round ends (a map with every id again would cost a round of 16,384
-  // nodes about 2 MB while it runs).
-  s.previous_ranks.clear();
+  // previous ranks when the round ends.
+  clear_previous_ranks(s);
   s.phase = JobPhase::Running;
   s.last_call.reset();
   s.waiting_dirty = false;
@@ -454,7 +469,7 @@ void restart_round(Step& st, const std::string& reason, bool counted, Closed if_
     ++s.restart_count;
     if (s.settings.restart_window.count() > 0) s.window_restarts.push_back(st.now);
   }
-  s.previous_ranks.clear();
+  clear_previous_ranks(s);
   // The loop changes the participants' states, never their keys: the keys stay valid.
   const std::vector<NodeKey> participants = keys_in(s, {NodeState::Running, NodeState::Succeeded});
   // One Restart each: grown by doubling, the list would hold up to three times its size while
@@ -463,7 +478,7 @@ void restart_round(Step& st, const std::string& reason, bool counted, Closed if_
   for (const NodeKey& key : participants) {
     const std::string& id = *key.id;
     NodeRecord& node = s.nodes.at(id);
-    if (node.group_rank >= 0) s.previous_ranks[id] = node.group_rank;
+    if (node.group_rank >= 0) set_previous_rank(s, node, node.group_rank);
     node.group_rank = -1;
     if (id == rejoiner) {
       set_state(s, id, NodeState::Joined);
@@ -529,7 +544,6 @@ void remove_node(Step& st, const std::string& id, const std::string& reason, boo
   const std::string name = it->second.request.name;
   st.removed.push_back(name);
   erase_node(s, it);
-  s.previous_ranks.erase(id);
   if (tell) {
     // Its id is dead from now on: if the node is alive (a partition), it rejoins as a newcomer.
     s.dropped_ids.push_back(id);
@@ -634,7 +648,7 @@ void finish_adoption_if_complete(Step& st) {
 }
 
 NodeRecord record_for(const Join& join, NodeState state, int group_rank, TimePoint now) {
-  return NodeRecord{node_join(join), state, group_rank, now};
+  return NodeRecord{node_join(join), state, group_rank, -1, now};
 }
 
 /// A Join carrying a RoundClaim: the node's workers run a round it got before losing its
@@ -655,8 +669,9 @@ void on_resume_join(Step& st, const std::string& id, const Join& join) {
     s.last_call.reset();
     s.adopt_deadline = st.now + s.settings.keep_alive_window();
     s.waiting_quiet_until.reset();  // the job is Running again: the wait-listed hear it at once
-    put_node(s, id, record_for(join, claimed_state, claim.group_rank, st.now));
-    s.previous_ranks = {{id, claim.group_rank}};
+    clear_previous_ranks(s);
+    set_previous_rank(s, put_node(s, id, record_for(join, claimed_state, claim.group_rank, st.now)),
+                      claim.group_rank);
     finish_adoption_if_complete(st);
     if (s.phase == JobPhase::Running) send_waiting(st, id);  // to the wait-listed, if any
     return;
@@ -664,8 +679,9 @@ void on_resume_join(Step& st, const std::string& id, const Join& join) {
   if (s.phase == JobPhase::Running) {
     if (claim_fits(s, id, join.resume.value())) {
       // Running -> Running: a participant of the running round re-registered; it carries on
-      put_node(s, id, record_for(join, claimed_state, claim.group_rank, st.now));
-      s.previous_ranks[id] = claim.group_rank;
+      set_previous_rank(s,
+                        put_node(s, id, record_for(join, claimed_state, claim.group_rank, st.now)),
+                        claim.group_rank);
       finish_adoption_if_complete(st);
       return;
     }
@@ -875,7 +891,8 @@ void on_join(Step& st, const std::string& id, Join join) {
   // round here (the server was just started), while it takes back a round after a restart, or
   // from a node the job knows: a newcomer to a job that runs cannot spend its budget, with a
   // claim or without.
-  const bool rebuilding = s.round == 0 && s.phase == JobPhase::Joining && s.previous_ranks.empty();
+  const bool rebuilding =
+      s.round == 0 && s.phase == JobPhase::Joining && s.index.previous_ranked == 0;
   if (rebuilding || (join.resume && (s.adopt_deadline || s.nodes.count(id) > 0)))
     s.restart_count = std::max(s.restart_count, join.restart_count);
   if (join.resume) {

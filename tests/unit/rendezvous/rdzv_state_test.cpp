@@ -940,14 +940,14 @@ TEST_CASE("previous holders keep ranks that fit and newcomers take the lowest fr
   for (const std::string name : {"n1", "n2", "n3", "n4", "n5"}) {
     nodes[name].request = node_join(join_of(name, nnodes(1, 5)));
   }
-  const std::map<std::string, int> previous = {{"n4", 2}, {"n5", 4}, {"n2", 0}};
+  for (const auto& [name, rank] : std::map<std::string, int>{{"n4", 2}, {"n5", 4}, {"n2", 0}})
+    nodes[name].previous_rank = rank;
   // The ids in rank order, as the strings they are.
   const auto ranked = [&](const std::vector<std::string>& ids) {
     std::vector<const std::string*> participants;
     for (const std::string& id : ids) participants.push_back(&id);
     std::vector<std::string> by_rank;
-    for (const std::string* id : assign_group_ranks(nodes, participants, previous))
-      by_rank.push_back(*id);
+    for (const std::string* id : assign_group_ranks(nodes, participants)) by_rank.push_back(*id);
     return by_rank;
   };
   CHECK(ranked({"n1", "n2", "n3", "n4", "n5"}) ==
