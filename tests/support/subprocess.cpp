@@ -143,6 +143,13 @@ bool process_alive(pid_t pid) {
   return stat[close_paren + 2] != 'Z';
 }
 
+bool blocked_in_syscall(pid_t pid, long number) {
+  // "<number> <arguments...>" while blocked in a call; "running" or nothing otherwise.
+  std::istringstream in(read_file("/proc/" + std::to_string(pid) + "/syscall"));
+  long current = -1;
+  return static_cast<bool>(in >> current) && current == number;
+}
+
 }  // namespace ddprun::testing
 
 namespace ddprun::testing {

@@ -55,6 +55,10 @@ CommandResult run_command(const std::vector<std::string>& argv,
 /// True while a process with this pid runs (a zombie counts as ended).
 bool process_alive(pid_t pid);
 
+/// True while process `pid` is blocked in system call `number` (SYS_... of <sys/syscall.h>),
+/// as /proc/<pid>/syscall shows it: for example a standby waiting for its hand-over in recv.
+bool blocked_in_syscall(pid_t pid, long number);
+
 /// One line per process in the tree under `root` (root included): pid, parent, state, kernel
 /// wait channel and command line; for diagnosing a test that timed out.
 std::string describe_process_tree(pid_t root);
