@@ -264,17 +264,19 @@ TEST_CASE("a spare's C++ standbys load while it waits and take over a lost node'
   // No round for it: its standbys start a while after it does, and load meanwhile.
   REQUIRE(wait_until([&] { return !events_of("spare", "standbys_started").empty(); }, kLimit));
   CHECK(events_of("spare", "workers_started").empty());
-  // Loaded: each waits in recv for its hand-over (WorkerContext::from_env). A standby still
+  // Loaded: each waits in read() for its hand-over (WorkerContext::from_env). A standby still
   // loading libtorch when the hand-over comes is not waited for beyond kHandoverAckTimeout, which
   // a loaded machine can take: that is what the test would see, not the spare's readiness.
+  const nlohmann::json started = events_of("spare", "standbys_started").front();
   std::vector<pid_t> standbys;
-  for (const auto& pid : events_of("spare", "standbys_started").front()["pids"])
-    standbys.push_back(pid.get<pid_t>());
+  for (const auto& pid : started["pids"]) standbys.push_back(pid.get<pid_t>());
   REQUIRE(standbys.size() == 2);
   REQUIRE(wait_until(
       [&] {
-        return std::all_of(standbys.begin(), standbys.end(),
-                           [](pid_t pid) { return blocked_in_syscall(pid, SYS_recvfrom); });
+        return std::all_of(standbys.begin(), standbys.end(), [](pid_t pid) {
+          const std::string fd = environment_of(pid, "DDPRUN_STANDBY_FD");
+          return !fd.empty() && blocked_in_syscall(pid, SYS_read, std::stol(fd));
+        });
       },
       kLimit));
   active->send(SIGKILL);  // the node is lost (its workers die with their agent)

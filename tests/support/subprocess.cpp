@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
@@ -143,11 +144,25 @@ bool process_alive(pid_t pid) {
   return stat[close_paren + 2] != 'Z';
 }
 
-bool blocked_in_syscall(pid_t pid, long number) {
-  // "<number> <arguments...>" while blocked in a call; "running" or nothing otherwise.
+bool blocked_in_syscall(pid_t pid, long number, long first_argument) {
+  // "<number> <arguments in hex...>" while blocked in a call; "running" or nothing otherwise.
   std::istringstream in(read_file("/proc/" + std::to_string(pid) + "/syscall"));
   long current = -1;
-  return static_cast<bool>(in >> current) && current == number;
+  std::string argument;
+  return static_cast<bool>(in >> current >> argument) && current == number &&
+         std::strtol(argument.c_str(), nullptr, 16) == first_argument;
+}
+
+std::string environment_of(pid_t pid, const std::string& name) {
+  const std::string environ = read_file("/proc/" + std::to_string(pid) + "/environ");
+  const std::string prefix = name + "=";
+  for (std::size_t at = 0; at < environ.size();) {
+    const std::size_t end = std::min(environ.find('\0', at), environ.size());
+    if (environ.compare(at, prefix.size(), prefix) == 0)
+      return environ.substr(at + prefix.size(), end - at - prefix.size());
+    at = end + 1;
+  }
+  return "";
 }
 
 }  // namespace ddprun::testing

@@ -55,9 +55,13 @@ CommandResult run_command(const std::vector<std::string>& argv,
 /// True while a process with this pid runs (a zombie counts as ended).
 bool process_alive(pid_t pid);
 
-/// True while process `pid` is blocked in system call `number` (SYS_... of <sys/syscall.h>),
-/// as /proc/<pid>/syscall shows it: for example a standby waiting for its hand-over in recv.
-bool blocked_in_syscall(pid_t pid, long number);
+/// True while process `pid` is blocked in system call `number` (SYS_... of <sys/syscall.h>)
+/// with `first_argument` (a descriptor, say), as /proc/<pid>/syscall shows it: for example a
+/// standby waiting in read() for its hand-over on the descriptor ddprun gave it.
+bool blocked_in_syscall(pid_t pid, long number, long first_argument);
+
+/// The value of `name` in the environment process `pid` started with ("" when not set).
+std::string environment_of(pid_t pid, const std::string& name);
 
 /// One line per process in the tree under `root` (root included): pid, parent, state, kernel
 /// wait channel and command line; for diagnosing a test that timed out.
