@@ -199,7 +199,7 @@ class Stepper {
     if (s_.phase == AgentPhase::AwaitingZygote) s_.phase = AgentPhase::BetweenRounds;
     if (const auto* restart = std::get_if<rdzv::Restart>(&e.notice)) {
       out_.push_back(EmitEvent{EventName::Restart,
-                               {{"reason", restart->reason},
+                               {{"reason", restart->reason.get()},
                                 {"counted", restart->counted},
                                 {"restart_count", restart->restart_count}}});
       s_.restart_count = restart->restart_count;
@@ -214,10 +214,10 @@ class Stepper {
       if (restart->quarantine.count() > 0) {
         out_.push_back(EmitEvent{
             EventName::Quarantined,
-            {{"reason", restart->reason},
+            {{"reason", restart->reason.get()},
              {"cooldown_s", std::chrono::duration<double>(restart->quarantine).count()}}});
         log(LogLevel::Warn,
-            "stopping workers: " + restart->reason +
+            "stopping workers: " + restart->reason.get() +
                 "; this node waits out its quarantine, then checks itself and joins again");
       } else {
         log(LogLevel::Warn, restarting_text(*restart));
@@ -699,15 +699,15 @@ class Stepper {
   /// "restart 3 of 5", or with --restart_window, where the job's count may pass the budget,
   /// "restart 7 (2 of --max_restarts 5 in the last 3600 s)".
   std::string restarting_text(const rdzv::Restart& restart) const {
-    if (!restart.counted) return "restarting workers for a new round: " + restart.reason;
+    if (!restart.counted) return "restarting workers for a new round: " + restart.reason.get();
     if (restart.window.count() <= 0)
       return fmt::format("restarting workers: restart {} of {} ({})", restart.restart_count,
-                         spec_.max_restarts, restart.reason);
+                         spec_.max_restarts, restart.reason.get());
     return fmt::format(
         "restarting workers: restart {} ({} of --max_restarts {} in the last {} s) "
         "({})",
         restart.restart_count, restart.window_restarts, spec_.max_restarts,
-        std::chrono::duration<double>(restart.window).count(), restart.reason);
+        std::chrono::duration<double>(restart.window).count(), restart.reason.get());
   }
 
   static std::string hung_state_text(char state) {

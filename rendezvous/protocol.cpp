@@ -8,11 +8,6 @@ namespace ddprun::rdzv {
 
 using nlohmann::json;
 
-const std::vector<std::string>& SharedNames::get() const {
-  static const std::vector<std::string> kNone;
-  return names_ ? *names_ : kNone;
-}
-
 json settings_json(const RdzvSettings& s) {
   return {{"min_nodes", s.min_nodes},
           {"max_nodes", s.max_nodes},
@@ -237,11 +232,11 @@ struct ServerToJson {
   json operator()(const Waiting& m) const {
     return {{"type", "waiting"},
             {"round", m.round},
-            {"joined", m.joined},
+            {"joined", m.joined.get()},
             {"joined_count", m.joined_count},
             {"min_nodes", m.min_nodes},
             {"max_nodes", m.max_nodes},
-            {"missing_node_ranks", m.missing_node_ranks},
+            {"missing_node_ranks", m.missing_node_ranks.get()},
             {"waited_ms", m.waited.count()},
             {"join_timeout_ms", m.join_timeout.count()},
             {"wait_listed", m.wait_listed},
@@ -261,7 +256,7 @@ struct ServerToJson {
   json operator()(const Restart& m) const {
     return {{"type", "restart"},
             {"next_round", m.next_round},
-            {"reason", m.reason},
+            {"reason", m.reason.get()},
             {"counted", m.counted},
             {"restart_count", m.restart_count},
             {"quarantine_ms", m.quarantine.count()},

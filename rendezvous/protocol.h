@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -139,40 +141,56 @@ using AgentMessage =
 
 // ---- server -> agent ----------------------------------------------------------------------
 
+/// A value that many messages carry alike, held once: every participant's RoundReady names the
+/// same first nodes, every Restart of a round gives the same reason, and a round of 16,384 nodes
+/// held 16,384 copies of them while it was answered (docs/design.md#rendezvous-at-scale).
+/// Copies share the value; it never changes. Reads as a `const T&`.
+template <class T>
+class Shared {
+ public:
+  Shared() = default;
+  template <class U>
+  requires(!std::is_base_of_v<Shared, std::remove_cvref_t<U>> && std::is_convertible_v<U&&, T>)
+      Shared(U&& value)  // NOLINT: implicit, like the value it holds
+      : value_(std::make_shared<const T>(std::forward<U>(value))) {}
+  const T& get() const {
+    static const T kNone{};
+    return value_ ? *value_ : kNone;
+  }
+  operator const T&() const { return get(); }  // NOLINT: implicit, as above
+  friend bool operator==(const Shared& a, const T& b) { return a.get() == b; }
+
+ private:
+  std::shared_ptr<const T> value_;
+};
+
+/// Names of nodes (RoundReady.participants, Waiting.joined).
+class SharedNames : public Shared<std::vector<std::string>> {
+ public:
+  using Shared::Shared;
+  SharedNames(std::initializer_list<std::string> names)  // NOLINT: implicit, as above
+      : Shared(std::vector<std::string>(names)) {}
+  std::size_t size() const { return get().size(); }
+};
+
+/// A reason (Restart.reason).
+using SharedText = Shared<std::string>;
+
 /// Progress of the round being formed, sent to its members on every change.
 struct Waiting {
   int round = 0;
-  std::vector<std::string> joined;  ///< names of the nodes in the forming round (the first few)
-  int joined_count = 0;             ///< how many nodes are in the forming round
+  SharedNames joined;    ///< names of the nodes in the forming round (the first few)
+  int joined_count = 0;  ///< how many nodes are in the forming round
   int min_nodes = 1;
   int max_nodes = 1;
-  std::vector<int> missing_node_ranks;  ///< given --node_rank values not yet joined (if any)
-  Millis waited{0};                     ///< since the round started forming
+  /// Given --node_rank values not yet joined (if any; the first few).
+  Shared<std::vector<int>> missing_node_ranks;
+  Millis waited{0};  ///< since the round started forming
   Millis join_timeout{0};
   bool wait_listed = false;  ///< this node waits for a place in a later round
   /// Set while this node is quarantined: why, and how long until it may join again.
   std::string quarantined{};
   Millis quarantine_left{0};
-};
-
-/// A list of names that many messages carry alike, held once: every participant's RoundReady
-/// names the same first nodes, and a round of 16,384 nodes held 16,384 copies of them while it
-/// was answered (docs/design.md#rendezvous-at-scale). Copies share the list; it never changes.
-class SharedNames {
- public:
-  SharedNames() = default;
-  SharedNames(std::vector<std::string> names)  // NOLINT: implicit, like the list it holds
-      : names_(std::make_shared<const std::vector<std::string>>(std::move(names))) {}
-  SharedNames(std::initializer_list<std::string> names)  // NOLINT: implicit, as above
-      : SharedNames(std::vector<std::string>(names)) {}
-  const std::vector<std::string>& get() const;
-  std::size_t size() const { return get().size(); }
-  friend bool operator==(const SharedNames& a, const std::vector<std::string>& b) {
-    return a.get() == b;
-  }
-
- private:
-  std::shared_ptr<const std::vector<std::string>> names_;
 };
 
 /// The round is complete: this node's place in the job.
@@ -189,7 +207,7 @@ struct RoundReady {
 /// Stop the workers and join again for round `next_round`.
 struct Restart {
   int next_round = 0;
-  std::string reason;
+  SharedText reason;
   bool counted = false;  ///< uses one of --max_restarts (false for a scale-up)
   int restart_count = 0;
   /// Non-zero when this node is quarantined for that long (--quarantine_after): it stops its

@@ -362,10 +362,10 @@ std::string format_waiting(const Waiting& w) {
         "waiting for nodes: " + std::to_string(joined) + "/" + std::to_string(target) + " joined";
     if (w.min_nodes != w.max_nodes)
       line += " (min " + std::to_string(w.min_nodes) + ", max " + std::to_string(w.max_nodes) + ")";
-    if (!w.missing_node_ranks.empty()) {
+    if (const std::vector<int>& missing = w.missing_node_ranks; !missing.empty()) {
       line += ", node_rank ";
-      for (size_t i = 0; i < w.missing_node_ranks.size(); ++i)
-        line += (i ? ", " : "") + std::to_string(w.missing_node_ranks[i]);
+      for (size_t i = 0; i < missing.size(); ++i)
+        line += (i ? ", " : "") + std::to_string(missing[i]);
       line += " missing";
     }
   }

@@ -294,8 +294,10 @@ void send_waiting(Step& st, const std::string& trigger = "") {
       s.phase == JobPhase::Joining ? NodeState::Joined : NodeState::WaitListed;
   if (s.phase != JobPhase::Joining && s.phase != JobPhase::Running) return;
   const int count = count_in(s, members);
-  const std::vector<std::string> names = first_names_in(s, members);
-  const std::vector<int> missing =
+  // Made once, shared by every listener's Waiting (a broadcast to 16,384 nodes held 16,384
+  // copies of the names).
+  const SharedNames names = first_names_in(s, members);
+  const Shared<std::vector<int>> missing =
       s.phase == JobPhase::Joining ? missing_node_ranks(s, kMaxNamesInMessage) : std::vector<int>{};
   const auto waiting_for = [&](const NodeRecord& node) {
     // While a round runs, the wait list is who would join the next round; it has no deadline
@@ -475,6 +477,7 @@ void restart_round(Step& st, const std::string& reason, bool counted, Closed if_
   // One Restart each: grown by doubling, the list would hold up to three times its size while
   // a job of 16,384 nodes restarts.
   st.out.reserve(st.out.size() + participants.size());
+  const SharedText shared_reason = reason;  // one copy for every participant's Restart
   for (const NodeKey& key : participants) {
     const std::string& id = *key.id;
     NodeRecord& node = s.nodes.at(id);
@@ -485,7 +488,7 @@ void restart_round(Step& st, const std::string& reason, bool counted, Closed if_
       continue;
     }
     set_state(s, id, NodeState::Stopping);
-    Restart restart{s.round + 1, reason, counted, s.restart_count};
+    Restart restart{s.round + 1, shared_reason, counted, s.restart_count};
     restart.repeat = repeat;
     if (s.settings.restart_window.count() > 0) {
       restart.window_restarts = static_cast<int>(s.window_restarts.size());

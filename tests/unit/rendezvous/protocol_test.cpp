@@ -113,8 +113,8 @@ TEST_CASE("every other agent message survives the trip through JSON", "[rdzv][un
 }
 
 TEST_CASE("every server message survives the trip through JSON", "[rdzv][unit]") {
-  Waiting w =
-      server_round_trip(Waiting{1, {"a", "b"}, 2, 3, 4, {2}, Millis(12000), Millis(600000), false});
+  Waiting w = server_round_trip(
+      Waiting{1, {"a", "b"}, 2, 3, 4, std::vector<int>{2}, Millis(12000), Millis(600000), false});
   CHECK(w.joined == std::vector<std::string>{"a", "b"});
   CHECK(w.joined_count == 2);
   CHECK(w.missing_node_ranks == std::vector<int>{2});

@@ -167,7 +167,7 @@ TEST_CASE("every joined node hears who joined each time the forming round change
     REQUIRE(waiting.size() == 1);
     CHECK(waiting[0].joined == std::vector<std::string>{"127.0.0.2", "127.0.0.3"});
     CHECK(waiting[0].waited == 12s);
-    CHECK(waiting[0].missing_node_ranks.empty());
+    CHECK(waiting[0].missing_node_ranks.get().empty());
   }
 }
 
@@ -1262,8 +1262,8 @@ TEST_CASE("a large job's waiting broadcasts are paced by how many nodes hear the
   CHECK(w[0].joined_count == 1500);
   // The first names in numeric-aware order, from the index: n0, n1, ..., n15.
   REQUIRE(w[0].joined.size() == kMaxNamesInMessage);
-  CHECK(w[0].joined.front() == "n0");
-  CHECK(w[0].joined.back() == "n15");
+  CHECK(w[0].joined.get().front() == "n0");
+  CHECK(w[0].joined.get().back() == "n15");
   CHECK(job.last.wake_at != kStart + 2500ms);  // nothing owed: no wake for a broadcast
 }
 
@@ -1276,9 +1276,9 @@ TEST_CASE("messages about a large job name a few nodes and count the rest", "[rd
   const auto& joined = job.join(join_of("n100", settings, 200));
   const auto w = to<Waiting>(joined, "n100");
   REQUIRE(w.size() == 1);
-  REQUIRE(w[0].missing_node_ranks.size() == kMaxNamesInMessage);
-  CHECK(w[0].missing_node_ranks.front() == 0);
-  CHECK(w[0].missing_node_ranks.back() == 15);
+  REQUIRE(w[0].missing_node_ranks.get().size() == kMaxNamesInMessage);
+  CHECK(w[0].missing_node_ranks.get().front() == 0);
+  CHECK(w[0].missing_node_ranks.get().back() == 15);
   const auto closed = to<Closed>(job.pass(60s), "n3");  // heartbeats, then the join timeout
   REQUIRE(closed.size() == 1);
   CHECK_THAT(closed[0].message, Catch::Contains("101 of min 300 nodes joined (n0, n1, n2,"));
@@ -1821,7 +1821,7 @@ TEST_CASE(
   for (const Outgoing& o : lost)
     if (o.node_id == "b:5555:ef01")
       if (const auto* r = std::get_if<Restart>(&o.message))
-        released = r->reason.find("the job needs it") != std::string::npos;
+        released = r->reason.get().find("the job needs it") != std::string::npos;
   CHECK(released);
   CHECK(job.state.nodes.count("b:5555:ef01") == 0);
   again.settings = settings;
