@@ -1,4 +1,5 @@
 #pragma once
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <initializer_list>
@@ -66,7 +67,20 @@ struct RdzvSettings {
 
   /// How long a node may stay silent before it is declared lost.
   Millis keep_alive_window() const { return keep_alive_interval * keep_alive_max_attempt; }
+  /// How long a restarted server waits for the participants of a running round to re-register
+  /// (adoption): the keep-alive window, and at least twice kMaxReconnectBackoff, as a live agent
+  /// may be waiting out its back-off when the server comes back
+  /// (docs/design.md#rendezvous-state-machine).
+  Millis adoption_window() const;
 };
+
+/// The longest a client waits between two attempts to reach a lost server (its back-off doubles
+/// from 100 ms up to this).
+constexpr Millis kMaxReconnectBackoff{2'000};
+
+inline Millis RdzvSettings::adoption_window() const {
+  return std::max(keep_alive_window(), 2 * kMaxReconnectBackoff);
+}
 
 /// The round a node's workers are running, as the node remembers it: sent when the node
 /// re-registers after losing its connection (e.g. the daemon restarted) so that the server can

@@ -11,7 +11,7 @@ namespace ddprun::rdzv {
 namespace {
 
 constexpr Millis kFirstBackoff{100};
-constexpr Millis kMaxBackoff{2'000};
+constexpr Millis kMaxBackoff = kMaxReconnectBackoff;
 
 long long seconds(Millis m) { return static_cast<long long>(m.count() / 1000); }
 

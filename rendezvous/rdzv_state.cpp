@@ -670,7 +670,7 @@ void on_resume_join(Step& st, const std::string& id, const Join& join) {
     s.restart_count = claim.restart_count;
     s.round_started = st.now;
     s.last_call.reset();
-    s.adopt_deadline = st.now + s.settings.keep_alive_window();
+    s.adopt_deadline = st.now + s.settings.adoption_window();
     s.waiting_quiet_until.reset();  // the job is Running again: the wait-listed hear it at once
     clear_previous_ranks(s);
     set_previous_rank(s, put_node(s, id, record_for(join, claimed_state, claim.group_rank, st.now)),
@@ -1117,7 +1117,7 @@ void run_deadlines(Step& st) {
       for (int rank : missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(rank);
       const std::string reason = "group rank " + ranks + " of round " + std::to_string(s.round) +
                                  " did not re-register within " +
-                                 duration_text(s.settings.keep_alive_window()) +
+                                 duration_text(s.settings.adoption_window()) +
                                  " after the rendezvous server restarted";
       s.adopt_deadline.reset();
       // Running -> Joining (counted): participants of the adopted round were lost
@@ -1262,7 +1262,7 @@ StepResult step(JobState state, const Event& event, TimePoint now) {
   } else if (std::holds_alternative<Resumed>(event)) {
     // Any phase, nodes unchanged: the server was not running, so no node's silence is news.
     // Each gets a full keep-alive window from now; what it sent meanwhile is read next.
-    const Millis window = st.s.settings.keep_alive_window();
+    const Millis window = st.s.settings.adoption_window();
     for (NodeEntry& entry : st.s.nodes) touch(st.s, entry, std::max(entry.second.last_seen, now));
     if (st.s.adopt_deadline) st.s.adopt_deadline = std::max(*st.s.adopt_deadline, now + window);
   }

@@ -304,7 +304,7 @@ void mark_all_seen(JobState& state, TimePoint now);
 ///   as Running with its claimed rank.
 /// - Join, job Closed: Refused(Closed) with the job's end.
 /// - Join with `resume` on an unknown/new job (server restarted): the job is rebuilt Running at
-///   the claimed round and restart count; participants missing after keep_alive_window are
+///   the claimed round and restart count; participants missing after adoption_window() are
 ///   lost (-> new round). A claim conflicting with the adopted round -> new round, not counted.
 /// - Complete: ranks from assign_group_ranks(); master addr/port from group rank 0's Join;
 ///   RoundReady to each participant; phase Running.

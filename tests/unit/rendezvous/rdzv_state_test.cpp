@@ -1047,6 +1047,37 @@ TEST_CASE("a participant that does not re-register after a server restart is los
   CHECK_THAT(restart[0].reason, Catch::Contains("group rank 1 of round 4 did not re-register"));
 }
 
+TEST_CASE("a short keep-alive still gives re-registering nodes their reconnect back-off",
+          "[rdzv][unit]") {
+  // keep-alive 0.5 s x 3: a window of 1.5 s, shorter than twice the 2 s an agent may wait
+  // between two attempts to reach the server, so the adoption window is 4 s. (Job::pass
+  // heartbeats once a second: a shorter keep-alive would lose the nodes between two.)
+  RdzvSettings settings = nnodes(2, 2);
+  settings.keep_alive_interval = Millis(500);
+  for (const bool late : {false, true}) {
+    Job job;
+    Join a = join_of("a", settings);
+    a.resume = claim(4, 0, 2, 1);
+    Join b = join_of("b", settings);
+    b.resume = claim(4, 1, 2, 1);
+    job.join(a);
+    CHECK(job.state.adopt_deadline == kStart + 4s);
+    const auto waited = job.pass(late ? 4s : 3s);
+    if (!late) {
+      // b's next attempt came 3 s after a's: its round carries on, nobody restarts.
+      CHECK(count_of<Restart>(waited) == 0);
+      CHECK(job.join(b).empty());
+      CHECK_FALSE(job.state.adopt_deadline.has_value());
+      CHECK(count_of<Restart>(job.pass(5s)) == 0);
+    } else {
+      const auto restart = to<Restart>(waited, "a");
+      REQUIRE(restart.size() == 1);
+      CHECK_THAT(restart[0].reason.get(), Catch::Contains("group rank 1 of round 4 did not "
+                                                          "re-register within 4 s"));
+    }
+  }
+}
+
 TEST_CASE("a claim that conflicts with the adopted round starts a new round, not counted",
           "[rdzv][unit]") {
   Job job;
