@@ -7,7 +7,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/install-deps.sh
-cmake -S . -B build -G Ninja -DDDPRUN_BUILD_TESTS=OFF -DDDPRUN_BUILD_SDK=ON
+# A fresh build/ skips the tests (the demo builds three targets); one the test command set up
+# keeps them, so running the demo never turns a developer's test build off.
+tests=OFF
+if [[ -f build/CMakeCache.txt ]]; then
+  tests=$(sed -n 's/^DDPRUN_BUILD_TESTS:BOOL=//p' build/CMakeCache.txt)
+fi
+cmake -S . -B build -G Ninja -DDDPRUN_BUILD_TESTS="${tests:-OFF}" -DDDPRUN_BUILD_SDK=ON
 cmake --build build --target ddprun ddp_train ddprun-snapshot -j"$(nproc)"
 
 workdir=$(mktemp -d)
