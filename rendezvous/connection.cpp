@@ -55,7 +55,9 @@ std::string handshake_error(const error_code& ec) {
 
 /// `socket`'s descriptor, in a socket bound to its io_context's executor.
 ConnectionSocket own_socket(asio::ip::tcp::socket socket) {
-  const auto* executor = socket.get_executor().target<asio::io_context::executor_type>();
+  // target() points into the executor it is asked of: keep that one, not a temporary.
+  const asio::any_io_executor any = socket.get_executor();
+  const auto* executor = any.target<asio::io_context::executor_type>();
   DDPRUN_CHECK(executor != nullptr, "FramedConnection: the socket must run on an io_context");
   ConnectionSocket own(executor->context());
   if (!socket.is_open()) return own;
