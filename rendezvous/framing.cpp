@@ -21,27 +21,31 @@ std::string encode_frame(const nlohmann::json& body) {
 }
 
 void FrameDecoder::feed(std::string_view bytes) {
+  if (bytes.empty()) return;
+  if (!held_) held_ = std::make_unique<Held>();
   // A Bad stream is never read again, so keeping its bytes would only waste memory.
-  if (bad_) return;
-  buffer_.append(bytes);
+  if (held_->bad) return;
+  held_->bytes.append(bytes);
 }
 
 DecodeResult FrameDecoder::next() {
-  if (bad_) return DecodeResult{DecodeStatus::Bad, {}, *bad_};
-  if (buffer_.size() < kFrameHeaderBytes) return DecodeResult{};
+  if (!held_) return DecodeResult{};
+  if (held_->bad) return DecodeResult{DecodeStatus::Bad, {}, *held_->bad};
+  std::string& buffer = held_->bytes;
+  if (buffer.size() < kFrameHeaderBytes) return DecodeResult{};
 
   std::uint32_t size = 0;
   for (std::size_t i = 0; i < kFrameHeaderBytes; ++i) {
-    size = (size << 8) | static_cast<unsigned char>(buffer_[i]);
+    size = (size << 8) | static_cast<unsigned char>(buffer[i]);
   }
   // Refuse from the header alone, so a bogus length never makes us wait for (or buffer) its body.
   if (size > kMaxFrameBytes) {
     return fail("frame of " + std::to_string(size) + " bytes is over the " +
                 std::to_string(kMaxFrameBytes) + "-byte limit");
   }
-  if (buffer_.size() - kFrameHeaderBytes < size) return DecodeResult{};
+  if (buffer.size() - kFrameHeaderBytes < size) return DecodeResult{};
 
-  const char* begin = buffer_.data() + kFrameHeaderBytes;
+  const char* begin = buffer.data() + kFrameHeaderBytes;
   if (common::json_nesting_over(std::string_view(begin, size), kMaxJsonDepth) != 0) {
     return fail("frame body nests arrays or objects deeper than " + std::to_string(kMaxJsonDepth) +
                 " levels");
@@ -55,10 +59,10 @@ DecodeResult FrameDecoder::next() {
     // right here, so that no peer's frame can end the process.
     return fail(std::string("frame body is not valid JSON: ") + e.what());
   }
-  buffer_.erase(0, kFrameHeaderBytes + size);
+  buffer.erase(0, kFrameHeaderBytes + size);
   // Between frames a connection holds no buffer: a daemon with 16,384 idle agents would
   // otherwise keep one frame's capacity for each (docs/design.md#rendezvous-at-scale).
-  if (buffer_.empty()) std::string().swap(buffer_);
+  if (buffer.empty()) held_.reset();
   if (!body.is_object()) {
     return fail(std::string("frame body is not a JSON object but a ") + body.type_name());
   }
@@ -66,9 +70,7 @@ DecodeResult FrameDecoder::next() {
 }
 
 DecodeResult FrameDecoder::fail(std::string error) {
-  bad_ = std::make_unique<const std::string>(error);
-  buffer_.clear();
-  buffer_.shrink_to_fit();
+  held_ = std::make_unique<Held>(Held{{}, error});
   return DecodeResult{DecodeStatus::Bad, {}, std::move(error)};
 }
 

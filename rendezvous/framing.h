@@ -47,14 +47,20 @@ class FrameDecoder {
   DecodeResult next();
 
   /// Bytes fed but not yet returned as frames.
-  std::size_t buffered_bytes() const { return buffer_.size(); }
+  std::size_t buffered_bytes() const { return held_ ? held_->bytes.size() : 0; }
 
  private:
   DecodeResult fail(std::string error);
 
-  std::string buffer_;
-  /// Why the stream went bad; a pointer, as few decoders ever hold one (one per connection).
-  std::unique_ptr<const std::string> bad_;
+  /// What a decoder holds between two reads: the start of an unfinished frame, or why the
+  /// stream went bad.
+  struct Held {
+    std::string bytes;
+    std::optional<std::string> bad;
+  };
+  /// Null between whole frames: a server holds one decoder per connection, and 16,384 idle
+  /// ones held 40 bytes each (docs/design.md#rendezvous-at-scale).
+  std::unique_ptr<Held> held_;
 };
 
 /// A peer's value as a message may quote it: a string escaped and cut at kMaxQuotedChars (with

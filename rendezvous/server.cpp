@@ -260,7 +260,7 @@ void RendezvousServer::housekeeping() {
   const TimePoint now = clock_.now();
   std::vector<std::pair<std::uint64_t, std::string>> expired;
   for (auto& [id, session] : sessions_) {
-    const std::uint64_t bytes = session.conn->bytes_received();
+    const auto bytes = static_cast<std::uint32_t>(session.conn->bytes_received());
     if (bytes != session.bytes_seen) {
       session.bytes_seen = bytes;
       session.progress_at = now;
@@ -348,21 +348,17 @@ void RendezvousServer::on_message(std::uint64_t id, const json& body) {
     return;
   }
   if (auto* join = std::get_if<Join>(&message)) {
-    if (!session.node_id.empty() &&
-        (session.node_id != join->node_id || session.run_id != join->run_id))
+    if (session.bound() && (session.node_id() != join->node_id || session.run_id() != join->run_id))
       return refuse(id, session,
-                    "a connection speaks for one node of one job; node " + session.node_id +
-                        " cannot join as " + join->node_id);
+                    "a connection speaks for one node of one job; node " +
+                        std::string(session.node_id()) + " cannot join as " + join->node_id);
     if (!jobs_.count(join->run_id) && jobs_.size() >= limits_.max_jobs)
       return refuse(id, session,
                     "this rendezvous server holds " + std::to_string(jobs_.size()) +
                         " jobs, its limit: start job '" + join->run_id +
                         "' later, or raise ddprun-rdzvd --max_jobs");
-    if (session.node_id.empty()) {
-      session.run_id = join->run_id;
-      session.node_id = join->node_id;
-    }
-    auto route = routes_.find(RouteKey{session.run_id, session.node_id});
+    if (!session.bound()) session.bind(join->run_id, join->node_id);
+    auto route = routes_.find(RouteKey{session.run_id(), session.node_id()});
     if (route != routes_.end() && route->second != id) {
       // The node reconnected: its old connection no longer speaks for it. The route's key
       // points into the old session, so it goes with it and comes back pointing into this one.
@@ -375,20 +371,21 @@ void RendezvousServer::on_message(std::uint64_t id, const json& body) {
         sessions_.erase(old);
       }
     }
-    if (route == routes_.end()) routes_.emplace(RouteKey{session.run_id, session.node_id}, id);
+    if (route == routes_.end()) routes_.emplace(RouteKey{session.run_id(), session.node_id()}, id);
     if (!jobs_.count(join->run_id)) jobs_[join->run_id].state = new_job(join->run_id, clock_.now());
-  } else if (session.node_id.empty()) {
+  } else if (!session.bound()) {
     return refuse(id, session, "the first message after hello must be a join or a status query");
   }
-  apply(session.run_id, FromNode{session.node_id, std::move(message)});
+  apply(std::string(session.run_id()),
+        FromNode{std::string(session.node_id()), std::move(message)});
 }
 
 void RendezvousServer::on_closed(std::uint64_t id, const CloseReason& why) {
   note_awake();
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return;
-  const std::string run_id = it->second.run_id;
-  const std::string node_id = it->second.node_id;
+  const std::string run_id(it->second.run_id());
+  const std::string node_id(it->second.node_id());
   // A bad frame, the write limit or a TLS failure: say so (a peer that just closed is no news).
   switch (why.kind) {
     case CloseKind::BadFrame:
