@@ -136,6 +136,14 @@ std::optional<common::Error> RendezvousServer::listen(const std::string& host, i
   return common::Error{last};
 }
 
+std::string RendezvousServer::route_key(std::string_view run_id, std::string_view node_id) {
+  std::string key;
+  key.reserve(run_id.size() + 1 + node_id.size());
+  key.append(run_id).push_back('\0');
+  key.append(node_id);
+  return key;
+}
+
 void RendezvousServer::on_accepted(tcp::socket socket) {
   note_awake();
   if (metrics_) metrics_->connection_accepted();
@@ -358,7 +366,7 @@ void RendezvousServer::on_message(std::uint64_t id, const json& body) {
                         " jobs, its limit: start job '" + join->run_id +
                         "' later, or raise ddprun-rdzvd --max_jobs");
     if (!session.bound()) session.bind(join->run_id, join->node_id);
-    auto route = routes_.find(RouteKey{session.run_id(), session.node_id()});
+    auto route = routes_.find(session.ids);
     if (route != routes_.end() && route->second != id) {
       // The node reconnected: its old connection no longer speaks for it. The route's key
       // points into the old session, so it goes with it and comes back pointing into this one.
@@ -371,7 +379,7 @@ void RendezvousServer::on_message(std::uint64_t id, const json& body) {
         sessions_.erase(old);
       }
     }
-    if (route == routes_.end()) routes_.emplace(RouteKey{session.run_id(), session.node_id()}, id);
+    if (route == routes_.end()) routes_.emplace(session.ids, id);
     if (!jobs_.count(join->run_id)) jobs_[join->run_id].state = new_job(join->run_id, clock_.now());
   } else if (!session.bound()) {
     return refuse(id, session, "the first message after hello must be a join or a status query");
@@ -403,7 +411,7 @@ void RendezvousServer::on_closed(std::uint64_t id, const CloseReason& why) {
   }
   forget_ungreeted(id);
   // The route's key points into the session: it goes first.
-  auto route = node_id.empty() ? routes_.end() : routes_.find(RouteKey{run_id, node_id});
+  auto route = node_id.empty() ? routes_.end() : routes_.find(it->second.ids);
   const bool spoke_for_node = route != routes_.end() && route->second == id;
   if (spoke_for_node) routes_.erase(route);
   sessions_.erase(it);
@@ -447,7 +455,7 @@ void RendezvousServer::apply(const std::string& run_id, const Event& event) {
 
 void RendezvousServer::deliver(const std::string& run_id, const Outgoing& out) {
   log_outgoing(run_id, out);
-  auto route = routes_.find(RouteKey{run_id, out.node_id});
+  auto route = routes_.find(route_key(run_id, out.node_id));
   if (route == routes_.end()) return;
   auto session = sessions_.find(route->second);
   if (session == sessions_.end()) return;

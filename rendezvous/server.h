@@ -93,8 +93,9 @@ class RendezvousServer {
   struct Session {
     std::shared_ptr<FramedConnection> conn;
     std::unique_ptr<Hello> hello;  ///< until the hello is done; null once greeted
-    /// The job and node it speaks for, set by the first Join (both ids are never empty): one
-    /// string, run id then node id, as two copies cost a node of 16,384 a second allocation.
+    /// The job and node it speaks for, set by the first Join: route_key(run id, node id), one
+    /// string, as two copies cost a node of 16,384 a second allocation; "" until then (neither
+    /// id is ever empty).
     std::string ids;
     std::uint32_t run_id_size = 0;  ///< of `ids`
     /// bytes_received() at the last housekeeping, in its low 32 bits: housekeeping only asks
@@ -104,9 +105,11 @@ class RendezvousServer {
 
     bool bound() const { return !ids.empty(); }
     std::string_view run_id() const { return std::string_view(ids).substr(0, run_id_size); }
-    std::string_view node_id() const { return std::string_view(ids).substr(run_id_size); }
+    std::string_view node_id() const {
+      return bound() ? std::string_view(ids).substr(run_id_size + 1) : std::string_view();
+    }
     void bind(const std::string& run, const std::string& node) {
-      ids = run + node;
+      ids = route_key(run, node);
       run_id_size = static_cast<std::uint32_t>(run.size());
     }
   };
@@ -181,10 +184,12 @@ class RendezvousServer {
     silent_.erase(id);
     greeting_.erase(id);
   }
-  /// (run_id, node_id) -> the session that speaks for that node now. The key points at that
-  /// session's run_id and node_id (no third copy of each id): a route goes before its session.
-  using RouteKey = std::pair<std::string_view, std::string_view>;
-  std::map<RouteKey, std::uint64_t> routes_;
+  /// A node's key in routes_: its run id and node id with a NUL between them (ids hold no
+  /// control characters, protocol.cpp).
+  static std::string route_key(std::string_view run_id, std::string_view node_id);
+  /// route_key(run_id, node_id) -> the session that speaks for that node now. The key points
+  /// at that session's `ids` (no second copy of either id): a route goes before its session.
+  std::map<std::string_view, std::uint64_t> routes_;
   std::map<std::string, Job, std::less<>> jobs_;
   /// (wake_at, run id) of every job that has one: the earliest is the timer's.
   std::set<std::pair<TimePoint, std::string>> deadlines_;
