@@ -111,9 +111,33 @@ std::string FramedConnection::client_close_reason(const std::string& why,
   return why.empty() ? "the server closed the connection" : why;
 }
 
+namespace {
+
+/// A pair of handlers as a FramedConnection::Listener.
+class HandlerPair final : public FramedConnection::Listener {
+ public:
+  HandlerPair(FramedConnection::MessageHandler on_message, FramedConnection::CloseHandler on_close)
+      : on_message_(std::move(on_message)), on_close_(std::move(on_close)) {}
+  void frame_received(std::uint64_t, const nlohmann::json& body) override { on_message_(body); }
+  void connection_ended(std::uint64_t, const CloseReason& why) override {
+    if (on_close_) on_close_(why);
+  }
+
+ private:
+  FramedConnection::MessageHandler on_message_;
+  FramedConnection::CloseHandler on_close_;
+};
+
+}  // namespace
+
 void FramedConnection::start(MessageHandler on_message, CloseHandler on_close) {
-  on_message_ = std::move(on_message);
-  on_close_ = std::move(on_close);
+  own_listener_ = std::make_unique<HandlerPair>(std::move(on_message), std::move(on_close));
+  start(*own_listener_, 0);
+}
+
+void FramedConnection::start(Listener& listener, std::uint64_t tag) {
+  listener_ = &listener;
+  tag_ = tag;
   if (!tls_) return read_more();
   tls_->stream.async_handshake(
       tls_->server ? ssl::stream_base::server : ssl::stream_base::client,
@@ -179,7 +203,7 @@ void FramedConnection::on_read(error_code ec, std::string_view data) {
       if (r.status == DecodeStatus::NeedMore) break;
       if (r.status == DecodeStatus::Bad)
         return end({CloseKind::BadFrame, "bad frame from " + peer_ + ": " + r.error, r.error});
-      on_message_(r.body);
+      listener_->frame_received(tag_, r.body);
     }
     // What stays buffered is an unfinished frame: over the group's cap, its owner decides whom
     // to close (perhaps this connection).
@@ -203,7 +227,7 @@ void FramedConnection::on_read(error_code ec, std::string_view data) {
 void FramedConnection::send(const nlohmann::json& body) {
   if (!open_ || close_when_written_) return;
   std::string frame = encode_frame(body);
-  if (!tls_ && handshaken_ && !writing_ && writes_.empty()) {
+  if (!tls_ && handshaken_ && !writing_ && !queue_) {
     // Nothing waits before it: the socket takes it now, and only what it does not take is
     // queued. A server answering a round of 16,384 nodes then holds no frame per node while
     // it answers (docs/design.md#rendezvous-at-scale). A failed write is left to write_next's
@@ -214,14 +238,14 @@ void FramedConnection::send(const nlohmann::json& body) {
     if (!ec && n == frame.size()) return;
     frame.erase(0, ec ? 0 : n);
   }
-  writes_.push_back(std::move(frame));
-  queued_bytes_ += writes_.back().size();
-  if (write_limit_ != 0 && queued_bytes_ > write_limit_) {
+  if (!queue_) queue_ = std::make_unique<WriteQueue>();
+  queue_->bytes += frame.size();
+  queue_->frames.push_back(std::move(frame));
+  if (write_limit_ != 0 && queue_->bytes > write_limit_) {
     // Ended from the executor, not here: the caller may be walking its own sessions.
-    const std::string why = std::to_string(queued_bytes_) + " bytes of replies to " + peer_ +
+    const std::string why = std::to_string(queue_->bytes) + " bytes of replies to " + peer_ +
                             " wait unread, over the limit of " + std::to_string(write_limit_);
-    writes_.clear();
-    queued_bytes_ = 0;
+    drop_queued();
     close_when_written_ = true;  // nothing more is queued
     asio::post(socket_.get_executor(), [self = shared_from_this(), why] {
       self->end({CloseKind::WriteLimit, why});
@@ -233,7 +257,7 @@ void FramedConnection::send(const nlohmann::json& body) {
 
 void FramedConnection::write_next() {
   if (writing_ || !open_ || !handshaken_) return;
-  if (writes_.empty()) {
+  if (!queue_) {
     if (close_when_written_) {
       error_code ignored;
       socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
@@ -247,14 +271,27 @@ void FramedConnection::write_next() {
     if (!self->open_) return;
     if (ec)
       return self->end({CloseKind::Io, "cannot write to " + self->peer_ + ": " + ec.message()});
-    self->queued_bytes_ -= self->writes_.front().size();
-    self->writes_.pop_front();
+    WriteQueue& queue = *self->queue_;
+    queue.bytes -= queue.frames.front().size();
+    queue.frames.pop_front();
+    if (queue.frames.empty()) self->queue_.reset();
     self->write_next();
   };
+  const std::string& frame = queue_->frames.front();
   if (tls_)
-    asio::async_write(tls_->stream, asio::buffer(writes_.front()), std::move(handler));
+    asio::async_write(tls_->stream, asio::buffer(frame), std::move(handler));
   else
-    asio::async_write(socket_, asio::buffer(writes_.front()), std::move(handler));
+    asio::async_write(socket_, asio::buffer(frame), std::move(handler));
+}
+
+void FramedConnection::drop_queued() {
+  if (!queue_) return;
+  // The frame being written stays until its write ends: the socket reads from it.
+  while (queue_->frames.size() > (writing_ ? 1U : 0U)) {
+    queue_->bytes -= queue_->frames.back().size();
+    queue_->frames.pop_back();
+  }
+  if (queue_->frames.empty()) queue_.reset();
 }
 
 void FramedConnection::close_after_writes(std::function<void()> closed) {
@@ -278,8 +315,7 @@ void FramedConnection::close() { shut(false); }
 void FramedConnection::shut(bool linger) {
   if (!open_) return;
   open_ = false;
-  writes_.clear();
-  queued_bytes_ = 0;
+  drop_queued();
   if (budget_) budget_->used -= decoder_.buffered_bytes();
   budget_ = nullptr;
   error_code ignored;
@@ -289,8 +325,10 @@ void FramedConnection::shut(bool linger) {
     socket_.close(ignored);
   // Handlers may hold their owner (or this connection): drop them to break any cycle. The
   // message handler may be the caller; it is destroyed once the read handler returns.
-  on_close_ = nullptr;
-  asio::post(socket_.get_executor(), [self = shared_from_this()] { self->on_message_ = nullptr; });
+  listener_ = nullptr;
+  if (own_listener_)
+    asio::post(socket_.get_executor(),
+               [self = shared_from_this()] { self->own_listener_.reset(); });
   // Drained: whoever waits for the queued frames to go out (a shutting-down server) hears it
   // from the executor, so it may erase its own sessions then.
   if (on_closed_after_writes_)
@@ -300,10 +338,9 @@ void FramedConnection::shut(bool linger) {
 
 void FramedConnection::end(CloseReason reason, bool linger) {
   if (!open_) return;
-  auto handler = std::move(on_close_);
-  on_close_ = nullptr;
+  Listener* listener = listener_;  // shut() forgets it, and frees an owned one only later
   shut(linger);
-  if (handler) handler(reason);
+  if (listener) listener->connection_ended(tag_, reason);
 }
 
 void FramedConnection::linger_then_close() {

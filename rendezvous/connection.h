@@ -63,6 +63,17 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   /// Called once when the connection ends, with how and why.
   using CloseHandler = std::function<void(const CloseReason&)>;
 
+  /// Who hears a connection's frames and its end, with the tag it was started with: a server
+  /// that owns thousands of connections passes itself and each connection's id, so that no
+  /// connection holds handlers of its own (64 bytes each, docs/design.md#rendezvous-at-scale).
+  class Listener {
+   public:
+    virtual ~Listener() = default;
+    virtual void frame_received(std::uint64_t tag, const nlohmann::json& body) = 0;
+    /// Once per connection, as CloseHandler.
+    virtual void connection_ended(std::uint64_t tag, const CloseReason& why) = 0;
+  };
+
   /// With `tls`, start() first runs the TLS handshake in that role; frames sent before it
   /// completes wait in the queue. `socket` must run on an io_context (its descriptor moves
   /// into a ConnectionSocket).
@@ -73,6 +84,8 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   /// Starts the read loop (after the TLS handshake, with TLS). Handlers run on the socket's
   /// executor; a failed handshake closes the connection with the reason.
   void start(MessageHandler on_message, CloseHandler on_close);
+  /// The same, telling `listener` (which must outlive the connection's handlers) with `tag`.
+  void start(Listener& listener, std::uint64_t tag);
 
   /// Queues one frame. Ignored once closed.
   void send(const nlohmann::json& body);
@@ -119,6 +132,8 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   void read_more();
   void on_read(boost::system::error_code ec, std::string_view data);
   void write_next();
+  /// Drops the frames waiting to be written, except one being written.
+  void drop_queued();
   /// Ends the connection and tells the close handler how and why. `linger`: as shut().
   void end(CloseReason reason, bool linger = false);
   /// Closes; with `linger` the socket is closed only after linger_then_close().
@@ -137,9 +152,17 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   ConnectionSocket socket_;
   std::unique_ptr<TlsStream> tls_;  ///< over socket_, with TLS
   FrameDecoder decoder_;
-  std::list<std::string> writes_;  ///< a list: an idle connection holds no node for it
-  MessageHandler on_message_;
-  CloseHandler on_close_;
+  /// Frames waiting to be written, the first one being written while writing_.
+  struct WriteQueue {
+    std::list<std::string> frames;
+    std::size_t bytes = 0;  ///< in `frames`
+  };
+  /// Null while nothing waits, as on most connections of a server most of the time.
+  std::unique_ptr<WriteQueue> queue_;
+  Listener* listener_ = nullptr;  ///< null once the connection is shut
+  std::uint64_t tag_ = 0;
+  /// start(MessageHandler, CloseHandler)'s handlers, which listener_ points to.
+  std::unique_ptr<Listener> own_listener_;
   /// close_after_writes's `closed`: a pointer, as few connections are given one (a server
   /// holds thousands of connections, docs/design.md#rendezvous-at-scale).
   std::unique_ptr<std::function<void()>> on_closed_after_writes_;
@@ -151,7 +174,6 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   InputBudget* budget_ = nullptr;
   std::uint64_t bytes_received_ = 0;
   std::size_t write_limit_ = 0;
-  std::size_t queued_bytes_ = 0;  ///< in writes_
 };
 
 /// Sets TCP_NODELAY, and makes unacknowledged data (a vanished peer) fail the connection after

@@ -160,8 +160,7 @@ void RendezvousServer::on_accepted(tcp::socket socket) {
   session.hello = std::make_unique<Hello>(
       Hello{ServerHandshake(secret_, secret_ ? make_nonce() : std::string()), session.progress_at});
   silent_.insert(id);
-  conn->start([this, id](const json& body) { on_message(id, body); },
-              [this, id](const CloseReason& why) { on_closed(id, why); });
+  conn->start(*this, id);
   if (silent_.size() + greeting_.size() > ungreeted_cap_) evict_oldest_ungreeted();
 }
 

@@ -33,14 +33,14 @@ namespace ddprun::rdzv {
 ///                step(JobState, event, now) --> Outgoing messages, wake_at --> one timer
 ///
 /// All on the io_context's thread; the state machine (rdzv_state.h) holds every decision.
-class RendezvousServer {
+class RendezvousServer : private FramedConnection::Listener {
  public:
   /// With `secret`, every connection must prove it holds it before anything else (auth.h);
   /// with `tls` (make_server_tls), every connection speaks TLS (tls.h).
   RendezvousServer(boost::asio::io_context& io, const common::Clock& clock,
                    ServerLimits limits = {}, std::optional<Secret> secret = std::nullopt,
                    TlsContext tls = nullptr);
-  ~RendezvousServer();
+  ~RendezvousServer() override;
   RendezvousServer(const RendezvousServer&) = delete;
   RendezvousServer& operator=(const RendezvousServer&) = delete;
 
@@ -131,6 +131,11 @@ class RendezvousServer {
   void housekeeping();
   void on_message(std::uint64_t id, const nlohmann::json& body);
   void on_closed(std::uint64_t id, const CloseReason& why);
+  // FramedConnection::Listener, for every session (tagged with its id).
+  void frame_received(std::uint64_t id, const nlohmann::json& body) override {
+    on_message(id, body);
+  }
+  void connection_ended(std::uint64_t id, const CloseReason& why) override { on_closed(id, why); }
   void refuse(std::uint64_t id, Session& session, const std::string& message,
               RefusalKind kind = RefusalKind::Protocol);
   /// Ends session `id` once its queued frames are written, and then forgets it.
