@@ -156,9 +156,8 @@ void RendezvousServer::on_accepted(tcp::socket socket) {
   conn->set_write_limit(kSessionWriteLimit);
   Session& session = sessions_[id];
   session.conn = conn;
-  session.progress_at = clock_.now();
   session.hello = std::make_unique<Hello>(
-      Hello{ServerHandshake(secret_, secret_ ? make_nonce() : std::string()), session.progress_at});
+      Hello{ServerHandshake(secret_, secret_ ? make_nonce() : std::string()), clock_.now()});
   silent_.insert(id);
   conn->start(*this, id);
   if (silent_.size() + greeting_.size() > ungreeted_cap_) evict_oldest_ungreeted();
@@ -241,10 +240,9 @@ void RendezvousServer::note_awake() {
       "the rendezvous server did not run for {} ms (stopped, swapped out or starved); every node "
       "gets a full keep-alive window from now",
       ms_of(gap));
-  for (auto& [id, session] : sessions_) {
-    session.progress_at = now;
+  for (auto& [id, session] : sessions_)
     if (session.hello) session.hello->opened_at = now;
-  }
+  for (auto& [id, progress] : partial_) progress.at = now;
   std::vector<std::string> ids;
   for (const auto& [id, job] : jobs_) ids.push_back(id);
   for (const std::string& id : ids) apply(id, Resumed{});
@@ -267,16 +265,21 @@ void RendezvousServer::housekeeping() {
   const TimePoint now = clock_.now();
   std::vector<std::pair<std::uint64_t, std::string>> expired;
   for (auto& [id, session] : sessions_) {
-    const auto bytes = static_cast<std::uint32_t>(session.conn->bytes_received());
-    if (bytes != session.bytes_seen) {
-      session.bytes_seen = bytes;
-      session.progress_at = now;
+    // Progress is any byte received; it is watched only while part of a frame is held.
+    TimePoint progress_at = now;
+    if (session.conn->buffered_bytes() == 0) {
+      partial_.erase(id);
+    } else {
+      const std::uint64_t bytes = session.conn->bytes_received();
+      auto [progress, added] = partial_.try_emplace(id, Progress{bytes, now});
+      if (!added && progress->second.bytes != bytes) progress->second = {bytes, now};
+      progress_at = progress->second.at;
     }
     if (session.hello && now - session.hello->opened_at >= limits_.hello_timeout) {
       expired.emplace_back(
           id, "no hello within " + std::to_string(limits_.hello_timeout.count()) + " ms");
     } else if (session.conn->buffered_bytes() > 0 &&
-               now - session.progress_at >= limits_.stalled_frame_timeout) {
+               now - progress_at >= limits_.stalled_frame_timeout) {
       expired.emplace_back(id, "part of a frame (" +
                                    std::to_string(session.conn->buffered_bytes()) +
                                    " bytes) and no progress for " +
@@ -375,7 +378,7 @@ void RendezvousServer::on_message(std::uint64_t id, const json& body) {
       if (auto old = sessions_.find(old_id); old != sessions_.end()) {
         old->second.conn->close();
         forget_ungreeted(old->first);
-        sessions_.erase(old);
+        erase_session(old);
       }
     }
     if (route == routes_.end()) routes_.emplace(session.ids, id);
@@ -385,6 +388,11 @@ void RendezvousServer::on_message(std::uint64_t id, const json& body) {
   }
   apply(std::string(session.run_id()),
         FromNode{std::string(session.node_id()), std::move(message)});
+}
+
+void RendezvousServer::erase_session(std::unordered_map<std::uint64_t, Session>::iterator it) {
+  partial_.erase(it->first);
+  sessions_.erase(it);
 }
 
 void RendezvousServer::on_closed(std::uint64_t id, const CloseReason& why) {
@@ -413,7 +421,7 @@ void RendezvousServer::on_closed(std::uint64_t id, const CloseReason& why) {
   auto route = node_id.empty() ? routes_.end() : routes_.find(it->second.ids);
   const bool spoke_for_node = route != routes_.end() && route->second == id;
   if (spoke_for_node) routes_.erase(route);
-  sessions_.erase(it);
+  erase_session(it);
   if (!spoke_for_node) return;
   spdlog::debug("job '{}': node {} disconnected{}", run_id, node_id,
                 why.text.empty() ? "" : ": " + why.text);

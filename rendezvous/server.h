@@ -11,6 +11,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 
 #include "common/accept_loop.h"
 #include "common/clock.h"
@@ -97,11 +98,7 @@ class RendezvousServer : private FramedConnection::Listener {
     /// string, as two copies cost a node of 16,384 a second allocation; "" until then (neither
     /// id is ever empty).
     std::string ids;
-    std::uint32_t run_id_size = 0;  ///< of `ids`
-    /// bytes_received() at the last housekeeping, in its low 32 bits: housekeeping only asks
-    /// whether it changed, and no connection reads 4 GiB between two sweeps.
-    std::uint32_t bytes_seen = 0;
-    TimePoint progress_at;  ///< when bytes_seen last changed
+    std::size_t run_id_size = 0;  ///< of `ids`
 
     bool bound() const { return !ids.empty(); }
     std::string_view run_id() const { return std::string_view(ids).substr(0, run_id_size); }
@@ -110,7 +107,7 @@ class RendezvousServer : private FramedConnection::Listener {
     }
     void bind(const std::string& run, const std::string& node) {
       ids = route_key(run, node);
-      run_id_size = static_cast<std::uint32_t>(run.size());
+      run_id_size = run.size();
     }
   };
   struct Job {
@@ -173,7 +170,17 @@ class RendezvousServer : private FramedConnection::Listener {
   std::uint64_t peer_warnings_dropped_ = 0;
   int port_ = 0;
   std::uint64_t next_session_ = 1;
-  std::map<std::uint64_t, Session> sessions_;
+  std::unordered_map<std::uint64_t, Session> sessions_;
+  /// Forgets session `it` and what housekeeping holds of it. Its route, whose key points into
+  /// it, must be gone first.
+  void erase_session(std::unordered_map<std::uint64_t, Session>::iterator it);
+  /// Of a session that holds part of a frame: bytes_received() and when housekeeping last saw
+  /// it change. Only such sessions have an entry (a few at a time), not every session.
+  struct Progress {
+    std::uint64_t bytes = 0;
+    TimePoint at;
+  };
+  std::unordered_map<std::uint64_t, Progress> partial_;
   /// Sessions that have not completed their hello, oldest first: `silent_` has sent no valid
   /// message yet, `greeting_` has said hello and is in the secret's handshake. Over
   /// ungreeted_cap_ together, the oldest silent one is closed (the oldest greeting one when
