@@ -82,7 +82,7 @@ std::vector<std::string> ids_in(const JobState& s, NodeState state) {
   std::vector<std::string> ids;
   const auto& keys = s.index.by_name[slot(state)];
   ids.reserve(keys.size());
-  for (const NodeKey& key : keys) ids.push_back(*key.id);
+  for (const NodeKey& key : keys) ids.push_back(key.id());
   return ids;
 }
 
@@ -100,24 +100,22 @@ void send(Step& st, const std::string& id, ServerMessage message, bool close_aft
 // Every change of JobState::nodes goes through put_node, set_state, set_request and
 // erase_node, which keep JobState::index in step; check_index() holds them to it.
 
-using NodeEntry = std::map<std::string, NodeRecord>::value_type;
-
 /// Indexes a node of the job's table: the index points at the entry's id and name.
 void index_in(NodeIndex& index, const NodeEntry& entry) {
   const auto& [id, node] = entry;
   ++index.count[slot(node.state)];
   if (node.previous_rank >= 0) ++index.previous_ranked;
-  index.by_name[slot(node.state)].insert(NodeKey{&node.request.name, &id});
+  index.by_name[slot(node.state)].insert(NodeKey{&entry});
   if (node.request.node_rank) index.by_node_rank.emplace(*node.request.node_rank, &id);
-  index.by_last_seen.insert(LastSeen{node.last_seen, &id});
+  index.by_last_seen.insert(LastSeen{&entry});
 }
 
 void index_out(NodeIndex& index, const NodeEntry& entry) {
   const auto& [id, node] = entry;
   --index.count[slot(node.state)];
   if (node.previous_rank >= 0) --index.previous_ranked;
-  index.by_name[slot(node.state)].erase(NodeKey{&node.request.name, &id});
-  index.by_last_seen.erase(LastSeen{node.last_seen, &id});
+  index.by_name[slot(node.state)].erase(NodeKey{&entry});
+  index.by_last_seen.erase(LastSeen{&entry});
   if (!node.request.node_rank) return;
   auto [first, last] = index.by_node_rank.equal_range(*node.request.node_rank);
   for (auto it = first; it != last; ++it) {
@@ -188,9 +186,9 @@ void touch(JobState& s, NodeEntry& entry, TimePoint now) {
   NodeRecord& node = entry.second;
   // Nothing moves: the etcd driver marks every node seen before each event of its pass.
   if (node.last_seen == now) return;
-  s.index.by_last_seen.erase(LastSeen{node.last_seen, &entry.first});
+  s.index.by_last_seen.erase(LastSeen{&entry});
   node.last_seen = now;
-  s.index.by_last_seen.insert(LastSeen{node.last_seen, &entry.first});
+  s.index.by_last_seen.insert(LastSeen{&entry});
 }
 
 /// Jobs of at most this many nodes have their whole index checked after every step (tests and
@@ -254,7 +252,7 @@ std::vector<std::string> first_names_in(const JobState& s, NodeState state) {
   std::vector<std::string> out;
   for (const NodeKey& key : s.index.by_name[slot(state)]) {
     if (out.size() == kMaxNamesInMessage) break;
-    out.push_back(*key.name);
+    out.push_back(key.name());
   }
   return out;
 }
@@ -370,7 +368,7 @@ void complete_round(Step& st) {
   JobState& s = st.s;
   DDPRUN_CHECK(s.phase == JobPhase::Joining, "complete_round: no round is forming");
   std::vector<const std::string*> joined;
-  for (const NodeKey& key : keys_in(s, {NodeState::Joined})) joined.push_back(key.id);
+  for (const NodeKey& key : keys_in(s, {NodeState::Joined})) joined.push_back(&key.id());
   DDPRUN_CHECK(!joined.empty() && static_cast<int>(joined.size()) <= s.settings.max_nodes,
                "complete_round: a round needs 1 to max_nodes joined nodes");
   const std::vector<const std::string*> by_rank = assign_group_ranks(s.nodes, joined);
@@ -479,7 +477,7 @@ void restart_round(Step& st, const std::string& reason, bool counted, Closed if_
   st.out.reserve(st.out.size() + participants.size());
   const SharedText shared_reason = reason;  // one copy for every participant's Restart
   for (const NodeKey& key : participants) {
-    const std::string& id = *key.id;
+    const std::string& id = key.id();
     NodeRecord& node = s.nodes.at(id);
     if (node.group_rank >= 0) set_previous_rank(s, node, node.group_rank);
     node.group_rank = -1;
@@ -1085,14 +1083,14 @@ void run_deadlines(Step& st) {
   const Millis window = s.settings.keep_alive_window();
   // The silent, from the oldest last_seen on: a step where nobody is silent walks no nodes.
   std::vector<NodeKey> keys;
-  for (const auto& [seen, id] : s.index.by_last_seen) {
-    if (seen + window > st.now) break;
-    keys.push_back(NodeKey{&s.nodes.at(*id).request.name, id});
+  for (const LastSeen& seen : s.index.by_last_seen) {
+    if (seen.at() + window > st.now) break;
+    keys.push_back(NodeKey{seen.entry});
   }
   std::sort(keys.begin(), keys.end(), NodeKeyLess{});  // the order of every node list
   // Copies: removing a node frees the id its key points at.
   std::vector<std::string> silent;
-  for (const NodeKey& key : keys) silent.push_back(*key.id);
+  for (const NodeKey& key : keys) silent.push_back(key.id());
   for (const std::string& id : silent) {
     if (s.phase == JobPhase::Closed) return;
     auto it = s.nodes.find(id);
@@ -1169,7 +1167,7 @@ std::optional<TimePoint> next_wake(const JobState& s) {
     return wake;
   }
   if (!s.index.by_last_seen.empty())
-    consider(s.index.by_last_seen.begin()->at + s.settings.keep_alive_window());
+    consider(s.index.by_last_seen.begin()->at() + s.settings.keep_alive_window());
   if (s.adopt_deadline) consider(*s.adopt_deadline);
   for (const auto& [identity, standing] : s.standing)
     if (standing.until) consider(*standing.until);
@@ -1218,9 +1216,9 @@ Join join_message(const JobState& job, const std::string& id, const NodeJoin& no
 }
 
 bool NodeKeyLess::operator()(const NodeKey& a, const NodeKey& b) const {
-  if (natural_less(*a.name, *b.name)) return true;
-  if (natural_less(*b.name, *a.name)) return false;
-  return *a.id < *b.id;
+  if (natural_less(a.name(), b.name())) return true;
+  if (natural_less(b.name(), a.name())) return false;
+  return a.id() < b.id();
 }
 
 void reindex(JobState& state) {

@@ -106,13 +106,19 @@ std::string node_identity(const Join& join);
 /// The same for node `id` of a job's node table.
 std::string node_identity(const std::string& id, const NodeJoin& join);
 
-/// A node's place in the name order of its state (NodeIndex::by_name): its name and id where its
-/// job's node table holds them, not copies (16,384 nodes held each id three times).
+/// An entry of a job's node table (JobState::nodes): its id and record.
+using NodeEntry = std::pair<const std::string, NodeRecord>;
+
+/// A node's place in the name order of its state (NodeIndex::by_name): one pointer to its entry
+/// of the job's node table, whose name and id it reads (16,384 nodes held each id three times,
+/// then two pointers each, docs/design.md#rendezvous-at-scale). The index takes an entry out
+/// before its name changes and puts it back after, so a set of keys never sees one move.
 struct NodeKey {
-  const std::string* name = nullptr;  ///< &record.request.name
-  const std::string* id = nullptr;    ///< &its key in JobState::nodes
+  const NodeEntry* entry = nullptr;
+  const std::string& name() const { return entry->second.request.name; }
+  const std::string& id() const { return entry->first; }
   friend bool operator==(const NodeKey& a, const NodeKey& b) {
-    return *a.name == *b.name && *a.id == *b.id;
+    return a.name() == b.name() && a.id() == b.id();
   }
 };
 
@@ -121,19 +127,21 @@ struct NodeKeyLess {
   bool operator()(const NodeKey& a, const NodeKey& b) const;
 };
 
-/// When a node was last heard from (NodeIndex::by_last_seen).
+/// When a node was last heard from (NodeIndex::by_last_seen): its entry, whose last_seen it
+/// reads; like NodeKey, taken out of the index before last_seen changes.
 struct LastSeen {
-  TimePoint at;
-  const std::string* id = nullptr;  ///< &its key in JobState::nodes
+  const NodeEntry* entry = nullptr;
+  TimePoint at() const { return entry->second.last_seen; }
+  const std::string& id() const { return entry->first; }
   friend bool operator==(const LastSeen& a, const LastSeen& b) {
-    return a.at == b.at && *a.id == *b.id;
+    return a.at() == b.at() && a.id() == b.id();
   }
 };
 
 /// By time, then by node id.
 struct LastSeenLess {
   bool operator()(const LastSeen& a, const LastSeen& b) const {
-    return a.at != b.at ? a.at < b.at : *a.id < *b.id;
+    return a.at() != b.at() ? a.at() < b.at() : a.id() < b.id();
   }
 };
 
