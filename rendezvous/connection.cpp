@@ -1,5 +1,7 @@
 #include "rendezvous/connection.h"
 
+#include <utility>
+
 #include "common/check.h"
 #include "common/read_ready.h"
 #include "rendezvous/endpoint.h"
@@ -131,8 +133,9 @@ class HandlerPair final : public FramedConnection::Listener {
 }  // namespace
 
 void FramedConnection::start(MessageHandler on_message, CloseHandler on_close) {
-  own_listener_ = std::make_unique<HandlerPair>(std::move(on_message), std::move(on_close));
-  start(*own_listener_, 0);
+  Extras& e = extras();
+  e.own_listener = std::make_unique<HandlerPair>(std::move(on_message), std::move(on_close));
+  start(*e.own_listener, 0);
 }
 
 void FramedConnection::start(Listener& listener, std::uint64_t tag) {
@@ -299,7 +302,7 @@ void FramedConnection::close_after_writes(std::function<void()> closed) {
     if (closed) asio::post(socket_.get_executor(), std::move(closed));
     return;
   }
-  if (closed) on_closed_after_writes_ = std::make_unique<std::function<void()>>(std::move(closed));
+  if (closed) extras().closed_after_writes = std::move(closed);
   close_when_written_ = true;
   write_next();
 }
@@ -326,14 +329,13 @@ void FramedConnection::shut(bool linger) {
   // Handlers may hold their owner (or this connection): drop them to break any cycle. The
   // message handler may be the caller; it is destroyed once the read handler returns.
   listener_ = nullptr;
-  if (own_listener_)
+  if (extras_ && extras_->own_listener)
     asio::post(socket_.get_executor(),
-               [self = shared_from_this()] { self->own_listener_.reset(); });
+               [self = shared_from_this()] { self->extras_->own_listener.reset(); });
   // Drained: whoever waits for the queued frames to go out (a shutting-down server) hears it
   // from the executor, so it may erase its own sessions then.
-  if (on_closed_after_writes_)
-    asio::post(socket_.get_executor(), std::move(*on_closed_after_writes_));
-  on_closed_after_writes_.reset();
+  if (extras_ && extras_->closed_after_writes)
+    asio::post(socket_.get_executor(), std::exchange(extras_->closed_after_writes, nullptr));
 }
 
 void FramedConnection::end(CloseReason reason, bool linger) {

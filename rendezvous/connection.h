@@ -1,4 +1,5 @@
 #pragma once
+#include <algorithm>
 #include <array>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -119,7 +120,9 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
 
   /// Closes the connection when more than `bytes` of frames wait to be written: a peer that
   /// does not read its replies cannot make this side hold them without bound. 0: no limit.
-  void set_write_limit(std::size_t bytes) { write_limit_ = bytes; }
+  void set_write_limit(std::size_t bytes) {
+    write_limit_ = static_cast<std::uint32_t>(std::min<std::size_t>(bytes, UINT32_MAX));
+  }
 
   /// "addr:port" of the peer, for logs ("?" when unknown).
   const std::string& peer() const { return peer_; }
@@ -161,19 +164,26 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   std::unique_ptr<WriteQueue> queue_;
   Listener* listener_ = nullptr;  ///< null once the connection is shut
   std::uint64_t tag_ = 0;
-  /// start(MessageHandler, CloseHandler)'s handlers, which listener_ points to.
-  std::unique_ptr<Listener> own_listener_;
-  /// close_after_writes's `closed`: a pointer, as few connections are given one (a server
-  /// holds thousands of connections, docs/design.md#rendezvous-at-scale).
-  std::unique_ptr<std::function<void()>> on_closed_after_writes_;
+  /// What few connections hold: a client's own handlers (start(MessageHandler, CloseHandler),
+  /// which listener_ points to) and close_after_writes's `closed`. A server's sessions have
+  /// neither until they are closed (docs/design.md#rendezvous-at-scale).
+  struct Extras {
+    std::unique_ptr<Listener> own_listener;
+    std::function<void()> closed_after_writes;
+  };
+  std::unique_ptr<Extras> extras_;
+  Extras& extras() {
+    if (!extras_) extras_ = std::make_unique<Extras>();
+    return *extras_;
+  }
   std::string peer_;
   bool handshaken_ = false;  ///< frames may be written (always, without TLS)
   bool open_ = true;
   bool writing_ = false;
   bool close_when_written_ = false;
+  std::uint32_t write_limit_ = 0;  ///< set_write_limit's, at most 4 GiB
   InputBudget* budget_ = nullptr;
   std::uint64_t bytes_received_ = 0;
-  std::size_t write_limit_ = 0;
 };
 
 /// Sets TCP_NODELAY, and makes unacknowledged data (a vanished peer) fail the connection after

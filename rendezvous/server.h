@@ -201,7 +201,7 @@ class RendezvousServer : private FramedConnection::Listener {
   static std::string route_key(std::string_view run_id, std::string_view node_id);
   /// route_key(run_id, node_id) -> the session that speaks for that node now. The key points
   /// at that session's `ids` (no second copy of either id): a route goes before its session.
-  std::map<std::string_view, std::uint64_t> routes_;
+  std::unordered_map<std::string_view, std::uint64_t> routes_;
   std::map<std::string, Job, std::less<>> jobs_;
   /// (wake_at, run id) of every job that has one: the earliest is the timer's.
   std::set<std::pair<TimePoint, std::string>> deadlines_;
