@@ -228,7 +228,7 @@ void FramedConnection::on_read(error_code ec, std::string_view data) {
 }
 
 void FramedConnection::send(const nlohmann::json& body) {
-  if (!open_ || close_when_written_) return;
+  if (!open_ || close_when_written_ || over_write_limit_) return;
   std::string frame = encode_frame(body);
   if (!tls_ && handshaken_ && !writing_ && !queue_) {
     // Nothing waits before it: the socket takes it now, and only what it does not take is
@@ -249,7 +249,7 @@ void FramedConnection::send(const nlohmann::json& body) {
     const std::string why = std::to_string(queue_->bytes) + " bytes of replies to " + peer_ +
                             " wait unread, over the limit of " + std::to_string(write_limit_);
     drop_queued();
-    close_when_written_ = true;  // nothing more is queued
+    over_write_limit_ = true;
     asio::post(socket_.get_executor(), [self = shared_from_this(), why] {
       self->end({CloseKind::WriteLimit, why});
     });

@@ -177,10 +177,14 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
     return *extras_;
   }
   std::string peer_;
-  bool handshaken_ = false;  ///< frames may be written (always, without TLS)
-  bool open_ = true;
-  bool writing_ = false;
-  bool close_when_written_ = false;
+  // Flags in one byte, beside write_limit_ (a server holds thousands of connections).
+  bool handshaken_ : 1 = false;  ///< frames may be written (always, without TLS)
+  bool open_ : 1 = true;
+  bool writing_ : 1 = false;
+  bool close_when_written_ : 1 = false;
+  /// Over the write limit: nothing more is queued, and the connection ends (posted) telling
+  /// its listener; a write still under way must not close it quietly before.
+  bool over_write_limit_ : 1 = false;
   std::uint32_t write_limit_ = 0;  ///< set_write_limit's, at most 4 GiB
   InputBudget* budget_ = nullptr;
   std::uint64_t bytes_received_ = 0;
