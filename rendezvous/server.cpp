@@ -266,8 +266,9 @@ void RendezvousServer::housekeeping() {
   std::vector<std::pair<std::uint64_t, std::string>> expired;
   for (auto& [id, session] : sessions_) {
     // Progress is any byte received; it is watched only while part of a frame is held.
+    const std::size_t held = session.conn->buffered_bytes();
     TimePoint progress_at = now;
-    if (session.conn->buffered_bytes() == 0) {
+    if (held == 0) {
       partial_.erase(id);
     } else {
       const std::uint64_t bytes = session.conn->bytes_received();
@@ -278,10 +279,8 @@ void RendezvousServer::housekeeping() {
     if (session.hello && now - session.hello->opened_at >= limits_.hello_timeout) {
       expired.emplace_back(
           id, "no hello within " + std::to_string(limits_.hello_timeout.count()) + " ms");
-    } else if (session.conn->buffered_bytes() > 0 &&
-               now - progress_at >= limits_.stalled_frame_timeout) {
-      expired.emplace_back(id, "part of a frame (" +
-                                   std::to_string(session.conn->buffered_bytes()) +
+    } else if (held > 0 && now - progress_at >= limits_.stalled_frame_timeout) {
+      expired.emplace_back(id, "part of a frame (" + std::to_string(held) +
                                    " bytes) and no progress for " +
                                    std::to_string(limits_.stalled_frame_timeout.count()) + " ms");
     }

@@ -96,19 +96,15 @@ class RendezvousServer : private FramedConnection::Listener {
     std::unique_ptr<Hello> hello;  ///< until the hello is done; null once greeted
     /// The job and node it speaks for, set by the first Join: route_key(run id, node id), one
     /// string, as two copies cost a node of 16,384 a second allocation; "" until then (neither
-    /// id is ever empty).
+    /// id is ever empty, nor holds a NUL, so the first NUL splits them).
     std::string ids;
-    std::size_t run_id_size = 0;  ///< of `ids`
 
     bool bound() const { return !ids.empty(); }
-    std::string_view run_id() const { return std::string_view(ids).substr(0, run_id_size); }
+    std::string_view run_id() const { return std::string_view(ids).substr(0, ids.find('\0')); }
     std::string_view node_id() const {
-      return bound() ? std::string_view(ids).substr(run_id_size + 1) : std::string_view();
+      return bound() ? std::string_view(ids).substr(ids.find('\0') + 1) : std::string_view();
     }
-    void bind(const std::string& run, const std::string& node) {
-      ids = route_key(run, node);
-      run_id_size = run.size();
-    }
+    void bind(const std::string& run, const std::string& node) { ids = route_key(run, node); }
   };
   struct Job {
     JobState state;
