@@ -551,7 +551,7 @@ DriveResult drive(StoredState current, const View& view, common::TimePoint now) 
   for (const auto& [id, a] : s.applied)
     if (!view.nodes.count(id)) gone.push_back(id);
   for (const auto& [id, node] : s.job.nodes)
-    if (!view.nodes.count(id) && !s.applied.count(id)) gone.push_back(id);
+    if (!view.nodes.count(id.str()) && !s.applied.count(id.str())) gone.push_back(id.str());
   for (const std::string& id : gone) {
     s.applied.erase(id);
     run(rdzv::Disconnected{id});

@@ -158,7 +158,7 @@ std::optional<Refused> check_join(const JobState& s, const Join& join) {
     // From the job's index of --node_rank values: a join costs no walk over thousands of nodes.
     auto [first, last] = s.index.by_node_rank.equal_range(*join.node_rank);
     for (auto holder = first; holder != last; ++holder) {
-      const std::string& other_id = *holder->second;
+      const NodeId& other_id = *holder->second;
       const NodeRecord& node = s.nodes.at(other_id);
       if (other_id != id) {
         return Refused{RefusalKind::DuplicateRank,

@@ -13,26 +13,26 @@ using common::name_of;
 nlohmann::json describe_job(const JobState& state, TimePoint now) {
   nlohmann::json nodes = nlohmann::json::array();
   // Every node by name (numeric-aware, node_id breaking ties), then ...
-  std::vector<std::string> ids;
-  ids.reserve(state.nodes.size());
-  for (const auto& [id, node] : state.nodes) ids.push_back(id);
-  std::sort(ids.begin(), ids.end(), [&](const std::string& a, const std::string& b) {
-    const std::string& name_a = state.nodes.at(a).request.name;
-    const std::string& name_b = state.nodes.at(b).request.name;
+  std::vector<const NodeEntry*> listed;
+  listed.reserve(state.nodes.size());
+  for (const NodeEntry& entry : state.nodes) listed.push_back(&entry);
+  std::sort(listed.begin(), listed.end(), [](const NodeEntry* a, const NodeEntry* b) {
+    const std::string& name_a = a->second.request.name;
+    const std::string& name_b = b->second.request.name;
     if (natural_less(name_a, name_b)) return true;
     if (natural_less(name_b, name_a)) return false;
-    return a < b;
+    return a->first < b->first;
   });
-  std::stable_sort(ids.begin(), ids.end(), [&](const std::string& a, const std::string& b) {
+  std::stable_sort(listed.begin(), listed.end(), [](const NodeEntry* a, const NodeEntry* b) {
     // Participants in group-rank order first, then everyone else by name.
-    const int rank_a = state.nodes.at(a).group_rank;
-    const int rank_b = state.nodes.at(b).group_rank;
+    const int rank_a = a->second.group_rank;
+    const int rank_b = b->second.group_rank;
     if ((rank_a < 0) != (rank_b < 0)) return rank_b < 0;
     return rank_a >= 0 && rank_a < rank_b;
   });
-  if (ids.size() > kMaxNodesInStatus) ids.resize(kMaxNodesInStatus);
-  for (const std::string& id : ids) {
-    const NodeRecord& node = state.nodes.at(id);
+  if (listed.size() > kMaxNodesInStatus) listed.resize(kMaxNodesInStatus);
+  for (const NodeEntry* listed_node : listed) {
+    const auto& [id, node] = *listed_node;
     // No node_id: it is what a connection speaks for a node with, so status never shows it.
     nlohmann::json entry = {
         {"name", node.request.name},
@@ -91,8 +91,8 @@ nlohmann::json describe_job(const JobState& state, TimePoint now) {
     int joined = 0;
     int awaited_count = 0;
     nlohmann::json awaited = nlohmann::json::array();
-    for (const std::string& id : ids) {  // listed nodes, in the table's order
-      const NodeRecord& node = state.nodes.at(id);
+    for (const NodeEntry* listed_node : listed) {  // listed nodes, in the table's order
+      const NodeRecord& node = listed_node->second;
       if (node.state == NodeState::Stopping && awaited.size() < kMaxNamesInStatusForming)
         awaited.push_back(node.request.name);
     }

@@ -5,13 +5,12 @@
 
 namespace ddprun::rdzv {
 
-std::vector<const std::string*> assign_group_ranks(
-    const std::map<std::string, NodeRecord>& nodes,
-    const std::vector<const std::string*>& participants) {
+std::vector<const NodeId*> assign_group_ranks(const NodeTable& nodes,
+                                              const std::vector<const NodeId*>& participants) {
   // Each participant looked up once: the sorts below compare these, not map look-ups by id
   // (16,384 participants would otherwise cost millions of string comparisons per round).
   struct Entry {
-    const std::string* id;
+    const NodeId* id;
     const NodeJoin* request;
     std::optional<int> previous;  ///< its group rank in the last round
   };
@@ -21,14 +20,14 @@ std::vector<const std::string*> assign_group_ranks(
     return *a.id < *b.id;
   };
   const int n = static_cast<int>(participants.size());
-  std::vector<const std::string*> by_rank(participants.size(), nullptr);
+  std::vector<const NodeId*> by_rank(participants.size(), nullptr);
   std::vector<bool> taken(participants.size(), false);
 
   // --node_rank first, in its order: equal to the given values when 0..k-1 are all there.
   std::vector<Entry> ranked;
   std::vector<Entry> holders;    // survivors: keep their previous rank while it fits
   std::vector<Entry> newcomers;  // the rest
-  for (const std::string* id : participants) {
+  for (const NodeId* id : participants) {
     const NodeRecord& node = nodes.at(*id);
     Entry entry{id, &node.request,
                 node.previous_rank < 0 ? std::nullopt : std::optional<int>(node.previous_rank)};

@@ -18,9 +18,8 @@ namespace ddprun::rdzv {
 ///   nodes fill the lowest free ranks, previous holders first, then newcomers in
 ///   numeric-aware order of their names ("node2" before "node10"), node_id breaking ties.
 /// A node's previous rank is its record's previous_rank.
-std::vector<const std::string*> assign_group_ranks(
-    const std::map<std::string, NodeRecord>& nodes,
-    const std::vector<const std::string*>& participants);
+std::vector<const NodeId*> assign_group_ranks(const NodeTable& nodes,
+                                              const std::vector<const NodeId*>& participants);
 
 /// Numeric-aware "less than": digit runs compare as numbers ("n2" < "n10" < "n10a").
 bool natural_less(const std::string& a, const std::string& b);

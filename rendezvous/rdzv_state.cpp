@@ -47,6 +47,16 @@ std::size_t slot(NodeState state) { return static_cast<std::size_t>(state); }
 
 int count_in(const JobState& s, NodeState state) { return s.index.count_of(state); }
 
+/// The record of node `id` (the job must hold it).
+const NodeRecord& node_at(const JobState& s, std::string_view id) {
+  auto it = s.nodes.find(id);
+  DDPRUN_CHECK(it != s.nodes.end(), "rdzv_state: a node the job does not hold");
+  return it->second;
+}
+NodeRecord& node_at(JobState& s, std::string_view id) {
+  return const_cast<NodeRecord&>(node_at(std::as_const(s), id));
+}
+
 int count_participants(const JobState& s) {
   return count_in(s, NodeState::Running) + count_in(s, NodeState::Succeeded);
 }
@@ -57,10 +67,10 @@ int count_participants(const JobState& s) {
 template <typename Pred>
 std::vector<std::string> ids_where(const JobState& s, Pred keep) {
   // Sorted as (name, id) pointers: no map look-ups inside the comparisons.
-  std::vector<std::pair<const std::string*, const std::string*>> keyed;
+  std::vector<std::pair<const std::string*, const NodeId*>> keyed;
   for (const auto& [id, node] : s.nodes) {
     bool kept = false;
-    if constexpr (std::is_invocable_v<Pred, const std::string&, const NodeRecord&>)
+    if constexpr (std::is_invocable_v<Pred, const NodeId&, const NodeRecord&>)
       kept = keep(id, node);
     else
       kept = keep(node);
@@ -73,7 +83,7 @@ std::vector<std::string> ids_where(const JobState& s, Pred keep) {
   });
   std::vector<std::string> ids;
   ids.reserve(keyed.size());
-  for (const auto& key : keyed) ids.push_back(*key.second);
+  for (const auto& key : keyed) ids.push_back(key.second->str());
   return ids;
 }
 
@@ -82,18 +92,18 @@ std::vector<std::string> ids_in(const JobState& s, NodeState state) {
   std::vector<std::string> ids;
   const auto& keys = s.index.by_name[slot(state)];
   ids.reserve(keys.size());
-  for (const NodeKey& key : keys) ids.push_back(key.id());
+  for (const NodeKey& key : keys) ids.push_back(key.id().str());
   return ids;
 }
 
 std::vector<std::string> names_of(const JobState& s, const std::vector<std::string>& ids) {
   std::vector<std::string> names;
-  for (const std::string& id : ids) names.push_back(s.nodes.at(id).request.name);
+  for (const std::string& id : ids) names.push_back(node_at(s, id).request.name);
   return names;
 }
 
-void send(Step& st, const std::string& id, ServerMessage message, bool close_after = false) {
-  st.out.push_back(Outgoing{id, std::move(message), close_after});
+void send(Step& st, std::string_view id, ServerMessage message, bool close_after = false) {
+  st.out.push_back(Outgoing{std::string(id), std::move(message), close_after});
 }
 
 // ---- the node table and its index ------------------------------------------------------------
@@ -127,27 +137,27 @@ void index_out(NodeIndex& index, const NodeEntry& entry) {
 }
 
 /// Adds a node, or replaces what the job holds of it (but its previous rank).
-NodeRecord& put_node(JobState& s, const std::string& id, NodeRecord record) {
+NodeRecord& put_node(JobState& s, std::string_view id, NodeRecord record) {
   auto it = s.nodes.find(id);
   if (it != s.nodes.end()) {
     index_out(s.index, *it);
     record.previous_rank = it->second.previous_rank;
     it->second = std::move(record);
   } else {
-    it = s.nodes.emplace(id, std::move(record)).first;
+    it = s.nodes.emplace(NodeId(id), std::move(record)).first;
   }
   index_in(s.index, *it);
   return it->second;
 }
 
 /// The node's entry in the job's table (it must be there).
-NodeEntry& entry_of(JobState& s, const std::string& id) {
+NodeEntry& entry_of(JobState& s, std::string_view id) {
   auto it = s.nodes.find(id);
   DDPRUN_CHECK(it != s.nodes.end(), "rdzv_state: a node the job does not hold");
   return *it;
 }
 
-NodeRecord& set_state(JobState& s, const std::string& id, NodeState state) {
+NodeRecord& set_state(JobState& s, std::string_view id, NodeState state) {
   NodeEntry& entry = entry_of(s, id);
   index_out(s.index, entry);
   entry.second.state = state;
@@ -176,7 +186,7 @@ void clear_previous_ranks(JobState& s) {
   s.index.previous_ranked = 0;
 }
 
-void erase_node(JobState& s, std::map<std::string, NodeRecord>::iterator it) {
+void erase_node(JobState& s, NodeTable::iterator it) {
   index_out(s.index, *it);
   s.nodes.erase(it);
 }
@@ -207,9 +217,9 @@ void check_index(const JobState& s) {
   DDPRUN_CHECK(fresh.index.count == s.index.count && fresh.index.by_name == s.index.by_name &&
                    fresh.index.previous_ranked == s.index.previous_ranked,
                "rdzv_state: the node index disagrees with the nodes' states or names");
-  const auto sorted = [](const std::multimap<int, const std::string*>& ranks) {
-    std::vector<std::pair<int, std::string>> v;
-    for (const auto& [rank, id] : ranks) v.emplace_back(rank, *id);
+  const auto sorted = [](const std::multimap<int, const NodeId*>& ranks) {
+    std::vector<std::pair<int, std::string_view>> v;
+    for (const auto& [rank, id] : ranks) v.emplace_back(rank, id->view());
     std::sort(v.begin(), v.end());
     return v;
   };
@@ -229,7 +239,7 @@ std::vector<int> missing_node_ranks(const JobState& s,
        ++rank) {
     bool held = false;
     for (; it != ranks.end() && it->first <= rank; ++it)
-      held = held || (it->first == rank && s.nodes.at(*it->second).state == NodeState::Joined);
+      held = held || (it->first == rank && node_at(s, *it->second).state == NodeState::Joined);
     if (!held) missing.push_back(rank);
   }
   return missing;
@@ -327,7 +337,7 @@ void send_waiting(Step& st, const std::string& trigger = "") {
     if (listeners > 0) s.waiting_dirty = true;
     return;
   }
-  for (const std::string& id : ids_where(s, hears)) send(st, id, waiting_for(s.nodes.at(id)));
+  for (const std::string& id : ids_where(s, hears)) send(st, id, waiting_for(node_at(s, id)));
   s.waiting_quiet_until = st.now + kWaitingQuietPeriod;
   s.waiting_dirty = false;
 }
@@ -367,22 +377,22 @@ bool fill_places(JobState& s) {
 void complete_round(Step& st) {
   JobState& s = st.s;
   DDPRUN_CHECK(s.phase == JobPhase::Joining, "complete_round: no round is forming");
-  std::vector<const std::string*> joined;
+  std::vector<const NodeId*> joined;
   for (const NodeKey& key : keys_in(s, {NodeState::Joined})) joined.push_back(&key.id());
   DDPRUN_CHECK(!joined.empty() && static_cast<int>(joined.size()) <= s.settings.max_nodes,
                "complete_round: a round needs 1 to max_nodes joined nodes");
-  const std::vector<const std::string*> by_rank = assign_group_ranks(s.nodes, joined);
+  const std::vector<const NodeId*> by_rank = assign_group_ranks(s.nodes, joined);
   // Every participant hears the same first names: made once and shared by every RoundReady
   // (SharedNames), and only for the first ids (not a name per participant to keep 16 of them).
   std::vector<std::string> first;
   for (std::size_t rank = 0; rank < by_rank.size() && rank < kMaxNamesInMessage; ++rank)
-    first.push_back(s.nodes.at(*by_rank[rank]).request.name);
+    first.push_back(node_at(s, *by_rank[rank]).request.name);
   const SharedNames names = std::move(first);
   const NodeJoin& master = s.nodes.at(*by_rank.front()).request;
   const int world_size = static_cast<int>(by_rank.size());
   st.out.reserve(st.out.size() + by_rank.size());
   for (std::size_t rank = 0; rank < by_rank.size(); ++rank) {
-    const std::string& id = *by_rank[rank];
+    const NodeId& id = *by_rank[rank];
     NodeRecord& node = set_state(s, id, NodeState::Running);
     node.group_rank = static_cast<int>(rank);
     send(st, id,
@@ -477,8 +487,8 @@ void restart_round(Step& st, const std::string& reason, bool counted, Closed if_
   st.out.reserve(st.out.size() + participants.size());
   const SharedText shared_reason = reason;  // one copy for every participant's Restart
   for (const NodeKey& key : participants) {
-    const std::string& id = key.id();
-    NodeRecord& node = s.nodes.at(id);
+    const NodeId& id = key.id();
+    NodeRecord& node = node_at(s, id);
     if (node.group_rank >= 0) set_previous_rank(s, node, node.group_rank);
     node.group_rank = -1;
     if (id == rejoiner) {
@@ -583,7 +593,7 @@ void remove_node(Step& st, const std::string& id, const std::string& reason, boo
 void refuse(Step& st, const std::string& id, RefusalKind kind, const std::string& message) {
   send(st, id, Refused{kind, message}, true);
   if (st.s.nodes.count(id)) {
-    remove_node(st, id, "node " + st.s.nodes.at(id).request.name + " was refused: " + message);
+    remove_node(st, id, "node " + node_at(st.s, id).request.name + " was refused: " + message);
   }
 }
 
@@ -780,10 +790,9 @@ void quarantine_and_restart(Step& st, const std::string& identity, const std::st
   JobState& s = st.s;
   NodeStanding& standing = s.standing[identity];
   const Millis cooldown = cooldown_after(s.settings, standing.quarantines);
-  const std::vector<std::string> ids =
-      ids_where(s, [&](const std::string& id, const NodeRecord& node) {
-        return node.state != NodeState::Quarantined && node_identity(id, node.request) == identity;
-      });
+  const std::vector<std::string> ids = ids_where(s, [&](const NodeId& id, const NodeRecord& node) {
+    return node.state != NodeState::Quarantined && node_identity(id, node.request) == identity;
+  });
   const std::string names = join_names(names_of(s, ids));
   standing.why = "its workers caused " + std::to_string(standing.failures_in_a_row) +
                  " group failures in a row (--quarantine_after " +
@@ -832,13 +841,12 @@ void release_quarantines(Step& st) {
     const std::string why = over ? "its quarantine is over"
                                  : "the job needs it: the round it forms is short of min_nodes";
     const std::string id_of = identity;
-    for (const std::string& id :
-         ids_where(s, [&](const std::string&node_id, const NodeRecord&node) {
+    for (const std::string& id : ids_where(s, [&](const NodeId&node_id, const NodeRecord&node) {
            return node.state == NodeState::Quarantined &&
                   node_identity(node_id, node.request) == id_of;
          })) {
       // Quarantined -> [forgotten]: it joins again as a newcomer, after its health check
-      const std::string name = s.nodes.at(id).request.name;
+      const std::string name = node_at(s, id).request.name;
       erase_node(s, s.nodes.find(id));
       send(st, id,
            Restart{s.round,
@@ -974,7 +982,7 @@ bool is_fatal(const RdzvSettings& settings, const WorkersFailed& failed) {
 
 void on_workers_failed(Step& st, const std::string& id, const WorkersFailed& failed) {
   JobState& s = st.s;
-  const NodeRecord& node = s.nodes.at(id);
+  const NodeRecord& node = node_at(s, id);
   // One failure round per round: reports for an older round (or the forming one) are late echoes.
   if (s.phase != JobPhase::Running || failed.round != s.round || node.state != NodeState::Running) {
     return;
@@ -1037,7 +1045,7 @@ void on_workers_failed(Step& st, const std::string& id, const WorkersFailed& fai
 
 void on_workers_succeeded(Step& st, const std::string& id, const WorkersSucceeded& succeeded) {
   JobState& s = st.s;
-  NodeRecord& node = s.nodes.at(id);
+  NodeRecord& node = node_at(s, id);
   if (s.phase != JobPhase::Running || succeeded.round != s.round ||
       node.state != NodeState::Running) {
     return;
@@ -1090,7 +1098,7 @@ void run_deadlines(Step& st) {
   std::sort(keys.begin(), keys.end(), NodeKeyLess{});  // the order of every node list
   // Copies: removing a node frees the id its key points at.
   std::vector<std::string> silent;
-  for (const NodeKey& key : keys) silent.push_back(key.id());
+  for (const NodeKey& key : keys) silent.push_back(key.id().str());
   for (const std::string& id : silent) {
     if (s.phase == JobPhase::Closed) return;
     auto it = s.nodes.find(id);
@@ -1186,13 +1194,15 @@ std::optional<TimePoint> next_wake(const JobState& s) {
 namespace {
 
 /// The host part of a node id ("host:pid:random").
-std::string host_of(const std::string& node_id) { return node_id.substr(0, node_id.find(':')); }
+std::string host_of(std::string_view node_id) {
+  return std::string(node_id.substr(0, node_id.find(':')));
+}
 
 }  // namespace
 
 std::string node_identity(const Join& join) { return host_of(join.node_id) + "/" + join.addr; }
 
-std::string node_identity(const std::string& id, const NodeJoin& join) {
+std::string node_identity(std::string_view id, const NodeJoin& join) {
   return host_of(id) + "/" + join.addr;
 }
 
@@ -1203,9 +1213,9 @@ NodeJoin node_join(const Join& join) {
       join.restart_count, join.resume ? std::make_shared<const RoundClaim>(*join.resume) : nullptr};
 }
 
-Join join_message(const JobState& job, const std::string& id, const NodeJoin& node) {
+Join join_message(const JobState& job, std::string_view id, const NodeJoin& node) {
   return Join{job.run_id,
-              id,
+              std::string(id),
               node.name,
               node.addr,
               node.master_port,

@@ -7,11 +7,13 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
 #include "common/clock.h"
 #include "common/enum_names.h"
+#include "common/shared_string.h"
 #include "rendezvous/protocol.h"
 
 // The rendezvous server's logic for one job (one rdzv_id), as a pure state machine:
@@ -78,7 +80,7 @@ struct JobState;
 
 /// The Join node `id` of `job` sent, as far as the server keeps it (the job's run id and
 /// settings in it): etcd's stored state holds each node's join as a message.
-Join join_message(const JobState& job, const std::string& id, const NodeJoin& node);
+Join join_message(const JobState& job, std::string_view id, const NodeJoin& node);
 
 struct NodeRecord {
   NodeJoin request;  ///< the node's latest Join
@@ -104,10 +106,17 @@ struct NodeStanding {
 /// publishes).
 std::string node_identity(const Join& join);
 /// The same for node `id` of a job's node table.
-std::string node_identity(const std::string& id, const NodeJoin& join);
+std::string node_identity(std::string_view id, const NodeJoin& join);
 
 /// An entry of a job's node table (JobState::nodes): its id and record.
-using NodeEntry = std::pair<const std::string, NodeRecord>;
+/// A node's id as the node table keys it: held once, shared with the connection that speaks for
+/// the node (a copy in each cost a node of 16,384 a second heap block, docs/design.md).
+using NodeId = common::SharedString;
+
+/// A job's node table (JobState::nodes), by node id; looked up by any string (std::less<>).
+using NodeTable = std::map<NodeId, NodeRecord, std::less<>>;
+
+using NodeEntry = std::pair<const NodeId, NodeRecord>;
 
 /// A node's place in the name order of its state (NodeIndex::by_name): one pointer to its entry
 /// of the job's node table, whose name and id it reads (16,384 nodes held each id three times,
@@ -116,7 +125,7 @@ using NodeEntry = std::pair<const std::string, NodeRecord>;
 struct NodeKey {
   const NodeEntry* entry = nullptr;
   const std::string& name() const { return entry->second.request.name; }
-  const std::string& id() const { return entry->first; }
+  const NodeId& id() const { return entry->first; }
   friend bool operator==(const NodeKey& a, const NodeKey& b) {
     return a.name() == b.name() && a.id() == b.id();
   }
@@ -132,7 +141,7 @@ struct NodeKeyLess {
 struct LastSeen {
   const NodeEntry* entry = nullptr;
   TimePoint at() const { return entry->second.last_seen; }
-  const std::string& id() const { return entry->first; }
+  const NodeId& id() const { return entry->first; }
   friend bool operator==(const LastSeen& a, const LastSeen& b) {
     return a.at() == b.at() && a.id() == b.id();
   }
@@ -157,7 +166,7 @@ struct NodeIndex {
   int previous_ranked = 0;                                        ///< nodes with a previous_rank
   std::array<std::set<NodeKey, NodeKeyLess>, kStates> by_name{};  ///< per NodeState, in order
   /// node_rank -> &node_id, of every node started with --node_rank.
-  std::multimap<int, const std::string*> by_node_rank{};
+  std::multimap<int, const NodeId*> by_node_rank{};
   /// Every node by last_seen: the keep-alive deadline and who is silent, at once.
   std::set<LastSeen, LastSeenLess> by_last_seen{};
 
@@ -185,7 +194,7 @@ struct JobFields {
   int restart_count = 0;  ///< counted restarts so far, job-wide
   /// By node_id: every live node of the job. Changed only through rdzv_state.cpp's helpers,
   /// which keep `index` in step (a JobState built elsewhere calls reindex()).
-  std::map<std::string, NodeRecord> nodes;
+  NodeTable nodes;
   NodeIndex index;
   TimePoint round_started;                  ///< when the forming round began
   std::optional<TimePoint> last_call;       ///< deadline once min nodes joined (Joining)

@@ -136,12 +136,10 @@ std::optional<common::Error> RendezvousServer::listen(const std::string& host, i
   return common::Error{last};
 }
 
-std::string RendezvousServer::route_key(std::string_view run_id, std::string_view node_id) {
-  std::string key;
-  key.reserve(run_id.size() + 1 + node_id.size());
-  key.append(run_id).push_back('\0');
-  key.append(node_id);
-  return key;
+std::size_t RendezvousServer::RouteHash::operator()(const RouteKey& key) const noexcept {
+  const std::size_t run = std::hash<std::string_view>()(key.run_id);
+  return run ^ (std::hash<std::string_view>()(key.node_id) + 0x9e3779b97f4a7c15ULL + (run << 6) +
+                (run >> 2));
 }
 
 void RendezvousServer::on_accepted(tcp::socket socket) {
@@ -356,22 +354,33 @@ void RendezvousServer::on_message(std::uint64_t id, const json& body) {
     session.conn->send(to_json(ServerMessage{describe(query->run_id, query->after)}));
     return;
   }
+  const bool is_join = std::holds_alternative<Join>(message);
   if (auto* join = std::get_if<Join>(&message)) {
-    if (session.bound() && (session.node_id() != join->node_id || session.run_id() != join->run_id))
+    if (session.bound() && (session.node_id != join->node_id || session.run_id != join->run_id))
       return refuse(id, session,
-                    "a connection speaks for one node of one job; node " +
-                        std::string(session.node_id()) + " cannot join as " + join->node_id);
-    if (!jobs_.count(join->run_id) && jobs_.size() >= limits_.max_jobs)
+                    "a connection speaks for one node of one job; node " + session.node_id.str() +
+                        " cannot join as " + join->node_id);
+    auto job = jobs_.find(join->run_id);
+    if (job == jobs_.end() && jobs_.size() >= limits_.max_jobs)
       return refuse(id, session,
                     "this rendezvous server holds " + std::to_string(jobs_.size()) +
                         " jobs, its limit: start job '" + join->run_id +
                         "' later, or raise ddprun-rdzvd --max_jobs");
-    if (!session.bound()) session.bind(join->run_id, join->node_id);
-    auto route = routes_.find(session.ids);
-    if (route != routes_.end() && route->second != id) {
-      // The node reconnected: its old connection no longer speaks for it. The route's key
-      // points into the old session, so it goes with it and comes back pointing into this one.
-      const std::uint64_t old_id = route->second;
+    if (job == jobs_.end()) {
+      job = jobs_
+                .emplace(join->run_id, Job{new_job(join->run_id, clock_.now()), std::nullopt,
+                                           common::SharedString(join->run_id)})
+                .first;
+    }
+    if (!session.bound()) {
+      session.run_id = job->second.run_id;
+      session.node_id = NodeId(join->node_id);
+    }
+    auto route = routes_.find(RouteKey{session.run_id, session.node_id});
+    if (route != routes_.end() && (*route)->first != id) {
+      // The node reconnected: its old connection no longer speaks for it. The route points at
+      // the old session, so it goes with it and comes back pointing at this one.
+      const std::uint64_t old_id = (*route)->first;
       routes_.erase(route);
       route = routes_.end();
       if (auto old = sessions_.find(old_id); old != sessions_.end()) {
@@ -380,16 +389,27 @@ void RendezvousServer::on_message(std::uint64_t id, const json& body) {
         erase_session(old);
       }
     }
-    if (route == routes_.end()) routes_.emplace(session.ids, id);
-    if (!jobs_.count(join->run_id)) jobs_[join->run_id].state = new_job(join->run_id, clock_.now());
+    if (route == routes_.end()) routes_.insert(&*it);
   } else if (!session.bound()) {
     return refuse(id, session, "the first message after hello must be a join or a status query");
   }
-  apply(std::string(session.run_id()),
-        FromNode{std::string(session.node_id()), std::move(message)});
+  const std::string run_id = session.run_id.str();
+  apply(run_id, FromNode{session.node_id.str(), std::move(message)});
+  if (is_join) share_node_id(id, run_id);
 }
 
-void RendezvousServer::erase_session(std::unordered_map<std::uint64_t, Session>::iterator it) {
+void RendezvousServer::share_node_id(std::uint64_t id, const std::string& run_id) {
+  auto session = sessions_.find(id);
+  auto job = jobs_.find(run_id);
+  if (session == sessions_.end() || job == jobs_.end()) return;
+  const NodeTable& nodes = job->second.state.nodes;
+  auto node = nodes.find(session->second.node_id.view());
+  // Equal ids: the route's hash, which reads the session's, stays the same.
+  if (node != nodes.end() && !node->first.shares_with(session->second.node_id))
+    session->second.node_id = node->first;
+}
+
+void RendezvousServer::erase_session(Sessions::iterator it) {
   partial_.erase(it->first);
   sessions_.erase(it);
 }
@@ -398,8 +418,8 @@ void RendezvousServer::on_closed(std::uint64_t id, const CloseReason& why) {
   note_awake();
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return;
-  const std::string run_id(it->second.run_id());
-  const std::string node_id(it->second.node_id());
+  const std::string run_id = it->second.run_id.str();
+  const std::string node_id = it->second.node_id.str();
   // A bad frame, the write limit or a TLS failure: say so (a peer that just closed is no news).
   switch (why.kind) {
     case CloseKind::BadFrame:
@@ -416,9 +436,9 @@ void RendezvousServer::on_closed(std::uint64_t id, const CloseReason& why) {
       break;
   }
   forget_ungreeted(id);
-  // The route's key points into the session: it goes first.
-  auto route = node_id.empty() ? routes_.end() : routes_.find(it->second.ids);
-  const bool spoke_for_node = route != routes_.end() && route->second == id;
+  // The route points at the session: it goes first.
+  auto route = node_id.empty() ? routes_.end() : routes_.find(RouteKey{run_id, node_id});
+  const bool spoke_for_node = route != routes_.end() && (*route)->first == id;
   if (spoke_for_node) routes_.erase(route);
   erase_session(it);
   if (!spoke_for_node) return;
@@ -461,9 +481,9 @@ void RendezvousServer::apply(const std::string& run_id, const Event& event) {
 
 void RendezvousServer::deliver(const std::string& run_id, const Outgoing& out) {
   log_outgoing(run_id, out);
-  auto route = routes_.find(route_key(run_id, out.node_id));
+  auto route = routes_.find(RouteKey{run_id, out.node_id});
   if (route == routes_.end()) return;
-  auto session = sessions_.find(route->second);
+  auto session = sessions_.find((*route)->first);
   if (session == sessions_.end()) return;
   session->second.conn->send(to_json(out.message));
   if (out.close_after) {

@@ -12,10 +12,12 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "common/accept_loop.h"
 #include "common/clock.h"
 #include "common/result.h"
+#include "common/shared_string.h"
 #include "rendezvous/auth.h"
 #include "rendezvous/connection.h"
 #include "rendezvous/job_history.h"
@@ -94,21 +96,19 @@ class RendezvousServer : private FramedConnection::Listener {
   struct Session {
     std::shared_ptr<FramedConnection> conn;
     std::unique_ptr<Hello> hello;  ///< until the hello is done; null once greeted
-    /// The job and node it speaks for, set by the first Join: route_key(run id, node id), one
-    /// string, as two copies cost a node of 16,384 a second allocation; "" until then (neither
-    /// id is ever empty, nor holds a NUL, so the first NUL splits them).
-    std::string ids;
+    /// The job and node it speaks for, set by the first Join; empty until then (neither id is
+    /// ever empty). No copies of their own: the run id is its Job's, and the node id the one
+    /// its job's node table holds once a join was admitted (a copy of each cost a node of
+    /// 16,384 a heap block, docs/design.md#rendezvous-at-scale).
+    common::SharedString run_id;
+    NodeId node_id;
 
-    bool bound() const { return !ids.empty(); }
-    std::string_view run_id() const { return std::string_view(ids).substr(0, ids.find('\0')); }
-    std::string_view node_id() const {
-      return bound() ? std::string_view(ids).substr(ids.find('\0') + 1) : std::string_view();
-    }
-    void bind(const std::string& run, const std::string& node) { ids = route_key(run, node); }
+    bool bound() const { return !node_id.empty(); }
   };
   struct Job {
     JobState state;
     std::optional<TimePoint> wake_at;
+    common::SharedString run_id;  ///< state.run_id, shared by the job's sessions
   };
 
   void on_accepted(boost::asio::ip::tcp::socket socket);
@@ -124,6 +124,9 @@ class RendezvousServer : private FramedConnection::Listener {
   void housekeeping();
   void on_message(std::uint64_t id, const nlohmann::json& body);
   void on_closed(std::uint64_t id, const CloseReason& why);
+  /// After a Join of session `id` to job `run_id`: the session holds its node's id as the
+  /// job's node table does (one copy), when the table has the node.
+  void share_node_id(std::uint64_t id, const std::string& run_id);
   // FramedConnection::Listener, for every session (tagged with its id).
   void frame_received(std::uint64_t id, const nlohmann::json& body) override {
     on_message(id, body);
@@ -166,10 +169,11 @@ class RendezvousServer : private FramedConnection::Listener {
   std::uint64_t peer_warnings_dropped_ = 0;
   int port_ = 0;
   std::uint64_t next_session_ = 1;
-  std::unordered_map<std::uint64_t, Session> sessions_;
-  /// Forgets session `it` and what housekeeping holds of it. Its route, whose key points into
-  /// it, must be gone first.
-  void erase_session(std::unordered_map<std::uint64_t, Session>::iterator it);
+  using Sessions = std::unordered_map<std::uint64_t, Session>;
+  Sessions sessions_;
+  /// Forgets session `it` and what housekeeping holds of it. Its route, which points at it,
+  /// must be gone first.
+  void erase_session(Sessions::iterator it);
   /// Of a session that holds part of a frame: bytes_received() and when housekeeping last saw
   /// it change. Only such sessions have an entry (a few at a time), not every session.
   struct Progress {
@@ -192,12 +196,34 @@ class RendezvousServer : private FramedConnection::Listener {
     silent_.erase(id);
     greeting_.erase(id);
   }
-  /// A node's key in routes_: its run id and node id with a NUL between them (ids hold no
-  /// control characters, protocol.cpp).
-  static std::string route_key(std::string_view run_id, std::string_view node_id);
-  /// route_key(run_id, node_id) -> the session that speaks for that node now. The key points
-  /// at that session's `ids` (no second copy of either id): a route goes before its session.
-  std::unordered_map<std::string_view, std::uint64_t> routes_;
+  /// A node of a job, as routes_ finds it.
+  struct RouteKey {
+    std::string_view run_id;
+    std::string_view node_id;
+  };
+  /// Hash and equality of routes_, by the session's (run id, node id) or by a RouteKey.
+  struct RouteHash {
+    using is_transparent = void;
+    std::size_t operator()(const RouteKey& key) const noexcept;
+    std::size_t operator()(const Sessions::value_type* session) const noexcept {
+      return (*this)(RouteKey{session->second.run_id, session->second.node_id});
+    }
+  };
+  struct RouteEqual {
+    using is_transparent = void;
+    static RouteKey key(const RouteKey& key) { return key; }
+    static RouteKey key(const Sessions::value_type* session) {
+      return {session->second.run_id, session->second.node_id};
+    }
+    template <typename A, typename B>
+    bool operator()(const A& a, const B& b) const noexcept {
+      return key(a).run_id == key(b).run_id && key(a).node_id == key(b).node_id;
+    }
+  };
+  /// The session that speaks for each node now, found by (run id, node id): a pointer to it,
+  /// whose ids the hash reads (no copy of either id, nor a cached hash: 16 bytes a node). A
+  /// route goes before its session.
+  std::unordered_set<const Sessions::value_type*, RouteHash, RouteEqual> routes_;
   std::map<std::string, Job, std::less<>> jobs_;
   /// (wake_at, run id) of every job that has one: the earliest is the timer's.
   std::set<std::pair<TimePoint, std::string>> deadlines_;

@@ -515,6 +515,6 @@ TEST_CASE(
   REQUIRE(rejoin != nullptr);
   CHECK(rejoin->kind == RendezvousErrorKind::Rejoin);
   CHECK(b.state.phase == ClientPhase::Joining);
-  CHECK(lb.job.nodes.at(b.id).state == NodeState::WaitListed);
+  CHECK(lb.job.nodes.at(NodeId(b.id)).state == NodeState::WaitListed);
   CHECK(lb.job.phase == JobPhase::Running);
 }

@@ -81,7 +81,7 @@ struct Job {
       std::vector<std::string> alive;
       for (const auto& [id, node] : state.nodes) {
         if (std::find(silent.begin(), silent.end(), node.request.name) == silent.end()) {
-          alive.push_back(id);
+          alive.push_back(id.str());
         }
       }
       for (const std::string& id : alive) {
@@ -95,7 +95,9 @@ struct Job {
     return all;
   }
 
-  const NodeRecord& node(const std::string& name) const { return state.nodes.at(id_of(name)); }
+  const NodeRecord& node(const std::string& name) const {
+    return state.nodes.at(NodeId(id_of(name)));
+  }
 };
 
 /// The messages of type T addressed to node `name`, in order.
@@ -936,18 +938,20 @@ TEST_CASE("a survivor keeps its group rank across rounds and a newcomer fills th
 
 TEST_CASE("previous holders keep ranks that fit and newcomers take the lowest free ones",
           "[rdzv][unit]") {
-  std::map<std::string, NodeRecord> nodes;
+  NodeTable nodes;
   for (const std::string name : {"n1", "n2", "n3", "n4", "n5"}) {
-    nodes[name].request = node_join(join_of(name, nnodes(1, 5)));
+    nodes[NodeId(name)].request = node_join(join_of(name, nnodes(1, 5)));
   }
   for (const auto& [name, rank] : std::map<std::string, int>{{"n4", 2}, {"n5", 4}, {"n2", 0}})
-    nodes[name].previous_rank = rank;
+    nodes[NodeId(name)].previous_rank = rank;
   // The ids in rank order, as the strings they are.
   const auto ranked = [&](const std::vector<std::string>& ids) {
-    std::vector<const std::string*> participants;
-    for (const std::string& id : ids) participants.push_back(&id);
+    std::vector<NodeId> held;
+    for (const std::string& id : ids) held.emplace_back(id);
+    std::vector<const NodeId*> participants;
+    for (const NodeId& id : held) participants.push_back(&id);
     std::vector<std::string> by_rank;
-    for (const std::string* id : assign_group_ranks(nodes, participants)) by_rank.push_back(*id);
+    for (const NodeId* id : assign_group_ranks(nodes, participants)) by_rank.push_back(id->str());
     return by_rank;
   };
   CHECK(ranked({"n1", "n2", "n3", "n4", "n5"}) ==
@@ -1483,7 +1487,7 @@ TEST_CASE("a node dropped while alive rejoins with a new id and the next round f
   // b joins with a new id, as a newcomer; a's restart completes round 1 with both, and the
   // count stays at the one restart the loss cost.
   job.join(rejoin_of("b", settings));
-  CHECK(job.state.nodes.at("b:4242:new").state == NodeState::Joined);
+  CHECK(job.state.nodes.at(NodeId("b:4242:new")).state == NodeState::Joined);
   const auto& ready = job.join(join_of("a", settings));
   REQUIRE(job.state.phase == JobPhase::Running);
   const auto for_b = to_id<RoundReady>(ready, "b:4242:new");
@@ -1842,7 +1846,7 @@ TEST_CASE(
   Join again = join_of("b", settings);
   again.node_id = "b:5555:ef01";
   const auto& out = job.join(again);
-  CHECK(job.state.nodes.at("b:5555:ef01").state == NodeState::Quarantined);
+  CHECK(job.state.nodes.at(NodeId("b:5555:ef01")).state == NodeState::Quarantined);
   REQUIRE(out.size() == 1);
   CHECK_FALSE(std::get<Waiting>(out[0].message).quarantined.empty());
   rejoin_all(job, {"a"}, settings);  // a and c run
