@@ -178,11 +178,14 @@ void FramedConnection::read_more() {
                                  });
     return;
   }
-  // Plain connections hold no buffer while idle (common/read_ready.h).
-  common::async_read_ready(socket_,
-                           [self = shared_from_this()](error_code ec, std::string_view data) {
-                             self->on_read(ec, data);
-                           });
+  // Plain connections hold no buffer while idle, and the wait holds only the connection
+  // (common/read_ready.h).
+  socket_.async_wait(ConnectionSocket::wait_read, [self = shared_from_this()](error_code ec) {
+    const bool read = common::read_ready(
+        self->socket_, ec,
+        [&self](error_code read_ec, std::string_view data) { self->on_read(read_ec, data); });
+    if (!read) self->read_more();
+  });
 }
 
 void FramedConnection::on_read(error_code ec, std::string_view data) {

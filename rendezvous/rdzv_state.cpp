@@ -1210,7 +1210,7 @@ NodeJoin node_join(const Join& join) {
   return NodeJoin{
       join.name,          join.addr,
       join.master_port,   join.node_rank,
-      join.restart_count, join.resume ? std::make_shared<const RoundClaim>(*join.resume) : nullptr};
+      join.restart_count, join.resume ? Boxed<RoundClaim>(*join.resume) : Boxed<RoundClaim>()};
 }
 
 Join join_message(const JobState& job, std::string_view id, const NodeJoin& node) {

@@ -141,6 +141,27 @@ Job running_under_max(const std::vector<std::string>& names, int max_restarts = 
 
 // ---- join, waiting, last call, complete ----------------------------------------------------
 
+TEST_CASE("a node's round claim is copied with its record and takes no room while absent",
+          "[rdzv][unit]") {
+  Join with_claim = join_of("a", nnodes(2, 2));
+  with_claim.resume = claim(4, 1, 2, 1);
+  const NodeJoin original = node_join(with_claim);
+  REQUIRE(original.resume);
+  NodeJoin copy = original;
+  REQUIRE(copy.resume);
+  CHECK(&*copy.resume != &*original.resume);
+  CHECK(copy.resume->group_rank == 1);
+  CHECK(copy.resume->master_addr == "10.0.0.1");
+  copy = node_join(join_of("b", nnodes(2, 2)));
+  CHECK_FALSE(copy.resume);
+  CHECK(original.resume->round == 4);
+  const Join back = join_message(JobState{}, "a:1:x", original);
+  REQUIRE(back.resume);
+  CHECK(back.resume->group_world_size == 2);
+  CHECK(back.node_id == "a:1:x");
+  static_assert(sizeof(Boxed<RoundClaim>) == sizeof(void*));
+}
+
 TEST_CASE("the first node to join sets the job's settings and hears that it waits",
           "[rdzv][unit]") {
   Job job;
