@@ -360,7 +360,7 @@ std::map<std::string, std::string> notices_by_key(const std::string& prefix, rdz
                                                   const std::vector<rdzv::Outgoing>& messages) {
   std::map<std::string, std::vector<rdzv::Outgoing>> grouped;
   for (const rdzv::Outgoing& out : messages)
-    grouped[messages_key(prefix, out.node_id)].push_back(out);
+    grouped[messages_key(prefix, out.node_id.str())].push_back(out);
   std::map<std::string, std::string> values;
   for (const auto& [key, list] : grouped) values[key] = encode_notices(phase, list);
   return values;
@@ -606,7 +606,7 @@ DriveResult drive(StoredState current, const View& view, common::TimePoint now) 
     }
     if (!problem.empty()) {
       s.messages.push_back(rdzv::Outgoing{
-          p.id,
+          rdzv::NodeId(p.id),
           rdzv::Refused{rdzv::RefusalKind::Protocol, "the rendezvous cannot read " + where +
                                                          " in etcd: " + problem +
                                                          " (every node must run the same ddprun)"},
@@ -614,7 +614,8 @@ DriveResult drive(StoredState current, const View& view, common::TimePoint now) 
       continue;
     }
     if (p.is_join && !s.job.nodes.count(p.id) && s.job.nodes.size() >= kMaxNodesOnEtcd) {
-      s.messages.push_back(rdzv::Outgoing{p.id, too_many_nodes(s.job, *message), true});
+      s.messages.push_back(
+          rdzv::Outgoing{rdzv::NodeId(p.id), too_many_nodes(s.job, *message), true});
       continue;
     }
     // Built field by field: GCC 12 takes the moved-from variant in a braced FromNode for one

@@ -102,8 +102,15 @@ std::vector<std::string> names_of(const JobState& s, const std::vector<std::stri
   return names;
 }
 
+void send(Step& st, const NodeId& id, ServerMessage message, bool close_after = false) {
+  st.out.push_back(Outgoing{id, std::move(message), close_after});
+}
+
+/// The same for an id given as a string: the node table's copy of it when the job holds the
+/// node (a look-up, where a copy of the id would be an allocation).
 void send(Step& st, std::string_view id, ServerMessage message, bool close_after = false) {
-  st.out.push_back(Outgoing{std::string(id), std::move(message), close_after});
+  auto it = st.s.nodes.find(id);
+  send(st, it != st.s.nodes.end() ? it->first : NodeId(id), std::move(message), close_after);
 }
 
 // ---- the node table and its index ------------------------------------------------------------

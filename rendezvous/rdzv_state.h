@@ -303,7 +303,9 @@ using Event = std::variant<FromNode, Disconnected, Tick, Resumed>;
 
 /// One message for one node.
 struct Outgoing {
-  std::string node_id;
+  /// The node table's own id when the job holds the node (a round's answer to 16,384 nodes held
+  /// a copy of each id, docs/design.md#rendezvous-at-scale).
+  NodeId node_id;
   ServerMessage message;
   bool close_after = false;  ///< Refused and Closed end the connection once sent
 };

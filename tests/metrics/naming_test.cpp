@@ -24,9 +24,9 @@ void exercise(rdzv::ServerMetrics& m) {
   m.refused(rdzv::RefusalKind::Unauthorized);
   m.set_gauges({{"job", 2}}, {{rdzv::JobPhase::Running, 1}}, 3);
   rdzv::StepResult r;
-  r.messages.push_back({"n1", rdzv::ServerMessage{rdzv::RoundReady{}}});
+  r.messages.push_back({rdzv::NodeId("n1"), rdzv::ServerMessage{rdzv::RoundReady{}}});
   r.messages.push_back(
-      {"n2", rdzv::ServerMessage{rdzv::Refused{rdzv::RefusalKind::Mismatch, "x"}}});
+      {rdzv::NodeId("n2"), rdzv::ServerMessage{rdzv::Refused{rdzv::RefusalKind::Mismatch, "x"}}});
   m.stepped({}, rdzv::Tick{}, r, common::TimePoint{} + std::chrono::seconds(2));
 }
 
