@@ -6,6 +6,7 @@
 #include <cstring>
 #include <functional>
 #include <new>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -23,6 +24,7 @@ class SharedString {
   SharedString() = default;
   explicit SharedString(std::string_view text) {
     if (text.empty()) return;
+    if (text.size() > UINT32_MAX) throw std::length_error("SharedString: a string over 4 GiB");
     void* raw = ::operator new(sizeof(Block) + text.size());
     block_ = new (raw) Block{{1}, static_cast<std::uint32_t>(text.size())};
     std::memcpy(block_->chars(), text.data(), text.size());
