@@ -286,12 +286,18 @@ volatile std::sig_atomic_t g_stop_watch = 0;
 
 extern "C" void on_watch_signal(int) { g_stop_watch = 1; }
 
+/// How often fetch_status asks when the server closes the connection before a byte came back.
+constexpr int kStatusAttempts = 3;
+
 /// One status query on a connection of its own: every page of jobs, or why not. Gives up at
-/// the --timeout, or at once when `stop` says so.
-common::Result<json> fetch_status(const StatusRequest& request,
-                                  const std::optional<rdzv::Secret>& secret,
-                                  const std::optional<rdzv::TlsRole>& tls,
-                                  const std::function<bool()>& stop) {
+/// `deadline`, or at once when `stop` says so. `closed_unheard` is set when the server closed a
+/// plain connection before sending a byte.
+common::Result<json> fetch_status_once(const StatusRequest& request,
+                                       const std::optional<rdzv::Secret>& secret,
+                                       const std::optional<rdzv::TlsRole>& tls,
+                                       const std::function<bool()>& stop,
+                                       std::chrono::steady_clock::time_point deadline,
+                                       bool& closed_unheard) {
   asio::io_context io;
   std::string error;
   rdzv::ClientHandshake handshake(secret, "status", rdzv::make_nonce());
@@ -363,6 +369,7 @@ common::Result<json> fetch_status(const StatusRequest& request,
                   },
                   [&](const rdzv::CloseReason& why) {
                     if (jobs || !error.empty()) return;
+                    closed_unheard = !tls && conn->bytes_received() == 0;
                     if (why.kind == rdzv::CloseKind::Tls)
                       error = why.text +
                               "; check --tls_ca, --tls_cert and --tls_key against the "
@@ -376,7 +383,6 @@ common::Result<json> fetch_status(const StatusRequest& request,
             });
       });
   // Bounded by the --timeout, in slices, so a signal ends the wait within one.
-  const auto deadline = std::chrono::steady_clock::now() + request.timeout;
   while (!jobs && error.empty() && !stop() && !io.stopped() &&
          std::chrono::steady_clock::now() < deadline) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -387,6 +393,26 @@ common::Result<json> fetch_status(const StatusRequest& request,
   if (jobs) return *std::move(jobs);
   if (stop()) return common::Error{"interrupted"};
   return common::Error{error.empty() ? "no answer within the --timeout" : error};
+}
+
+/// fetch_status_once, asked again (kStatusAttempts in all, within the --timeout) when the server
+/// closed the connection before a byte came back: a daemon flooded with connections that never
+/// greet closes the oldest of those still silent, and a client slow to say its hello may be one
+/// (docs/operations.md). Otherwise, and after the last attempt, its answer.
+common::Result<json> fetch_status(const StatusRequest& request,
+                                  const std::optional<rdzv::Secret>& secret,
+                                  const std::optional<rdzv::TlsRole>& tls,
+                                  const std::function<bool()>& stop) {
+  const auto deadline = std::chrono::steady_clock::now() + request.timeout;
+  for (int attempt = 1;; ++attempt) {
+    bool closed_unheard = false;
+    auto jobs = fetch_status_once(request, secret, tls, stop, deadline, closed_unheard);
+    const auto pause = std::chrono::milliseconds(100 * attempt);
+    if (jobs || !closed_unheard || attempt == kStatusAttempts || stop() ||
+        std::chrono::steady_clock::now() + pause >= deadline)
+      return jobs;
+    std::this_thread::sleep_for(pause);
+  }
 }
 
 /// The jobs held in etcd (--rdzv_backend etcd-v3): every `/ddprun/<run_id>/state`, or the one

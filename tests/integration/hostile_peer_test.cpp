@@ -3,6 +3,7 @@
 // closed, everything else carries on (docs/operations.md#security).
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -579,6 +580,45 @@ TEST_CASE(
   CHECK(process_alive(daemon.pid()));
   daemon.send(SIGTERM);
   daemon.wait(10s);
+}
+
+TEST_CASE("ddprun status asks again, three times in all, when the server closes before a word",
+          "[integration][security]") {
+  // A listener that closes every connection at once without a byte, as a daemon flooded with
+  // connections that never greet closes the oldest of those still silent.
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(listener >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::listen(listener, 16) == 0);
+  socklen_t length = sizeof addr;
+  REQUIRE(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &length) == 0);
+  const int port = ntohs(addr.sin_port);
+  std::atomic<int> accepted{0};
+  std::atomic<bool> stop{false};
+  std::thread closer([&] {
+    const auto until = std::chrono::steady_clock::now() + 30s;
+    while (!stop && std::chrono::steady_clock::now() < until) {
+      pollfd ready{listener, POLLIN, 0};
+      if (::poll(&ready, 1, 50) != 1) continue;
+      const int fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) continue;
+      ++accepted;
+      ::close(fd);
+    }
+  });
+  const auto r = run_command({DDPRUN_BIN, "status", "--rdzv_endpoint",
+                              "127.0.0.1:" + std::to_string(port), "--timeout", "10"},
+                             {}, 20s);
+  stop = true;
+  closer.join();
+  ::close(listener);
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 69);
+  CHECK(contains(r.err, "the server closed the connection without a hello"));
+  CHECK(accepted == 3);
 }
 
 TEST_CASE("a daemon told to stop ends its connections and exits 0 at once, peers or not",
