@@ -22,3 +22,17 @@ extern template void fmt::detail::vformat_to<char>(
 #endif
 
 #include <spdlog/spdlog.h>
+
+#include "common/shared_string.h"
+
+/// A SharedString (a node's id) is logged as its characters: fmt 9 found that through its
+/// conversion to std::string_view, fmt 10 (Debian 13) no longer does.
+template <>
+struct fmt::formatter<ddprun::common::SharedString> : fmt::formatter<fmt::string_view> {
+  template <class FormatContext>
+  auto format(const ddprun::common::SharedString& text, FormatContext& context) const {
+    const std::string_view view = text.view();
+    return fmt::formatter<fmt::string_view>::format(fmt::string_view(view.data(), view.size()),
+                                                    context);
+  }
+};

@@ -24,9 +24,11 @@ void exercise(rdzv::ServerMetrics& m) {
   m.refused(rdzv::RefusalKind::Unauthorized);
   m.set_gauges({{"job", 2}}, {{rdzv::JobPhase::Running, 1}}, 3);
   rdzv::StepResult r;
-  r.messages.push_back({rdzv::NodeId("n1"), rdzv::ServerMessage{rdzv::RoundReady{}}});
-  r.messages.push_back(
-      {rdzv::NodeId("n2"), rdzv::ServerMessage{rdzv::Refused{rdzv::RefusalKind::Mismatch, "x"}}});
+  r.messages.resize(2);
+  r.messages[0].node_id = rdzv::NodeId("n1");
+  r.messages[0].message = rdzv::RoundReady{};
+  r.messages[1].node_id = rdzv::NodeId("n2");
+  r.messages[1].message = rdzv::Refused{rdzv::RefusalKind::Mismatch, "x"};
   m.stepped({}, rdzv::Tick{}, r, common::TimePoint{} + std::chrono::seconds(2));
 }
 
