@@ -21,7 +21,7 @@ constexpr std::size_t kReadReadyBytes = 64 * 1024;
 /// buffer per thread and calls `on_data(error_code, std::string_view bytes)`, the bytes valid
 /// only during the call (on a failed wait: the error and no bytes). Returns false, having called
 /// nothing, when there was nothing to read after all: wait again. For an owner whose wait's
-/// handler holds only itself (16 bytes less in every pending wait than async_read_ready's, which
+/// handler holds only itself (8 bytes less in every pending wait than async_read_ready's, which
 /// also holds the socket's address: docs/design.md#rendezvous-at-scale).
 template <class Socket, class OnData>
 bool read_ready(Socket& socket, boost::system::error_code wait_ec, OnData&& on_data) {

@@ -550,8 +550,10 @@ DriveResult drive(StoredState current, const View& view, common::TimePoint now) 
   std::vector<std::string> gone;
   for (const auto& [id, a] : s.applied)
     if (!view.nodes.count(id)) gone.push_back(id);
-  for (const auto& [id, node] : s.job.nodes)
-    if (!view.nodes.count(id.str()) && !s.applied.count(id.str())) gone.push_back(id.str());
+  for (const auto& [node_id, node] : s.job.nodes) {
+    std::string id = node_id.str();  // etcd's view and the applied puts are keyed by string
+    if (!view.nodes.count(id) && !s.applied.count(id)) gone.push_back(std::move(id));
+  }
   for (const std::string& id : gone) {
     s.applied.erase(id);
     run(rdzv::Disconnected{id});

@@ -47,15 +47,19 @@ std::size_t slot(NodeState state) { return static_cast<std::size_t>(state); }
 
 int count_in(const JobState& s, NodeState state) { return s.index.count_of(state); }
 
-/// The record of node `id` (the job must hold it).
-const NodeRecord& node_at(const JobState& s, std::string_view id) {
+/// The node's entry in the job's table (it must be there).
+const NodeEntry& entry_of(const JobState& s, std::string_view id) {
   auto it = s.nodes.find(id);
   DDPRUN_CHECK(it != s.nodes.end(), "rdzv_state: a node the job does not hold");
-  return it->second;
+  return *it;
 }
-NodeRecord& node_at(JobState& s, std::string_view id) {
-  return const_cast<NodeRecord&>(node_at(std::as_const(s), id));
+NodeEntry& entry_of(JobState& s, std::string_view id) {
+  return const_cast<NodeEntry&>(entry_of(std::as_const(s), id));
 }
+
+/// The record of node `id` (the job must hold it).
+const NodeRecord& node_at(const JobState& s, std::string_view id) { return entry_of(s, id).second; }
+NodeRecord& node_at(JobState& s, std::string_view id) { return entry_of(s, id).second; }
 
 int count_participants(const JobState& s) {
   return count_in(s, NodeState::Running) + count_in(s, NodeState::Succeeded);
@@ -155,13 +159,6 @@ NodeRecord& put_node(JobState& s, std::string_view id, NodeRecord record) {
   }
   index_in(s.index, *it);
   return it->second;
-}
-
-/// The node's entry in the job's table (it must be there).
-NodeEntry& entry_of(JobState& s, std::string_view id) {
-  auto it = s.nodes.find(id);
-  DDPRUN_CHECK(it != s.nodes.end(), "rdzv_state: a node the job does not hold");
-  return *it;
 }
 
 NodeRecord& set_state(JobState& s, std::string_view id, NodeState state) {
@@ -395,7 +392,7 @@ void complete_round(Step& st) {
   for (std::size_t rank = 0; rank < by_rank.size() && rank < kMaxNamesInMessage; ++rank)
     first.push_back(node_at(s, *by_rank[rank]).request.name);
   const SharedNames names = std::move(first);
-  const NodeJoin& master = s.nodes.at(*by_rank.front()).request;
+  const NodeJoin& master = node_at(s, *by_rank.front()).request;
   const int world_size = static_cast<int>(by_rank.size());
   st.out.reserve(st.out.size() + by_rank.size());
   for (std::size_t rank = 0; rank < by_rank.size(); ++rank) {

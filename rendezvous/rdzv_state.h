@@ -129,7 +129,6 @@ std::string node_identity(const Join& join);
 /// The same for node `id` of a job's node table.
 std::string node_identity(std::string_view id, const NodeJoin& join);
 
-/// An entry of a job's node table (JobState::nodes): its id and record.
 /// A node's id as the node table keys it: held once, shared with the connection that speaks for
 /// the node (a copy in each cost a node of 16,384 a second heap block, docs/design.md).
 using NodeId = common::SharedString;
@@ -137,6 +136,7 @@ using NodeId = common::SharedString;
 /// A job's node table (JobState::nodes), by node id; looked up by any string (std::less<>).
 using NodeTable = std::map<NodeId, NodeRecord, std::less<>>;
 
+/// An entry of a job's node table (JobState::nodes): its id and record.
 using NodeEntry = std::pair<const NodeId, NodeRecord>;
 
 /// A node's place in the name order of its state (NodeIndex::by_name): one pointer to its entry
