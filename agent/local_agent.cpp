@@ -151,8 +151,8 @@ class LocalAgent::Impl {
  private:
   StandbySettings standby_settings() const {
     return StandbySettings{
-        opt_.standby_workers, opt_.python_bootstrap, opt_.standby_preload, opt_.spec,
-        opt_.agent_env,       rdzv_.run_id(),        opt_.cleanup,         opt_.standby_delay};
+        opt_.standby_workers, opt_.python_bootstrap, opt_.python_standby, opt_.spec,
+        opt_.agent_env,       rdzv_.run_id(),        opt_.cleanup,        opt_.standby_delay};
   }
 
   bool fail_to_start() {

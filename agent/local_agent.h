@@ -12,6 +12,7 @@
 #include "agent/group_cleanup.h"
 #include "agent/process_launcher.h"
 #include "agent/worker.h"
+#include "agent/worker_command.h"
 #include "agent/worker_env.h"
 #include "agent/worker_output.h"
 #include "common/clock.h"
@@ -68,8 +69,9 @@ struct AgentOptions {
   /// the failure report when workers cannot import torch or the interpreter cannot run.
   std::string interpreter;
   std::string interpreter_origin;
-  /// --standby_preload: modules a Python standby imports besides the script's own imports.
-  std::vector<std::string> standby_preload;
+  /// --standby_preload and --standby_cuda: what a Python standby does besides importing torch
+  /// and the script's own imports.
+  PythonStandbyOptions python_standby;
   /// Kills what each group leaves behind (--cleanup); nullptr: only the workers' process
   /// groups are killed.
   GroupCleanup* cleanup = nullptr;

@@ -67,7 +67,7 @@ struct StandbySupply::Impl {
           settings.python_bootstrap.empty()
               ? argv_for_local_rank(settings.spec.argv, local)
               : build_python_standby_command(argv_for_local_rank(settings.spec.argv, local),
-                                             settings.python_bootstrap, settings.preload),
+                                             settings.python_bootstrap, settings.python),
           to_envp(build_standby_env(settings.agent_env, settings.spec, local, settings.run_id))};
       if (settings.cleanup != nullptr) ps.cgroup_procs_fd = settings.cleanup->standby_procs_fd();
       if (std::string why = pool.start(local, std::move(ps)); !why.empty())
@@ -307,7 +307,7 @@ bool StandbySupply::start_zygote(std::function<void(bool ready)> settled) {
       resolve_executable(opt.spec.argv.front(), search_path(opt.agent_env));
   if (executable.empty()) return false;  // the first launch reports the missing command
   ProcessSpec ps{executable,
-                 build_python_standby_command(opt.spec.argv, opt.python_bootstrap, opt.preload,
+                 build_python_standby_command(opt.spec.argv, opt.python_bootstrap, opt.python,
                                               /*zygote=*/true),
                  to_envp(build_standby_env(opt.agent_env, opt.spec, 0, opt.run_id))};
   ps.cgroup_procs_fd = opt.cleanup->standby_procs_fd();

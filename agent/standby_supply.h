@@ -19,6 +19,7 @@
 #include "agent/group_cleanup.h"
 #include "agent/process_launcher.h"
 #include "agent/worker.h"
+#include "agent/worker_command.h"
 #include "agent/worker_env.h"
 #include "common/clock.h"
 
@@ -33,7 +34,7 @@ struct StandbySettings {
   /// For a Python script: the bootstrap the standbys (and the zygote) run; "" when the program
   /// itself waits (the C++ worker SDK).
   std::string python_bootstrap;
-  std::vector<std::string> preload;  ///< --standby_preload
+  PythonStandbyOptions python;  ///< --standby_preload, --standby_cuda
   WorkerSpec spec;
   EnvMap agent_env;
   std::string run_id;

@@ -78,7 +78,7 @@ std::vector<std::string> standby_script_argv(const std::vector<std::string>& wor
 
 std::vector<std::string> build_python_standby_command(const std::vector<std::string>& worker_argv,
                                                       const std::string& bootstrap,
-                                                      const std::vector<std::string>& preload,
+                                                      const PythonStandbyOptions& options,
                                                       bool zygote) {
   // worker_argv is {python, "-u", [-m | -c kRunPathCode,] script, args...}.
   std::vector<std::string> argv{worker_argv.at(0), "-u", bootstrap};
@@ -87,7 +87,9 @@ std::vector<std::string> build_python_standby_command(const std::vector<std::str
   // worker's there once it is one (show_as in ddprun_standby.py), and the worker's environment
   // is larger than the standby's.
   argv.push_back(std::string(kPythonStandbyRoomPrefix) + std::string(kPythonStandbyRoom, '.'));
-  if (!preload.empty()) argv.push_back("--preload=" + common::join(preload, ","));
+  if (!options.preload.empty()) argv.push_back("--preload=" + common::join(options.preload, ","));
+  if (options.cuda == StandbyCuda::Context) argv.push_back("--cuda=context");
+  if (options.cuda == StandbyCuda::Warm) argv.push_back("--cuda=warm");
   const bool run_path = script_index(worker_argv) == 4;
   if (run_path) argv.push_back("--run-path");
   argv.push_back("--");

@@ -52,13 +52,25 @@ bool runs_under_python(const CommandRequest& req,
 inline constexpr char kPythonStandbyRoomPrefix[] = "--room=";
 inline constexpr std::size_t kPythonStandbyRoom = 4096;
 
+/// --standby_cuda: what a Python standby makes ready on its GPU while it waits
+/// (agent/python/ddprun_standby.py, warm_cuda): nothing, the device's CUDA context, or the
+/// context and a first small training step through torch (cuBLAS, the first kernels).
+enum class StandbyCuda { Off, Context, Warm };
+
+/// What a Python standby does besides importing torch and the script's top-level imports.
+struct PythonStandbyOptions {
+  std::vector<std::string> preload;  ///< --standby_preload: modules it imports too
+  StandbyCuda cuda = StandbyCuda::Off;
+};
+
 /// The command of a Python standby (--standby_workers): `python -u <bootstrap> [--zygote]
-/// --room=... [--preload=a,b] [--run-path] -- <script or -m module> args`, from the worker's
-/// `python -u ...` command (--run-path for `python -u -c kRunPathCode script args`);
-/// with `zygote`, the node's zygote that forks the standbys (agent/python_zygote.h).
+/// --room=... [--preload=a,b] [--cuda=context|warm] [--run-path] -- <script or -m module>
+/// args`, from the worker's `python -u ...` command (--run-path for `python -u -c
+/// kRunPathCode script args`); with `zygote`, the node's zygote that forks the standbys
+/// (agent/python_zygote.h).
 std::vector<std::string> build_python_standby_command(const std::vector<std::string>& worker_argv,
                                                       const std::string& bootstrap,
-                                                      const std::vector<std::string>& preload,
+                                                      const PythonStandbyOptions& options,
                                                       bool zygote = false);
 
 /// True when Python source imports torch at the start of a line (`import torch`, `import

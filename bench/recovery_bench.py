@@ -12,6 +12,9 @@ rank resuming from the snapshot rank 0 saved after the last epoch:
                          the standbys run ddprun's Python bootstrap, torch imported)
   ddprun-python          ddprun --standby_workers=off ... bench/python_ddp_train.py (standbys
                          are on by default for a script that imports torch)
+  ddprun-python-standby-context, ddprun-python-standby-warm
+                         ddprun-python-standby with --standby_cuda context or warm: each
+                         standby makes its GPU ready while it waits (for --device cuda)
   torchrun-python        torchrun (bench/torchrun_shim.py) --monitor_interval 0.1 ... the same
                          Python script (torchrun's default interval is 5 s)
 
@@ -22,7 +25,8 @@ polls for the first steps of restart 1: the C++ program reports them through ddp
 log (--event_log, CLOCK_MONOTONIC like time.monotonic()), the Python script appends them to a
 mark file. The launcher is then stopped with SIGTERM. ddprun's phases come from
 `ddprun events summarize --json`. The memory of each Python standby while it waits (RSS, and
-PSS, which counts pages shared between processes once) comes from /proc/<pid>/smaps_rollup.
+PSS, which counts pages shared between processes once) comes from /proc/<pid>/smaps_rollup,
+and the GPU memory it holds from `nvidia-smi --query-compute-apps` where there is one.
 
     cmake --build build --target ddprun ddp_train
     /usr/bin/python3 bench/recovery_bench.py --build build --runs 5 --markdown
@@ -81,10 +85,27 @@ def worker_with_rank(launcher_pid, rank):
     return None
 
 
+def readying_gpu(pid):
+    """True while a Python standby's thread named ddprun-cuda (--standby_cuda) still makes its
+    GPU ready (agent/python/ddprun_standby.py, wait_for_handover_beside)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                if f.read().strip() == "ddprun-cuda":
+                    return True
+        except OSError:
+            pass
+    return False
+
+
 def waiting_standbys(launcher_pid, events):
-    """Pids of the launcher's standbys that block reading their hand-over socket (from the
-    event log's standbys_started: a standby forked by the Python zygote has the zygote's
-    /proc/<pid>/environ, so its environment cannot tell)."""
+    """Pids of the launcher's standbys that block reading their hand-over socket, their GPU
+    ready with --standby_cuda (from the event log's standbys_started: a standby forked by the
+    Python zygote has the zygote's /proc/<pid>/environ, so its environment cannot tell)."""
     started = set()
     for e in read_events(events):
         if e.get("event") == "standbys_started":
@@ -98,7 +119,8 @@ def waiting_standbys(launcher_pid, events):
                 call = f.read().split()
             # read(fd, ...): syscall 0 on x86-64, on a socket (the hand-over's).
             if call[0] == "0" and os.readlink(
-                    f"/proc/{pid}/fd/{int(call[1], 16)}").startswith("socket:"):
+                    f"/proc/{pid}/fd/{int(call[1], 16)}").startswith("socket:") and (
+                    not readying_gpu(pid)):
                 out.append(pid)
         except (OSError, ValueError, IndexError):
             pass
@@ -127,6 +149,27 @@ def rss_pss_kib(pid):
             if parts and parts[0] in ("Rss:", "Pss:"):
                 values[parts[0][:-1]] = int(parts[1])
     return values["Rss"], values["Pss"]
+
+
+def gpu_memory_mib():
+    """{pid: MiB of GPU memory it holds} from nvidia-smi, or None without one (or when it
+    fails). A process without a CUDA context is not listed: it holds none."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                              "--format=csv,noheader,nounits"], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    held = {}
+    for line in out.stdout.splitlines():
+        try:
+            pid, mib = (int(x.strip()) for x in line.split(","))
+        except ValueError:
+            continue
+        held[pid] = held.get(pid, 0) + mib
+    return held
 
 
 def read_events(path):
@@ -201,6 +244,10 @@ def one_run(series, args, work):
         argv = [ddprun] + common + ["--event_log", events] + cpp_args
     elif series == "ddprun-python-standby":
         argv = [ddprun] + common + ["--standby_workers", "--event_log", events] + py_args
+    elif series.startswith("ddprun-python-standby-"):
+        mode = series[len("ddprun-python-standby-"):]
+        argv = [ddprun] + common + ["--standby_workers", "--standby_cuda", mode,
+                                    "--event_log", events] + py_args
     elif series == "ddprun-python":
         argv = [ddprun] + common + ["--standby_workers=off", "--event_log", events] + py_args
     else:
@@ -215,14 +262,17 @@ def one_run(series, args, work):
         if not wait_for(lambda: len(firsts(0)) == nproc, 120):
             raise RuntimeError(f"{series}: no first step in 120 s")
         memory = []
-        if series.endswith("-standby"):
+        if series.endswith("-standby") or series.startswith("ddprun-python-standby-"):
             if not wait_for(lambda: len(waiting_standbys(proc.pid, events)) == nproc, 120):
                 raise RuntimeError(f"{series}: no {nproc} standbys waiting in 120 s")
-            if series == "ddprun-python-standby":
-                memory = [("standby",) + rss_pss_kib(pid)
-                          for pid in waiting_standbys(proc.pid, events)]
+            if series.startswith("ddprun-python-standby"):
+                gpu = gpu_memory_mib() if args.device == "cuda" else None
+                for pid in waiting_standbys(proc.pid, events):
+                    rss, pss = rss_pss_kib(pid)
+                    memory.append((series, "standby", rss, pss,
+                                   None if gpu is None else gpu.get(pid, 0)))
                 if zygote_pid(events) is not None:
-                    memory.append(("zygote",) + rss_pss_kib(zygote_pid(events)))
+                    memory.append((series, "zygote") + rss_pss_kib(zygote_pid(events)) + (None,))
         time.sleep(args.settle)  # training under way
         # --standalone: RANK=n is local rank n; the last rank is killed (1 of 2, 0 of 1).
         victim_rank = min(1, nproc - 1)
@@ -295,7 +345,7 @@ def main():
     detect = {s: [] for s in series}
     phase_times = {s: {} for s in series}
     last_events = {}
-    memory = []  # (kind, rss, pss) KiB of each Python standby and zygote measured
+    memory = []  # (series, kind, rss KiB, pss KiB, GPU MiB or None) of each standby and zygote
     work = tempfile.mkdtemp(prefix="ddprun-recovery-")
     try:
         for run in range(args.runs):
@@ -332,6 +382,12 @@ def main():
             if s != "torchrun-python":
                 print(f"\nRatio torchrun-python / {s} (medians): "
                       f"**{base / statistics.median(results[s]):.1f}x**.")
+    if "ddprun-python-standby" in results:
+        base = statistics.median(results["ddprun-python-standby"])
+        for s in series:
+            if s.startswith("ddprun-python-standby-"):
+                print(f"\nRatio ddprun-python-standby / {s} (medians): "
+                      f"**{base / statistics.median(results[s]):.2f}x**.")
     with_phases = [s for s in series if phase_times[s]]
     if with_phases:
         print("\nPhases of the restarted Python ranks, median ms from the kill to the moment the "
@@ -343,14 +399,29 @@ def main():
                      if p in phase_times[s] else "n/a" for p in PHASES]
             print(f"| {s} | " + " | ".join(cells) + " |")
     mib = lambda kib: f"{kib / 1024:.0f}"
-    for kind in ("standby", "zygote"):
-        rss = [m[1] for m in memory if m[0] == kind]
-        pss = [m[2] for m in memory if m[0] == kind]
-        if rss:
-            print(f"\nMemory of a waiting Python {kind} ({len(rss)} measured, "
-                  f"/proc/<pid>/smaps_rollup): RSS median {mib(statistics.median(rss))} MiB "
-                  f"(min {mib(min(rss))}, max {mib(max(rss))}), PSS median "
-                  f"{mib(statistics.median(pss))} MiB (min {mib(min(pss))}, max {mib(max(pss))}).")
+    standbys = [s for s in series if any(m[0] == s and m[1] == "standby" for m in memory)]
+    if standbys:
+        print("\nMemory of a waiting Python standby, medians (/proc/<pid>/smaps_rollup; GPU: "
+              "nvidia-smi --query-compute-apps, n/a without it):\n")
+        print("| series | standbys measured | RSS MiB (min-max) | PSS MiB (min-max) | GPU MiB "
+              "(min-max) |")
+        print("|---|---:|---:|---:|---:|")
+        for s in standbys:
+            mine = [m for m in memory if m[0] == s and m[1] == "standby"]
+            rss, pss = [m[2] for m in mine], [m[3] for m in mine]
+            gpu = [m[4] for m in mine if m[4] is not None]
+            cells = [f"{mib(statistics.median(v))} ({mib(min(v))}-{mib(max(v))})"
+                     for v in (rss, pss)]
+            cells.append(f"{statistics.median(gpu):.0f} ({min(gpu)}-{max(gpu)})" if gpu
+                         else "n/a")
+            print(f"| {s} | {len(mine)} | " + " | ".join(cells) + " |")
+    rss = [m[2] for m in memory if m[1] == "zygote"]
+    pss = [m[3] for m in memory if m[1] == "zygote"]
+    if rss:
+        print(f"\nMemory of a waiting Python zygote ({len(rss)} measured, "
+              f"/proc/<pid>/smaps_rollup): RSS median {mib(statistics.median(rss))} MiB "
+              f"(min {mib(min(rss))}, max {mib(max(rss))}), PSS median "
+              f"{mib(statistics.median(pss))} MiB (min {mib(min(pss))}, max {mib(max(pss))}).")
     for s, summary in last_events.items():
         if summary:
             print(f"\nPhases of the last {s} run (`ddprun events summarize --json`):\n")

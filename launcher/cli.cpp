@@ -733,6 +733,19 @@ Check parse_standby_preload(const RawValue& v, LaunchConfig& config) {
   return std::nullopt;
 }
 
+Check parse_standby_cuda(const RawValue& v, LaunchConfig& config) {
+  const std::string text = to_lower(trim(v.text));
+  if (text == "off")
+    config.standby_cuda = agent::StandbyCuda::Off;
+  else if (text == "context")
+    config.standby_cuda = agent::StandbyCuda::Context;
+  else if (text == "warm")
+    config.standby_cuda = agent::StandbyCuda::Warm;
+  else
+    return common::Error{describe(v) + ": expected off, context or warm"};
+  return std::nullopt;
+}
+
 Check parse_logs_specs(const RawValue& v, LaunchConfig&) {
   if (trim(v.text) == "default") return std::nullopt;
   return common::Error{describe(v) +
@@ -910,6 +923,11 @@ constexpr OptionSpec kOptions[] = {
     {Flag::StandbyPreload, parse_standby_preload,
      "standby_preload", "", false, "MOD,...", "", kSupervision,
      "Modules a Python standby imports besides torch and the script's top-level imports."},
+    {Flag::StandbyCuda, parse_standby_cuda,
+     "standby_cuda", "", false, "off|context|warm", "off", kSupervision,
+     "What a Python standby makes ready on its GPU (cuda:LOCAL_RANK) while it waits: context, "
+     "its CUDA context; warm, that and a first small training step through torch (cuBLAS, the "
+     "first kernels). Each waiting standby then holds that GPU memory (default {default})."},
     {Flag::Cleanup, parse_cleanup,
      "cleanup", "", false, "auto|cgroup|subreaper", "auto", kSupervision,
      "How no process a worker started outlives its group or a killed ddprun: cgroup (a cgroup "

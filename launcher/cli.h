@@ -44,6 +44,7 @@ enum class Flag : std::size_t {
   HealthCheckInterval,
   StandbyWorkers,
   StandbyPreload,
+  StandbyCuda,
   Cleanup,
   StartMethod,
   Role,

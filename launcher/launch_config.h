@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "agent/group_cleanup.h"
+#include "agent/worker_command.h"
 #include "agent/worker_output.h"
 
 namespace ddprun::launcher {
@@ -87,6 +88,7 @@ struct LaunchConfig {
   StandbyMode standby_workers{};             ///< a standby per local rank (ddprun's own)
   bool standby_workers_given{};              ///< by the flag or PET_STANDBY_WORKERS, not by default
   std::vector<std::string> standby_preload;  ///< --standby_preload: modules to import
+  agent::StandbyCuda standby_cuda{};         ///< --standby_cuda: a standby's GPU made ready
   std::string role;
   /// --cleanup: how no descendant of a worker outlives its group or the agent (ddprun's own).
   agent::CleanupMode cleanup{};

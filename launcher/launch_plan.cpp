@@ -47,6 +47,7 @@ struct Planner {
   void worker_command(const agent::CommandRequest& req);
   void agent_options();
   void standbys(const agent::CommandRequest& req);
+  void standby_cuda();
   void adapt_to_torch(const agent::CommandRequest& req);
 
   /// The workers' Python source, read once for the standby decision and the libuv check.
@@ -209,7 +210,7 @@ void Planner::agent_options() {
 /// import torch on a node with the memory for them, and says why not only when it was asked.
 void Planner::standbys(const agent::CommandRequest& req) {
   agent::AgentOptions& opt = plan.agent;
-  opt.standby_preload = config.standby_preload;
+  opt.python_standby = {config.standby_preload, config.standby_cuda};
   if (config.standby_workers == StandbyMode::Off) return;
   const bool automatic = config.standby_workers == StandbyMode::Auto;
   // auto by default: a reason to stay off is news only to a user who asked for standbys.
@@ -248,6 +249,20 @@ void Planner::standbys(const agent::CommandRequest& req) {
                        "/../share/ddprun/ddprun_standby.py; reinstall ddprun (cmake --install)");
   opt.standby_workers = true;
   opt.python_bootstrap = bootstrap;
+}
+
+/// --standby_cuda works in a Python script's standbys: said when there are none.
+void Planner::standby_cuda() {
+  const agent::AgentOptions& opt = plan.agent;
+  if (config.standby_cuda == agent::StandbyCuda::Off) return;
+  if (!opt.standby_workers)
+    note(Level::Warn,
+         "--standby_cuda: no standbys to make a GPU ready in (see --standby_workers); it has no "
+         "effect");
+  else if (opt.python_bootstrap.empty())
+    note(Level::Warn, "--standby_cuda: only a Python script's standbys make their GPU ready; " +
+                          config.script +
+                          "'s own standbys (a program on the C++ worker SDK) wait without");
 }
 
 /// Once per node, before the store is planned: a torch that asks for libuv and lacks it
@@ -409,6 +424,7 @@ common::Result<LaunchPlan> plan_launch(const LaunchConfig& config, const agent::
   planner.worker_command(req);
   planner.agent_options();
   planner.standbys(req);
+  planner.standby_cuda();
   planner.adapt_to_torch(req);
   plan.store = plan_agent_store(plan.config, plan.rendezvous);
   plan.agent.spec.use_agent_store = plan.store.use_agent_store;

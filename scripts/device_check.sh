@@ -24,8 +24,10 @@
 # run small: tests/CMakeLists.txt runs it that way so that it keeps working. --sdk-build DIR
 # takes ddp_train from DIR instead of building the SDK (the build is then only configured).
 # --parts a,b runs only those parts (sdk_gpu and steps need sdk_build, or --sdk-build);
-# --recovery-series a,b names bench/recovery_bench.py's series (default: Python standbys, fresh
-# Python workers and torchrun, and C++ standbys where the SDK was built).
+# --recovery-series a,b names bench/recovery_bench.py's series (default: Python standbys, Python
+# standbys with --standby_cuda context (and warm, on a GPU), fresh Python workers and torchrun,
+# and C++ standbys where the SDK was built); --recovery-runs N runs each N times (default 3 on a
+# GPU, 1 without; the part's limit is 80 s a run).
 # --budget SECONDS (default 480) bounds the whole run: each part's limit is cut to what is left,
 # and a part with under 20 s left is skipped, so the report is written before a lease ends.
 # Environment: DDPRUN_DEVICE_BUNDLE (default .device-bundle in the checkout), PYTHON (python3),
@@ -41,6 +43,7 @@ sdk_build=""
 parts=store,sdk_build,sdk_gpu,recovery,steps
 budget=480
 recovery_series=""
+recovery_runs=""
 while [ $# -gt 0 ]; do
   case $1 in
     --dry-run) dry_run=1 ;;
@@ -48,6 +51,7 @@ while [ $# -gt 0 ]; do
     --parts) parts=$2; shift ;;
     --budget) budget=$2; shift ;;
     --recovery-series) recovery_series=$2; shift ;;
+    --recovery-runs) recovery_runs=$2; shift ;;
     *) echo "device_check: unknown argument $1 (use --dry-run, --sdk-build DIR, --parts LIST, --budget S)" >&2
        exit 2 ;;
   esac
@@ -59,6 +63,8 @@ for p in ${parts//,/ }; do
   esac
 done
 [[ $budget =~ ^[0-9]+$ ]] || { echo "device_check: --budget $budget is not a number of seconds" >&2; exit 2; }
+[[ -z $recovery_runs || $recovery_runs =~ ^[1-9][0-9]?$ ]] ||
+  { echo "device_check: --recovery-runs $recovery_runs is not a number of runs from 1 to 99" >&2; exit 2; }
 out=${OUT:-$(mktemp -d /tmp/ddprun-device-check.XXXXXX)}
 mkdir -p "$out"
 work=$(mktemp -d /tmp/ddprun-device-work.XXXXXX)
@@ -273,13 +279,18 @@ if "$python" -c 'import sys, torch; sys.exit(0 if int(torch.__version__.split(".
 else
   rec_args+=(--torchrun shim)  # Debian 12's torchrun 1.13 needs the shim on Python 3.11
 fi
-series=ddprun-python-standby,ddprun-python,torchrun-python
+# --standby_cuda (docs/usage.md): standbys that made their GPU ready while they waited.
+series=ddprun-python-standby,ddprun-python-standby-context
+[ $gpu -eq 1 ] && series+=,ddprun-python-standby-warm
+series+=,ddprun-python,torchrun-python
 [ -n "$sdk_bin" ] && { rec_args+=(--ddp_train "$sdk_bin/ddp_train"); series+=,ddprun-cpp-standby; }
 [ -n "$recovery_series" ] && series=$recovery_series
 if [ $gpu -eq 1 ]; then
-  part recovery 240 "$python" "$src/bench/recovery_bench.py" "${rec_args[@]}" --device cuda --runs 3 --series "$series"
+  runs=${recovery_runs:-3}
+  part recovery $(( 80 * runs )) "$python" "$src/bench/recovery_bench.py" "${rec_args[@]}" --device cuda --runs "$runs" --series "$series"
 else
-  part recovery 240 "$python" "$src/bench/recovery_bench.py" "${rec_args[@]}" --device cpu --runs 1 --series "$series"
+  runs=${recovery_runs:-1}
+  part recovery $(( 80 * runs )) "$python" "$src/bench/recovery_bench.py" "${rec_args[@]}" --device cpu --runs "$runs" --series "$series"
 fi
 sed -n '/^Measured/,/^Memory of a waiting Python zygote/p' "$out/recovery.log" >>"$report" 2>/dev/null
 

@@ -1,8 +1,9 @@
 """ddprun's standby for Python workers (ddprun --standby_workers; docs/design.md).
 
-ddprun starts this as `python -u ddprun_standby.py --room=... [--preload=a,b] -- <script> [args]`
-(or `-- -m <module> [args]`) with the environment that is the same in every round. It imports
-torch, torch.distributed and the script's top-level imports of installed modules, then waits on
+ddprun starts this as `python -u ddprun_standby.py --room=... [--preload=a,b] [--cuda=MODE] --
+<script> [args]` (or `-- -m <module> [args]`) with the environment that is the same in every
+round. It imports torch, torch.distributed and the script's top-level imports of installed
+modules, makes its GPU ready with --cuda (--standby_cuda: warm_cuda), then waits on
 the descriptor named by DDPRUN_STANDBY_FD. When a worker fails, ddprun sends the new worker's
 whole environment there, as {"env": {...}} (with "argv", the script and arguments to run instead
 of its own, and "cmdline", the command line of a fresh start of the worker), and ends the message
@@ -51,25 +52,33 @@ STORE_WAIT_S = 1.0
 _BOOTSTRAP_FILE = os.path.realpath(__file__)
 
 
-def parse_command(argv):
-    """(preload names, zygote, run_path, is_module, target, args) from this bootstrap's
-    arguments. run_path: --run_path, the script runs as runpy.run_path runs it."""
-    preload = []
-    zygote = False
-    run_path = False
-    i = 0
-    while i < len(argv) and argv[i] != "--":
-        if argv[i].startswith("--preload="):
-            preload += [m.strip() for m in argv[i][len("--preload="):].split(",") if m.strip()]
-        elif argv[i] == "--zygote":
-            zygote = True
-        elif argv[i] == "--run-path":
-            run_path = True
-        i += 1  # and --room=...: room that show_as reuses, nothing to parse
-    rest = argv[i + 1:]
-    if rest and rest[0] == "-m":
-        return preload, zygote, run_path, True, rest[1], rest[2:]
-    return preload, zygote, run_path, False, rest[0], rest[1:]
+class Command:
+    """This bootstrap's arguments: preload (module names), zygote, run_path (--run-path: the
+    script runs as runpy.run_path runs it), cuda (--cuda=context|warm, warm_cuda; None: off),
+    is_module, target (the script or module) and args (its arguments)."""
+
+    def __init__(self, argv):
+        self.preload = []
+        self.zygote = False
+        self.run_path = False
+        self.cuda = None
+        i = 0
+        while i < len(argv) and argv[i] != "--":
+            if argv[i].startswith("--preload="):
+                self.preload += [m.strip() for m in argv[i][len("--preload="):].split(",")
+                                 if m.strip()]
+            elif argv[i] == "--zygote":
+                self.zygote = True
+            elif argv[i] == "--run-path":
+                self.run_path = True
+            elif argv[i].startswith("--cuda="):
+                self.cuda = argv[i][len("--cuda="):]
+            i += 1  # and --room=...: room that show_as reuses, nothing to parse
+        rest = argv[i + 1:]
+        self.is_module = bool(rest) and rest[0] == "-m"
+        if self.is_module:
+            rest = rest[1:]
+        self.target, self.args = rest[0], rest[1:]
 
 
 class _MmMap(ctypes.Structure):
@@ -104,6 +113,12 @@ def _area():
 
 _AREA = _area()
 _SHOWN = []  # buffers the kernel shows as arguments or environment: never freed
+# Thread ids show_as may ignore: the threads CUDA's driver (and torch) started while a standby
+# made its GPU ready (warm_cuda). They wait on the GPU's events, and glibc gives every thread
+# but the main one a malloc arena of its own (mmap'ed), so they never move the heap's end that
+# show_as restates; unless the arenas are limited (MALLOC_ARENA_MAX, glibc.malloc.arena_max),
+# when this stays empty.
+_QUIET_THREADS = set()
 
 
 def _area_in_use(start, end):
@@ -125,10 +140,12 @@ def show_as(argv, env=None):
     no privilege (Linux 3.18 built with CONFIG_CHECKPOINT_RESTORE, as Debian's is). The kernel's
     own area is reused where they fit and nothing else points there (ddprun adds --room= to
     this bootstrap's arguments for that), so that a script's setproctitle still shows; else a
-    buffer of ours. Only in a single-threaded process: the call also restates the heap's end,
-    which another thread could move meanwhile. Returns whether it took."""
+    buffer of ours. Only in a single-threaded process (or one whose other threads are those
+    CUDA left, _QUIET_THREADS): the call also restates the heap's end, which another thread could
+    move meanwhile. Returns whether it took."""
     stat = _own_stat()
-    if _AREA is None or stat is None or len(os.listdir("/proc/self/task")) != 1:
+    others = set(os.listdir("/proc/self/task")) - {str(os.getpid())}
+    if _AREA is None or stat is None or not others <= _QUIET_THREADS:
         return False
     start, env_start, end = _AREA
     argv_bytes = b"".join(os.fsencode(a) + b"\0" for a in argv)
@@ -564,6 +581,160 @@ def become_standby(agent, env, fds, title):
             pass
 
 
+class CudaWarmError(Exception):
+    """Why a standby could not make its GPU ready (warm_cuda)."""
+
+
+def _cuda_ordinal():
+    """The device a rank's script is expected to use, as CUDA numbers the devices this process
+    sees: LOCAL_RANK (which ddprun sets to 0 when each rank sees only its own GPU, through
+    CUDA_VISIBLE_DEVICES)."""
+    text = os.environ.get("LOCAL_RANK", "0")
+    if not text.isdigit():
+        raise CudaWarmError(f"LOCAL_RANK={text!r} is not a device number")
+    return int(text)
+
+
+def _retain_primary_context(ordinal):
+    """Creates device `ordinal`'s primary context through the driver (libcuda), the one CUDA's
+    runtime, and so torch, uses once the script touches that device. Nothing of torch changes:
+    torch.cuda.is_initialized() stays False and the current device stays the script's."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        raise CudaWarmError(f"NVIDIA's driver library cannot be loaded ({e})") from None
+
+    def check(call, status):
+        if status != 0:
+            name = ctypes.c_char_p()
+            cuda.cuGetErrorName(status, ctypes.byref(name))
+            raise CudaWarmError(f"{call} failed with {(name.value or b'?').decode()} ({status})")
+
+    check("cuInit", cuda.cuInit(0))
+    count = ctypes.c_int()
+    check("cuDeviceGetCount", cuda.cuDeviceGetCount(ctypes.byref(count)))
+    if ordinal >= count.value:
+        raise CudaWarmError(f"LOCAL_RANK {ordinal} names no device: this process sees "
+                            f"{count.value} (CUDA_VISIBLE_DEVICES="
+                            f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')})")
+    device = ctypes.c_int()
+    check("cuDeviceGet", cuda.cuDeviceGet(ctypes.byref(device), ordinal))
+    context = ctypes.c_void_p()  # retained for the life of the process, as the runtime's is
+    check("cuDevicePrimaryCtxRetain", cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device))
+
+
+def _warm_torch(ordinal):
+    """Device `ordinal`'s context through torch, then one small training step there: cuBLAS's
+    handle and workspace and the first kernels of a forward pass, a backward pass and an SGD
+    step are loaded before the script needs them. Draws no random number (the script's
+    generators stay as a fresh worker's), frees what it allocated and clears the memory
+    statistics a script may read; torch's current device is restored."""
+    import torch
+    import torch.nn.functional as F
+
+    if torch.version.cuda is None:
+        raise CudaWarmError(f"torch {torch.__version__} is built without CUDA")
+    if ordinal >= torch.cuda.device_count():
+        raise CudaWarmError(f"LOCAL_RANK {ordinal} names no device: torch sees "
+                            f"{torch.cuda.device_count()}")
+    device = torch.device("cuda", ordinal)
+    with torch.cuda.device(device):
+        weight = torch.full((64, 64), 0.01, device=device, requires_grad=True)
+        bias = torch.zeros(64, device=device, requires_grad=True)
+        loss = F.relu(F.linear(torch.ones(32, 64, device=device), weight, bias)).square().mean()
+        loss.backward()
+        torch.optim.SGD([weight, bias], lr=0.1, momentum=0.9).step()
+        torch.cuda.synchronize(device)
+        del weight, bias, loss
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        torch.cuda.reset_accumulated_memory_stats(device)
+
+
+def warm_cuda(mode):
+    """--standby_cuda: a standby makes its GPU ready while it waits, so that the rank it becomes
+    skips that. context: the device's CUDA context (_retain_primary_context); warm: that and
+    a first small step through torch (_warm_torch). Run in a standby once its environment is
+    the rank's (CUDA reads CUDA_VISIBLE_DEVICES once), never in the zygote, whose forks could
+    not use CUDA, in a thread beside the one that waits for the hand-over: a hand-over that
+    comes meanwhile (the first group's) is acknowledged at once, and the script starts once
+    the GPU is ready (wait_for_handover_beside). A failure is said on the rank's stderr and the
+    standby waits without it."""
+    before = set(os.listdir("/proc/self/task"))
+    try:
+        _warm_cuda(mode)
+    finally:
+        started = set(os.listdir("/proc/self/task")) - before
+        _rename_threads(started)
+        tunables = os.environ.get("GLIBC_TUNABLES", "")
+        if "MALLOC_ARENA_MAX" not in os.environ and "arena_max" not in tunables:
+            _QUIET_THREADS.update(started)
+
+
+def _rename_threads(tids):
+    """Threads started by this thread took its name, CUDA_THREAD_NAME, unless they named
+    themselves: they get the main thread's, as when the script starts them."""
+    try:
+        with open(f"/proc/self/task/{os.getpid()}/comm", "rb") as f:
+            main_name = f.read().strip()
+    except OSError:
+        return
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm", "r+b") as f:
+                if f.read().strip() == CUDA_THREAD_NAME:
+                    f.seek(0)
+                    f.write(main_name)
+        except OSError:
+            pass
+
+
+def _warm_cuda(mode):
+    try:
+        ordinal = _cuda_ordinal()
+        if mode == "context":
+            _retain_primary_context(ordinal)
+        elif mode == "warm":
+            _warm_torch(ordinal)
+        else:
+            raise CudaWarmError("expected context or warm")
+    except CudaWarmError as e:
+        sys.stderr.write(f"ddprun standby: --standby_cuda={mode}: {e}; this standby waits "
+                         "without its GPU ready\n")
+    except Exception as e:  # noqa: BLE001 - torch's own errors (a busy or broken device)
+        sys.stderr.write(f"ddprun standby: --standby_cuda={mode}: {type(e).__name__}: {e}; "
+                         "this standby waits without its GPU ready\n")
+
+
+# The name of the thread that makes a standby's GPU ready (warm_cuda), as /proc/<pid>/task/*/comm
+# shows it while it runs: bench/recovery_bench.py and the tests wait until it has gone.
+CUDA_THREAD_NAME = b"ddprun-cuda"
+PR_SET_NAME = 15
+
+
+def wait_for_handover_beside(fd, work):
+    """wait_for_handover(fd) in this thread while work() runs in a thread of its own (named
+    CUDA_THREAD_NAME): the acknowledgement never waits for work, and this thread still blocks
+    reading the hand-over as a plain standby does. Once handed, waits for work to end."""
+    import threading
+
+    def run():
+        ctypes.CDLL(None).prctl(PR_SET_NAME, CUDA_THREAD_NAME, 0, 0, 0)
+        work()
+
+    helper = threading.Thread(target=run, name=CUDA_THREAD_NAME.decode(), daemon=True)
+    helper.start()
+    handed = wait_for_handover(fd)
+    if handed is None:
+        return None  # the job is over: exit without waiting for the GPU
+    helper.join()
+    # join() returns before the kernel has ended the thread: show_as counts the threads.
+    gone_by = time.monotonic() + 1
+    while os.path.exists(f"/proc/self/task/{helper.native_id}") and time.monotonic() < gone_by:
+        time.sleep(0.001)
+    return handed
+
+
 def wait_for_handover(fd):
     """(the worker's environment, the script and arguments it runs instead of this process's
     own or None, the command line a fresh start of the worker would have or None), or None for
@@ -717,7 +888,9 @@ def launched_as(is_module, target, args):
 
 
 def main():
-    preload_names, zygote, run_path, is_module, target, args = parse_command(sys.argv[1:])
+    cmd = Command(sys.argv[1:])
+    zygote, run_path, is_module = cmd.zygote, cmd.run_path, cmd.is_module
+    target, args = cmd.target, cmd.args
     # What ps shows while it imports and waits (a rank shows its own command line once handed).
     standby_title = ["ddprun standby:"] + launched_as(is_module, target, args)
     show_as(["ddprun zygote:"] + standby_title[1:] if zygote else standby_title)
@@ -733,7 +906,7 @@ def main():
         sys.stderr.write(f"ddprun standby: {sys.executable} cannot import torch: {e}\n")
         os._exit(EXIT_NO_TORCH)
     local_dir = os.getcwd() if is_module else os.path.dirname(os.path.realpath(target))
-    names = list(preload_names)
+    names = list(cmd.preload)
     # What the script's imports see in sys.argv: as `python script.py args` has it; `python -m`
     # has "-m" there until runpy finds the module.
     saved_argv = sys.argv
@@ -755,8 +928,10 @@ def main():
         sys.argv = saved_argv
     if zygote:
         fd = serve_forks(fd, standby_title)  # returns in each forked standby
-
-    handed = wait_for_handover(fd)
+    if cmd.cuda is None:
+        handed = wait_for_handover(fd)
+    else:  # in a standby, never in the zygote: a fork copies no CUDA state
+        handed = wait_for_handover_beside(fd, lambda: warm_cuda(cmd.cuda))
     if handed is None:
         os._exit(0)  # never became a worker: nothing to clean up or report
     env, own_argv, cmdline = handed

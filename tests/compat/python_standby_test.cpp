@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "tests/compat/compat_support.h"
 #include "tests/support/polling.h"
@@ -474,4 +475,199 @@ TEST_CASE(
   }
   CHECK(seen[0]["draws"][0] != seen[1]["draws"][0]);
   CHECK(seen[0]["draws"][1] != seen[1]["draws"][1]);
+}
+
+namespace {
+
+/// One line of the fake driver library's log (tests/helpers/fake_libcuda.cpp).
+struct DriverCall {
+  std::string call;
+  long pid = 0;
+  std::string visible;  ///< CUDA_VISIBLE_DEVICES as the process had it, "-" when unset
+  int device = -1;      ///< cuDevicePrimaryCtxRetain's device
+};
+
+std::vector<DriverCall> driver_calls(const std::string& log) {
+  std::vector<DriverCall> calls;
+  for (const std::string& line : lines_of(read_file(log))) {
+    std::istringstream in(line);
+    DriverCall c;
+    in >> c.call;
+    for (std::string field; in >> field;) {
+      const auto eq = field.find('=');
+      const std::string key = field.substr(0, eq), value = field.substr(eq + 1);
+      if (key == "pid") c.pid = std::stol(value);
+      if (key == "visible") c.visible = value;
+      if (key == "device") c.device = std::stoi(value);
+    }
+    calls.push_back(c);
+  }
+  return calls;
+}
+
+/// A script that says what each rank is (its pid, LOCAL_RANK, CUDA_VISIBLE_DEVICES) and
+/// whether torch's CUDA state was touched; rank 1 of the first attempt fails once the standbys
+/// wait, so the restart is handed to standbys that made their GPU ready while they waited.
+std::string cuda_probe_script(const std::string& dir) {
+  const std::string script = dir + "/cuda_probe.py";
+  std::ofstream(script)
+      << "import json, os, sys, time\nimport torch\n"
+         "sys.path.insert(0, "
+      << nlohmann::json(kScripts).dump()
+      << ")\n"
+         "from standby_probe_wait import standbys_waiting\n"
+         "restart = int(os.environ['TORCHELASTIC_RESTART_COUNT'])\n"
+         "print('CUDA ' + json.dumps({'pid': os.getpid(), 'restart': restart,\n"
+         "    'local_rank': int(os.environ['LOCAL_RANK']),\n"
+         "    'visible': os.environ.get('CUDA_VISIBLE_DEVICES', '-'),\n"
+         "    'torch_initialized': torch.cuda.is_initialized(),\n"
+         "    'threads': len(os.listdir('/proc/self/task')),\n"
+         "    'names': [open(f'/proc/self/task/{t}/comm').read().strip()\n"
+         "              for t in os.listdir('/proc/self/task')],\n"
+         "    'shown': open('/proc/self/cmdline', 'rb').read().split(b'\\0')[0].decode()}),\n"
+         "    flush=True)\n"
+         "if restart == 0 and os.environ['RANK'] == '1':\n"
+         "    deadline = time.monotonic() + 60\n"
+         "    while not standbys_waiting() and time.monotonic() < deadline:\n"
+         "        time.sleep(0.05)\n"
+         "    sys.exit(1)\n";
+  return script;
+}
+
+std::vector<nlohmann::json> cuda_probes(const std::string& out) {
+  std::vector<nlohmann::json> probes;
+  for (const std::string& line : lines_of(out))
+    if (const auto at = line.find("]:CUDA "); at != std::string::npos)
+      probes.push_back(nlohmann::json::parse(line.substr(at + 7), nullptr, false));
+  return probes;
+}
+
+long zygote_of(const std::string& events) {
+  for (const std::string& line : lines_of(read_file(events)))
+    if (auto e = nlohmann::json::parse(line, nullptr, false);
+        e.is_object() && e["event"] == "zygote_ready")
+      return e["pid"].get<long>();
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "--standby_cuda=context: each rank's standby makes its own device's CUDA context before "
+    "it becomes the rank, the zygote none",
+    "[python][integration][standby]") {
+  require_torch();
+  TempDir dir;
+  const std::string events = dir.path() + "/events.jsonl";
+  const std::string log = dir.path() + "/driver.log";
+  std::vector<std::string> argv{
+      DDPRUN_BIN, "--standalone",   "--nproc_per_node", "2",           "--max_restarts",
+      "1",        "--standby_cuda", "context",          "--event_log", events};
+  std::map<std::string, std::string> env{{"PYTHON_EXEC", "/usr/bin/python3"},
+                                         {"LD_LIBRARY_PATH", FAKE_CUDA_DIR},
+                                         {"FAKE_CUDA_LOG", log}};
+  SECTION("cuda:LOCAL_RANK") {}
+  SECTION("--virtual_local_rank: each rank sees its own GPU as cuda:0") {
+    argv.push_back("--virtual_local_rank");
+  }
+  argv.push_back(cuda_probe_script(dir.path()));
+  auto r = run_command_diagnosed(argv, env, kLimit);
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(from_standby(events) == std::vector<int>{2, 2});
+  CHECK_FALSE(contains(r.out + r.err, "--standby_cuda"));  // nothing went wrong
+  const std::vector<DriverCall> calls = driver_calls(log);
+  const std::vector<nlohmann::json> ranks = cuda_probes(r.out);
+  REQUIRE(ranks.size() == 4);  // two ranks, two attempts
+  for (const nlohmann::json& rank : ranks) {
+    INFO(rank.dump());
+    // The process that became the rank retained the context of the device its script is meant
+    // to use, under the CUDA_VISIBLE_DEVICES the rank has, and torch was left untouched.
+    const auto retained = std::count_if(calls.begin(), calls.end(), [&](const DriverCall& c) {
+      return c.call == "cuDevicePrimaryCtxRetain" && c.pid == rank["pid"].get<long>() &&
+             c.device == rank["local_rank"].get<int>() && c.visible == rank["visible"];
+    });
+    CHECK(retained == 1);
+    CHECK(rank["torch_initialized"] == false);
+    // ps shows the rank's command line as a fresh start has it, though the driver's thread
+    // runs beside the script.
+    CHECK(rank["threads"].get<int>() >= 2);
+    // The driver's thread has the name it would have had, started by the script: the main
+    // thread's, not that of the standby's thread that made the context.
+    CHECK(rank["names"] == nlohmann::json::array({"python3", "python3"}));
+    CHECK(rank["shown"] == "/usr/bin/python3");
+  }
+  // The zygote never initialised CUDA: its forks could not have used it.
+  const long zygote = zygote_of(events);
+  REQUIRE(zygote > 0);
+  CHECK(std::none_of(calls.begin(), calls.end(),
+                     [&](const DriverCall& c) { return c.pid == zygote; }));
+}
+
+TEST_CASE(
+    "--standby_cuda: a standby handed its rank while it makes its GPU ready acknowledges at once",
+    "[python][integration][standby]") {
+  require_torch();
+  TempDir dir;
+  const std::string events = dir.path() + "/events.jsonl";
+  const std::string log = dir.path() + "/driver.log";
+  // The first group is handed to standbys just forked from the zygote, whose contexts here take
+  // 3 s to make: longer than the 2 s ddprun waits for the acknowledgements.
+  auto r = run_command_diagnosed(
+      {DDPRUN_BIN, "--standalone", "--nproc_per_node", "2", "--standby_cuda", "context",
+       "--event_log", events, kScripts + "/standby_first_start.py"},
+      {{"PYTHON_EXEC", "/usr/bin/python3"},
+       {"LD_LIBRARY_PATH", FAKE_CUDA_DIR},
+       {"FAKE_CUDA_LOG", log},
+       {"FAKE_CUDA_RETAIN_MS", "3000"}},
+      kLimit);
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(from_standby(events) == std::vector<int>{2});
+  CHECK_FALSE(contains(r.err, "did not acknowledge"));
+  CHECK(contains(r.out, "[default1]:rank 1 of 2 joined"));
+  const std::vector<DriverCall> calls = driver_calls(log);
+  CHECK(std::count_if(calls.begin(), calls.end(), [](const DriverCall& c) {
+          return c.call == "cuDevicePrimaryCtxRetain";
+        }) == 2);
+}
+
+TEST_CASE(
+    "--standby_cuda: a standby that cannot make its GPU ready says why on its rank's output and "
+    "still becomes the rank",
+    "[python][integration][standby]") {
+  require_torch();
+  TempDir dir;
+  const std::string events = dir.path() + "/events.jsonl";
+  std::map<std::string, std::string> env{{"PYTHON_EXEC", "/usr/bin/python3"},
+                                         {"LD_LIBRARY_PATH", FAKE_CUDA_DIR},
+                                         {"FAKE_CUDA_LOG", dir.path() + "/driver.log"}};
+  std::string mode, why;
+  SECTION("context, and the driver finds no device") {
+    mode = "context";
+    env["FAKE_CUDA_INIT_ERROR"] = "100";
+    why = "cuInit failed with CUDA_ERROR_NO_DEVICE (100)";
+  }
+  SECTION("context, without NVIDIA's driver library") {
+    mode = "context";
+    env.erase("LD_LIBRARY_PATH");
+    why = "NVIDIA's driver library cannot be loaded (libcuda.so.1";
+  }
+  SECTION("warm, with a torch built without CUDA (Debian's)") {
+    mode = "warm";
+    why = "is built without CUDA";
+  }
+  auto r = run_command_diagnosed(
+      {DDPRUN_BIN, "--standalone", "--nproc_per_node", "2", "--max_restarts", "1", "--standby_cuda",
+       mode, "--event_log", events, cuda_probe_script(dir.path())},
+      env, kLimit);
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(from_standby(events) == std::vector<int>{2, 2});
+  CHECK(cuda_probes(r.out).size() == 4);
+  for (const char* rank : {"[default0]:", "[default1]:"})
+    CHECK(contains(r.out + r.err,
+                   std::string(rank) + "ddprun standby: --standby_cuda=" + mode + ": "));
+  CHECK(contains(r.out + r.err, why));
+  CHECK(contains(r.out + r.err, "; this standby waits without its GPU ready"));
 }

@@ -16,6 +16,8 @@ if out=$(bash "$src/scripts/device_check.sh" --parts store,gpus 2>&1); then fail
 grep -qF "unknown part gpus" <<<"$out" || fail "--parts gpus: no clear error: $out"
 if out=$(bash "$src/scripts/device_check.sh" --budget soon 2>&1); then fail "--budget soon was accepted"; fi
 grep -qF -- "--budget soon is not a number" <<<"$out" || fail "--budget soon: no clear error: $out"
+if out=$(bash "$src/scripts/device_check.sh" --recovery-runs 0 2>&1); then fail "--recovery-runs 0 was accepted"; fi
+grep -qF -- "--recovery-runs 0 is not a number of runs" <<<"$out" || fail "--recovery-runs 0: no clear error: $out"
 
 bash "$src/scripts/device_bundle.sh" "$build" "$tmp/bundle"
 for f in bin/ddprun bin/ddprun-rdzvd share/ddprun/ddprun_standby.py \
@@ -42,6 +44,8 @@ expect '"agent_store": "True", "store": "TCPStore"'
 expect '"all_reduce": "ok"'
 expect "cpu: killed in epoch 3 and resumed from the epoch-3 snapshot: True; final parameters identical to the uninterrupted run: True"
 expect "| ddprun-python-standby |"
+expect "| ddprun-python-standby-context |"
+expect "Ratio ddprun-python-standby / ddprun-python-standby-context"
 expect "| ddprun-cpp-standby |"
 expect "| torchrun-python |"
 expect "Ratio C++ / Python"

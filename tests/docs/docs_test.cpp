@@ -329,8 +329,10 @@ const std::set<std::string> kForeignFlags = {
     "--series",
     // the GPU machine's check: scripts/device_check.sh, and the benches' options for a GPU
     // (examples/ddp_train.cpp's too)
-    "--dry-run", "--sdk-build", "--parts", "--budget", "--recovery-series", "--device", "--hidden",
-    "--ddp_train", "--python", "--torchrun", "--settle", "--mark_file",
+    "--dry-run", "--sdk-build", "--parts", "--budget", "--recovery-series", "--recovery-runs",
+    "--device", "--hidden", "--ddp_train", "--python", "--torchrun", "--settle", "--mark_file",
+    // nvidia-smi (benchmarks.md#on-a-gpu-nvidia-h200-torch-211-nccl)
+    "--query-compute-apps",
     // bench/crash_loop_bench.py and bench/backoff_bench.py (benchmarks.md)
     "--only", "--restarts", "--backoff",
     // ddprun's Python bootstrap, agent/python/ddprun_standby.py (design.md#standby-workers)

@@ -18,11 +18,23 @@ def agent_children():
     return pids
 
 
+def readying_gpu(pid):
+    """True while the standby's thread named ddprun-cuda (--standby_cuda) runs."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/comm") as f:
+                if f.read().strip() == "ddprun-cuda":
+                    return True
+        except OSError:
+            pass
+    return False
+
+
 def blocks_reading_its_handover(pid):
     """True when `pid` is one of ddprun's Python standbys (its command line says so) and blocks
-    in read() on a socket: waiting for its hand-over."""
+    in read() on a socket, waiting for its hand-over, with its GPU ready (--standby_cuda)."""
     try:
-        if not command_line(pid).startswith("ddprun standby: "):
+        if not command_line(pid).startswith("ddprun standby: ") or readying_gpu(pid):
             return False
         with open(f"/proc/{pid}/syscall") as f:
             call = f.read().split()

@@ -64,14 +64,23 @@ TEST_CASE("a Python standby runs the bootstrap with the worker's script or modul
   CommandRequest module{"pkg.train", {"x"}, /*module=*/true};
   CHECK(runs_under_python(module, always));
   CHECK(build_python_standby_command(build_worker_command(module, always), "/b.py",
-                                     {"numpy", "scipy"}) == Argv{"python3", "-u", "/b.py", room,
-                                                                 "--preload=numpy,scipy", "--",
-                                                                 "-m", "pkg.train", "x"});
+                                     {{"numpy", "scipy"}}) == Argv{"python3", "-u", "/b.py", room,
+                                                                   "--preload=numpy,scipy", "--",
+                                                                   "-m", "pkg.train", "x"});
   // The node's zygote: the same command, marked.
-  CHECK(build_python_standby_command(build_worker_command(module, always), "/b.py", {"numpy"},
+  CHECK(build_python_standby_command(build_worker_command(module, always), "/b.py", {{"numpy"}},
                                      /*zygote=*/true) == Argv{"python3", "-u", "/b.py", "--zygote",
                                                               room, "--preload=numpy", "--", "-m",
                                                               "pkg.train", "x"});
+  // --standby_cuda: the standbys (and the zygote, which passes it to its forks) are told.
+  CHECK(build_python_standby_command(build_worker_command(script, always), "/b.py",
+                                     {{}, StandbyCuda::Context}) ==
+        Argv{"/usr/bin/python3", "-u", "/b.py", room, "--cuda=context", "--", "train.py", "--lr",
+             "1"});
+  CHECK(build_python_standby_command(build_worker_command(module, always), "/b.py",
+                                     {{"numpy"}, StandbyCuda::Warm}, /*zygote=*/true) ==
+        Argv{"python3", "-u", "/b.py", "--zygote", room, "--preload=numpy", "--cuda=warm", "--",
+             "-m", "pkg.train", "x"});
   // Programs that are not run by Python have no Python standby.
   CHECK_FALSE(runs_under_python(CommandRequest{"./trainer", {}}, always));
   CHECK_FALSE(runs_under_python(CommandRequest{"train.py", {}, false, /*no_python=*/true}, always));

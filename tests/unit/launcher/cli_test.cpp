@@ -835,6 +835,18 @@ TEST_CASE("the option --standby_preload takes Python module names", "[launcher][
         "e.g. numpy,torchvision.models");
 }
 
+TEST_CASE("the option --standby_cuda takes off, context or warm", "[launcher][unit][standby]") {
+  CHECK(parse_ok({"train.py"}).standby_cuda == ddprun::agent::StandbyCuda::Off);
+  CHECK(parse_ok({"--standby_cuda", "context", "train.py"}).standby_cuda ==
+        ddprun::agent::StandbyCuda::Context);
+  CHECK(parse_ok({"--standby-cuda=WARM", "train.py"}).standby_cuda ==
+        ddprun::agent::StandbyCuda::Warm);
+  CHECK(parse_ok({"train.py"}, {{"PET_STANDBY_CUDA", "context"}}).standby_cuda ==
+        ddprun::agent::StandbyCuda::Context);
+  CHECK(parse_error({"--standby_cuda", "eager", "train.py"}) ==
+        "--standby_cuda eager: expected off, context or warm");
+}
+
 TEST_CASE("an unambiguous abbreviation of a long option is that option as argparse reads it",
           "[launcher][unit]") {
   const LaunchConfig config =
@@ -949,9 +961,10 @@ TEST_CASE("a master address with control characters or spaces is refused, escape
   CHECK(parse_error({"--master_addr", "a b", "train.py"}).find("no spaces") != std::string::npos);
 }
 
-TEST_CASE("the defaults are the flag table's: a command line without flags gets them, --help "
-          "shows them",
-          "[launcher][unit]") {
+TEST_CASE(
+    "the defaults are the flag table's: a command line without flags gets them, --help "
+    "shows them",
+    "[launcher][unit]") {
   const LaunchConfig defaults = ddprun::launcher::default_launch_config();
   CHECK(defaults.min_nodes == 1);
   CHECK(defaults.max_nodes == 1);
@@ -999,8 +1012,7 @@ TEST_CASE("the defaults are the flag table's: a command line without flags gets 
 TEST_CASE("the flags ddprun status shares keep their spellings and PET_ variables",
           "[launcher][unit]") {
   using ddprun::launcher::Flag;
-  CHECK(ddprun::launcher::flag_spellings(Flag::RdzvEndpoint) ==
-        "--rdzv_endpoint,--rdzv-endpoint");
+  CHECK(ddprun::launcher::flag_spellings(Flag::RdzvEndpoint) == "--rdzv_endpoint,--rdzv-endpoint");
   CHECK(ddprun::launcher::flag_spellings(Flag::Redirects) == "-r,--redirects");
   CHECK(ddprun::launcher::flag_env_name(Flag::RdzvId) == "PET_RDZV_ID");
 }

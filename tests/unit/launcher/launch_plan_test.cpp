@@ -277,6 +277,38 @@ TEST_CASE("standbys: when they are kept, and what is said when they are not", "[
   }
 }
 
+TEST_CASE("--standby_cuda reaches a Python script's standbys, and is said to do nothing elsewhere",
+          "[launcher][unit][standby]") {
+  FakeMachine machine;
+  SECTION("a Python script's standbys are told") {
+    LaunchConfig config = standalone(2);
+    config.standby_cuda = agent::StandbyCuda::Warm;
+    config.standby_preload = {"numpy"};
+    const LaunchPlan plan = plan_of(config, machine);
+    CHECK(plan.agent.standby_workers);
+    CHECK(plan.agent.python_standby.cuda == agent::StandbyCuda::Warm);
+    CHECK(plan.agent.python_standby.preload == std::vector<std::string>{"numpy"});
+    CHECK(notes_with(plan, LaunchNote::Level::Warn, "--standby_cuda") == 0);
+  }
+  SECTION("without standbys: a warning that it has no effect") {
+    LaunchConfig config = standalone(2);
+    config.standby_workers = StandbyMode::Off;
+    config.standby_cuda = agent::StandbyCuda::Context;
+    const LaunchPlan plan = plan_of(config, machine);
+    CHECK(notes_with(plan, LaunchNote::Level::Warn,
+                     "--standby_cuda: no standbys to make a GPU ready in") == 1);
+  }
+  SECTION("a program on the C++ SDK: its standbys wait without, said so") {
+    LaunchConfig config = standalone(2, "/opt/tool");
+    config.standby_workers = StandbyMode::On;
+    config.standby_cuda = agent::StandbyCuda::Context;
+    const LaunchPlan plan = plan_of(config, machine);
+    CHECK(plan.agent.standby_workers);
+    CHECK(notes_with(plan, LaunchNote::Level::Warn,
+                     "only a Python script's standbys make their GPU ready") == 1);
+  }
+}
+
 TEST_CASE("a torch built without libuv: the agent store off and USE_LIBUV=0 for the workers",
           "[launcher][unit]") {
   FakeMachine machine;
