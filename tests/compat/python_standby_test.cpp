@@ -585,7 +585,8 @@ TEST_CASE(
     // to use, under the CUDA_VISIBLE_DEVICES the rank has, and torch was left untouched.
     const auto retained = std::count_if(calls.begin(), calls.end(), [&](const DriverCall& c) {
       return c.call == "cuDevicePrimaryCtxRetain" && c.pid == rank["pid"].get<long>() &&
-             c.device == rank["local_rank"].get<int>() && c.visible == rank["visible"];
+             c.device == rank["local_rank"].get<int>() &&
+             c.visible == rank["visible"].get<std::string>();
     });
     CHECK(retained == 1);
     CHECK(rank["torch_initialized"] == false);
