@@ -152,8 +152,9 @@ def rss_pss_kib(pid):
 
 
 def gpu_memory_mib():
-    """{pid: MiB of GPU memory it holds} from nvidia-smi, or None without one (or when it
-    fails). A process without a CUDA context is not listed: it holds none."""
+    """{pid: MiB of GPU memory it holds} from nvidia-smi, or None without one, when it fails or
+    when it lists no process at all (it cannot see them: a rank trains on the GPU whenever this
+    is asked). A process without a CUDA context is not listed: it holds none."""
     try:
         out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
                               "--format=csv,noheader,nounits"], stdout=subprocess.PIPE,
@@ -169,7 +170,7 @@ def gpu_memory_mib():
         except ValueError:
             continue
         held[pid] = held.get(pid, 0) + mib
-    return held
+    return held or None
 
 
 def read_events(path):

@@ -27,7 +27,7 @@
 # --recovery-series a,b names bench/recovery_bench.py's series (default: Python standbys, Python
 # standbys with --standby_cuda context (and warm, on a GPU), fresh Python workers and torchrun,
 # and C++ standbys where the SDK was built); --recovery-runs N runs each N times (default 3 on a
-# GPU, 1 without; the part's limit is 80 s a run).
+# GPU, 1 without; the part's limit is 30 s a run of each series).
 # --budget SECONDS (default 480) bounds the whole run: each part's limit is cut to what is left,
 # and a part with under 20 s left is skipped, so the report is written before a lease ends.
 # Environment: DDPRUN_DEVICE_BUNDLE (default .device-bundle in the checkout), PYTHON (python3),
@@ -285,12 +285,12 @@ series=ddprun-python-standby,ddprun-python-standby-context
 series+=,ddprun-python,torchrun-python
 [ -n "$sdk_bin" ] && { rec_args+=(--ddp_train "$sdk_bin/ddp_train"); series+=,ddprun-cpp-standby; }
 [ -n "$recovery_series" ] && series=$recovery_series
+runs=${recovery_runs:-$([ $gpu -eq 1 ] && echo 3 || echo 1)}
+series_count=$(tr ',' '\n' <<<"$series" | grep -c .)
 if [ $gpu -eq 1 ]; then
-  runs=${recovery_runs:-3}
-  part recovery $(( 80 * runs )) "$python" "$src/bench/recovery_bench.py" "${rec_args[@]}" --device cuda --runs "$runs" --series "$series"
+  part recovery $(( 30 * runs * series_count )) "$python" "$src/bench/recovery_bench.py" "${rec_args[@]}" --device cuda --runs "$runs" --series "$series"
 else
-  runs=${recovery_runs:-1}
-  part recovery $(( 80 * runs )) "$python" "$src/bench/recovery_bench.py" "${rec_args[@]}" --device cpu --runs "$runs" --series "$series"
+  part recovery $(( 30 * runs * series_count )) "$python" "$src/bench/recovery_bench.py" "${rec_args[@]}" --device cpu --runs "$runs" --series "$series"
 fi
 sed -n '/^Measured/,/^Memory of a waiting Python zygote/p' "$out/recovery.log" >>"$report" 2>/dev/null
 
