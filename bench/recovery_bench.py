@@ -52,6 +52,8 @@ import time
 from torchrun_cmd import MODES, torchrun_argv
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.append(os.path.join(REPO_ROOT, "agent", "python"))
+from ddprun_standby import waits_ready  # noqa: E402  (ddprun's Python standby bootstrap)
 PY_TRAIN = os.path.join(REPO_ROOT, "bench", "python_ddp_train.py")
 EPOCHS = "100000"  # far more than a run lasts: the bench stops the launcher
 
@@ -85,23 +87,6 @@ def worker_with_rank(launcher_pid, rank):
     return None
 
 
-def readying_gpu(pid):
-    """True while a Python standby's thread named ddprun-cuda (--standby_cuda) still makes its
-    GPU ready (agent/python/ddprun_standby.py, wait_for_handover_beside)."""
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return False
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                if f.read().strip() == "ddprun-cuda":
-                    return True
-        except OSError:
-            pass
-    return False
-
-
 def waiting_standbys(launcher_pid, events):
     """Pids of the launcher's standbys that block reading their hand-over socket, their GPU
     ready with --standby_cuda (from the event log's standbys_started: a standby forked by the
@@ -114,16 +99,8 @@ def waiting_standbys(launcher_pid, events):
     for pid in children(launcher_pid):
         if pid not in started:
             continue
-        try:
-            with open(f"/proc/{pid}/syscall") as f:
-                call = f.read().split()
-            # read(fd, ...): syscall 0 on x86-64, on a socket (the hand-over's).
-            if call[0] == "0" and os.readlink(
-                    f"/proc/{pid}/fd/{int(call[1], 16)}").startswith("socket:") and (
-                    not readying_gpu(pid)):
-                out.append(pid)
-        except (OSError, ValueError, IndexError):
-            pass
+        if waits_ready(pid):
+            out.append(pid)
     return out
 
 

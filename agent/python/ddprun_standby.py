@@ -712,6 +712,26 @@ CUDA_THREAD_NAME = b"ddprun-cuda"
 PR_SET_NAME = 15
 
 
+def waits_ready(pid):
+    """True when the standby `pid` blocks in read() on a socket, waiting for its hand-over, with
+    its GPU ready (no thread named CUDA_THREAD_NAME left, --standby_cuda): what
+    bench/recovery_bench.py and the standby tests wait for before they make a rank fail."""
+    try:
+        with open(f"/proc/{pid}/syscall") as f:
+            call = f.read().split()
+        # read(fd, ...): syscall 0 on x86-64, its first argument the descriptor.
+        if call[0] != "0" or not os.readlink(
+                f"/proc/{pid}/fd/{int(call[1], 16)}").startswith("socket:"):
+            return False
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/comm", "rb") as f:
+                if f.read().strip() == CUDA_THREAD_NAME:
+                    return False
+        return True
+    except (OSError, ValueError, IndexError):
+        return False
+
+
 def wait_for_handover_beside(fd, work):
     """wait_for_handover(fd) in this thread while work() runs in a thread of its own (named
     CUDA_THREAD_NAME): the acknowledgement never waits for work, and this thread still blocks

@@ -1,5 +1,10 @@
 """For the standby tests' scripts: do the agent's standbys wait for their hand-over yet?"""
 import os
+import sys
+
+sys.path.append(os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", "..", "..",
+                             "agent", "python"))
+from ddprun_standby import waits_ready  # noqa: E402
 
 
 def command_line(pid):
@@ -18,30 +23,12 @@ def agent_children():
     return pids
 
 
-def readying_gpu(pid):
-    """True while the standby's thread named ddprun-cuda (--standby_cuda) runs."""
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/comm") as f:
-                if f.read().strip() == "ddprun-cuda":
-                    return True
-        except OSError:
-            pass
-    return False
-
-
 def blocks_reading_its_handover(pid):
-    """True when `pid` is one of ddprun's Python standbys (its command line says so) and blocks
-    in read() on a socket, waiting for its hand-over, with its GPU ready (--standby_cuda)."""
+    """True when `pid` is one of ddprun's Python standbys (its command line says so) waiting
+    for its hand-over, its GPU ready with --standby_cuda (the bootstrap's waits_ready)."""
     try:
-        if not command_line(pid).startswith("ddprun standby: ") or readying_gpu(pid):
-            return False
-        with open(f"/proc/{pid}/syscall") as f:
-            call = f.read().split()
-        # read(fd, ...): syscall 0 on x86-64, its first argument the descriptor.
-        return call[0] == "0" and os.readlink(
-            f"/proc/{pid}/fd/{int(call[1], 16)}").startswith("socket:")
-    except (OSError, ValueError, IndexError):
+        return command_line(pid).startswith("ddprun standby: ") and waits_ready(pid)
+    except OSError:
         return False
 
 
