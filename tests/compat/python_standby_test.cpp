@@ -553,8 +553,8 @@ long zygote_of(const std::string& events) {
 }  // namespace
 
 TEST_CASE(
-    "--standby_cuda=context: each rank's standby makes its own device's CUDA context before "
-    "it becomes the rank, the zygote none",
+    "GPU-ready standbys (--standby_cuda=context): each rank's standby makes its own device's CUDA "
+    "context before it becomes the rank, the zygote none",
     "[python][integration][standby]") {
   require_torch();
   TempDir dir;
@@ -606,7 +606,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "--standby_cuda: a standby handed its rank while it makes its GPU ready acknowledges at once",
+    "GPU-ready standbys: a standby handed its rank while it makes its GPU ready acknowledges at "
+    "once",
     "[python][integration][standby]") {
   require_torch();
   TempDir dir;
@@ -634,8 +635,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "--standby_cuda: a standby that cannot make its GPU ready says why on its rank's output and "
-    "still becomes the rank",
+    "GPU-ready standbys: a standby that cannot make its GPU ready says why on its rank's output "
+    "and still becomes the rank",
     "[python][integration][standby]") {
   require_torch();
   TempDir dir;

@@ -277,8 +277,10 @@ TEST_CASE("standbys: when they are kept, and what is said when they are not", "[
   }
 }
 
-TEST_CASE("--standby_cuda reaches a Python script's standbys, and is said to do nothing elsewhere",
-          "[launcher][unit][standby]") {
+TEST_CASE(
+    "the option --standby_cuda reaches a Python script's standbys, and is said to do nothing "
+    "elsewhere",
+    "[launcher][unit][standby]") {
   FakeMachine machine;
   SECTION("a Python script's standbys are told") {
     LaunchConfig config = standalone(2);
