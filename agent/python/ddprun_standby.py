@@ -627,8 +627,9 @@ def _warm_torch(ordinal):
     """Device `ordinal`'s context through torch, then one small training step there: cuBLAS's
     handle and workspace and the first kernels of a forward pass, a backward pass and an SGD
     step are loaded before the script needs them. Draws no random number (the script's
-    generators stay as a fresh worker's), frees what it allocated and clears the memory
-    statistics a script may read; torch's current device is restored."""
+    generators stay as a fresh worker's), frees its tensors and clears the memory statistics a
+    script may read. Run in a thread of its own, so the main thread's current device is left
+    alone."""
     import torch
     import torch.nn.functional as F
 
@@ -738,12 +739,17 @@ def wait_for_handover_beside(fd, work):
     reading the hand-over as a plain standby does. Once handed, waits for work to end."""
     import threading
 
-    def run():
-        ctypes.CDLL(None).prctl(PR_SET_NAME, CUDA_THREAD_NAME, 0, 0, 0)
-        work()
-
-    helper = threading.Thread(target=run, name=CUDA_THREAD_NAME.decode(), daemon=True)
-    helper.start()
+    # A thread takes its name from the thread that starts it: named from its first moment, it
+    # is never seen unnamed (waits_ready would then be true before the GPU is ready).
+    libc = ctypes.CDLL(None)
+    with open(f"/proc/self/task/{os.getpid()}/comm", "rb") as f:
+        own_name = f.read().strip()
+    libc.prctl(PR_SET_NAME, CUDA_THREAD_NAME, 0, 0, 0)
+    try:
+        helper = threading.Thread(target=work, name=CUDA_THREAD_NAME.decode(), daemon=True)
+        helper.start()
+    finally:
+        libc.prctl(PR_SET_NAME, own_name, 0, 0, 0)
     handed = wait_for_handover(fd)
     if handed is None:
         return None  # the job is over: exit without waiting for the GPU
