@@ -674,11 +674,10 @@ def warm_cuda(mode):
 
 def _rename_threads(tids):
     """Threads started by this thread took its name, CUDA_THREAD_NAME, unless they named
-    themselves: they get the main thread's, as when the script starts them."""
-    try:
-        with open(f"/proc/self/task/{os.getpid()}/comm", "rb") as f:
-            main_name = f.read().strip()
-    except OSError:
+    themselves: they get the main thread's (as wait_for_handover_beside found it: the main
+    thread may still bear CUDA_THREAD_NAME for a moment), as when the script starts them."""
+    main_name = _MAIN_THREAD_NAME[0] if _MAIN_THREAD_NAME else None
+    if main_name is None:
         return
     for tid in tids:
         try:
@@ -711,6 +710,7 @@ def _warm_cuda(mode):
 # shows it while it runs: bench/recovery_bench.py and the tests wait until it has gone.
 CUDA_THREAD_NAME = b"ddprun-cuda"
 PR_SET_NAME = 15
+_MAIN_THREAD_NAME = []  # the main thread's own name, kept before it lends CUDA_THREAD_NAME
 
 
 def waits_ready(pid):
@@ -744,6 +744,7 @@ def wait_for_handover_beside(fd, work):
     libc = ctypes.CDLL(None)
     with open(f"/proc/self/task/{os.getpid()}/comm", "rb") as f:
         own_name = f.read().strip()
+    _MAIN_THREAD_NAME.append(own_name)
     libc.prctl(PR_SET_NAME, CUDA_THREAD_NAME, 0, 0, 0)
     try:
         helper = threading.Thread(target=work, name=CUDA_THREAD_NAME.decode(), daemon=True)
