@@ -581,6 +581,9 @@ def become_standby(agent, env, fds, title):
             pass
 
 
+CU_DEVICE_ATTRIBUTE_COMPUTE_MODE = 20  # cuda.h: 0 default, 2 prohibited, 3 exclusive process
+
+
 class CudaWarmError(Exception):
     """Why a standby could not make its GPU ready (warm_cuda)."""
 
@@ -619,6 +622,14 @@ def _retain_primary_context(ordinal):
                             f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')})")
     device = ctypes.c_int()
     check("cuDeviceGet", cuda.cuDeviceGet(ctypes.byref(device), ordinal))
+    # In another compute mode than the default, a context a standby holds could keep the rank
+    # (or a rank started afresh) off the device.
+    compute_mode = ctypes.c_int()
+    check("cuDeviceGetAttribute", cuda.cuDeviceGetAttribute(
+        ctypes.byref(compute_mode), CU_DEVICE_ATTRIBUTE_COMPUTE_MODE, device))
+    if compute_mode.value != 0:
+        raise CudaWarmError(f"device {ordinal} is in compute mode {compute_mode.value}, not the "
+                            "default (0): a context held by a standby could keep a rank off it")
     context = ctypes.c_void_p()  # retained for the life of the process, as the runtime's is
     check("cuDevicePrimaryCtxRetain", cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device))
 
@@ -668,7 +679,9 @@ def warm_cuda(mode):
         started = set(os.listdir("/proc/self/task")) - before
         _rename_threads(started)
         tunables = os.environ.get("GLIBC_TUNABLES", "")
-        if "MALLOC_ARENA_MAX" not in os.environ and "arena_max" not in tunables:
+        # glibc's malloc only: a preloaded one (tcmalloc) may move the heap's end from any thread.
+        if ("MALLOC_ARENA_MAX" not in os.environ and "arena_max" not in tunables
+                and not os.environ.get("LD_PRELOAD")):
             _QUIET_THREADS.update(started)
 
 
@@ -692,12 +705,13 @@ def _rename_threads(tids):
 def _warm_cuda(mode):
     try:
         ordinal = _cuda_ordinal()
-        if mode == "context":
-            _retain_primary_context(ordinal)
-        elif mode == "warm":
-            _warm_torch(ordinal)
-        else:
+        if mode not in ("context", "warm"):
             raise CudaWarmError("expected context or warm")
+        # Through ctypes, which lets the main thread run meanwhile (it acknowledges the
+        # hand-over); torch's own start of CUDA holds the interpreter's lock.
+        _retain_primary_context(ordinal)
+        if mode == "warm":
+            _warm_torch(ordinal)
     except CudaWarmError as e:
         sys.stderr.write(f"ddprun standby: --standby_cuda={mode}: {e}; this standby waits "
                          "without its GPU ready\n")
@@ -749,6 +763,10 @@ def wait_for_handover_beside(fd, work):
     try:
         helper = threading.Thread(target=work, name=CUDA_THREAD_NAME.decode(), daemon=True)
         helper.start()
+    except RuntimeError as e:  # no thread to be had (a pids limit): wait as a plain standby
+        sys.stderr.write(f"ddprun standby: --standby_cuda: cannot start a thread ({e}); this "
+                         "standby waits without its GPU ready\n")
+        return wait_for_handover(fd)
     finally:
         libc.prctl(PR_SET_NAME, own_name, 0, 0, 0)
     handed = wait_for_handover(fd)

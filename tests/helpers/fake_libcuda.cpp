@@ -4,8 +4,9 @@
 // the file named by FAKE_CUDA_LOG: "<call> pid=<pid> visible=<CUDA_VISIBLE_DEVICES or -> ...".
 // The process sees as many devices as CUDA_VISIBLE_DEVICES lists, else FAKE_CUDA_DEVICES (2);
 // FAKE_CUDA_INIT_ERROR=N makes cuInit fail with N; FAKE_CUDA_RETAIN_MS=N makes a context take N
-// ms to make. Like the real driver, a context leaves a
-// thread behind (waiting for the GPU's events there; here, for nothing).
+// ms to make; FAKE_CUDA_COMPUTE_MODE=N puts every device in compute mode N (0, the default). Like
+// the real driver, a context leaves a thread behind (waiting for the GPU's events there; here, for
+// nothing).
 #include <unistd.h>
 
 #include <cstdio>
@@ -71,6 +72,16 @@ int cuDeviceGet(int* device, int ordinal) {
   if (!initialized) return kNotInitialized;
   if (ordinal < 0 || ordinal >= device_count()) return kInvalidDevice;
   *device = ordinal;
+  return kSuccess;
+}
+
+int cuDeviceGetAttribute(int* value, int attribute, int device) {
+  constexpr int kComputeMode = 20;
+  if (!initialized) return kNotInitialized;
+  if (device < 0 || device >= device_count()) return kInvalidDevice;
+  if (attribute != kComputeMode) return kInvalidValue;
+  const char* mode = std::getenv("FAKE_CUDA_COMPUTE_MODE");
+  *value = mode == nullptr ? 0 : std::atoi(mode);
   return kSuccess;
 }
 
