@@ -1,10 +1,15 @@
 """For the standby tests' scripts: do the agent's standbys wait for their hand-over yet?"""
+import importlib.util
 import os
-import sys
 
-sys.path.append(os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", "..", "..",
-                             "agent", "python"))
-from ddprun_standby import waits_ready  # noqa: E402
+# The bootstrap's own readiness check, loaded from its file: the probes compare sys.path, which
+# must stay as the script's.
+_spec = importlib.util.spec_from_file_location("ddprun_standby", os.path.join(
+    os.path.dirname(os.path.realpath(__file__)), "..", "..", "..", "agent", "python",
+    "ddprun_standby.py"))
+_bootstrap = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_bootstrap)
+waits_ready = _bootstrap.waits_ready
 
 
 def command_line(pid):
