@@ -26,7 +26,9 @@ log (--event_log, CLOCK_MONOTONIC like time.monotonic()), the Python script appe
 mark file. The launcher is then stopped with SIGTERM. ddprun's phases come from
 `ddprun events summarize --json`. The memory of each Python standby while it waits (RSS, and
 PSS, which counts pages shared between processes once) comes from /proc/<pid>/smaps_rollup,
-and the GPU memory it holds from `nvidia-smi --query-compute-apps` where there is one.
+and the GPU memory it holds from `nvidia-smi --query-compute-apps` where there is one (and
+the whole device's use, --query-gpu=memory.used, for a container whose pids nvidia-smi cannot
+name).
 
     cmake --build build --target ddprun ddp_train
     /usr/bin/python3 bench/recovery_bench.py --build build --runs 5 --markdown
@@ -128,26 +130,52 @@ def rss_pss_kib(pid):
     return values["Rss"], values["Pss"]
 
 
-def gpu_memory_mib():
-    """{pid: MiB of GPU memory it holds} from nvidia-smi, or None without one, when it fails or
-    when it lists no process at all (it cannot see them: a rank trains on the GPU whenever this
-    is asked). A process without a CUDA context is not listed: it holds none."""
+def job_processes(launcher_pid):
+    """The launcher and every process below it (bounded)."""
+    seen, todo = set(), [launcher_pid]
+    while todo and len(seen) < 10000:
+        pid = todo.pop()
+        if pid not in seen:
+            seen.add(pid)
+            todo += children(pid)
+    return seen
+
+
+def nvidia_smi(query):
+    """nvidia-smi's CSV rows for `query` (--query-...=fields), each a list of ints, or None
+    without one or when it fails."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
-                              "--format=csv,noheader,nounits"], stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, text=True, timeout=30)
+        out = subprocess.run(["nvidia-smi", query, "--format=csv,noheader,nounits"],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                             timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if out.returncode != 0:
         return None
-    held = {}
+    rows = []
     for line in out.stdout.splitlines():
         try:
-            pid, mib = (int(x.strip()) for x in line.split(","))
+            rows.append([int(x.strip()) for x in line.split(",")])
         except ValueError:
             continue
-        held[pid] = held.get(pid, 0) + mib
-    return held or None
+    return rows
+
+
+def gpu_memory_mib(job):
+    """({pid: MiB of GPU memory it holds} or None, MiB in use on all GPUs together or None).
+    Per process from nvidia-smi --query-compute-apps, None when it lists no process at all or
+    none of `job`'s (the job's ranks train on the GPU whenever this is asked: nvidia-smi sees
+    other pid numbers, a container's host's); a process without a CUDA context is not listed:
+    it holds none. The whole device's use (--query-gpu=memory.used) needs no pid."""
+    apps = nvidia_smi("--query-compute-apps=pid,used_memory") or []
+    held = {}
+    for row in apps:
+        if len(row) == 2:
+            held[row[0]] = held.get(row[0], 0) + row[1]
+    if not held.keys() & job:
+        held = None
+    used = nvidia_smi("--query-gpu=memory.used")
+    return held, (sum(row[0] for row in used if row) if used else None)
 
 
 def read_events(path):
@@ -244,11 +272,14 @@ def one_run(series, args, work):
             if not wait_for(lambda: len(waiting_standbys(proc.pid, events)) == nproc, 120):
                 raise RuntimeError(f"{series}: no {nproc} standbys waiting in 120 s")
             if series.startswith("ddprun-python-standby"):
-                gpu = gpu_memory_mib() if args.device == "cuda" else None
+                gpu, device_used = (gpu_memory_mib(job_processes(proc.pid))
+                                    if args.device == "cuda" else (None, None))
                 for pid in waiting_standbys(proc.pid, events):
                     rss, pss = rss_pss_kib(pid)
                     memory.append((series, "standby", rss, pss,
                                    None if gpu is None else gpu.get(pid, 0)))
+                if device_used is not None:
+                    memory.append((series, "device", None, None, device_used))
                 if zygote_pid(events) is not None:
                     memory.append((series, "zygote") + rss_pss_kib(zygote_pid(events)) + (None,))
         time.sleep(args.settle)  # training under way
@@ -393,6 +424,21 @@ def main():
             cells.append(f"{statistics.median(gpu):.0f} ({min(gpu)}-{max(gpu)})" if gpu
                          else "n/a")
             print(f"| {s} | {len(mine)} | " + " | ".join(cells) + " |")
+    in_use = {s: [m[4] for m in memory if m[0] == s and m[1] == "device"] for s in series}
+    if any(in_use.values()):
+        print("\nGPU memory in use on the machine's GPUs, all processes, while the standbys "
+              "waited (nvidia-smi --query-gpu=memory.used), median MiB; the difference from "
+              "ddprun-python-standby, divided by the standbys waiting, is what a standby's "
+              "--standby_cuda holds even where nvidia-smi cannot name processes:\n")
+        print("| series | MiB in use (min-max) | more than ddprun-python-standby, per standby |")
+        print("|---|---:|---:|")
+        base = in_use.get("ddprun-python-standby")
+        for s in series:
+            if in_use[s]:
+                v = in_use[s]
+                extra = (f"{(statistics.median(v) - statistics.median(base)) / args.nproc:.0f}"
+                         if base and s != "ddprun-python-standby" else "n/a")
+                print(f"| {s} | {statistics.median(v):.0f} ({min(v)}-{max(v)}) | {extra} |")
     rss = [m[2] for m in memory if m[1] == "zygote"]
     pss = [m[3] for m in memory if m[1] == "zygote"]
     if rss:

@@ -26,8 +26,8 @@
 # --parts a,b runs only those parts (sdk_gpu and steps need sdk_build, or --sdk-build);
 # --recovery-series a,b names bench/recovery_bench.py's series (default: Python standbys, Python
 # standbys with --standby_cuda context (and warm, on a GPU), fresh Python workers and torchrun,
-# and C++ standbys where the SDK was built); --recovery-runs N runs each N times (default 3 on a
-# GPU, 1 without; the part's limit is 30 s a run of each series).
+# and C++ standbys where the SDK was built); --recovery-runs N runs each N times (default on a
+# GPU 3, or 2 for more than 4 series; 1 without; the part's limit is 30 s a run of each series).
 # --budget SECONDS (default 480) bounds the whole run: each part's limit is cut to what is left,
 # and a part with under 20 s left is skipped, so the report is written before a lease ends.
 # Environment: DDPRUN_DEVICE_BUNDLE (default .device-bundle in the checkout), PYTHON (python3),
@@ -285,8 +285,10 @@ series=ddprun-python-standby,ddprun-python-standby-context
 series+=,ddprun-python,torchrun-python
 [ -n "$sdk_bin" ] && { rec_args+=(--ddp_train "$sdk_bin/ddp_train"); series+=,ddprun-cpp-standby; }
 [ -n "$recovery_series" ] && series=$recovery_series
-runs=${recovery_runs:-$([ $gpu -eq 1 ] && echo 3 || echo 1)}
 series_count=$(tr ',' '\n' <<<"$series" | grep -c .)
+# On a GPU a run takes 10 to 15 s: 3 runs of up to 4 series, else 2, keep the whole default
+# check (the steps part comes after this one) within its 480 s.
+runs=${recovery_runs:-$([ $gpu -eq 1 ] && { [ "$series_count" -le 4 ] && echo 3 || echo 2; } || echo 1)}
 if [ $gpu -eq 1 ]; then
   part recovery $(( 30 * runs * series_count )) "$python" "$src/bench/recovery_bench.py" "${rec_args[@]}" --device cuda --runs "$runs" --series "$series"
 else

@@ -676,13 +676,26 @@ def warm_cuda(mode):
     try:
         _warm_cuda(mode)
     finally:
-        started = set(os.listdir("/proc/self/task")) - before
-        _rename_threads(started)
+        started = _rename_started_threads(before)
         tunables = os.environ.get("GLIBC_TUNABLES", "")
         # glibc's malloc only: a preloaded one (tcmalloc) may move the heap's end from any thread.
         if ("MALLOC_ARENA_MAX" not in os.environ and "arena_max" not in tunables
                 and not os.environ.get("LD_PRELOAD")):
             _QUIET_THREADS.update(started)
+
+
+def _rename_started_threads(before):
+    """The threads started since `before` (thread ids) and not yet ended, renamed
+    (_rename_threads). A thread the warm-up started may itself start one while they are
+    renamed, which takes the name it had: renamed until a pass finds no new thread (bounded)."""
+    started = set()
+    for _ in range(8):
+        fresh = set(os.listdir("/proc/self/task")) - before - started
+        if not fresh:
+            break
+        _rename_threads(fresh)
+        started |= fresh
+    return started
 
 
 def _rename_threads(tids):
@@ -725,6 +738,8 @@ def _warm_cuda(mode):
 CUDA_THREAD_NAME = b"ddprun-cuda"
 PR_SET_NAME = 15
 _MAIN_THREAD_NAME = []  # the main thread's own name, kept before it lends CUDA_THREAD_NAME
+# read()'s system call number, as /proc/<pid>/syscall shows it (<asm/unistd.h>), by machine.
+_READ_SYSCALL = {"x86_64": "0", "aarch64": "63", "ppc64le": "3", "s390x": "3", "riscv64": "63"}
 
 
 def waits_ready(pid):
@@ -734,8 +749,10 @@ def waits_ready(pid):
     try:
         with open(f"/proc/{pid}/syscall") as f:
             call = f.read().split()
-        # read(fd, ...): syscall 0 on x86-64, its first argument the descriptor.
-        if call[0] != "0" or not os.readlink(
+        # read(fd, ...), its first argument the descriptor; on a machine whose read() number is
+        # not known here, any call blocked on the socket.
+        read = _READ_SYSCALL.get(os.uname().machine)
+        if (read is not None and call[0] != read) or not os.readlink(
                 f"/proc/{pid}/fd/{int(call[1], 16)}").startswith("socket:"):
             return False
         for tid in os.listdir(f"/proc/{pid}/task"):
@@ -769,7 +786,13 @@ def wait_for_handover_beside(fd, work):
         return wait_for_handover(fd)
     finally:
         libc.prctl(PR_SET_NAME, own_name, 0, 0, 0)
-    handed = wait_for_handover(fd)
+    try:
+        handed = wait_for_handover(fd)
+    except SystemExit as e:
+        # A bad hand-over: leave at once, not through the interpreter's finalization while the
+        # helper may be inside the driver.
+        sys.stderr.flush()
+        os._exit(e.code if isinstance(e.code, int) else 1)
     if handed is None:
         return None  # the job is over: exit without waiting for the GPU
     helper.join()

@@ -621,7 +621,7 @@ TEST_CASE(
       {{"PYTHON_EXEC", "/usr/bin/python3"},
        {"LD_LIBRARY_PATH", FAKE_CUDA_DIR},
        {"FAKE_CUDA_LOG", log},
-       {"FAKE_CUDA_RETAIN_MS", "3000"}},
+       {"FAKE_CUDA_RETAIN_MS", "120000"}},
       kLimit);
   INFO(r.out << r.err);
   REQUIRE(r.exit_code == 0);
@@ -686,4 +686,34 @@ TEST_CASE(
                    std::string(rank) + "ddprun standby: --standby_cuda=" + mode + ": "));
   CHECK(contains(r.out + r.err, why));
   CHECK(contains(r.out + r.err, "; this standby waits without its GPU ready"));
+}
+
+TEST_CASE(
+    "a Python standby sent a bad hand-over exits 4 with the reason without acknowledging it, also "
+    "while its GPU is being made ready",
+    "[python][integration][standby]") {
+  require_torch();
+  TempDir dir;
+  const std::string log = dir.path() + "/driver.log";
+  std::string mode = "off";
+  SECTION("a plain standby") {}
+  SECTION("--standby_cuda=context, its context still being made") { mode = "context"; }
+  // The context takes longer than the test waits: the standby must leave without it.
+  auto r =
+      run_command_diagnosed({"/usr/bin/python3", kScripts + "/standby_bad_handover.py",
+                             std::string(DDPRUN_SOURCE_DIR) + "/agent/python/ddprun_standby.py",
+                             mode, kScripts + "/standby_first_start.py"},
+                            {{"LD_LIBRARY_PATH", FAKE_CUDA_DIR},
+                             {"FAKE_CUDA_LOG", log},
+                             {"FAKE_CUDA_RETAIN_MS", "120000"}},
+                            kLimit);
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  const auto got = nlohmann::json::parse(r.out);
+  INFO(got.dump());
+  CHECK(got["code"] == 4);
+  CHECK(contains(got["err"].get<std::string>(), "ddprun standby: bad hand-over from ddprun: "));
+  CHECK(got["acknowledged"] == false);
+  CHECK(got["context_made"] == false);
+  if (mode == "context") CHECK(contains(read_file(log), "cuInit"));
 }
