@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "agent/process_tree.h"
+#include "agent/watcher_record.h"
 
 namespace ddprun::agent {
 namespace {
@@ -60,13 +61,6 @@ bool remove_cgroup(const std::string& dir) {
   }
   return ::rmdir(dir.c_str()) == 0 || errno == ENOENT;
 }
-
-/// One record on the watcher's pipe: 'T' and a process group to kill if the agent dies, or
-/// 'F': forget every group told so far (they were killed).
-struct WatcherRecord {
-  char kind = 'F';
-  std::int32_t pgid = 0;
-};
 
 /// SIGKILLs every process in one of `groups` that is of session `sid` (a group's leader may
 /// be gone while its members live; a process group id reused by someone else's session is
@@ -296,6 +290,8 @@ void GroupCleanup::tell_watcher(char kind, pid_t pgid) {
     n = ::write(watcher_pipe_, &record, sizeof record);
   } while (n < 0 && errno == EINTR);
 }
+
+int GroupCleanup::watcher_fd() const { return tracking_ ? watcher_pipe_ : -1; }
 
 void GroupCleanup::track(pid_t pgid) {
   if (pgid > 0) tell_watcher('T', pgid);

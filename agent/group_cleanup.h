@@ -39,8 +39,9 @@ std::optional<std::string> cgroup2_own_path(const std::string& proc_self_cgroup)
 ///     |     \-- setsid'd grandchildren (same cgroup; ours once orphaned)   the agent is gone,
 ///     \-- standbys            (in <own cgroup>/ddprun-<pid>/standby)       then cgroup.kill on
 ///                                                                          ddprun-<pid>, rmdir
-/// Without a cgroup (subreaper) the agent writes each worker's process group to the watcher's
-/// pipe as it starts, and "forget" once the group's processes are killed; if the agent dies
+/// Without a cgroup (subreaper) each worker writes its process group to the watcher's pipe
+/// before exec (the agent, each standby's before a hand-over), and the agent "forget" once the
+/// group's processes are killed; if the agent dies
 /// first, the watcher SIGKILLs whatever is left in those process groups (the workers' own
 /// background children), checked to be of the agent's session.
 /// A group's end kills every descendant of the agent but the standbys (a /proc walk), and with
@@ -71,6 +72,10 @@ class GroupCleanup {
   /// A worker of the current group leads process group `pgid`: without a cgroup, the watcher
   /// kills what is left of it if the agent dies.
   void track(pid_t pgid);
+  /// Without a cgroup, the watcher's pipe, on which a worker tells its own process group
+  /// between fork and exec (ProcessSpec::watcher_fd), so that nothing it starts is missed if
+  /// the agent dies before track() would have told it; -1 with a cgroup.
+  int watcher_fd() const;
   /// The group has ended: SIGKILL every descendant of the agent except the `spared` pids and
   /// theirs (the standbys), and the group's cgroup. Returns how many processes the /proc walk
   /// signalled.

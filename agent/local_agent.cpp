@@ -417,6 +417,11 @@ class LocalAgent::Impl {
     // arrive as the loop turns; until they have, exits are left unreaped (a standby that took
     // over and ended at once is reaped as the worker it became).
     handing_over_ = true;
+    // Without a cgroup the watcher learns each standby's process group (it leads its own; and
+    // the zygote's, which ends with the agent anyway) before the standby can run the script:
+    // should the agent die right after the hand-over, what the script started there still goes.
+    if (opt_.cleanup != nullptr)
+      for (pid_t pid : standbys_.pids()) opt_.cleanup->track(pid);
     standbys_.hand_over(attempt_.executable, attempt_.envs,
                         [this](std::map<int, LaunchedProcess> handed) { group_handed(handed); });
   }
@@ -451,11 +456,11 @@ class LocalAgent::Impl {
       ProcessSpec spec{attempt_.executable, argv_for_local_rank(opt_.spec.argv, p.local_rank),
                        to_envp(attempt_.envs.at(p.local_rank))};
       spec.cgroup_procs_fd = cgroup_procs_fd_;
+      spec.watcher_fd = opt_.cleanup != nullptr ? opt_.cleanup->watcher_fd() : -1;
       if (static_cast<size_t>(p.local_rank) < opt_.cpus_by_local_rank.size())
         spec.cpus = opt_.cpus_by_local_rank[static_cast<size_t>(p.local_rank)];
       auto launched = launcher_.launch(spec);
       if (launched) {
-        if (opt_.cleanup != nullptr) opt_.cleanup->track(launched->pid);
         output_.add(p, launched->stdout_fd, launched->stderr_fd, attempt_.rank_dir(p.local_rank));
         return launched->pid;
       }

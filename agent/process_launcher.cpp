@@ -1,5 +1,6 @@
 #include "agent/process_launcher.h"
 
+#include "agent/watcher_record.h"
 #include "common/open_files.h"
 
 #include <fcntl.h>
@@ -13,6 +14,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 namespace ddprun::agent {
@@ -77,28 +79,44 @@ void close_on_exec_from_3() {
   }
 }
 
+/// What the forked child needs, all prepared before fork (the child allocates nothing).
+struct ChildSetup {
+  const char* exe;
+  char* const* argv;
+  char* const* envp;
+  pid_t parent;
+  int out_w, err_w, report_w;  ///< its stdout and stderr; where an exec error is reported
+  int inherit_fd, cgroup_procs_fd, watcher_fd;  ///< as in ProcessSpec
+  const cpu_set_t* cpus;                        ///< nullptr: the agent's
+};
+
 /// Runs in the forked child: only async-signal-safe calls until execve.
-[[noreturn]] void exec_child(const char* exe, char* const* argv, char* const* envp, pid_t parent,
-                             int out_w, int err_w, int report_w, int inherit_fd,
-                             int cgroup_procs_fd, const cpu_set_t* cpus) {
+[[noreturn]] void exec_child(const ChildSetup& c) {
   ::setpgid(0, 0);
   // Bound before exec, so every thread the program starts inherits the CPUs. A failure is
   // reported as -errno: the binding failed, not the exec.
-  if (cpus != nullptr && ::sched_setaffinity(0, sizeof(cpu_set_t), cpus) != 0) {
+  if (c.cpus != nullptr && ::sched_setaffinity(0, sizeof(cpu_set_t), c.cpus) != 0) {
     int err = -errno;
-    ssize_t ignored = ::write(report_w, &err, sizeof(err));
+    ssize_t ignored = ::write(c.report_w, &err, sizeof(err));
     (void)ignored;
     ::_exit(127);
   }
   // "0" is the writer: in the group's cgroup before exec, so before it can fork. A failure
   // leaves it in the agent's cgroup, where the /proc walk still finds what it leaves behind.
-  if (cgroup_procs_fd >= 0) {
-    ssize_t moved = ::write(cgroup_procs_fd, "0", 1);
+  if (c.cgroup_procs_fd >= 0) {
+    ssize_t moved = ::write(c.cgroup_procs_fd, "0", 1);
     (void)moved;
+  }
+  // Without a cgroup, the watcher learns this process group before anything in it can fork:
+  // should the agent die the moment this worker starts, the watcher still kills what it starts.
+  if (c.watcher_fd >= 0) {
+    const WatcherRecord record{'T', static_cast<std::int32_t>(::getpid())};
+    ssize_t told = ::write(c.watcher_fd, &record, sizeof record);
+    (void)told;
   }
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   // The agent may have died between fork and prctl; then nobody would kill us later.
-  if (::getppid() != parent) ::_exit(127);
+  if (::getppid() != c.parent) ::_exit(127);
   sigset_t none;
   ::sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -110,17 +128,17 @@ void close_on_exec_from_3() {
   ::signal(SIGUSR2, SIG_IGN);
   int devnull = ::open("/dev/null", O_RDONLY);
   if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
-  ::dup2(out_w, STDOUT_FILENO);
-  ::dup2(err_w, STDERR_FILENO);
+  ::dup2(c.out_w, STDOUT_FILENO);
+  ::dup2(c.err_w, STDERR_FILENO);
   close_on_exec_from_3();
-  if (inherit_fd >= 0) ::fcntl(inherit_fd, F_SETFD, 0);
+  if (c.inherit_fd >= 0) ::fcntl(c.inherit_fd, F_SETFD, 0);
   // The agent raised its own open-file limit for the store's and the rendezvous server's
   // connections; a worker gets the limit ddprun was started with, as under torchrun. After the
   // descriptors are marked: without close_range that walks up to the raised limit.
   common::restore_inherited_open_file_limit();
-  ::execve(exe, argv, envp);
+  ::execve(c.exe, c.argv, c.envp);
   int err = errno;
-  ssize_t ignored = ::write(report_w, &err, sizeof(err));
+  ssize_t ignored = ::write(c.report_w, &err, sizeof(err));
   (void)ignored;
   ::_exit(127);
 }
@@ -144,11 +162,19 @@ common::Result<LaunchedProcess> PosixProcessLauncher::launch(const ProcessSpec& 
   CPU_ZERO(&cpus);
   for (int cpu : spec.cpus)
     if (cpu >= 0 && cpu < CPU_SETSIZE) CPU_SET(cpu, &cpus);
-  const pid_t parent = ::getpid();
+  const ChildSetup setup{spec.executable.c_str(),
+                         argv.data(),
+                         envp.data(),
+                         ::getpid(),
+                         out[1],
+                         err[1],
+                         report[1],
+                         spec.inherit_fd,
+                         spec.cgroup_procs_fd,
+                         spec.watcher_fd,
+                         spec.cpus.empty() ? nullptr : &cpus};
   const pid_t pid = ::fork();
-  if (pid == 0)
-    exec_child(spec.executable.c_str(), argv.data(), envp.data(), parent, out[1], err[1], report[1],
-               spec.inherit_fd, spec.cgroup_procs_fd, spec.cpus.empty() ? nullptr : &cpus);
+  if (pid == 0) exec_child(setup);
   close_fd(out[1]);
   close_fd(err[1]);
   close_fd(report[1]);

@@ -21,6 +21,10 @@ struct ProcessSpec {
   /// An open cgroup.procs file (GroupCleanup) the process moves itself into before exec, so
   /// that everything it forks is in that cgroup from the start (-1: stay in the agent's).
   int cgroup_procs_fd = -1;
+  /// The subreaper watcher's pipe (GroupCleanup::watcher_fd), to which the process writes its
+  /// own process group before exec, so that the watcher knows it before the process can fork
+  /// (-1: none).
+  int watcher_fd = -1;
   /// The CPUs the process is bound to before exec (--numa_binding); empty: the agent's.
   std::vector<int> cpus = {};
 };
