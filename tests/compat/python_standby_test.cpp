@@ -621,7 +621,7 @@ TEST_CASE(
       {{"PYTHON_EXEC", "/usr/bin/python3"},
        {"LD_LIBRARY_PATH", FAKE_CUDA_DIR},
        {"FAKE_CUDA_LOG", log},
-       {"FAKE_CUDA_RETAIN_MS", "120000"}},
+       {"FAKE_CUDA_RETAIN_MS", "3000"}},
       kLimit);
   INFO(r.out << r.err);
   REQUIRE(r.exit_code == 0);
