@@ -15,5 +15,8 @@ if flag:
     args, _ = parser.parse_known_args()
     if args.local_rank != int(os.environ["LOCAL_RANK"]):
         raise SystemExit(f"{flag}={args.local_rank} but LOCAL_RANK={os.environ['LOCAL_RANK']}")
-print(f"probe local_rank={os.environ['LOCAL_RANK']} name={__name__} file={__file__} "
-      f"argv={sys.argv!r}", flush=True)
+# One write of the whole line: under torchrun both ranks share one stdout, and print() under
+# python -u writes the line and its newline apart, so two ranks' lines could run together.
+sys.stdout.write(f"probe local_rank={os.environ['LOCAL_RANK']} name={__name__} file={__file__} "
+                 f"argv={sys.argv!r}\n")
+sys.stdout.flush()
