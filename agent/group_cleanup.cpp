@@ -72,8 +72,9 @@ void kill_groups(const std::set<pid_t>& groups, pid_t sid) {
 
 /// The watcher: waits for the agent's end (EOF on the pipe, whether the agent exited or was
 /// SIGKILLed), then kills what is left in the node's cgroup and removes it, or, without one,
-/// what is left in the process groups the agent told it of. It runs in a fork of a process
-/// with one thread, so the calls below are safe; it holds nothing of the agent's.
+/// what is left in the process groups it was told of (by each worker before its exec, and by
+/// the agent). It runs in a fork of a process with one thread, so the calls below are safe; it
+/// holds nothing of the agent's.
 [[noreturn]] void watch(int pipe_r, const std::string& node_dir) {
   const pid_t agent_session = ::getsid(0);
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE, SIGTSTP})

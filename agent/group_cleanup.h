@@ -40,8 +40,8 @@ std::optional<std::string> cgroup2_own_path(const std::string& proc_self_cgroup)
 ///     \-- standbys            (in <own cgroup>/ddprun-<pid>/standby)       then cgroup.kill on
 ///                                                                          ddprun-<pid>, rmdir
 /// Without a cgroup (subreaper) each worker writes its process group to the watcher's pipe
-/// before exec (the agent, each standby's before a hand-over), and the agent "forget" once the
-/// group's processes are killed; if the agent dies
+/// before exec, and the agent writes each standby's before a hand-over; once a group's
+/// processes are killed the agent tells the watcher to forget them all. If the agent dies
 /// first, the watcher SIGKILLs whatever is left in those process groups (the workers' own
 /// background children), checked to be of the agent's session.
 /// A group's end kills every descendant of the agent but the standbys (a /proc walk), and with
@@ -67,7 +67,7 @@ class GroupCleanup {
   int begin_group();
   /// The cgroup.procs descriptor for standbys (-1 without a cgroup).
   int standby_procs_fd() const { return standby_fd_; }
-  /// A standby handed over to the current group joins its cgroup (and is tracked).
+  /// A standby handed over to the current group joins its cgroup (and is tracked, again).
   void adopt(pid_t pid);
   /// A worker of the current group leads process group `pgid`: without a cgroup, the watcher
   /// kills what is left of it if the agent dies.

@@ -417,11 +417,6 @@ class LocalAgent::Impl {
     // arrive as the loop turns; until they have, exits are left unreaped (a standby that took
     // over and ended at once is reaped as the worker it became).
     handing_over_ = true;
-    // Without a cgroup the watcher learns each standby's process group (it leads its own; and
-    // the zygote's, which ends with the agent anyway) before the standby can run the script:
-    // should the agent die right after the hand-over, what the script started there still goes.
-    if (opt_.cleanup != nullptr)
-      for (pid_t pid : standbys_.pids()) opt_.cleanup->track(pid);
     standbys_.hand_over(attempt_.executable, attempt_.envs,
                         [this](std::map<int, LaunchedProcess> handed) { group_handed(handed); });
   }

@@ -110,6 +110,8 @@ struct ChildSetup {
   // Without a cgroup, the watcher learns this process group before anything in it can fork:
   // should the agent die the moment this worker starts, the watcher still kills what it starts.
   if (c.watcher_fd >= 0) {
+    // A watcher gone must not kill this worker (EPIPE instead); every signal is reset below.
+    ::signal(SIGPIPE, SIG_IGN);
     const WatcherRecord record{'T', static_cast<std::int32_t>(::getpid())};
     ssize_t told = ::write(c.watcher_fd, &record, sizeof record);
     (void)told;

@@ -179,6 +179,13 @@ struct StandbySupply::Impl {
       for (const auto& [local_rank, env] : envs)
         python[local_rank] = {standby_script_argv(settings.spec.argv, local_rank),
                               argv_for_local_rank(settings.spec.argv, local_rank)};
+    // Without a cgroup the watcher learns each standby's process group (each leads its own)
+    // before the standby can run the script, so that what the script starts there goes too
+    // should the agent die right after the hand-over. Here, not before hand_over(): a standby
+    // forked from the zygote for this hand-over is known only once its fork was answered.
+    if (settings.cleanup != nullptr)
+      for (const auto& [local_rank, env] : envs)
+        if (pool.has(local_rank)) settings.cleanup->track(pool.pid_of(local_rank));
     // Every standby is sent its message at once; the deadline bounds the whole hand-over.
     for (const auto& [local_rank, fd] : pool.begin_hand_over(envs, handover_warnings, python)) {
       auto wait = std::make_unique<asio::posix::stream_descriptor>(io);

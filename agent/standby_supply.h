@@ -38,7 +38,9 @@ struct StandbySettings {
   WorkerSpec spec;
   EnvMap agent_env;
   std::string run_id;
-  GroupCleanup* cleanup = nullptr;  ///< needed for a zygote (a subreaper adopts its forks)
+  /// Needed for a zygote (a subreaper adopts its forks); without a cgroup, each standby's
+  /// process group is tracked with it before a hand-over.
+  GroupCleanup* cleanup = nullptr;
   /// How long after a group its standbys start (AgentOptions::standby_delay).
   std::chrono::milliseconds delay{1'000};
 };

@@ -6,6 +6,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -722,4 +723,49 @@ TEST_CASE(
   CHECK(got["acknowledged"] == false);
   CHECK(got["context_made"] == false);
   if (mode == "context") CHECK(contains(read_file(log), "cuInit"));
+}
+
+TEST_CASE(
+    "a background child of a rank handed to a Python standby is gone after a SIGKILL of the "
+    "agent (--cleanup subreaper)",
+    "[python][integration][standby]") {
+  require_torch();
+  TempDir dir;
+  const std::string pids = dir.path() + "/pids";
+  const std::string events = dir.path() + "/events.jsonl";
+  // The children's pids, from "child<local rank> <pid>" lines.
+  auto children = [&] {
+    std::vector<pid_t> found;
+    std::istringstream in(read_file(pids));
+    std::string key;
+    long pid = 0;
+    while (in >> key >> pid) found.push_back(static_cast<pid_t>(pid));
+    return found;
+  };
+  // A failing test leaves no child behind (checked to be ours by its command line).
+  struct Sweep {
+    std::function<std::vector<pid_t>()> pids;
+    std::string mark;
+    ~Sweep() {
+      for (pid_t pid : pids())
+        if (process_alive(pid) &&
+            contains(read_file("/proc/" + std::to_string(pid) + "/cmdline"), mark))
+          ::kill(pid, SIGKILL);
+    }
+  } sweep{children, pids};
+  // The first group is forked from the zygote and handed over; each rank starts a child in its
+  // own process group, which nothing but the watcher kills once the agent is gone.
+  Subprocess ddprun(
+      {DDPRUN_BIN, "--standalone", "--nproc_per_node", "2", "--standby_workers", "--cleanup",
+       "subreaper", "--event_log", events, kScripts + "/standby_background_child.py", pids},
+      {{"PYTHON_EXEC", "/usr/bin/python3"}});
+  REQUIRE(wait_until([&] { return children().size() == 2; }, std::chrono::seconds(120)));
+  REQUIRE(from_standby(events) == std::vector<int>{2});
+  ddprun.send(SIGKILL);
+  auto r = ddprun.wait(kLimit);
+  CHECK(r.exit_code == 128 + SIGKILL);
+  for (pid_t pid : children()) {
+    INFO("child pid " << pid);
+    CHECK(wait_until([pid] { return !process_alive(pid); }, std::chrono::seconds(10)));
+  }
 }
