@@ -393,6 +393,22 @@ def drop_template_dir():
         temp.cleanup()
 
 
+def leave(code, own_template):
+    """Exits a standby that never became a worker at once, with `code`: os._exit, so no
+    finalizer or exit handler runs (a standby forked from the zygote would remove the zygote's
+    template directory) and nothing waits for the thread making the GPU ready (the driver's
+    teardown can wait for a call still inside it). What was written is flushed first, and with
+    `own_template` this process's own template directory removed."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    if own_template:
+        drop_template_dir()
+    os._exit(code)
+
+
 def read_to_end(fd):
     """Everything a forked child writes to the pipe `fd` before it exits; closes `fd`."""
     data = b""
@@ -586,6 +602,10 @@ CU_DEVICE_ATTRIBUTE_COMPUTE_MODE = 20  # cuda.h: 0 default, 2 prohibited, 3 excl
 
 class CudaWarmError(Exception):
     """Why a standby could not make its GPU ready (warm_cuda)."""
+
+
+class BadHandover(Exception):
+    """What was wrong with the hand-over message (wait_for_handover)."""
 
 
 def _cuda_ordinal():
@@ -786,13 +806,7 @@ def wait_for_handover_beside(fd, work):
         return wait_for_handover(fd)
     finally:
         libc.prctl(PR_SET_NAME, own_name, 0, 0, 0)
-    try:
-        handed = wait_for_handover(fd)
-    except SystemExit as e:
-        # A bad hand-over: leave at once, not through the interpreter's finalization while the
-        # helper may be inside the driver.
-        sys.stderr.flush()
-        os._exit(e.code if isinstance(e.code, int) else 1)
+    handed = wait_for_handover(fd)  # a bad one raises BadHandover: main() leaves with os._exit
     if handed is None:
         return None  # the job is over: exit without waiting for the GPU
     helper.join()
@@ -830,8 +844,7 @@ def wait_for_handover(fd):
                 raise ValueError(f"bad {name}")
     except (ValueError, KeyError, TypeError) as e:
         os.close(fd)
-        sys.stderr.write(f"ddprun standby: bad hand-over from ddprun: {e}\n")
-        sys.exit(EXIT_BAD_HANDOVER)
+        raise BadHandover(str(e)) from None
     # From here on this process is the worker: ddprun waits for this byte before counting it.
     try:
         os.write(fd, ACK)
@@ -996,12 +1009,16 @@ def main():
         sys.argv = saved_argv
     if zygote:
         fd = serve_forks(fd, standby_title)  # returns in each forked standby
-    if cmd.cuda is None:
-        handed = wait_for_handover(fd)
-    else:  # in a standby, never in the zygote: a fork copies no CUDA state
-        handed = wait_for_handover_beside(fd, lambda: warm_cuda(cmd.cuda))
+    try:
+        if cmd.cuda is None:
+            handed = wait_for_handover(fd)
+        else:  # in a standby, never in the zygote: a fork copies no CUDA state
+            handed = wait_for_handover_beside(fd, lambda: warm_cuda(cmd.cuda))
+    except BadHandover as e:
+        sys.stderr.write(f"ddprun standby: bad hand-over from ddprun: {e}\n")
+        leave(EXIT_BAD_HANDOVER, own_template=not zygote)
     if handed is None:
-        os._exit(0)  # never became a worker: nothing to clean up or report
+        leave(0, own_template=not zygote)  # never became a worker: nothing to report
     env, own_argv, cmdline = handed
     if zygote:
         own_template_dir()

@@ -4,13 +4,16 @@
 // the file named by FAKE_CUDA_LOG: "<call> pid=<pid> visible=<CUDA_VISIBLE_DEVICES or -> ...".
 // The process sees as many devices as CUDA_VISIBLE_DEVICES lists, else FAKE_CUDA_DEVICES (2);
 // FAKE_CUDA_INIT_ERROR=N makes cuInit fail with N; FAKE_CUDA_RETAIN_MS=N makes a context take N
-// ms to make; FAKE_CUDA_COMPUTE_MODE=N puts every device in compute mode N (0, the default). Like
-// the real driver, a context leaves a thread behind (waiting for the GPU's events there; here, for
-// nothing).
+// ms to make (logged as "making-context" when it begins); FAKE_CUDA_COMPUTE_MODE=N puts every
+// device in compute mode N (0, the default). Like the real driver, a context leaves a thread behind
+// (waiting for the GPU's events there; here, for nothing). The library's teardown at exit() waits
+// for a context still being made, as a driver's can for a call still inside it: a process that must
+// leave while one is uses _exit().
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -23,6 +26,10 @@ constexpr int kNoDevice = 100;
 constexpr int kInvalidDevice = 101;
 
 bool initialized = false;
+std::mutex making;  ///< held while a context is being made
+
+/// Run by exit(), not by _exit().
+__attribute__((destructor)) void teardown() { const std::lock_guard<std::mutex> wait(making); }
 
 std::string visible() {
   const char* v = std::getenv("CUDA_VISIBLE_DEVICES");
@@ -90,8 +97,11 @@ int cuDevicePrimaryCtxRetain(void** context, int device) {
   if (device < 0 || device >= device_count()) return kInvalidDevice;
   static int contexts[64];
   *context = &contexts[device % 64];
-  if (const char* ms = std::getenv("FAKE_CUDA_RETAIN_MS"); ms != nullptr)
+  if (const char* ms = std::getenv("FAKE_CUDA_RETAIN_MS"); ms != nullptr) {
+    const std::lock_guard<std::mutex> busy(making);
+    log("making-context", "device=" + std::to_string(device));
     ::usleep(static_cast<useconds_t>(std::atoi(ms)) * 1000);
+  }
   std::thread([] {
     for (;;) ::pause();
   }).detach();

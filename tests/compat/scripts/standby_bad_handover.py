@@ -38,11 +38,15 @@ def main():
     argv = [sys.executable, "-u", bootstrap, "--room=" + "r" * 64]
     if cuda != "off":
         argv.append("--cuda=" + cuda)
-    proc = subprocess.Popen(argv + ["--", script], pass_fds=[fd], stderr=subprocess.PIPE,
+    proc = subprocess.Popen(argv + ["--", script], pass_fds=[fd], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE,
                             env=dict(os.environ, DDPRUN_STANDBY_FD=str(fd)))
     theirs.close()
     deadline = time.monotonic() + 60
-    while not (blocked_reading(proc.pid, fd) and (cuda == "off" or "cuInit" in driver_log())):
+    # With a context: sent while the stand-in driver makes it (and holds what its teardown at
+    # exit() waits for, as a real driver can: the standby must leave with _exit).
+    while not (blocked_reading(proc.pid, fd)
+               and (cuda == "off" or "making-context" in driver_log())):
         if time.monotonic() > deadline or proc.poll() is not None:
             proc.kill()
             sys.exit(f"the standby never waited for its hand-over: {proc.communicate()[1]!r}")
