@@ -756,6 +756,10 @@ def _warm_cuda(mode):
 # The name of the thread that makes a standby's GPU ready (warm_cuda), as /proc/<pid>/task/*/comm
 # shows it while it runs: bench/recovery_bench.py and the tests wait until it has gone.
 CUDA_THREAD_NAME = b"ddprun-cuda"
+# A rank handed over before its GPU is ready says so after this many seconds, then every
+# CUDA_WAIT_REPEAT_S.
+CUDA_WAIT_SAY_S = 10
+CUDA_WAIT_REPEAT_S = 60
 PR_SET_NAME = 15
 _MAIN_THREAD_NAME = []  # the main thread's own name, kept before it lends CUDA_THREAD_NAME
 # read()'s system call number, as /proc/<pid>/syscall shows it (<asm/unistd.h>), by machine.
@@ -809,7 +813,19 @@ def wait_for_handover_beside(fd, work):
     handed = wait_for_handover(fd)  # a bad one raises BadHandover: main() leaves with os._exit
     if handed is None:
         return None  # the job is over: exit without waiting for the GPU
-    helper.join()
+    # The rank's script starts once the GPU is ready (its own first CUDA call would wait for the
+    # driver anyway); a driver that does not return is said on the rank's output, not waited
+    # for in silence.
+    waited, step = 0, CUDA_WAIT_SAY_S
+    while True:
+        helper.join(step)
+        if not helper.is_alive():
+            break
+        waited, step = waited + step, CUDA_WAIT_REPEAT_S
+        sys.stderr.write(f"ddprun standby: --standby_cuda: this rank's GPU is not ready after "
+                         f"{waited} s (a call into NVIDIA's driver has not returned); its script "
+                         "starts once it is\n")
+        sys.stderr.flush()
     # join() returns before the kernel has ended the thread: show_as counts the threads.
     gone_by = time.monotonic() + 1
     while os.path.exists(f"/proc/self/task/{helper.native_id}") and time.monotonic() < gone_by:

@@ -610,27 +610,36 @@ TEST_CASE(
 
 TEST_CASE(
     "GPU-ready standbys: a standby handed its rank while it makes its GPU ready acknowledges at "
-    "once",
+    "once, and says so on its rank's output when the GPU takes long",
     "[python][integration][standby]") {
   require_torch();
   TempDir dir;
   const std::string events = dir.path() + "/events.jsonl";
   const std::string log = dir.path() + "/driver.log";
   // The first group is handed to standbys just forked from the zygote, whose contexts here take
-  // 3 s to make: longer than the 2 s ddprun waits for the acknowledgements.
+  // 3 s to make (longer than the 2 s ddprun waits for the acknowledgements), or 12 s (longer
+  // than the 10 s after which a rank says its GPU is not ready).
+  std::string retain_ms = "3000";
+  SECTION("3 s") {}
+  SECTION("12 s") { retain_ms = "12000"; }
   auto r = run_command_diagnosed(
       {DDPRUN_BIN, "--standalone", "--nproc_per_node", "2", "--standby_cuda", "context",
        "--event_log", events, kScripts + "/standby_first_start.py"},
       {{"PYTHON_EXEC", "/usr/bin/python3"},
        {"LD_LIBRARY_PATH", FAKE_CUDA_DIR},
        {"FAKE_CUDA_LOG", log},
-       {"FAKE_CUDA_RETAIN_MS", "3000"}},
+       {"FAKE_CUDA_RETAIN_MS", retain_ms}},
       kLimit);
   INFO(r.out << r.err);
   REQUIRE(r.exit_code == 0);
   CHECK(from_standby(events) == std::vector<int>{2});
   CHECK_FALSE(contains(r.err, "did not acknowledge"));
   CHECK(contains(r.out, "[default1]:rank 1 of 2 joined"));
+  const std::string slow =
+      "ddprun standby: --standby_cuda: this rank's GPU is not ready after 10 s (a call into "
+      "NVIDIA's driver has not returned); its script starts once it is";
+  for (const char* rank : {"[default0]:", "[default1]:"})
+    CHECK(contains(r.out + r.err, rank + slow) == (retain_ms == "12000"));
   // Each worker made its context (standbys for a next restart, started a second after the
   // group, may have made theirs too).
   std::vector<long> workers;
