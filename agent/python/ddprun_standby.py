@@ -386,10 +386,11 @@ def own_template_dir():
     sys.path[:] = [mine.name if p == inherited.name else p for p in sys.path]
 
 
-def drop_template_dir():
-    """Before os._exit (which runs no finalizer): removes this process's own template dir."""
+def drop_template_dir(inherited=None):
+    """Before os._exit (which runs no finalizer): removes this process's own template dir, not
+    `inherited`, the one of the process it was forked from."""
     _, temp = _template_dir()
-    if temp is not None:
+    if temp is not None and temp is not inherited:
         temp.cleanup()
 
 
@@ -399,14 +400,18 @@ def leave(code, own_template):
     template directory) and nothing waits for the thread making the GPU ready (the driver's
     teardown can wait for a call still inside it). What was written is flushed first, and with
     `own_template` this process's own template directory removed."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    if own_template:
-        drop_template_dir()
-    os._exit(code)
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (AttributeError, OSError, ValueError):
+                pass
+        if own_template:
+            drop_template_dir()
+    except BaseException:  # noqa: BLE001 - whatever went wrong, no interpreter exit
+        pass
+    finally:
+        os._exit(code)
 
 
 def read_to_end(fd):
@@ -433,9 +438,10 @@ def trial_import(name):
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, 1)
             os.dup2(devnull, 2)
+            _, inherited = _template_dir()  # the parent's, when it has imported torch._dynamo
             why = why_not_shared(name)
             os.write(w, ("unsafe:" + why if why else "safe").encode()[:4000])
-            drop_template_dir()
+            drop_template_dir(inherited)
         finally:
             os._exit(0)
     os.close(w)
@@ -546,9 +552,12 @@ def fork_standby(sock, agent, env, fds, title):
         except OSError:
             os._exit(1)
         if child == 0:
-            os.close(w)
-            sock.close()
-            become_standby(agent, env, fds, title)
+            try:
+                os.close(w)
+                sock.close()
+                become_standby(agent, env, fds, title)
+            except BaseException:  # noqa: BLE001 - never back into the zygote's loop or exit
+                os._exit(127)
             return 0
         try:
             os.setpgid(child, child)  # also here, so that no signal to its group can miss
@@ -788,10 +797,11 @@ def waits_ready(pid):
         return False
 
 
-def wait_for_handover_beside(fd, work):
-    """wait_for_handover(fd) in this thread while work() runs in a thread of its own (named
-    CUDA_THREAD_NAME): the acknowledgement never waits for work, and this thread still blocks
-    reading the hand-over as a plain standby does. Once handed, waits for work to end."""
+def wait_for_handover_beside(fd, mode):
+    """wait_for_handover(fd) in this thread while warm_cuda(mode) runs in a thread of its own
+    (named CUDA_THREAD_NAME): the acknowledgement never waits for it, and this thread still
+    blocks reading the hand-over as a plain standby does. Returns what wait_for_handover does
+    and that thread (None when none could start), which wait_until_ready waits for."""
     import threading
 
     # A thread takes its name from the thread that starts it: named from its first moment, it
@@ -802,35 +812,41 @@ def wait_for_handover_beside(fd, work):
     _MAIN_THREAD_NAME.append(own_name)
     libc.prctl(PR_SET_NAME, CUDA_THREAD_NAME, 0, 0, 0)
     try:
-        helper = threading.Thread(target=work, name=CUDA_THREAD_NAME.decode(), daemon=True)
+        helper = threading.Thread(target=warm_cuda, args=(mode,), name=CUDA_THREAD_NAME.decode(),
+                                  daemon=True)
         helper.start()
     except RuntimeError as e:  # no thread to be had (a pids limit): wait as a plain standby
-        sys.stderr.write(f"ddprun standby: --standby_cuda: cannot start a thread ({e}); this "
-                         "standby waits without its GPU ready\n")
-        return wait_for_handover(fd)
+        sys.stderr.write(f"ddprun standby: --standby_cuda={mode}: cannot start a thread ({e}); "
+                         "this standby waits without its GPU ready\n")
+        helper = None
     finally:
         libc.prctl(PR_SET_NAME, own_name, 0, 0, 0)
-    handed = wait_for_handover(fd)  # a bad one raises BadHandover: main() leaves with os._exit
-    if handed is None:
-        return None  # the job is over: exit without waiting for the GPU
-    # The rank's script starts once the GPU is ready (its own first CUDA call would wait for the
-    # driver anyway); a driver that does not return is said on the rank's output, not waited
-    # for in silence.
+    # A bad hand-over raises BadHandover: main() leaves with os._exit, not waiting for the GPU.
+    return wait_for_handover(fd), helper
+
+
+def wait_until_ready(helper, mode):
+    """In a standby that became a worker: waits for the thread making its GPU ready. The
+    rank's script starts once the GPU is ready (its own first CUDA call would wait for the
+    driver anyway); one that takes long is said on the rank's output, not waited for in
+    silence. A SIGINT meanwhile ends this process as it ends a fresh one: Python's
+    KeyboardInterrupt, its finalization (the rank's own template directory is already in
+    place), then death by the signal itself, never exit(), whose driver teardown could wait
+    for the call still inside the driver."""
     waited, step = 0, CUDA_WAIT_SAY_S
     while True:
         helper.join(step)
         if not helper.is_alive():
             break
         waited, step = waited + step, CUDA_WAIT_REPEAT_S
-        sys.stderr.write(f"ddprun standby: --standby_cuda: this rank's GPU is not ready after "
-                         f"{waited} s (a call into NVIDIA's driver has not returned); its script "
-                         "starts once it is\n")
+        sys.stderr.write(f"ddprun standby: --standby_cuda={mode}: this rank's GPU is not ready "
+                         f"after {waited} s (its CUDA call has not returned); its script starts "
+                         "once it is\n")
         sys.stderr.flush()
     # join() returns before the kernel has ended the thread: show_as counts the threads.
     gone_by = time.monotonic() + 1
     while os.path.exists(f"/proc/self/task/{helper.native_id}") and time.monotonic() < gone_by:
         time.sleep(0.001)
-    return handed
 
 
 def wait_for_handover(fd):
@@ -1025,11 +1041,12 @@ def main():
         sys.argv = saved_argv
     if zygote:
         fd = serve_forks(fd, standby_title)  # returns in each forked standby
+    helper = None
     try:
         if cmd.cuda is None:
             handed = wait_for_handover(fd)
         else:  # in a standby, never in the zygote: a fork copies no CUDA state
-            handed = wait_for_handover_beside(fd, lambda: warm_cuda(cmd.cuda))
+            handed, helper = wait_for_handover_beside(fd, cmd.cuda)
     except BadHandover as e:
         sys.stderr.write(f"ddprun standby: bad hand-over from ddprun: {e}\n")
         leave(EXIT_BAD_HANDOVER, own_template=not zygote)
@@ -1038,6 +1055,8 @@ def main():
     env, own_argv, cmdline = handed
     if zygote:
         own_template_dir()
+    if helper is not None:
+        wait_until_ready(helper, cmd.cuda)
     if own_argv is not None:  # this rank's own script and arguments (${local_rank} replaced)
         target, args = own_argv[0], own_argv[1:]
     become_worker(env, cmdline, run_path, is_module, target, args)

@@ -1,12 +1,14 @@
 """For tests/compat/python_standby_test.cpp: starts ddprun's Python standby bootstrap as the agent
 does (its hand-over descriptor in DDPRUN_STANDBY_FD), waits until it blocks reading the hand-over,
 sends it a message that is not a hand-over, and prints as JSON its exit status, its stderr and
-whether the stand-in driver's context (FAKE_CUDA_LOG) was made before it exited.
+whether the stand-in driver's context (FAKE_CUDA_LOG) was made before it exited. With `sigint`
+last, sends a good hand-over instead and, once it is acknowledged, a SIGINT.
 
-    standby_bad_handover.py BOOTSTRAP CUDA_MODE|off SCRIPT
+    standby_bad_handover.py BOOTSTRAP CUDA_MODE|off SCRIPT [sigint]
 """
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -33,6 +35,7 @@ def driver_log():
 
 def main():
     bootstrap, cuda, script = sys.argv[1:4]
+    sigint = sys.argv[4:] == ["sigint"]
     ours, theirs = socket.socketpair()
     fd = theirs.fileno()
     argv = [sys.executable, "-u", bootstrap, "--room=" + "r" * 64]
@@ -51,15 +54,26 @@ def main():
             proc.kill()
             sys.exit(f"the standby never waited for its hand-over: {proc.communicate()[1]!r}")
         time.sleep(0.02)
-    ours.sendall(b'{"env": ')
-    ours.shutdown(socket.SHUT_WR)
+    acknowledged = False
+    if sigint:
+        ours.sendall(b'{"env": {}}')
+        ours.shutdown(socket.SHUT_WR)
+        ours.settimeout(30)
+        acknowledged = ours.recv(1) != b""
+        time.sleep(1)  # now waiting for its GPU, before the script
+        proc.send_signal(signal.SIGINT)
+    else:
+        ours.sendall(b'{"env": ')
+        ours.shutdown(socket.SHUT_WR)
     try:
         _, err = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         proc.kill()
-        sys.exit("the standby did not exit within 60 s of a bad hand-over")
+        sys.exit("the standby did not exit within 60 s of a bad hand-over or a SIGINT")
+    if not sigint:
+        acknowledged = ours.recv(1) != b""
     print(json.dumps({"code": proc.returncode, "err": err.decode(errors="replace"),
-                      "acknowledged": ours.recv(1) != b"",
+                      "acknowledged": acknowledged,
                       "context_made": "cuDevicePrimaryCtxRetain" in driver_log()}))
 
 
