@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -14,6 +15,8 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -62,20 +65,96 @@ bool remove_cgroup(const std::string& dir) {
   return ::rmdir(dir.c_str()) == 0 || errno == ENOENT;
 }
 
+/// How often the subreaper watcher looks for sessions that the agent's descendants started
+/// (setsid): one started less than this before the agent is SIGKILLed can be missed.
+constexpr int kSessionScanMs = 1000;
+/// At most this many such sessions are remembered between two group ends.
+constexpr std::size_t kMaxSessions = 65536;
+
+/// The sessions that the agent's descendants are in, other than the agent's and the watcher's
+/// own, each with its leader's start time (0: the leader was gone), noted by scan() while the
+/// agent lives. A process found not to be a descendant never becomes one (an orphan moves up,
+/// to a subreaper or init), so its /proc/<pid>/stat is read once, not at every scan: a scan
+/// reads the list of processes, and the stat of the agent's descendants and of new processes.
+struct SessionNotes {
+  pid_t agent, agent_session, own_session;
+  std::map<pid_t, unsigned long long> sessions;
+  std::set<pid_t> others;  ///< seen and not below the agent
+
+  void scan() {
+    std::map<pid_t, ProcessIds> ids;
+    std::set<pid_t> listed;
+    for (pid_t pid : list_processes()) {
+      listed.insert(pid);
+      if (others.count(pid) > 0) continue;
+      if (auto read = read_process(pid)) ids.emplace(pid, *read);
+    }
+    // A pid gone from the list may come back as another process.
+    for (auto it = others.begin(); it != others.end();)
+      it = listed.count(*it) > 0 ? std::next(it) : others.erase(it);
+    // Every ancestor of a descendant, up to the agent, is a descendant too: read above.
+    std::map<pid_t, pid_t> parents;
+    for (const auto& [pid, id] : ids) parents.emplace_hint(parents.end(), pid, id.parent);
+    const std::vector<pid_t> below = descendants_of(parents, agent, {});
+    const std::set<pid_t> descendants(below.begin(), below.end());
+    for (const auto& [pid, id] : ids) {
+      if (pid == agent) continue;
+      if (descendants.count(pid) == 0) {
+        others.insert(pid);
+        continue;
+      }
+      const pid_t sid = id.session;
+      if (id.state == 'Z' || sid == agent_session || sid == own_session || sid <= 0 ||
+          sessions.count(sid) > 0 || sessions.size() >= kMaxSessions)
+        continue;
+      const auto leader =
+          ids.count(sid) > 0 ? std::optional<ProcessIds>(ids.at(sid)) : read_process(sid);
+      sessions[sid] = leader ? leader->start_time : 0;
+    }
+  }
+};
+
+/// Whether `sid` still names the session noted with its leader's start time `leader_start`: a
+/// session id is its leader's pid, which a process started later may have taken.
+bool same_session(const std::map<pid_t, ProcessIds>& ids, pid_t sid,
+                  unsigned long long leader_start) {
+  const auto leader = ids.find(sid);
+  if (leader == ids.end()) return true;  // the leader is gone; its session may live on
+  return leader_start != 0 && leader->second.start_time == leader_start;
+}
+
 /// SIGKILLs every process in one of `groups` that is of session `sid` (a group's leader may
 /// be gone while its members live; a process group id reused by someone else's session is
-/// left alone).
-void kill_groups(const std::set<pid_t>& groups, pid_t sid) {
-  for (const auto& [pid, ids] : read_process_ids())
-    if (groups.count(ids.group) > 0 && ids.session == sid) ::kill(pid, SIGKILL);
+/// left alone), and every process in one of `sessions` (SessionNotes), scanning again while a
+/// scan finds one (what they fork meanwhile; a few scans at most).
+void kill_groups(const std::set<pid_t>& groups, pid_t sid,
+                 const std::map<pid_t, unsigned long long>& sessions) {
+  std::set<pid_t> killed;
+  for (int scan = 0; scan < 4; ++scan) {
+    const std::map<pid_t, ProcessIds> ids = read_process_ids();
+    bool found = false;
+    for (const auto& [pid, id] : ids) {
+      const auto session = sessions.find(id.session);
+      const bool ours =
+          (groups.count(id.group) > 0 && id.session == sid) ||
+          (session != sessions.end() && same_session(ids, id.session, session->second));
+      if (ours && id.state != 'Z' && killed.insert(pid).second) {
+        ::kill(pid, SIGKILL);
+        found = true;
+      }
+    }
+    if (!found) break;
+  }
 }
 
 /// The watcher: waits for the agent's end (EOF on the pipe, whether the agent exited or was
 /// SIGKILLed), then kills what is left in the node's cgroup and removes it, or, without one,
 /// what is left in the process groups it was told of (by each worker before its exec, and by
-/// the agent). It runs in a fork of a process with one thread, so the calls below are safe; it
-/// holds nothing of the agent's.
+/// the agent) and in the sessions it saw the agent's descendants in (each second). It runs in
+/// a fork of a process with one thread, so the calls below are safe; it holds nothing of the
+/// agent's.
 [[noreturn]] void watch(int pipe_r, const std::string& node_dir) {
+  const pid_t agent = ::getppid();
   const pid_t agent_session = ::getsid(0);
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE, SIGTSTP})
     ::signal(sig, SIG_IGN);
@@ -90,10 +169,25 @@ void kill_groups(const std::set<pid_t>& groups, pid_t sid) {
     for (int fd = 4; fd < 65536; ++fd) ::close(fd);
   if (::chdir("/") != 0) {
   }
+  const pid_t own_session = ::getsid(0);
+  // Without a cgroup, a setsid'd descendant leaves the process groups the watcher is told of;
+  // once the agent is gone nothing links it to the agent any more, so its session is noted
+  // while the agent lives.
+  const bool scan = node_dir.empty();
   std::set<pid_t> groups;
+  SessionNotes notes{agent, agent_session, own_session, {}, {}};
   WatcherRecord record;
   std::size_t have = 0;
   while (true) {
+    if (scan) {
+      pollfd ready{pipe_r, POLLIN, 0};
+      const int r = ::poll(&ready, 1, kSessionScanMs);
+      if (r < 0 && errno == EINTR) continue;
+      if (r == 0) {
+        if (::getppid() == agent) notes.scan();
+        continue;
+      }
+    }
     const ssize_t n = ::read(pipe_r, reinterpret_cast<char*>(&record) + have, sizeof record - have);
     if (n == 0 || (n < 0 && errno != EINTR)) break;
     if (n < 0) continue;
@@ -101,10 +195,14 @@ void kill_groups(const std::set<pid_t>& groups, pid_t sid) {
     if (have < sizeof record) continue;
     have = 0;
     if (record.kind == 'T') groups.insert(record.pgid);
-    if (record.kind == 'F') groups.clear();
+    if (record.kind == 'F') {
+      groups.clear();
+      notes.sessions.clear();  // killed with the group (the agent's /proc walk), or the job's end
+    }
   }
   // A normal end told it to forget every group: nothing to do.
-  if (!groups.empty()) kill_groups(groups, agent_session);
+  if (!groups.empty() || !notes.sessions.empty())
+    kill_groups(groups, agent_session, notes.sessions);
   if (node_dir.empty()) ::_exit(0);
   // A normal end removed the directory already: ENOENT, nothing to do.
   if (write_control(node_dir + "/cgroup.kill", "1") != ENOENT) {

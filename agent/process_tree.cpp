@@ -1,16 +1,19 @@
 #include "agent/process_tree.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <limits>
 #include <thread>
 
 #include "common/strings.h"
@@ -24,31 +27,80 @@ constexpr int kMaxScans = 16;
 
 }  // namespace
 
-std::optional<ProcessIds> ids_from_stat(const std::string& stat) {
-  const auto close = stat.rfind(')');
-  if (close == std::string::npos) return std::nullopt;
-  std::istringstream fields(stat.substr(close + 1));
-  std::string state;
-  long parent = 0, group = 0, session = 0;
-  if (!(fields >> state >> parent >> group >> session) || parent < 0) return std::nullopt;
-  return ProcessIds{static_cast<pid_t>(parent), static_cast<pid_t>(group),
-                    static_cast<pid_t>(session), state.size() == 1 ? state[0] : '\0'};
-}
-
 namespace {
 
-/// The ids in /proc/<pid>/stat; nullopt when the process is gone or the text unreadable.
-std::optional<ProcessIds> read_ids(const std::filesystem::path& proc_dir) {
-  std::ifstream in(proc_dir / "stat");
-  std::string stat;
-  if (!std::getline(in, stat)) return std::nullopt;  // ended while we looked
-  return ids_from_stat(stat);
+/// The next field of `rest` (fields are separated by spaces), taken off it; "" at the end.
+std::string_view next_field(std::string_view& rest) {
+  const auto begin = rest.find_first_not_of(' ');
+  if (begin == std::string_view::npos) return rest = {};
+  rest.remove_prefix(begin);
+  const auto end = std::min(rest.find(' '), rest.size());
+  const std::string_view field = rest.substr(0, end);
+  rest.remove_prefix(end);
+  return field;
+}
+
+/// Whether `field` is a whole number, stored in `out`.
+template <typename T>
+bool number_field(std::string_view field, T& out) {
+  const char* end = field.data() + field.size();
+  auto [at, ec] = std::from_chars(field.data(), end, out);
+  return !field.empty() && ec == std::errc() && at == end;
 }
 
 }  // namespace
 
+std::optional<ProcessIds> ids_from_stat(const std::string& stat) {
+  const auto close = stat.rfind(')');
+  if (close == std::string::npos) return std::nullopt;
+  std::string_view rest(stat);
+  rest.remove_prefix(close + 1);
+  rest = rest.substr(0, std::min(rest.find('\n'), rest.size()));
+  const std::string_view state = next_field(rest);
+  long parent = 0, group = 0, session = 0;
+  if (state.empty() || !number_field(next_field(rest), parent) ||
+      !number_field(next_field(rest), group) || !number_field(next_field(rest), session) ||
+      parent < 0)
+    return std::nullopt;
+  ProcessIds ids{static_cast<pid_t>(parent), static_cast<pid_t>(group), static_cast<pid_t>(session),
+                 state.size() == 1 ? state[0] : '\0'};
+  // The start time is the 22nd field: 15 more after the session (proc(5)).
+  for (int i = 0; i < 15; ++i) next_field(rest);
+  if (unsigned long long start = 0; number_field(next_field(rest), start)) ids.start_time = start;
+  return ids;
+}
+
+std::optional<ProcessIds> read_process(pid_t pid) {
+  char path[32];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;  // ended while we looked
+  // One line of a few hundred bytes (the command name in it is short).
+  char text[1024];
+  ssize_t n;
+  do {
+    n = ::read(fd, text, sizeof text - 1);
+  } while (n < 0 && errno == EINTR);
+  ::close(fd);
+  if (n <= 0) return std::nullopt;
+  return ids_from_stat(std::string(text, static_cast<std::size_t>(n)));
+}
+
+std::vector<pid_t> list_processes() {
+  std::vector<pid_t> pids;
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return pids;
+  while (const dirent* entry = ::readdir(proc)) {
+    auto pid = common::parse_int(entry->d_name);
+    if (pid && *pid > 0 && *pid <= std::numeric_limits<pid_t>::max())
+      pids.push_back(static_cast<pid_t>(*pid));
+  }
+  ::closedir(proc);
+  return pids;
+}
+
 char read_process_state(pid_t pid) {
-  auto ids = read_ids(std::filesystem::path("/proc") / std::to_string(pid));
+  auto ids = read_process(pid);
   return ids ? ids->state : '\0';
 }
 
@@ -60,13 +112,8 @@ std::optional<pid_t> parent_from_stat(const std::string& stat) {
 
 std::map<pid_t, ProcessIds> read_process_ids() {
   std::map<pid_t, ProcessIds> found;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
-    const std::string name = entry.path().filename().string();
-    auto pid = common::parse_int(name);
-    if (!pid || *pid <= 0) continue;
-    if (auto ids = read_ids(entry.path())) found[static_cast<pid_t>(*pid)] = *ids;
-  }
+  for (pid_t pid : list_processes())
+    if (auto ids = read_process(pid)) found.emplace(pid, *ids);
   return found;
 }
 

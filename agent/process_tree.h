@@ -17,9 +17,12 @@ struct ProcessIds {
   pid_t group = 0;    ///< its process group
   pid_t session = 0;  ///< its session
   char state = 0;     ///< 'R', 'S', 'D', 'T' (stopped), 't' (traced), 'Z'...
+  /// When it started, in clock ticks after boot (0 when the text stops before): with the pid,
+  /// names one process, whose pid may be reused once it is gone.
+  unsigned long long start_time = 0;
 };
 
-/// The parent, process group and session from the text of /proc/<pid>/stat
+/// The parent, process group, session and start time from the text of /proc/<pid>/stat
 /// ("1234 (name) S 1 1234 1234 ..."); nullopt when the text is not in that shape. The command
 /// name may hold spaces and parentheses: the fields start after the last ')'.
 std::optional<ProcessIds> ids_from_stat(const std::string& stat);
@@ -29,6 +32,13 @@ std::optional<pid_t> parent_from_stat(const std::string& stat);
 
 /// The state letter of /proc/<pid>/stat; 0 when the process is gone or the text unreadable.
 char read_process_state(pid_t pid);
+
+/// The ids in /proc/<pid>/stat (plain system calls: the subreaper watcher reads some each
+/// second); nullopt when the process is gone or the text unreadable.
+std::optional<ProcessIds> read_process(pid_t pid);
+
+/// The pid of every process, as /proc lists them.
+std::vector<pid_t> list_processes();
 
 /// Every process's ids, read from /proc (a process gone while it was read is left out).
 std::map<pid_t, ProcessIds> read_process_ids();

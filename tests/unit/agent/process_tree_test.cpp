@@ -22,6 +22,16 @@ TEST_CASE("the parent is read after the last parenthesis of a stat line", "[agen
   CHECK(ids->parent == 77);
   CHECK(ids->group == 900);
   CHECK(ids->session == 800);
+  CHECK(ids->start_time == 0);  // not in that text
+  // The start time, which tells a process from a later one with its pid.
+  const auto full = ids_from_stat(
+      "4321 (python3) S 10 4321 4321 0 -1 4194560 3000 0 0 0 12 3 0 0 20 0 5 0 987654 "
+      "300000000 9000 18446744073709551615");
+  REQUIRE(full);
+  CHECK(full->session == 4321);
+  CHECK(full->start_time == 987654);
+  const auto own = read_process_ids().at(::getpid());
+  CHECK(own.start_time > 0);
 }
 
 TEST_CASE("descendants are found at every depth and spared subtrees are left out",
