@@ -708,6 +708,31 @@ TEST_CASE(
   CHECK(contains(r.out + r.err, "; this standby waits without its GPU ready"));
 }
 
+namespace {
+
+/// standby_bad_handover.py: a standby started as the agent does (--standby_cuda `mode`, or
+/// "off"), with a stand-in driver whose context takes 120 s, sent a bad hand-over (`then`
+/// "bad") or a good one and then a SIGINT ("sigint"); what it saw, as JSON.
+nlohmann::json run_handover_helper(const std::string& mode, const std::string& log,
+                                   const std::string& then) {
+  auto r =
+      run_command_diagnosed({"/usr/bin/python3", kScripts + "/standby_bad_handover.py",
+                             std::string(DDPRUN_SOURCE_DIR) + "/agent/python/ddprun_standby.py",
+                             mode, kScripts + "/standby_first_start.py", then},
+                            {{"LD_LIBRARY_PATH", FAKE_CUDA_DIR},
+                             {"FAKE_CUDA_LOG", log},
+                             {"FAKE_CUDA_RETAIN_MS", "120000"}},
+                            kLimit);
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  nlohmann::json got = nlohmann::json::parse(r.out, nullptr, false);
+  INFO(r.out);
+  REQUIRE(got.is_object());
+  return got;
+}
+
+}  // namespace
+
 TEST_CASE(
     "a Python standby sent a bad hand-over exits 4 with the reason without acknowledging it, also "
     "while its GPU is being made ready",
@@ -720,17 +745,7 @@ TEST_CASE(
   SECTION("--standby_cuda=context, its context still being made") { mode = "context"; }
   // The context takes longer than the test waits: the standby must leave without it, and
   // with _exit (the stand-in driver's teardown at exit() waits for the context being made).
-  auto r =
-      run_command_diagnosed({"/usr/bin/python3", kScripts + "/standby_bad_handover.py",
-                             std::string(DDPRUN_SOURCE_DIR) + "/agent/python/ddprun_standby.py",
-                             mode, kScripts + "/standby_first_start.py"},
-                            {{"LD_LIBRARY_PATH", FAKE_CUDA_DIR},
-                             {"FAKE_CUDA_LOG", log},
-                             {"FAKE_CUDA_RETAIN_MS", "120000"}},
-                            kLimit);
-  INFO(r.out << r.err);
-  REQUIRE(r.exit_code == 0);
-  const auto got = nlohmann::json::parse(r.out);
+  const nlohmann::json got = run_handover_helper(mode, log, "bad");
   INFO(got.dump());
   CHECK(got["code"] == 4);
   CHECK(contains(got["err"].get<std::string>(), "ddprun standby: bad hand-over from ddprun: "));
@@ -795,17 +810,7 @@ TEST_CASE(
   const std::string log = dir.path() + "/driver.log";
   // The context takes longer than the test waits; the stand-in driver's teardown at exit()
   // waits for it: only a death by the signal itself is prompt.
-  auto r =
-      run_command_diagnosed({"/usr/bin/python3", kScripts + "/standby_bad_handover.py",
-                             std::string(DDPRUN_SOURCE_DIR) + "/agent/python/ddprun_standby.py",
-                             "context", kScripts + "/standby_first_start.py", "sigint"},
-                            {{"LD_LIBRARY_PATH", FAKE_CUDA_DIR},
-                             {"FAKE_CUDA_LOG", log},
-                             {"FAKE_CUDA_RETAIN_MS", "120000"}},
-                            kLimit);
-  INFO(r.out << r.err);
-  REQUIRE(r.exit_code == 0);
-  const auto got = nlohmann::json::parse(r.out);
+  const nlohmann::json got = run_handover_helper("context", log, "sigint");
   INFO(got.dump());
   CHECK(got["acknowledged"] == true);
   CHECK(got["code"] == -SIGINT);  // as subprocess reports a death by a signal

@@ -4,7 +4,7 @@ sends it a message that is not a hand-over, and prints as JSON its exit status, 
 whether the stand-in driver's context (FAKE_CUDA_LOG) was made before it exited. With `sigint`
 last, sends a good hand-over instead and, once it is acknowledged, a SIGINT.
 
-    standby_bad_handover.py BOOTSTRAP CUDA_MODE|off SCRIPT [sigint]
+    standby_bad_handover.py BOOTSTRAP CUDA_MODE|off SCRIPT [bad|sigint]
 """
 import json
 import os
