@@ -4,11 +4,13 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <chrono>
@@ -17,6 +19,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -71,15 +74,28 @@ constexpr int kSessionScanMs = 1000;
 /// At most this many such sessions are remembered between two group ends.
 constexpr std::size_t kMaxSessions = 65536;
 
-/// The sessions that the agent's descendants are in, other than the agent's and the watcher's
-/// own, each with its leader's start time (0: the leader was gone), noted by scan() while the
-/// agent lives. A process found not to be a descendant never becomes one (an orphan moves up,
-/// to a subreaper or init), so its /proc/<pid>/stat is read once, not at every scan: a scan
-/// reads the list of processes, and the stat of the agent's descendants and of new processes.
+/// The subreaper watcher's name (its comm): another ddprun's watcher, which leads a session of
+/// its own below a ddprun it runs as a worker of, is left to do its own work.
+constexpr char kWatcherName[] = "ddprun-watcher";
+
+/// Whether `pid` is a ddprun watcher (its comm).
+bool is_watcher(pid_t pid) {
+  return read_text("/proc/" + std::to_string(pid) + "/comm") == std::string(kWatcherName) + "\n";
+}
+
+/// The sessions that the agent's descendants are in now, other than the agent's, the
+/// watcher's own and another ddprun watcher's, each with its leader's start time (0: the
+/// leader was gone when first seen), kept by scan() while the agent lives. A session none of
+/// them is in any more is dropped: while the agent lives every member of such a session is
+/// below it (an orphan moves up to the agent, a subreaper), so that session is over and its id
+/// may be taken by anyone's. A process whose parent is known not to be below the agent is
+/// never below it (an orphan moves up, not down), so its /proc/<pid>/stat is read once, not
+/// at every scan: a scan lists the processes and reads the stat of the agent, its descendants
+/// and the processes not yet settled.
 struct SessionNotes {
   pid_t agent, agent_session, own_session;
   std::map<pid_t, unsigned long long> sessions;
-  std::set<pid_t> others;  ///< seen and not below the agent
+  std::set<pid_t> others;  ///< settled: not below the agent
 
   void scan() {
     std::map<pid_t, ProcessIds> ids;
@@ -97,19 +113,39 @@ struct SessionNotes {
     for (const auto& [pid, id] : ids) parents.emplace_hint(parents.end(), pid, id.parent);
     const std::vector<pid_t> below = descendants_of(parents, agent, {});
     const std::set<pid_t> descendants(below.begin(), below.end());
-    for (const auto& [pid, id] : ids) {
-      if (pid == agent) continue;
-      if (descendants.count(pid) == 0) {
-        others.insert(pid);
-        continue;
-      }
+    settle(ids, descendants);
+    std::map<pid_t, unsigned long long> now;
+    for (pid_t pid : descendants) {
+      const ProcessIds& id = ids.at(pid);
       const pid_t sid = id.session;
       if (id.state == 'Z' || sid == agent_session || sid == own_session || sid <= 0 ||
-          sessions.count(sid) > 0 || sessions.size() >= kMaxSessions)
+          now.count(sid) > 0)
         continue;
+      if (auto kept = sessions.find(sid); kept != sessions.end()) {
+        now.emplace(sid, kept->second);
+        continue;
+      }
+      if (now.size() >= kMaxSessions) continue;
       const auto leader =
           ids.count(sid) > 0 ? std::optional<ProcessIds>(ids.at(sid)) : read_process(sid);
-      sessions[sid] = leader ? leader->start_time : 0;
+      if (leader && is_watcher(sid)) continue;
+      now.emplace(sid, leader ? leader->start_time : 0);
+    }
+    sessions = std::move(now);
+  }
+
+  /// Adds to `others` each process read whose parent is known not to be below the agent: none
+  /// (0), settled before, or settled here (passes until none is new, a few for a deep tree). One
+  /// whose parent was gone before it was read stays unsettled and is read again next time.
+  void settle(const std::map<pid_t, ProcessIds>& ids, const std::set<pid_t>& descendants) {
+    for (bool more = true; more;) {
+      more = false;
+      for (const auto& [pid, id] : ids)
+        if (pid != agent && descendants.count(pid) == 0 && others.count(pid) == 0 &&
+            (id.parent <= 0 || others.count(id.parent) > 0)) {
+          others.insert(pid);
+          more = true;
+        }
     }
   }
 };
@@ -159,6 +195,7 @@ void kill_groups(const std::set<pid_t>& groups, pid_t sid,
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE, SIGTSTP})
     ::signal(sig, SIG_IGN);
   ::setsid();  // out of the terminal's process group: a Ctrl-C or kill -9 -<pgid> misses it
+  ::prctl(PR_SET_NAME, kWatcherName);
   const int devnull = ::open("/dev/null", O_RDWR);
   for (int fd = 0; fd < 3; ++fd) ::dup2(devnull, fd);
   if (pipe_r != 3) {
@@ -178,15 +215,21 @@ void kill_groups(const std::set<pid_t>& groups, pid_t sid,
   SessionNotes notes{agent, agent_session, own_session, {}, {}};
   WatcherRecord record;
   std::size_t have = 0;
+  using Clock = std::chrono::steady_clock;
+  auto next_scan = Clock::now() + std::chrono::milliseconds(kSessionScanMs);
   while (true) {
     if (scan) {
-      pollfd ready{pipe_r, POLLIN, 0};
-      const int r = ::poll(&ready, 1, kSessionScanMs);
-      if (r < 0 && errno == EINTR) continue;
-      if (r == 0) {
+      // Each second, also while records keep coming (a group restarting at once, in a loop).
+      if (Clock::now() >= next_scan) {
         if (::getppid() == agent) notes.scan();
-        continue;
+        next_scan = Clock::now() + std::chrono::milliseconds(kSessionScanMs);
       }
+      const auto wait =
+          std::chrono::duration_cast<std::chrono::milliseconds>(next_scan - Clock::now());
+      pollfd ready{pipe_r, POLLIN, 0};
+      const int r = ::poll(&ready, 1, static_cast<int>(std::max<long long>(0, wait.count())) + 1);
+      if (r == 0 || (r < 0 && errno == EINTR)) continue;  // time to scan
+      // Otherwise a record, the agent's end, or poll() failing: read() blocks for what comes.
     }
     const ssize_t n = ::read(pipe_r, reinterpret_cast<char*>(&record) + have, sizeof record - have);
     if (n == 0 || (n < 0 && errno != EINTR)) break;

@@ -151,7 +151,7 @@ TEST_CASE("setsid grandchildren are gone after a SIGKILL of the agent (--cleanup
   REQUIRE(wait_until([&] { return read_pids(pids).size() == 4; }, kJobLimit));
   // The watcher notes the sessions of the agent's descendants each second: one started less
   // than that before the SIGKILL can be missed (docs/design.md, "Process hygiene").
-  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  std::this_thread::sleep_for(std::chrono::milliseconds(3500));
   job.send(SIGKILL);
   auto r = job.wait(kJobLimit);
   CHECK(r.exit_code == 128 + SIGKILL);
