@@ -71,8 +71,10 @@ bool remove_cgroup(const std::string& dir) {
 /// How often the subreaper watcher looks for sessions that the agent's descendants started
 /// (setsid): one started less than this before the agent is SIGKILLed can be missed.
 constexpr int kSessionScanMs = 1000;
-/// At most this many such sessions are remembered between two group ends.
+/// At most this many such sessions are kept.
 constexpr std::size_t kMaxSessions = 65536;
+/// Every this many looks, the processes settled as outside the agent's tree are read again.
+constexpr int kResettleLooks = 30;
 
 /// The subreaper watcher's name (its comm): another ddprun's watcher, which leads a session of
 /// its own below a ddprun it runs as a worker of, is left to do its own work.
@@ -92,12 +94,23 @@ bool is_watcher(pid_t pid) {
 /// never below it (an orphan moves up, not down), so its /proc/<pid>/stat is read once, not
 /// at every scan: a scan lists the processes and reads the stat of the agent, its descendants
 /// and the processes not yet settled.
+/// A session noted by SessionNotes: its leader's start time (0: gone when first seen) and the
+/// processes seen in it at the last look, each a pid and its start time.
+struct NotedSession {
+  unsigned long long leader_start = 0;
+  std::set<std::pair<pid_t, unsigned long long>> members;
+};
+
 struct SessionNotes {
   pid_t agent, agent_session, own_session;
-  std::map<pid_t, unsigned long long> sessions;
+  std::map<pid_t, NotedSession> sessions;
   std::set<pid_t> others;  ///< settled: not below the agent
+  int looks = 0;
 
   void scan() {
+    // Settled pids are read again now and then: one gone and taken again by a process below
+    // the agent between two looks would stay unread.
+    if (++looks % kResettleLooks == 0) others.clear();
     std::map<pid_t, ProcessIds> ids;
     std::set<pid_t> listed;
     for (pid_t pid : list_processes()) {
@@ -114,67 +127,96 @@ struct SessionNotes {
     const std::vector<pid_t> below = descendants_of(parents, agent, {});
     const std::set<pid_t> descendants(below.begin(), below.end());
     settle(ids, descendants);
-    std::map<pid_t, unsigned long long> now;
-    for (pid_t pid : descendants) {
-      const ProcessIds& id = ids.at(pid);
+    std::map<pid_t, NotedSession> now;
+    auto note = [&](pid_t pid, const ProcessIds& id, bool may_add) {
       const pid_t sid = id.session;
-      if (id.state == 'Z' || sid == agent_session || sid == own_session || sid <= 0 ||
-          now.count(sid) > 0)
-        continue;
-      if (auto kept = sessions.find(sid); kept != sessions.end()) {
-        now.emplace(sid, kept->second);
-        continue;
+      if (sid == agent_session || sid == own_session || sid <= 0) return;
+      auto at = now.find(sid);
+      if (at == now.end()) {
+        const auto kept = sessions.find(sid);
+        if (kept != sessions.end()) {
+          at = now.emplace(sid, NotedSession{kept->second.leader_start, {}}).first;
+        } else {
+          if (!may_add || now.size() >= kMaxSessions) return;
+          const auto leader =
+              ids.count(sid) > 0 ? std::optional<ProcessIds>(ids.at(sid)) : read_process(sid);
+          if (leader && is_watcher(sid)) return;
+          at = now.emplace(sid, NotedSession{leader ? leader->start_time : 0, {}}).first;
+        }
       }
-      if (now.size() >= kMaxSessions) continue;
-      const auto leader =
-          ids.count(sid) > 0 ? std::optional<ProcessIds>(ids.at(sid)) : read_process(sid);
-      if (leader && is_watcher(sid)) continue;
-      now.emplace(sid, leader ? leader->start_time : 0);
+      at->second.members.emplace(pid, id.start_time);
+    };
+    for (pid_t pid : descendants) note(pid, ids.at(pid), true);
+    // A process read but not settled (its parent ended before it was read, and it may be on its
+    // way up to the agent) keeps a session already noted, adds none.
+    for (const auto& [pid, id] : ids)
+      if (pid != agent && descendants.count(pid) == 0 && others.count(pid) == 0)
+        note(pid, id, false);
+    // The agent died during this look: its orphans were moving up and out of its tree. Keep
+    // what was noted before.
+    if (::getppid() != agent) {
+      for (auto& [sid, session] : now) sessions.emplace(sid, std::move(session));
+      return;
     }
     sessions = std::move(now);
   }
 
   /// Adds to `others` each process read whose parent is known not to be below the agent: none
-  /// (0), settled before, or settled here (passes until none is new, a few for a deep tree). One
-  /// whose parent was gone before it was read stays unsettled and is read again next time.
+  /// (0), settled before, or settled here and not younger than it (a younger parent has taken
+  /// the pid of the one that ended); passes until none is new, a few for a deep tree. One whose
+  /// parent was gone before it was read stays unsettled and is read again next time.
   void settle(const std::map<pid_t, ProcessIds>& ids, const std::set<pid_t>& descendants) {
     for (bool more = true; more;) {
       more = false;
-      for (const auto& [pid, id] : ids)
-        if (pid != agent && descendants.count(pid) == 0 && others.count(pid) == 0 &&
-            (id.parent <= 0 || others.count(id.parent) > 0)) {
+      for (const auto& [pid, id] : ids) {
+        if (pid == agent || descendants.count(pid) > 0 || others.count(pid) > 0) continue;
+        const auto parent = ids.find(id.parent);
+        const bool parent_out =
+            id.parent <= 0 || (others.count(id.parent) > 0 &&
+                               (parent == ids.end() || parent->second.start_time <= id.start_time));
+        if (parent_out) {
           others.insert(pid);
           more = true;
         }
+      }
     }
   }
 };
 
-/// Whether `sid` still names the session noted with its leader's start time `leader_start`: a
-/// session id is its leader's pid, which a process started later may have taken.
-bool same_session(const std::map<pid_t, ProcessIds>& ids, pid_t sid,
-                  unsigned long long leader_start) {
-  const auto leader = ids.find(sid);
-  if (leader == ids.end()) return true;  // the leader is gone; its session may live on
-  return leader_start != 0 && leader->second.start_time == leader_start;
+/// Whether session `sid`, noted as `noted`, is still that session: its leader alive and the
+/// same process, or, the leader gone, one of its members at the last look still in it. A
+/// session id is its leader's pid; the kernel gives that pid to no other process while any
+/// process is in the session, but once the session is empty anyone's new session can have it.
+bool same_session(const std::map<pid_t, ProcessIds>& ids, pid_t sid, const NotedSession& noted) {
+  if (const auto leader = ids.find(sid); leader != ids.end())
+    return noted.leader_start != 0 && leader->second.start_time == noted.leader_start;
+  for (const auto& [pid, start] : noted.members)
+    if (const auto member = ids.find(pid);
+        member != ids.end() && member->second.session == sid && member->second.start_time == start)
+      return true;
+  return false;
 }
 
 /// SIGKILLs every process in one of `groups` that is of session `sid` (a group's leader may
 /// be gone while its members live; a process group id reused by someone else's session is
-/// left alone), and every process in one of `sessions` (SessionNotes), scanning again while a
-/// scan finds one (what they fork meanwhile; a few scans at most).
+/// left alone), and every process in one of `sessions` that is still that session
+/// (same_session, judged at the first scan), scanning again while a scan finds one (what they
+/// fork meanwhile; a few scans at most).
 void kill_groups(const std::set<pid_t>& groups, pid_t sid,
-                 const std::map<pid_t, unsigned long long>& sessions) {
+                 const std::map<pid_t, NotedSession>& sessions) {
   std::set<pid_t> killed;
+  std::set<pid_t> ours_sessions;
   for (int scan = 0; scan < 4; ++scan) {
     const std::map<pid_t, ProcessIds> ids = read_process_ids();
+    if (scan == 0)
+      for (const auto& [session, noted] : sessions)
+        if (same_session(ids, session, noted)) ours_sessions.insert(session);
     bool found = false;
     for (const auto& [pid, id] : ids) {
-      const auto session = sessions.find(id.session);
       const bool ours =
-          (groups.count(id.group) > 0 && id.session == sid) ||
-          (session != sessions.end() && same_session(ids, id.session, session->second));
-      if (ours && id.state != 'Z' && killed.insert(pid).second) {
+          (groups.count(id.group) > 0 && id.session == sid) || ours_sessions.count(id.session) > 0;
+      // A 'Z' main thread may have other threads still running: signalled too.
+      if (ours && killed.insert(pid).second) {
         ::kill(pid, SIGKILL);
         found = true;
       }
@@ -189,8 +231,7 @@ void kill_groups(const std::set<pid_t>& groups, pid_t sid,
 /// the agent) and in the sessions it saw the agent's descendants in (each second). It runs in
 /// a fork of a process with one thread, so the calls below are safe; it holds nothing of the
 /// agent's.
-[[noreturn]] void watch(int pipe_r, const std::string& node_dir) {
-  const pid_t agent = ::getppid();
+[[noreturn]] void watch(int pipe_r, const std::string& node_dir, pid_t agent) {
   const pid_t agent_session = ::getsid(0);
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE, SIGTSTP})
     ::signal(sig, SIG_IGN);
@@ -304,10 +345,11 @@ common::Result<std::pair<pid_t, int>> start_watcher(const std::string& node_dir)
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0)
     return common::Error{std::string("pipe: ") + std::strerror(errno)};
+  const pid_t parent = ::getpid();
   const pid_t watcher = ::fork();
   if (watcher == 0) {
     ::close(fds[1]);
-    watch(fds[0], node_dir);
+    watch(fds[0], node_dir, parent);
   }
   ::close(fds[0]);
   if (watcher < 0) {
