@@ -85,6 +85,13 @@ bool is_watcher(pid_t pid) {
   return read_text("/proc/" + std::to_string(pid) + "/comm") == std::string(kWatcherName) + "\n";
 }
 
+/// A session noted by SessionNotes: its leader's start time (0: gone when first seen) and the
+/// processes seen in it at the last look, each a pid and its start time.
+struct NotedSession {
+  unsigned long long leader_start = 0;
+  std::set<std::pair<pid_t, unsigned long long>> members;
+};
+
 /// The sessions that the agent's descendants are in now, other than the agent's, the
 /// watcher's own and another ddprun watcher's, each with its leader's start time (0: the
 /// leader was gone when first seen), kept by scan() while the agent lives. A session none of
@@ -94,13 +101,6 @@ bool is_watcher(pid_t pid) {
 /// never below it (an orphan moves up, not down), so its /proc/<pid>/stat is read once, not
 /// at every scan: a scan lists the processes and reads the stat of the agent, its descendants
 /// and the processes not yet settled.
-/// A session noted by SessionNotes: its leader's start time (0: gone when first seen) and the
-/// processes seen in it at the last look, each a pid and its start time.
-struct NotedSession {
-  unsigned long long leader_start = 0;
-  std::set<std::pair<pid_t, unsigned long long>> members;
-};
-
 struct SessionNotes {
   pid_t agent, agent_session, own_session;
   std::map<pid_t, NotedSession> sessions;
