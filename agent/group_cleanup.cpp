@@ -85,27 +85,37 @@ bool is_watcher(pid_t pid) {
   return read_text("/proc/" + std::to_string(pid) + "/comm") == std::string(kWatcherName) + "\n";
 }
 
-/// A session noted by SessionNotes: its leader's start time (0: gone when first seen) and the
-/// processes seen in it at the last look, each a pid and its start time.
-struct NotedSession {
+/// A session or process group noted by SessionNotes: its leader's start time (0: gone when
+/// first seen) and the processes seen in it at the last look, each a pid and its start time.
+struct Noted {
   unsigned long long leader_start = 0;
   std::set<std::pair<pid_t, unsigned long long>> members;
 };
+using NotedMap = std::map<pid_t, Noted>;
 
-/// The sessions that the agent's descendants are in now, other than the agent's, the
-/// watcher's own and another ddprun watcher's, each with its leader's start time (0: the
-/// leader was gone when first seen), kept by scan() while the agent lives. A session none of
-/// them is in any more is dropped: while the agent lives every member of such a session is
-/// below it (an orphan moves up to the agent, a subreaper), so that session is over and its id
-/// may be taken by anyone's. A process whose parent is known not to be below the agent is
-/// never below it (an orphan moves up, not down), so its /proc/<pid>/stat is read once, not
-/// at every scan: a scan lists the processes and reads the stat of the agent, its descendants
-/// and the processes not yet settled.
+/// The sessions and process groups that the agent's descendants are in now, each with its
+/// leader's start time (0: the leader was gone when first seen), kept by scan() while the agent
+/// lives: the sessions other than the agent's, the watcher's own and another ddprun watcher's
+/// (setsid), and the process groups of the agent's session other than the agent's own
+/// (setpgid(0, 0), as `subprocess.Popen(process_group=0)` does), each led by a descendant or by
+/// a process gone. One none of them is in any more is dropped: while the agent lives every
+/// member of such a session or group is below it (an orphan moves up to the agent, a
+/// subreaper), so it is over and its id may be taken by anyone's. A process whose parent is
+/// known not to be below the agent is never below it (an orphan moves up, not down), so its
+/// /proc/<pid>/stat is read once, not at every scan: a scan lists the processes and reads the
+/// stat of the agent, its descendants and the processes not yet settled.
 struct SessionNotes {
-  pid_t agent, agent_session, own_session;
-  std::map<pid_t, NotedSession> sessions;
+  pid_t agent, agent_session, agent_group, own_session;
+  NotedMap sessions;
+  NotedMap groups;
   std::set<pid_t> others;  ///< settled: not below the agent
   int looks = 0;
+
+  void forget() {
+    sessions.clear();
+    groups.clear();
+  }
+  bool empty() const { return sessions.empty() && groups.empty(); }
 
   void scan() {
     // Settled pids are read again now and then: one gone and taken again by a process below
@@ -127,38 +137,54 @@ struct SessionNotes {
     const std::vector<pid_t> below = descendants_of(parents, agent, {});
     const std::set<pid_t> descendants(below.begin(), below.end());
     settle(ids, descendants);
-    std::map<pid_t, NotedSession> now;
-    auto note = [&](pid_t pid, const ProcessIds& id, bool may_add) {
-      const pid_t sid = id.session;
-      if (sid == agent_session || sid == own_session || sid <= 0) return;
-      auto at = now.find(sid);
+    NotedMap now_sessions;
+    NotedMap now_groups;
+    // Notes `pid` as a member of `key` in `now` (kept from `before`, or new when `may_add` and
+    // its leader passes `leader_ok`).
+    auto note = [&](NotedMap& now, const NotedMap& before, pid_t key, pid_t pid,
+                    unsigned long long start, bool may_add, auto leader_ok) {
+      auto at = now.find(key);
       if (at == now.end()) {
-        const auto kept = sessions.find(sid);
-        if (kept != sessions.end()) {
-          at = now.emplace(sid, NotedSession{kept->second.leader_start, {}}).first;
+        const auto kept = before.find(key);
+        if (kept != before.end()) {
+          at = now.emplace(key, Noted{kept->second.leader_start, {}}).first;
         } else {
           if (!may_add || now.size() >= kMaxSessions) return;
           const auto leader =
-              ids.count(sid) > 0 ? std::optional<ProcessIds>(ids.at(sid)) : read_process(sid);
-          if (leader && is_watcher(sid)) return;
-          at = now.emplace(sid, NotedSession{leader ? leader->start_time : 0, {}}).first;
+              ids.count(key) > 0 ? std::optional<ProcessIds>(ids.at(key)) : read_process(key);
+          if (leader && !leader_ok(key)) return;
+          at = now.emplace(key, Noted{leader ? leader->start_time : 0, {}}).first;
         }
       }
-      at->second.members.emplace(pid, id.start_time);
+      at->second.members.emplace(pid, start);
     };
-    for (pid_t pid : descendants) note(pid, ids.at(pid), true);
+    auto note_both = [&](pid_t pid, const ProcessIds& id, bool may_add) {
+      const pid_t sid = id.session;
+      if (sid > 0 && sid != agent_session && sid != own_session)
+        note(now_sessions, sessions, sid, pid, id.start_time, may_add,
+             [](pid_t leader) { return !is_watcher(leader); });
+      // A group of the agent's session whose leader lives outside the agent's tree (another
+      // job's, joined with setpgid) is not the job's to end.
+      const pid_t pgid = id.group;
+      if (sid == agent_session && pgid > 0 && pgid != agent_group)
+        note(now_groups, groups, pgid, pid, id.start_time, may_add,
+             [&](pid_t leader) { return descendants.count(leader) > 0; });
+    };
+    for (pid_t pid : descendants) note_both(pid, ids.at(pid), true);
     // A process read but not settled (its parent ended before it was read, and it may be on its
-    // way up to the agent) keeps a session already noted, adds none.
+    // way up to the agent) keeps a session or group already noted, adds none.
     for (const auto& [pid, id] : ids)
       if (pid != agent && descendants.count(pid) == 0 && others.count(pid) == 0)
-        note(pid, id, false);
+        note_both(pid, id, false);
     // The agent died during this look: its orphans were moving up and out of its tree. Keep
     // what was noted before.
     if (::getppid() != agent) {
-      for (auto& [sid, session] : now) sessions.emplace(sid, std::move(session));
+      for (auto& [sid, noted] : now_sessions) sessions.emplace(sid, std::move(noted));
+      for (auto& [pgid, noted] : now_groups) groups.emplace(pgid, std::move(noted));
       return;
     }
-    sessions = std::move(now);
+    sessions = std::move(now_sessions);
+    groups = std::move(now_groups);
   }
 
   /// Adds to `others` each process read whose parent is known not to be below the agent: none
@@ -183,38 +209,43 @@ struct SessionNotes {
   }
 };
 
-/// Whether session `sid`, noted as `noted`, is still that session: its leader alive and the
-/// same process, or, the leader gone, one of its members at the last look still in it. A
-/// session id is its leader's pid; the kernel gives that pid to no other process while any
-/// process is in the session, but once the session is empty anyone's new session can have it.
-bool same_session(const std::map<pid_t, ProcessIds>& ids, pid_t sid, const NotedSession& noted) {
-  if (const auto leader = ids.find(sid); leader != ids.end())
+/// Whether session or process group `key` (`field`: &ProcessIds::session or ::group), noted as
+/// `noted`, is still that one: its leader alive and the same process, or, the leader gone, one
+/// of its members at the last look still in it. Either id is its leader's pid; the kernel gives
+/// that pid to no other process while any process is in the session or group, but once it is
+/// empty anyone's new one can have it.
+bool still_noted(const std::map<pid_t, ProcessIds>& ids, pid_t key, const Noted& noted,
+                 pid_t ProcessIds::*field) {
+  if (const auto leader = ids.find(key); leader != ids.end())
     return noted.leader_start != 0 && leader->second.start_time == noted.leader_start;
   for (const auto& [pid, start] : noted.members)
     if (const auto member = ids.find(pid);
-        member != ids.end() && member->second.session == sid && member->second.start_time == start)
+        member != ids.end() && member->second.*field == key && member->second.start_time == start)
       return true;
   return false;
 }
 
-/// SIGKILLs every process in one of `groups` that is of session `sid` (a group's leader may
-/// be gone while its members live; a process group id reused by someone else's session is
-/// left alone), and every process in one of `sessions` that is still that session
-/// (same_session, judged at the first scan), scanning again while a scan finds one (what they
-/// fork meanwhile; a few scans at most).
-void kill_groups(const std::set<pid_t>& groups, pid_t sid,
-                 const std::map<pid_t, NotedSession>& sessions) {
+/// SIGKILLs every process in one of `told` (the process groups the watcher was told of) that
+/// is of session `sid` (a group's leader may be gone while its members live; a process group id
+/// reused by someone else's session is left alone), and every process in one of the sessions
+/// or groups of `notes` that is still that one (still_noted, judged at the first scan),
+/// scanning again while a scan finds one (what they fork meanwhile; a few scans at most).
+void kill_left(const std::set<pid_t>& told, pid_t sid, const SessionNotes& notes) {
   std::set<pid_t> killed;
   std::set<pid_t> ours_sessions;
+  std::set<pid_t> ours_groups;
   for (int scan = 0; scan < 4; ++scan) {
     const std::map<pid_t, ProcessIds> ids = read_process_ids();
-    if (scan == 0)
-      for (const auto& [session, noted] : sessions)
-        if (same_session(ids, session, noted)) ours_sessions.insert(session);
+    if (scan == 0) {
+      for (const auto& [session, noted] : notes.sessions)
+        if (still_noted(ids, session, noted, &ProcessIds::session)) ours_sessions.insert(session);
+      for (const auto& [group, noted] : notes.groups)
+        if (still_noted(ids, group, noted, &ProcessIds::group)) ours_groups.insert(group);
+    }
     bool found = false;
     for (const auto& [pid, id] : ids) {
-      const bool ours =
-          (groups.count(id.group) > 0 && id.session == sid) || ours_sessions.count(id.session) > 0;
+      const bool ours = (told.count(id.group) > 0 && id.session == sid) ||
+                        ours_sessions.count(id.session) > 0 || ours_groups.count(id.group) > 0;
       // A 'Z' main thread may have other threads still running: signalled too.
       if (ours && killed.insert(pid).second) {
         ::kill(pid, SIGKILL);
@@ -228,11 +259,12 @@ void kill_groups(const std::set<pid_t>& groups, pid_t sid,
 /// The watcher: waits for the agent's end (EOF on the pipe, whether the agent exited or was
 /// SIGKILLed), then kills what is left in the node's cgroup and removes it, or, without one,
 /// what is left in the process groups it was told of (by each worker before its exec, and by
-/// the agent) and in the sessions it saw the agent's descendants in (each second). It runs in
-/// a fork of a process with one thread, so the calls below are safe; it holds nothing of the
-/// agent's.
+/// the agent) and in the sessions and process groups it saw the agent's descendants in (each
+/// second). It runs in a fork of a process with one thread, so the calls below are safe; it
+/// holds nothing of the agent's.
 [[noreturn]] void watch(int pipe_r, const std::string& node_dir, pid_t agent) {
   const pid_t agent_session = ::getsid(0);
+  const pid_t agent_group = ::getpgid(0);
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE, SIGTSTP})
     ::signal(sig, SIG_IGN);
   ::setsid();  // out of the terminal's process group: a Ctrl-C or kill -9 -<pgid> misses it
@@ -248,12 +280,12 @@ void kill_groups(const std::set<pid_t>& groups, pid_t sid,
   if (::chdir("/") != 0) {
   }
   const pid_t own_session = ::getsid(0);
-  // Without a cgroup, a setsid'd descendant leaves the process groups the watcher is told of;
-  // once the agent is gone nothing links it to the agent any more, so its session is noted
-  // while the agent lives.
+  // Without a cgroup, a descendant that calls setsid or setpgid leaves the process groups the
+  // watcher is told of; once the agent is gone nothing links it to the agent any more, so its
+  // session or group is noted while the agent lives.
   const bool scan = node_dir.empty();
   std::set<pid_t> groups;
-  SessionNotes notes{agent, agent_session, own_session, {}, {}};
+  SessionNotes notes{agent, agent_session, agent_group, own_session, {}, {}, {}};
   WatcherRecord record;
   std::size_t have = 0;
   using Clock = std::chrono::steady_clock;
@@ -281,12 +313,11 @@ void kill_groups(const std::set<pid_t>& groups, pid_t sid,
     if (record.kind == 'T') groups.insert(record.pgid);
     if (record.kind == 'F') {
       groups.clear();
-      notes.sessions.clear();  // killed with the group (the agent's /proc walk), or the job's end
+      notes.forget();  // killed with the group (the agent's /proc walk), or the job's end
     }
   }
   // A normal end told it to forget every group: nothing to do.
-  if (!groups.empty() || !notes.sessions.empty())
-    kill_groups(groups, agent_session, notes.sessions);
+  if (!groups.empty() || !notes.empty()) kill_left(groups, agent_session, notes);
   if (node_dir.empty()) ::_exit(0);
   // A normal end removed the directory already: ENOENT, nothing to do.
   if (write_control(node_dir + "/cgroup.kill", "1") != ENOENT) {

@@ -16,8 +16,9 @@ namespace ddprun::agent {
 enum class CleanupMode {
   Auto,       ///< cgroup where a cgroup v2 tree is delegated to us, else subreaper
   Cgroup,     ///< a cgroup v2 per group, and a watcher that writes cgroup.kill if the agent dies
-  Subreaper,  ///< the /proc walk, and a watcher that kills the workers' process groups if the
-              ///< agent dies: nothing survives but a SIGKILLed agent's setsid'd grandchildren
+  Subreaper,  ///< the /proc walk, and a watcher that kills the workers' process groups, and
+              ///< the sessions and groups it saw their descendants start, if the agent dies:
+              ///< nothing survives but what left its group less than a second before
 };
 
 /// "auto", "cgroup", "subreaper": the one name table of CleanupMode (flag values and messages).
@@ -43,7 +44,8 @@ std::optional<std::string> cgroup2_own_path(const std::string& proc_self_cgroup)
 /// before exec, and the agent writes each standby's before a hand-over; once a group's
 /// processes are killed the agent tells the watcher to forget them all. If the agent dies
 /// first, the watcher SIGKILLs whatever is left in those process groups (the workers' own
-/// background children), checked to be of the agent's session.
+/// background children), checked to be of the agent's session, and in the sessions and
+/// process groups it saw the agent's descendants in (it looks each second).
 /// A group's end kills every descendant of the agent but the standbys (a /proc walk), and with
 /// a cgroup also writes the group's cgroup.kill.
 class GroupCleanup {

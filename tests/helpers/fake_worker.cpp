@@ -21,6 +21,10 @@
 //                     with PATH, append "childRANK PID" to PATH
 //   spawn_setsid=PATH:N  fork N children that each leave the process group and session
 //                     (setsid) and sleep 10 minutes; append "setsidRANK.I PID" to PATH
+//   spawn_setpgrp=PATH:N  fork N children that each leave the process group for one of their
+//                     own (setpgid(0, 0)) and sleep 10 minutes, the odd ones in a child they
+//                     fork before they exit (an orphan in a group whose leader is gone); each
+//                     sleeper appends "setpgrpRANK.I PID" to PATH
 //   spam=N            print N numbered lines of 100 bytes as fast as possible
 //   wait_lines=PATH:N wait until PATH has N lines (e.g. every rank wrote its pidfile line);
 //                     exit 96 after 60 s
@@ -214,6 +218,18 @@ int main(int argc, char** argv) {
           _exit(0);
         }
         std::ofstream(who, std::ios::app) << "setsid" << rank << "." << i << " " << child << "\n";
+      }
+    } else if (key == "spawn_setpgrp" && split_pair(val, who, n)) {
+      std::fflush(stdout);
+      for (int i = 0; i < n; ++i) {
+        const pid_t child = ::fork();
+        if (child != 0) continue;
+        ::setpgid(0, 0);
+        if (i % 2 == 1 && ::fork() != 0) _exit(0);
+        std::ofstream(who, std::ios::app)
+            << "setpgrp" << rank << "." << i << " " << ::getpid() << "\n";
+        for (int s = 0; s < 600; ++s) ::sleep(1);
+        _exit(0);
       }
     } else if (key == "wait_lines") {
       auto colon = val.rfind(':');

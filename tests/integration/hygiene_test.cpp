@@ -1,8 +1,8 @@
 // No process left behind, whatever ends the job: a worker's setsid'd grandchildren (which leave
-// its process group) are gone after a normal end, a SIGTERM and a SIGKILL of the agent; a stop
-// signal is acted on while a large group starts; a worker count beyond the kernel's limits is
-// refused before anything starts; a log file that cannot be written is reported, once.
-// (docs/design.md, "Process hygiene")
+// its process group), and those in process groups of their own, are gone after a normal end, a
+// SIGTERM and a SIGKILL of the agent; a stop signal is acted on while a large group starts; a
+// worker count beyond the kernel's limits is refused before anything starts; a log file that cannot
+// be written is reported, once. (docs/design.md, "Process hygiene")
 #include <signal.h>
 #include <unistd.h>
 
@@ -151,6 +151,27 @@ TEST_CASE("setsid grandchildren are gone after a SIGKILL of the agent (--cleanup
   REQUIRE(wait_until([&] { return read_pids(pids).size() == 4; }, kJobLimit));
   // The watcher notes the sessions of the agent's descendants each second: one started less
   // than that before the SIGKILL can be missed (docs/design.md, "Process hygiene").
+  std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+  job.send(SIGKILL);
+  auto r = job.wait(kJobLimit);
+  CHECK(r.exit_code == 128 + SIGKILL);
+  CHECK(none_left(dir.path()));
+}
+
+TEST_CASE(
+    "children in process groups of their own are gone after a SIGKILL of the agent "
+    "(--cleanup subreaper)",
+    "[agent][integration]") {
+  TempDir dir;
+  const std::string pids = dir.path() + "/pids";
+  WorkerSweeper sweeper(pids);
+  // Each worker starts two sleepers that call setpgid(0, 0) (still in the agent's session):
+  // one leads its group, the other's leader has exited, leaving it an orphan of the agent.
+  Subprocess job(
+      ddprun_fake({"--nproc_per_node", "2", "--cleanup", "subreaper"},
+                  {"spawn_setpgrp=" + pids + ":2", "wait_lines=" + pids + ":4", "hang"}));
+  REQUIRE(wait_until([&] { return read_pids(pids).size() == 4; }, kJobLimit));
+  // The watcher notes their groups each second, as it does setsid'd sessions.
   std::this_thread::sleep_for(std::chrono::milliseconds(3500));
   job.send(SIGKILL);
   auto r = job.wait(kJobLimit);
