@@ -3,11 +3,12 @@
 
 1. Launch to exit of `ddprun --cleanup MODE --nproc_per_node 2 --no_python /bin/true`, runs
    alternating between the modes (median, min, max).
-2. A job of 2 workers that each start 2 setsid'd sleepers (`setsid sleep MARK &`); once all 4
-   run, and then `--settle` seconds more, ddprun gets SIGKILL. Reported: how many sleepers are
-   still running 5 s later, and the time from the SIGKILL until none is (for the modes that get
-   there). Without a cgroup the watcher notes the sleepers' sessions each second, so one
-   killed sooner can miss them.
+2. A job of 2 workers that each start 2 sleepers that leave the worker's process group: setsid'd
+   ones (`setsid sleep MARK &`), and with `--kinds` also ones in process groups of their own
+   (setpgid(0, 0), then exec sleep). Once all 4 run, and then `--settle` seconds more, ddprun
+   gets SIGKILL. Reported: how many sleepers are still running 5 s later, and the time from the
+   SIGKILL until none is (for the modes that get there). Without a cgroup the watcher notes the
+   sleepers' sessions and groups each second, so one killed sooner can miss them.
 3. The watcher's CPU time while a job of `--workers` sleeping workers runs for `--seconds`
    (from /proc/<watcher>/schedstat), per mode, also with `--background` more idle processes on
    the machine: without a cgroup it reads /proc each second.
@@ -43,11 +44,21 @@ def launch_to_exit(ddprun: str, mode: str) -> float:
     return time.monotonic() - start
 
 
-def sigkill_leftovers(ddprun: str, mode: str, settle: float) -> tuple[int, float | None]:
+# How a sleeper leaves its worker's process group, as a shell command prefix.
+LEAVE = {
+    "setsid": "setsid",
+    "setpgrp": ("/usr/bin/python3 -c 'import os, sys; os.setpgid(0, 0); "
+                "os.execvp(sys.argv[1], sys.argv[1:])'"),
+}
+
+
+def sigkill_leftovers(ddprun: str, mode: str, settle: float,
+                      kind: str) -> tuple[int, float | None]:
     mark = f"600.{random.randrange(10**6, 10**7)}"
     with tempfile.TemporaryDirectory() as tmp:
         ready = os.path.join(tmp, "ready")
-        script = (f"setsid sleep {mark} & setsid sleep {mark} & echo x >> {ready}; "
+        leave = LEAVE[kind]
+        script = (f"{leave} sleep {mark} & {leave} sleep {mark} & echo x >> {ready}; "
                   f"exec sleep {mark}")
         job = subprocess.Popen([ddprun, "--cleanup", mode, "--nproc_per_node", "2", "--no_python",
                                 "/bin/sh", "-c", script], stdin=subprocess.DEVNULL,
@@ -116,6 +127,9 @@ def main() -> None:
     ap.add_argument("--modes", default="subreaper,cgroup")
     ap.add_argument("--settle", default="0,1.5",
                     help="seconds between the sleepers running and the SIGKILL, comma-separated")
+    ap.add_argument("--kinds", default="setsid",
+                    help="how the sleepers leave their process group: setsid, setpgrp, or both "
+                         "comma-separated")
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=20)
     ap.add_argument("--background", type=int, default=1000,
@@ -133,12 +147,14 @@ def main() -> None:
         t = times[m]
         print(f"--cleanup {m}: launch to exit median {statistics.median(t) * 1000:.1f} ms "
               f"(min {min(t) * 1000:.1f}, max {max(t) * 1000:.1f})")
-    for settle in [float(s) for s in args.settle.split(",")]:
-        for m in modes:
-            results = [sigkill_leftovers(args.ddprun, m, settle) for _ in range(3)]
-            print(f"--cleanup {m}: SIGKILL of ddprun {settle:g} s after the sleepers started: "
-                  f"setsid'd sleepers left (of 4): {[r[0] for r in results]}; all gone after "
-                  f"(ms): {[None if r[1] is None else round(r[1] * 1000, 1) for r in results]}")
+    for kind in args.kinds.split(","):
+        for settle in [float(s) for s in args.settle.split(",")]:
+            for m in modes:
+                results = [sigkill_leftovers(args.ddprun, m, settle, kind) for _ in range(3)]
+                print(f"--cleanup {m}: SIGKILL of ddprun {settle:g} s after the sleepers "
+                      f"started: {kind} sleepers left (of 4): {[r[0] for r in results]}; all "
+                      f"gone after (ms): "
+                      f"{[None if r[1] is None else round(r[1] * 1000, 1) for r in results]}")
     for background in (0, args.background):
         idle = [subprocess.Popen(["sleep", "3600"]) for _ in range(background)]
         try:

@@ -332,8 +332,9 @@ const std::set<std::string> kForeignFlags = {
     "--dry-run", "--sdk-build", "--parts", "--budget", "--recovery-series", "--recovery-runs",
     "--device", "--hidden", "--ddp_train", "--python", "--torchrun", "--settle", "--mark_file",
     // nvidia-smi (benchmarks.md#on-a-gpu-nvidia-h200-torch-211-nccl)
-    "--query-compute-apps",
-    "--query-gpu",
+    "--query-compute-apps", "--query-gpu",
+    // bench/cleanup_bench.py (benchmarks.md)
+    "--kinds", "--seconds", "--background", "--workers",
     // bench/crash_loop_bench.py and bench/backoff_bench.py (benchmarks.md)
     "--only", "--restarts", "--backoff",
     // ddprun's Python bootstrap, agent/python/ddprun_standby.py (design.md#standby-workers)
