@@ -298,6 +298,28 @@ def _numpy_random_state():
         return None
 
 
+def _torch_random_state():
+    """The state of torch's default CPU generator (a tensor of bytes), if torch is loaded."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        return torch.default_generator.get_state()
+    except Exception:  # noqa: BLE001 - an unusual torch: nothing to compare
+        return None
+
+
+def _torch_drew(before):
+    """True when torch's default CPU generator has moved on from `before` (_torch_random_state)."""
+    if before is None:
+        return False
+    after = _torch_random_state()
+    try:
+        return after is None or not sys.modules["torch"].equal(before, after)
+    except Exception:  # noqa: BLE001 - cannot tell, so not shared
+        return True
+
+
 def _fresh_numpy_generator(state):
     """True for the state of numpy's global generator as a fresh import seeds it: nothing
     drawn yet, so at the position and without the cached Gaussian of a generator seeded just now
@@ -314,9 +336,9 @@ def _fresh_numpy_generator(state):
 def why_not_shared(name):
     """Imports `name` here and says why sharing it between ranks would not be what a fresh
     worker sees: a worker variable read (WORKER_VARIABLES, or the whole environment iterated),
-    a number drawn from `random` or numpy's global generator (it would be the same in every
-    rank), sys.path changed (but for torch's template directory, which own_template_dir()
-    makes per worker), or the import failing. None when it is safe. Leaves the import behind:
+    a number drawn from `random`, numpy's global generator or torch's default one (it would be
+    the same in every rank), sys.path changed (but for torch's template directory, which
+    own_template_dir() makes per worker), or the import failing. None when it is safe. Leaves the import behind:
     it runs in a throwaway fork (trial_import), or, for a part of torch, in this interpreter
     itself (preload_torch_part)."""
     import importlib
@@ -324,6 +346,7 @@ def why_not_shared(name):
 
     random_state = random.getstate()
     numpy_state = _numpy_random_state()
+    torch_state = _torch_random_state()
     path_before = list(sys.path)
     _TracedEnviron.read = set()
     _TracedEnviron.everything = False
@@ -349,6 +372,8 @@ def why_not_shared(name):
     after = _numpy_random_state()
     if random.getstate() != random_state or (
             after != numpy_state if numpy_state is not None else not _fresh_numpy_generator(after)):
+        return "it drew random numbers"
+    if _torch_drew(torch_state):
         return "it drew random numbers"
     return None
 
@@ -596,13 +621,21 @@ def become_standby(agent, env, fds, title):
     os.environ.clear()
     os.environ.update(env)
     show_as(title, env)
-    # A fresh interpreter seeds numpy's global generator from the OS; a forked copy would share
-    # the zygote's, the same numbers on every rank. (`random` reseeds itself after a fork.)
+    # A fresh interpreter seeds numpy's global generator and torch's default CPU generator from
+    # the OS; a forked copy would share the zygote's, the same numbers on every rank and at every
+    # restart. (`random` reseeds itself after a fork; torch's CUDA generators start from one
+    # fixed seed in any process.)
     numpy_random = sys.modules.get("numpy.random")
     if numpy_random is not None:
         try:
             numpy_random.seed()
         except Exception:  # noqa: BLE001 - an unusual numpy: leave it as it is
+            pass
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            torch.default_generator.seed()
+        except Exception:  # noqa: BLE001 - an unusual torch: leave it as it is
             pass
 
 

@@ -164,13 +164,16 @@ TEST_CASE("a rank handed to a Python standby sees what a freshly started rank se
   REQUIRE(from_standby(dir.path() + "/standby.jsonl") == std::vector<int>{2, 2});
   check_same_probes(fresh, standby);
   check_own_template_dirs(standby);
-  // Forked from one zygote, the ranks still draw different numbers (random reseeds itself
-  // after a fork; the bootstrap reseeds numpy's global generator).
-  const auto draws0 = probes_of(standby.out, 0)["random"];
-  const auto draws1 = probes_of(standby.out, 1)["random"];
-  REQUIRE(draws0.size() == 2);
-  CHECK(draws0[0] != draws1[0]);
-  CHECK(draws0[1] != draws1[1]);
+  // Forked from one zygote, the ranks still draw different numbers, as fresh ones do (random
+  // reseeds itself after a fork; the bootstrap reseeds numpy's global generator and torch's
+  // default one): random, numpy, torch.initial_seed() and a torch.rand draw.
+  for (const auto* out : {&fresh.out, &standby.out}) {
+    const auto draws0 = probes_of(*out, 0)["random"];
+    const auto draws1 = probes_of(*out, 1)["random"];
+    REQUIRE(draws0.size() == 4);
+    REQUIRE(draws1.size() == 4);
+    for (std::size_t i = 0; i < 4; ++i) CHECK(draws0[i] != draws1[i]);
+  }
 
   // What ps showed of the agent's children while the standbys waited: the first group's ranks
   // (forked from the zygote) as fresh workers, the zygote and the standbys by what they are.
@@ -437,6 +440,8 @@ TEST_CASE(
          "ARGV = list(sys.argv)\nPID = os.getpid()\n";
   std::ofstream(user_site + "/number_drawer.py")
       << "import random, numpy\nDRAWS = [random.random(), float(numpy.random.random())]\n";
+  std::ofstream(user_site + "/torch_drawer.py")
+      << "import torch\nDRAW = torch.rand(1).item()\nPID = __import__('os').getpid()\n";
   std::ofstream(user_site + "/innocent.py")
       << "import os\nHOME = os.environ.get('HOME')\nPID = os.getpid()\n";
   std::ofstream(dir.path() + "/path/path_reader.py")
@@ -444,11 +449,14 @@ TEST_CASE(
   const std::string script = dir.path() + "/train.py";
   std::ofstream(script)
       << "import json, os, sys\nimport torch\n"
-         "import rank_reader, number_drawer, innocent, path_reader\n"
+         "import rank_reader, number_drawer, torch_drawer, innocent, path_reader\n"
          "print('SEEN', json.dumps({'own': [os.environ['LOCAL_RANK'], os.environ['RANK']],\n"
          "    'module': list(rank_reader.RANKS),\n"
          "    'reader_preloaded': rank_reader.PID != os.getpid(), 'argv': rank_reader.ARGV,\n"
-         "    'draws': number_drawer.DRAWS, 'path': path_reader.LOCAL,\n"
+         "    'draws': number_drawer.DRAWS + [torch_drawer.DRAW, torch.rand(1).item(),\n"
+         "                                    torch.initial_seed()],\n"
+         "    'torch_drawer_preloaded': torch_drawer.PID != os.getpid(),\n"
+         "    'path': path_reader.LOCAL,\n"
          "    'innocent_preloaded': innocent.PID != os.getpid()}),\n"
          "    flush=True)\n";
   const std::string events = dir.path() + "/events.jsonl";
@@ -475,9 +483,13 @@ TEST_CASE(
     // What is safe is still pre-imported (in the zygote, another process); what is not, is not.
     CHECK(s["innocent_preloaded"] == true);
     CHECK(s["reader_preloaded"] == false);
+    // A module that draws from torch's generator at import is imported by each rank itself.
+    CHECK(s["torch_drawer_preloaded"] == false);
   }
-  CHECK(seen[0]["draws"][0] != seen[1]["draws"][0]);
-  CHECK(seen[0]["draws"][1] != seen[1]["draws"][1]);
+  // random and numpy at import, torch at import, torch.rand and torch.initial_seed() in the
+  // script: each rank its own.
+  REQUIRE(seen[0]["draws"].size() == 5);
+  for (std::size_t i = 0; i < 5; ++i) CHECK(seen[0]["draws"][i] != seen[1]["draws"][i]);
 }
 
 namespace {

@@ -80,7 +80,8 @@ probe("stdout_write_through", sys.stdout.write_through)
 probe("cuda_initialized", torch.cuda.is_initialized())
 probe("debug_level", str(torch.distributed.get_debug_level()))
 # Each rank draws its own numbers, as separate interpreters do (the test compares the ranks).
-probe("random", [random.random(), float(numpy.random.random())])
+probe("random", [random.random(), float(numpy.random.random()), torch.initial_seed(),
+                 torch.rand(1).item()])
 atexit.register(lambda: print(f"atexit ran on rank {os.environ['RANK']}", flush=True))
 if "--raise" in ARGS and os.environ["RANK"] == "1":
     raise RuntimeError("raised by the probe on rank 1")
