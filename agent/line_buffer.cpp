@@ -7,28 +7,35 @@
 
 namespace ddprun::agent {
 
-std::vector<std::string> LineBuffer::feed(std::string_view bytes) {
-  std::vector<std::string> lines;
+std::vector<LinePiece> LineBuffer::feed(std::string_view bytes) {
+  std::vector<LinePiece> pieces;
   for (char c : bytes) {
     if (c == '\n') {
-      lines.push_back(std::move(pending_));
+      pieces.push_back({std::move(pending_), true});
       pending_.clear();
+      progress_ = false;
       continue;
     }
     pending_ += c;
+    progress_ = progress_ || c == '\r';
     if (pending_.size() >= max_line_) {
-      lines.push_back(std::move(pending_));
+      pieces.push_back({std::move(pending_), false});
       pending_.clear();
     }
   }
-  return lines;
+  if (progress_ && !pending_.empty()) {
+    pieces.push_back({std::move(pending_), false});
+    pending_.clear();
+  }
+  return pieces;
 }
 
-std::vector<std::string> LineBuffer::finish() {
-  std::vector<std::string> lines;
-  if (!pending_.empty()) lines.push_back(std::move(pending_));
+std::vector<LinePiece> LineBuffer::finish() {
+  std::vector<LinePiece> pieces;
+  if (!pending_.empty()) pieces.push_back({std::move(pending_), false});
   pending_.clear();
-  return lines;
+  progress_ = false;
+  return pieces;
 }
 
 std::string console_prefix(std::string_view tmpl, const std::string& role, int rank,

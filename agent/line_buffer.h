@@ -6,20 +6,35 @@
 
 namespace ddprun::agent {
 
-/// Cuts a byte stream into whole lines so that each console write carries exactly one line of
-/// one worker. A line longer than max_line is emitted in pieces of max_line bytes.
+/// A whole line, without its '\n', or a part of one that more of the line follows.
+struct LinePiece {
+  std::string text;
+  bool ends_line = true;
+  bool operator==(const LinePiece& other) const {
+    return text == other.text && ends_line == other.ends_line;
+  }
+};
+
+/// Cuts a byte stream into whole lines so that each console write carries one line of one
+/// worker, with the bytes kept as they were: joined again, the pieces and their '\n's are the
+/// stream. A part of a line is given out before its '\n' in two cases: a line reaches max_line
+/// bytes (memory stays bounded), and a progress line, one that holds a carriage return (a
+/// progress bar such as tqdm's redraws itself after "\r"), gives what it has at the end of
+/// each read, so that it is shown as it goes.
 class LineBuffer {
  public:
   explicit LineBuffer(size_t max_line = 64 * 1024) : max_line_(max_line) {}
 
-  /// Appends bytes; returns the lines completed by them, without their '\n'.
-  std::vector<std::string> feed(std::string_view bytes);
-  /// The trailing partial line at end of stream, if any (then the buffer is empty).
-  std::vector<std::string> finish();
+  /// Appends bytes; returns the lines they complete and the parts of lines they give out.
+  std::vector<LinePiece> feed(std::string_view bytes);
+  /// What is left at the end of the stream: the last line's part without a '\n', if any
+  /// (then the buffer is empty).
+  std::vector<LinePiece> finish();
 
  private:
   size_t max_line_;
   std::string pending_;
+  bool progress_ = false;  ///< the current line holds a '\r'
 };
 
 /// The text before each console line of one worker: "[<role><local_rank>]:" by default, or

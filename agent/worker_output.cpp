@@ -71,7 +71,7 @@ struct OutputStream {
   std::string prefix;
   /// With --dedup_output: where console lines go instead of straight to console_fd.
   std::function<void(int fd, const std::string& line)> dedup;
-  std::function<void()> printed;  ///< called after each chunk of whole lines
+  std::function<void()> printed;  ///< called after each read that gave lines or parts of lines
   int file_fd = -1;               ///< -1: not written to a file
   std::string file_path;
   std::shared_ptr<FilteredLog> filtered;  ///< null: no --duplicate_*_filters
@@ -79,23 +79,44 @@ struct OutputStream {
   int file_error = 0;       ///< errno of the first failed write to the file (0: none yet)
   long long file_lost = 0;  ///< bytes that did not reach the file
   bool open = true;
+  /// A line of this stream is begun on the console and not ended (a part of a long or progress
+  /// line was shown): its next part is shown without the prefix.
+  bool console_open = false;
+
+  /// `piece` as the console shows it: the prefix before a line, and after each carriage return
+  /// within it instead (a progress bar that redraws itself keeps its prefix).
+  std::string console_text(const LinePiece& piece) {
+    const bool starts_over = !piece.text.empty() && piece.text.front() == '\r';
+    std::string out = console_open || starts_over ? "" : prefix;
+    for (std::size_t i = 0; i < piece.text.size(); ++i) {
+      out += piece.text[i];
+      if (piece.text[i] == '\r' && i + 1 < piece.text.size()) out += prefix;
+    }
+    if (piece.ends_line) out += '\n';
+    // After a part that ends in "\r" the cursor is back at the line's start: prefix again.
+    console_open = !piece.ends_line && (piece.text.empty() || piece.text.back() != '\r');
+    return out;
+  }
 
   /// True when this call saw the first failed write to the file (to be reported once).
-  bool emit(const std::vector<std::string>& done) {
+  bool emit(const std::vector<LinePiece>& done) {
     bool first_failure = false;
     if (!done.empty() && printed) printed();
-    for (const auto& line : done) {
+    for (const auto& piece : done) {
+      const std::string& line = piece.text;
+      // --dedup_output compares whole lines: a part of one is a line of its own there.
       if (console_fd >= 0 && dedup)
         dedup(console_fd, line);
       else if (console_fd >= 0)
-        write_all(console_fd, prefix + line + "\n");
+        write_all(console_fd, console_text(piece));
       if (line.find("No module named 'torch'") != std::string::npos) saw_missing_torch = true;
       if (filtered != nullptr && filtered->wants(line))
         write_all(filtered->fd, prefix + line + "\n");
       if (file_fd < 0) continue;
-      // Later writes are still tried: output resumes once the disk has room again.
+      // The file gets the bytes as the worker wrote them. Later writes are still tried: output
+      // resumes once the disk has room again.
       size_t lost = 0;
-      if (int err = write_all(file_fd, line + "\n", &lost); err != 0) {
+      if (int err = write_all(file_fd, piece.ends_line ? line + "\n" : line, &lost); err != 0) {
         if (file_error == 0) {
           first_failure = true;
           file_error = err;
@@ -108,6 +129,9 @@ struct OutputStream {
   /// Like emit(): true when the last line's write was the file's first failure.
   bool close() {
     const bool first_failure = emit(lines.finish());
+    // A last line without its '\n' is ended on the console (the file keeps it as it was).
+    if (console_fd >= 0 && console_open) write_all(console_fd, "\n");
+    console_open = false;
     boost::system::error_code ignored;
     pipe.close(ignored);
     if (file_fd >= 0) ::close(file_fd);

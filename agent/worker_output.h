@@ -119,8 +119,8 @@ class WorkerOutput {
   /// Closes every pipe and file now (the job is over).
   void close_all();
 
-  /// Calls `line(local_rank)` for each chunk of whole lines a worker prints (progress, for the
-  /// watchdog).
+  /// Calls `line(local_rank)` for each read of a worker's output that gives whole lines or parts
+  /// of lines, a progress bar's redraw included (progress, for the watchdog).
   void on_line(std::function<void(int local_rank)> line);
 
   /// A worker of this group printed "No module named 'torch'".

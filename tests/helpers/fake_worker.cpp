@@ -14,6 +14,8 @@
 //   print=TEXT        print TEXT and a newline to stdout
 //   eprint=TEXT       print TEXT and a newline to stderr
 //   partial=TEXT      print TEXT without a newline, flushed
+//   long_line=N       print N letters (a..z, over and over) and a newline, flushed
+//   wait_file=PATH    wait until PATH exists; exit 95 after 60 s
 //   env=NAME[,NAME..] print NAME=value lines (value "<unset>" when unset)
 //   error_file=MSG    write MSG in torch's @record JSON to $TORCHELASTIC_ERROR_FILE
 //   pidfile=PATH      append "RANK PID" to PATH (a test can check the pids later)
@@ -176,6 +178,13 @@ int main(int argc, char** argv) {
     } else if (key == "partial") {
       std::printf("%s", val.c_str());
       std::fflush(stdout);
+    } else if (key == "long_line") {
+      std::string line;
+      for (int i = 0; i < std::atoi(val.c_str()); ++i) line += static_cast<char>('a' + i % 26);
+      std::printf("%s\n", line.c_str());
+      std::fflush(stdout);
+    } else if (key == "wait_file") {
+      if (!wait_for([&] { return ::access(val.c_str(), F_OK) == 0; })) return 95;
     } else if (key == "env") {
       size_t start = 0;
       while (start <= val.size()) {

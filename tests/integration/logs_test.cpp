@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <fstream>
 #include <regex>
 
 #include "tests/integration/ddprun_runs.h"
@@ -41,6 +42,44 @@ TEST_CASE("pieces of one line written separately are shown as one line", "[agent
   INFO(r.out);
   CHECK(r.exit_code == 0);
   CHECK(lines_of(r.out) == std::vector<std::string>{"[default0]:abcdef"});
+}
+
+TEST_CASE(
+    "a line over 64 KiB is one line on the console, and the log file holds the bytes as written",
+    "[agent][integration]") {
+  TempDir logs;
+  auto r = run_command(
+      ddprun_fake({"--log_dir", logs.path(), "--redirects", "3", "--tee", "3", "--rdzv_id", "long"},
+                  {"long_line=200000", "partial=end"}),
+      {}, kJobLimit);
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  std::string letters;
+  for (int i = 0; i < 200000; ++i) letters += static_cast<char>('a' + i % 26);
+  const std::string file = read_file(run_dir(logs.path(), "long") + "/attempt_0/0/stdout.log");
+  CHECK(file.size() == letters.size() + 4);
+  CHECK(file == letters + "\nend");
+  // One prefix per line; the last line, which has no newline, is ended on the console.
+  CHECK(lines_of(r.out) == std::vector<std::string>{"[default0]:" + letters, "[default0]:end"});
+}
+
+TEST_CASE(
+    "a progress line (carriage returns, no newline yet) is shown as it goes, its prefix "
+    "after each carriage return",
+    "[agent][integration]") {
+  TempDir dir;
+  const std::string go = dir.path() + "/go";
+  // As tqdm draws a bar: "\r" and the bar, again and again, then a newline.
+  Subprocess job(ddprun_fake(
+      {}, {"partial=\rstep 1", "wait_file=" + go, "partial=\rstep 2", "print=", "print=done"}));
+  // Shown before its line ends: the worker waits for it to be seen.
+  const bool shown = job.wait_for_output("step 1", kJobLimit);
+  std::ofstream(go).put('\n');
+  auto r = job.wait(kJobLimit);
+  INFO(r.out << r.err);
+  CHECK(shown);
+  CHECK(r.exit_code == 0);
+  CHECK(r.out == "\r[default0]:step 1\r[default0]:step 2\n[default0]:done\n");
 }
 
 TEST_CASE("lines of workers printing at once are never interleaved", "[agent][integration]") {
