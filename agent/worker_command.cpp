@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -17,17 +18,19 @@ const char* const kRunPathCode =
     "run_name='__main__')";
 
 bool runs_under_python(const CommandRequest& req,
-                       const std::function<bool(const std::string&)>& is_executable_file) {
+                       const std::function<bool(const std::string&)>& is_program_file) {
   const bool is_py = req.script.size() >= 3 && req.script.ends_with(".py");
-  return req.run_path ||
-         (!req.no_python && (req.module || is_py || !is_executable_file(req.script)));
+  return req.run_path || (!req.no_python && (req.module || is_py || !is_program_file(req.script)));
 }
 
 std::vector<std::string> build_worker_command(
-    const CommandRequest& req, const std::function<bool(const std::string&)>& is_executable_file) {
+    const CommandRequest& req, const std::function<bool(const std::string&)>& is_program_file) {
   std::vector<std::string> argv;
-  if (!runs_under_python(req, is_executable_file)) {
-    argv.push_back(req.script);
+  if (!runs_under_python(req, is_program_file)) {
+    // Found in the working directory, where `python -u script` would have read it: a name
+    // without a '/' would be searched through PATH when it starts.
+    const bool here = !req.no_python && req.script.find('/') == std::string::npos;
+    argv.push_back(here ? "./" + req.script : req.script);
   } else {
     argv = {req.python_exec, "-u"};
     if (req.run_path) {
@@ -157,6 +160,32 @@ std::string find_python_bootstrap(const std::string& ddprun_executable) {
 bool is_executable_file(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
+}
+
+bool shebang_runs_python(std::string_view start) {
+  if (!start.starts_with("#!")) return false;
+  const std::string_view line = start.substr(2, start.find('\n') - 2);
+  std::size_t at = 0;
+  while (at < line.size()) {
+    const std::size_t begin = line.find_first_not_of(" \t\r", at);
+    if (begin == std::string_view::npos) break;
+    const std::size_t end = std::min(line.find_first_of(" \t\r", begin), line.size());
+    std::string_view word = line.substr(begin, end - begin);
+    if (const std::size_t slash = word.rfind('/'); slash != std::string_view::npos)
+      word.remove_prefix(slash + 1);
+    if (word.starts_with("python")) return true;
+    at = end;
+  }
+  return false;
+}
+
+bool is_program_file(const std::string& path) {
+  if (!is_executable_file(path)) return false;
+  std::ifstream in(path, std::ios::binary);
+  std::string start(256, '\0');
+  in.read(start.data(), static_cast<std::streamsize>(start.size()));
+  start.resize(static_cast<std::size_t>(in.gcount()));
+  return !shebang_runs_python(start);
 }
 
 std::string search_path(const std::map<std::string, std::string>& env) {

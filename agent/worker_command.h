@@ -3,6 +3,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ddprun::agent {
@@ -25,10 +26,13 @@ struct CommandRequest {
 extern const char* const kRunPathCode;
 
 /// Builds a worker's argv: `python -u script args`, `python -u -m module args`, or the script
-/// itself with --no_python or when it is an executable that is not a .py file.
-/// `is_executable_file` is injected so the rule is testable without a file system.
+/// itself with --no_python or when it is a program (is_program_file): an executable that is not
+/// a .py file nor a Python script by its "#!" line. Such a program named without a '/' is the
+/// one in the working directory, as `python -u script` would read it (`./trainer`); with
+/// --no_python a name without a '/' is searched through PATH, as torchrun does.
+/// `is_program_file` is injected so the rule is testable without a file system.
 std::vector<std::string> build_worker_command(
-    const CommandRequest& req, const std::function<bool(const std::string&)>& is_executable_file);
+    const CommandRequest& req, const std::function<bool(const std::string&)>& is_program_file);
 
 /// The argv of the worker of `local_rank`, as torchrun's agent makes each worker's
 /// (macros.substitute, Python's string.Template.safe_substitute): `${local_rank}` and
@@ -46,7 +50,7 @@ std::vector<std::string> standby_script_argv(const std::vector<std::string>& wor
 /// True when the request runs under the Python interpreter (`python -u [-m] script`), as
 /// build_worker_command decides.
 bool runs_under_python(const CommandRequest& req,
-                       const std::function<bool(const std::string&)>& is_executable_file);
+                       const std::function<bool(const std::string&)>& is_program_file);
 
 /// Bytes of room (kPythonStandbyRoomPrefix and as many dots) in a Python standby's arguments.
 inline constexpr char kPythonStandbyRoomPrefix[] = "--room=";
@@ -89,6 +93,16 @@ std::string find_python_bootstrap(const std::string& ddprun_executable);
 
 /// True when `path` names a regular file the current user may execute.
 bool is_executable_file(const std::string& path);
+
+/// True when the start of a file (its first bytes) is a "#!" line that runs Python: a word on
+/// it whose last path component starts with "python" (`#!/usr/bin/python3`,
+/// `#!/usr/bin/env python3`, `#!/usr/bin/env -S python3 -u`).
+bool shebang_runs_python(std::string_view start);
+
+/// True when `path` is an executable file that ddprun runs as a program without --no_python:
+/// not a Python script by its "#!" line (shebang_runs_python), which runs under `python -u`
+/// as torchrun runs every script.
+bool is_program_file(const std::string& path);
 
 /// The PATH that worker commands are searched in: the environment's, else "/usr/bin:/bin".
 std::string search_path(const std::map<std::string, std::string>& env);

@@ -149,11 +149,11 @@ std::optional<common::Error> Planner::bind_numa() {
 }
 
 /// The workers' command, and when it runs under Python (a .py script, -m, a file that is not
-/// executable) the interpreter that runs it.
+/// executable or is a Python script by its "#!" line) the interpreter that runs it.
 void Planner::worker_command(const agent::CommandRequest& req) {
   agent::AgentOptions& opt = plan.agent;
-  opt.spec.argv = agent::build_worker_command(req, probes.is_executable_file);
-  if (!agent::runs_under_python(req, probes.is_executable_file)) return;
+  opt.spec.argv = agent::build_worker_command(req, probes.is_program_file);
+  if (!agent::runs_under_python(req, probes.is_program_file)) return;
   const std::string found =
       probes.resolve_executable(opt.spec.argv.front(), agent::search_path(env));
   opt.interpreter = found.empty() ? opt.spec.argv.front() : found;
@@ -226,7 +226,7 @@ void Planner::standbys(const agent::CommandRequest& req) {
     return off_because(
         "--numa_binding binds each worker to its CPUs as it starts; a standby started before "
         "would not be bound");
-  if (!agent::runs_under_python(req, probes.is_executable_file)) {
+  if (!agent::runs_under_python(req, probes.is_program_file)) {
     if (automatic)
       return off_because(
           "they are automatic for Python scripts (.py, -m) only; a program on the C++ worker "
@@ -358,7 +358,7 @@ LaunchProbes system_probes(const agent::EnvMap& env) {
     std::error_code ec;
     return std::filesystem::exists(path, ec);
   };
-  probes.is_executable_file = agent::is_executable_file;
+  probes.is_program_file = agent::is_program_file;
   probes.resolve_executable = agent::resolve_executable;
   probes.python_source = agent::python_source_of;
   probes.process_limits = agent::current_process_limits;

@@ -39,7 +39,8 @@ struct LaunchProbes {
   std::function<bool(const std::string&)> is_local_host;
   std::function<std::string()> working_directory;
   std::function<bool(const std::string&)> file_exists;
-  std::function<bool(const std::string&)> is_executable_file;
+  /// An executable run as a program without --no_python (agent::is_program_file).
+  std::function<bool(const std::string&)> is_program_file;
   /// A program name searched through a PATH value ("" when nothing executable is found).
   std::function<std::string(const std::string&, const std::string&)> resolve_executable;
   /// The Python source of the workers' script or -m module under a working directory ("" when

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <variant>
@@ -83,6 +84,33 @@ TEST_CASE("the script runs as a module with -m and as a command with --no_python
   CHECK(as_command.exit_code == 0);
   CHECK(count_of(as_command.out, "launched=True") == 2);
   CHECK(touched(command_dir.path(), 2));
+}
+
+TEST_CASE(
+    "a Python script without .py runs under python -u, as torchrun runs it, and a program in the "
+    "working directory runs by its bare name",
+    "[python][integration]") {
+  TempDir dir;
+  // Executable, named without .py, run by its "#!" line: torchrun runs it as python -u train.
+  const std::string script = dir.path() + "/train";
+  std::ofstream(script) << "#!/usr/bin/env python3\nimport sys\n"
+                           "print('python', sys.executable, sys.stdout.write_through, sys.argv)\n";
+  const std::string program = dir.path() + "/prog";
+  std::ofstream(program) << "#!/bin/sh\necho program $0 $1\n";
+  fs::permissions(script, fs::perms::owner_all, fs::perm_options::add);
+  fs::permissions(program, fs::perms::owner_all, fs::perm_options::add);
+  auto in_dir = [&](const std::string& name) {
+    return std::vector<std::string>{"/bin/sh",  "-c",       "cd \"$0\" && exec \"$1\" \"$2\" x",
+                                    dir.path(), DDPRUN_BIN, name};
+  };
+  auto python = run_command_diagnosed(in_dir("train"), kPython, kLimit);
+  INFO(python.out << python.err);
+  CHECK(python.exit_code == 0);
+  CHECK(count_of(python.out, "[default0]:python /usr/bin/python3 True ['train', 'x']") == 1);
+  auto direct = run_command_diagnosed(in_dir("prog"), kPython, kLimit);
+  INFO(direct.out << direct.err);
+  CHECK(direct.exit_code == 0);
+  CHECK(count_of(direct.out, "[default0]:program ./prog x") == 1);
 }
 
 TEST_CASE("two elastic agents form one job of four ranks", "[python][integration]") {

@@ -37,6 +37,31 @@ TEST_CASE("an executable that is not a .py file runs directly", "[agent][unit]")
   CommandRequest r{"./trainer", {"1"}};
   CHECK(build_worker_command(r, always) == Argv{"./trainer", "1"});
   CHECK(build_worker_command(r, never) == Argv{"python3", "-u", "./trainer", "1"});
+  // Named without a '/', it is the one in the working directory, as python would read it; with
+  // --no_python such a name is searched through PATH, as torchrun does.
+  CommandRequest bare{"trainer", {"1"}};
+  CHECK(build_worker_command(bare, always) == Argv{"./trainer", "1"});
+  CHECK(build_worker_command(bare, never) == Argv{"python3", "-u", "trainer", "1"});
+  bare.no_python = true;
+  CHECK(build_worker_command(bare, never) == Argv{"trainer", "1"});
+}
+
+TEST_CASE("a script whose #! line runs Python is a Python script, whatever its name",
+          "[agent][unit]") {
+  for (const char* start : {"#!/usr/bin/python3\nimport torch\n", "#!/usr/bin/env python3\n",
+                            "#! /opt/conda/bin/python\n", "#!/usr/bin/env -S python3 -u\nprint()",
+                            "#!/usr/bin/python3.11"}) {
+    INFO(start);
+    CHECK(shebang_runs_python(start));
+  }
+  for (const char* start :
+       {"#!/bin/sh\npython3 train.py\n",
+        "\x7f"
+        "ELF\x02\x01",
+        "", "#!", "import torch  # python\n", "#!/usr/bin/env bash\n# python\n"}) {
+    INFO(start);
+    CHECK_FALSE(shebang_runs_python(start));
+  }
 }
 
 TEST_CASE("programs are found through PATH", "[agent][unit]") {

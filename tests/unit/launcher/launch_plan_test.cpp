@@ -35,7 +35,7 @@ struct FakeMachine {
     p.is_local_host = [](const std::string& host) { return host == "node7"; };
     p.working_directory = [] { return std::string("/home/user/job"); };
     p.file_exists = [this](const std::string& path) { return files.count(path) > 0; };
-    p.is_executable_file = [this](const std::string& path) { return executables.count(path) > 0; };
+    p.is_program_file = [this](const std::string& path) { return executables.count(path) > 0; };
     p.resolve_executable = [this](const std::string& name, const std::string&) {
       if (executables.count(name) > 0) return name;
       if (executables.count("/usr/bin/" + name) > 0) return "/usr/bin/" + name;
