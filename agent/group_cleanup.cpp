@@ -68,10 +68,11 @@ bool remove_cgroup(const std::string& dir) {
   return ::rmdir(dir.c_str()) == 0 || errno == ENOENT;
 }
 
-/// How often the subreaper watcher looks for sessions that the agent's descendants started
-/// (setsid): one started less than this before the agent is SIGKILLed can be missed.
+/// How often the subreaper watcher looks for sessions and process groups that the agent's
+/// descendants started (setsid, setpgid): one started less than this before the agent is
+/// SIGKILLed can be missed.
 constexpr int kSessionScanMs = 1000;
-/// At most this many such sessions are kept.
+/// At most this many such sessions are kept, and as many groups.
 constexpr std::size_t kMaxSessions = 65536;
 /// Every this many looks, the processes settled as outside the agent's tree are read again.
 constexpr int kResettleLooks = 30;
@@ -99,8 +100,12 @@ using NotedMap = std::map<pid_t, Noted>;
 /// (setsid), and the process groups of the agent's session other than the agent's own
 /// (setpgid(0, 0), as `subprocess.Popen(process_group=0)` does), each led by a descendant or by
 /// a process gone. One none of them is in any more is dropped: while the agent lives every
-/// member of such a session or group is below it (an orphan moves up to the agent, a
-/// subreaper), so it is over and its id may be taken by anyone's. A process whose parent is
+/// member of such a session is below it (an orphan moves up to the agent, a subreaper), so it
+/// is over and its id may be taken by anyone's. So is every member of such a group, but for a
+/// process outside that joined it (setpgid to another group of the session, which no common
+/// program does): a group is not noted when a process settled outside is in it as it is first
+/// seen. One whose leader's pid is now another process's is over too (the kernel gives a
+/// session's or group's id to no one while anything is in it). A process whose parent is
 /// known not to be below the agent is never below it (an orphan moves up, not down), so its
 /// /proc/<pid>/stat is read once, not at every scan: a scan lists the processes and reads the
 /// stat of the agent, its descendants and the processes not yet settled.
@@ -137,23 +142,52 @@ struct SessionNotes {
     const std::vector<pid_t> below = descendants_of(parents, agent, {});
     const std::set<pid_t> descendants(below.begin(), below.end());
     settle(ids, descendants);
-    NotedMap now_sessions;
-    NotedMap now_groups;
-    // Notes `pid` as a member of `key` in `now` (kept from `before`, or new when `may_add` and
-    // its leader passes `leader_ok`).
-    auto note = [&](NotedMap& now, const NotedMap& before, pid_t key, pid_t pid,
-                    unsigned long long start, bool may_add, auto leader_ok) {
-      auto at = now.find(key);
-      if (at == now.end()) {
-        const auto kept = before.find(key);
-        if (kept != before.end()) {
-          at = now.emplace(key, Noted{kept->second.leader_start, {}}).first;
+    // The process whose pid is a session's or group's id, read once a look.
+    std::map<pid_t, std::optional<ProcessIds>> leaders;
+    auto leader_of = [&](pid_t key) -> const std::optional<ProcessIds>& {
+      auto at = leaders.find(key);
+      if (at == leaders.end()) {
+        const auto read = ids.find(key);
+        at = leaders
+                 .emplace(key, read != ids.end() ? std::optional<ProcessIds>(read->second)
+                                                 : read_process(key))
+                 .first;
+      }
+      return at->second;
+    };
+    struct Pass {
+      NotedMap& before;
+      NotedMap now;
+      std::set<pid_t> refused;     ///< not to be noted this look
+      std::set<pid_t> over;        ///< kept before, another's now (its leader's pid taken)
+      std::set<pid_t> leaderless;  ///< noted this look, its leader gone
+    };
+    Pass session_pass{sessions, {}, {}, {}, {}};
+    Pass group_pass{groups, {}, {}, {}, {}};
+    // Notes `pid` as a member of `key` in `pass`: kept from before while it is the same one (its
+    // leader gone, or the process noted as its leader), or new when `may_add` and its leader
+    // passes `leader_ok`.
+    auto note = [&](Pass& pass, pid_t key, pid_t pid, unsigned long long start, bool may_add,
+                    auto leader_ok) {
+      auto at = pass.now.find(key);
+      if (at == pass.now.end()) {
+        if (pass.refused.count(key) > 0) return;
+        const std::optional<ProcessIds>& leader = leader_of(key);
+        const auto kept = pass.before.find(key);
+        const bool same = kept != pass.before.end() &&
+                          (!leader || (kept->second.leader_start != 0 &&
+                                       leader->start_time == kept->second.leader_start));
+        if (kept != pass.before.end() && !same) pass.over.insert(key);
+        if (same) {
+          at = pass.now.emplace(key, Noted{kept->second.leader_start, {}}).first;
         } else {
-          if (!may_add || now.size() >= kMaxSessions) return;
-          const auto leader =
-              ids.count(key) > 0 ? std::optional<ProcessIds>(ids.at(key)) : read_process(key);
-          if (leader && !leader_ok(key)) return;
-          at = now.emplace(key, Noted{leader ? leader->start_time : 0, {}}).first;
+          if (!may_add || pass.now.size() >= kMaxSessions) return;
+          if (leader && !leader_ok(key)) {
+            pass.refused.insert(key);
+            return;
+          }
+          if (!leader) pass.leaderless.insert(key);
+          at = pass.now.emplace(key, Noted{leader ? leader->start_time : 0, {}}).first;
         }
       }
       at->second.members.emplace(pid, start);
@@ -161,13 +195,13 @@ struct SessionNotes {
     auto note_both = [&](pid_t pid, const ProcessIds& id, bool may_add) {
       const pid_t sid = id.session;
       if (sid > 0 && sid != agent_session && sid != own_session)
-        note(now_sessions, sessions, sid, pid, id.start_time, may_add,
+        note(session_pass, sid, pid, id.start_time, may_add,
              [](pid_t leader) { return !is_watcher(leader); });
       // A group of the agent's session whose leader lives outside the agent's tree (another
       // job's, joined with setpgid) is not the job's to end.
       const pid_t pgid = id.group;
       if (sid == agent_session && pgid > 0 && pgid != agent_group)
-        note(now_groups, groups, pgid, pid, id.start_time, may_add,
+        note(group_pass, pgid, pid, id.start_time, may_add,
              [&](pid_t leader) { return descendants.count(leader) > 0; });
     };
     for (pid_t pid : descendants) note_both(pid, ids.at(pid), true);
@@ -176,15 +210,25 @@ struct SessionNotes {
     for (const auto& [pid, id] : ids)
       if (pid != agent && descendants.count(pid) == 0 && others.count(pid) == 0)
         note_both(pid, id, false);
+    // A group first seen without its leader may have been another's, joined by a descendant
+    // (a session cannot be joined): not noted if a process settled outside is in it. Settled
+    // processes are not read at each look; they are here, only when such a group appears.
+    if (!group_pass.leaderless.empty())
+      for (pid_t pid : others)
+        if (const auto other = read_process(pid);
+            other && group_pass.leaderless.count(other->group) > 0)
+          group_pass.now.erase(other->group);
     // The agent died during this look: its orphans were moving up and out of its tree. Keep
-    // what was noted before.
-    if (::getppid() != agent) {
-      for (auto& [sid, noted] : now_sessions) sessions.emplace(sid, std::move(noted));
-      for (auto& [pgid, noted] : now_groups) groups.emplace(pgid, std::move(noted));
-      return;
+    // what was noted before, but what was found over.
+    const bool agent_gone = ::getppid() != agent;
+    for (Pass* pass : {&session_pass, &group_pass}) {
+      if (!agent_gone) {
+        pass->before = std::move(pass->now);
+        continue;
+      }
+      for (pid_t key : pass->over) pass->before.erase(key);
+      for (auto& [key, noted] : pass->now) pass->before.insert_or_assign(key, std::move(noted));
     }
-    sessions = std::move(now_sessions);
-    groups = std::move(now_groups);
   }
 
   /// Adds to `others` each process read whose parent is known not to be below the agent: none
@@ -267,8 +311,10 @@ void kill_left(const std::set<pid_t>& told, pid_t sid, const SessionNotes& notes
   const pid_t agent_group = ::getpgid(0);
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE, SIGTSTP})
     ::signal(sig, SIG_IGN);
-  ::setsid();  // out of the terminal's process group: a Ctrl-C or kill -9 -<pgid> misses it
+  // Named before it leads a session of its own: an outer ddprun's watcher never notes that
+  // session (is_watcher).
   ::prctl(PR_SET_NAME, kWatcherName);
+  ::setsid();  // out of the terminal's process group: a Ctrl-C or kill -9 -<pgid> misses it
   const int devnull = ::open("/dev/null", O_RDWR);
   for (int fd = 0; fd < 3; ++fd) ::dup2(devnull, fd);
   if (pipe_r != 3) {

@@ -18,7 +18,8 @@ enum class CleanupMode {
   Cgroup,     ///< a cgroup v2 per group, and a watcher that writes cgroup.kill if the agent dies
   Subreaper,  ///< the /proc walk, and a watcher that kills the workers' process groups, and
               ///< the sessions and groups it saw their descendants start, if the agent dies:
-              ///< nothing survives but what left its group less than a second before
+              ///< nothing survives but what left its group less than a second before, or
+              ///< joined one that is not the job's
 };
 
 /// "auto", "cgroup", "subreaper": the one name table of CleanupMode (flag values and messages).

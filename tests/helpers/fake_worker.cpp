@@ -27,6 +27,8 @@
 //                     own (setpgid(0, 0)) and sleep 10 minutes, the odd ones in a child they
 //                     fork before they exit (an orphan in a group whose leader is gone); each
 //                     sleeper appends "setpgrpRANK.I PID" to PATH
+//   join_group=PATH:PGID  fork a child that joins process group PGID of this session
+//                     (setpgid) and sleeps 10 minutes; it appends "joinedRANK.PGID PID" to PATH
 //   spam=N            print N numbered lines of 100 bytes as fast as possible
 //   wait_lines=PATH:N wait until PATH has N lines (e.g. every rank wrote its pidfile line);
 //                     exit 96 after 60 s
@@ -38,6 +40,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -232,11 +235,23 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       for (int i = 0; i < n; ++i) {
         const pid_t child = ::fork();
-        if (child != 0) continue;
+        if (child != 0) {
+          if (i % 2 == 1) ::waitpid(child, nullptr, 0);  // reaped: the group's leader is gone
+          continue;
+        }
         ::setpgid(0, 0);
         if (i % 2 == 1 && ::fork() != 0) _exit(0);
         std::ofstream(who, std::ios::app)
             << "setpgrp" << rank << "." << i << " " << ::getpid() << "\n";
+        for (int s = 0; s < 600; ++s) ::sleep(1);
+        _exit(0);
+      }
+    } else if (key == "join_group" && split_pair(val, who, n)) {
+      std::fflush(stdout);
+      if (::fork() == 0) {
+        if (::setpgid(0, n) != 0) _exit(1);
+        std::ofstream(who, std::ios::app)
+            << "joined" << rank << "." << n << " " << ::getpid() << "\n";
         for (int s = 0; s < 600; ++s) ::sleep(1);
         _exit(0);
       }

@@ -4,6 +4,7 @@
 // worker count beyond the kernel's limits is refused before anything starts; a log file that cannot
 // be written is reported, once. (docs/design.md, "Process hygiene")
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -177,6 +178,62 @@ TEST_CASE(
   auto r = job.wait(kJobLimit);
   CHECK(r.exit_code == 128 + SIGKILL);
   CHECK(none_left(dir.path()));
+}
+
+TEST_CASE(
+    "process groups of the agent's session that are not the job's outlive a SIGKILL of the agent "
+    "(--cleanup subreaper)",
+    "[agent][integration]") {
+  // Two groups of this test's session (ddprun's too) that are not the job's: one whose leader
+  // lives, one whose leader has exited, leaving a member. A child of each worker joins each
+  // (setpgid): the watcher must not take either group for the job's.
+  auto sleeper = [] {
+    for (int s = 0; s < 600; ++s) ::sleep(1);
+    ::_exit(0);
+  };
+  const pid_t led = ::fork();
+  if (led == 0) {
+    ::setpgid(0, 0);
+    sleeper();
+  }
+  ::setpgid(led, led);
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  const pid_t gone = ::fork();
+  if (gone == 0) {
+    ::setpgid(0, 0);
+    const pid_t member = ::fork();
+    if (member == 0) sleeper();
+    if (::write(fds[1], &member, sizeof member) != sizeof member) ::_exit(1);
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  pid_t member = -1;
+  const bool read_member = ::read(fds[0], &member, sizeof member) == sizeof member;
+  ::close(fds[0]);
+  ::waitpid(gone, nullptr, 0);
+  TempDir dir;
+  const std::string pids = dir.path() + "/pids";
+  WorkerSweeper sweeper(pids);
+  {
+    Subprocess job(ddprun_fake(
+        {"--nproc_per_node", "2", "--cleanup", "subreaper"},
+        {"join_group=" + pids + ":" + std::to_string(led),
+         "join_group=" + pids + ":" + std::to_string(gone), "wait_lines=" + pids + ":4", "hang"}));
+    if (read_member && wait_until([&] { return read_pids(pids).size() == 4; }, kJobLimit)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(3500));  // looked at, thrice
+      job.send(SIGKILL);
+      CHECK(job.wait(kJobLimit).exit_code == 128 + SIGKILL);
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the watcher's kills
+      CHECK(process_alive(led));
+      CHECK(process_alive(member));
+    } else {
+      FAIL_CHECK("the workers' children did not join the groups");
+    }
+  }
+  for (pid_t pid : {led, member})
+    if (pid > 0) ::kill(pid, SIGKILL);
+  ::waitpid(led, nullptr, 0);
 }
 
 TEST_CASE(
