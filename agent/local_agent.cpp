@@ -27,6 +27,7 @@
 #include "agent/standby_supply.h"
 #include "agent/worker_command.h"
 #include "agent/worker_reports.h"
+#include "common/exit_codes.h"
 #include "common/log.h"
 #include "common/signals.h"
 #include "rendezvous/local_host.h"
@@ -106,7 +107,9 @@ class LocalAgent::Impl {
     auto root = make_log_root(opt_.log_dir, rdzv_.run_id(), opt_.output.wants_files());
     if (!root) {
       spdlog::error("{}", root.error().message);
-      return fail_to_start();
+      // A --log_dir that cannot be written is a bad flag; the temporary directory is ours.
+      return fail_to_start(opt_.log_dir.empty() ? job_exit_code(JobOutcome::of(JobEnd::Internal))
+                                                : common::kExitUsage);
     }
     log_root_ = root->path;
     if (root->remove_at_exit) temp_dir_ = log_root_;
@@ -114,7 +117,7 @@ class LocalAgent::Impl {
       if (auto why =
               events_.open(opt_.event_log, opt_.node_name.empty() ? spec_.host : opt_.node_name)) {
         spdlog::error("{}; pass a writable --event_log path", why->message);
-        return fail_to_start();
+        return fail_to_start(common::kExitUsage);
       }
     }
     // The workers' milestones feed the event log, the watchdog and the recovery phases of the
@@ -155,9 +158,10 @@ class LocalAgent::Impl {
         opt_.agent_env,       rdzv_.run_id(),        opt_.cleanup,        opt_.standby_delay};
   }
 
-  bool fail_to_start() {
+  /// The job ends before anything starts, with `code`.
+  bool fail_to_start(int code) {
     finished_ = true;
-    exit_code_ = job_exit_code(JobOutcome::of(JobEnd::Internal));
+    exit_code_ = code;
     return false;
   }
 

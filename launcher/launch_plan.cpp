@@ -181,6 +181,20 @@ void Planner::agent_options() {
   opt.output.redirects = config.redirects;
   opt.output.tee = config.tee;
   opt.output.console_ranks = config.local_ranks_filter;
+  if (config.local_ranks_filter) {
+    std::string absent;
+    for (int rank : *config.local_ranks_filter)
+      if (rank >= plan.nproc) absent += (absent.empty() ? "" : ",") + std::to_string(rank);
+    if (!absent.empty()) {
+      const bool one = absent.find(',') == std::string::npos;
+      const std::string runs = plan.nproc == 1
+                                   ? "only local rank 0"
+                                   : "local ranks 0 to " + std::to_string(plan.nproc - 1);
+      note(Level::Warn, std::string("--local_ranks_filter: local rank") + (one ? " " : "s ") +
+                            absent + (one ? " is" : " are") + " not on this node, which runs " +
+                            runs + " (--nproc_per_node " + std::to_string(plan.nproc) + ")");
+    }
+  }
   opt.output.dedup_window = ms(config.dedup_output);
   opt.output.role = config.role;
   if (auto tmpl = env.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); tmpl != env.end())

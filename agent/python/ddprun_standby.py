@@ -1017,11 +1017,18 @@ def run_script(run_path, is_module, target):
     exec(code, module.__dict__)
 
 
+def without_bootstrap(tb):
+    """A traceback from the first frame that is not this bootstrap's (the script's), or `tb`
+    itself when every frame is the bootstrap's."""
+    first = tb
+    while first is not None and first.tb_frame.f_code.co_filename == _BOOTSTRAP_FILE:
+        first = first.tb_next
+    return tb if first is None else first
+
+
 def report_uncaught(error):
     """As the interpreter reports an uncaught exception, without this bootstrap's frames."""
-    tb = error.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == _BOOTSTRAP_FILE:
-        tb = tb.tb_next
+    tb = without_bootstrap(error.__traceback__)
     sys.excepthook(type(error), error.with_traceback(tb), tb)
 
 
@@ -1105,4 +1112,10 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt as interrupt:
+        # The interpreter reports it and ends by SIGINT, as a fresh one does; re-raised bare at
+        # the top, it shows the script's frames only.
+        interrupt.__traceback__ = without_bootstrap(interrupt.__traceback__)
+        raise

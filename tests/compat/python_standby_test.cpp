@@ -276,6 +276,20 @@ TEST_CASE("a Python standby's exit code and uncaught exception are the script's"
     CHECK_FALSE(contains(r.err, "ddprun_standby.py"));
     CHECK(contains(r.out, "[default1]:atexit ran on rank 1"));
   }
+  SECTION("a KeyboardInterrupt") {
+    auto r = run_command_diagnosed(
+        ddprun_probe(true, dir.path() + "/events.jsonl", {kProbe, "--interrupt"}), env_for(true),
+        kLimit);
+    INFO(r.out << r.err);
+    REQUIRE(from_standby(dir.path() + "/events.jsonl") == std::vector<int>{2, 2});
+    // As a fresh interpreter: the report from the script on, atexit, then death by SIGINT.
+    CHECK(contains(r.err, "[default1]:Traceback (most recent call last):\n[default1]:  File \"" +
+                              kProbe + "\""));
+    CHECK(contains(r.err, "[default1]:KeyboardInterrupt"));
+    CHECK_FALSE(contains(r.err, "ddprun_standby.py"));
+    CHECK(contains(r.out, "[default1]:atexit ran on rank 1"));
+    CHECK(contains(r.err, "exitcode  : -2"));
+  }
 }
 
 TEST_CASE(

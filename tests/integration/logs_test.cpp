@@ -82,6 +82,24 @@ TEST_CASE(
   CHECK(r.out == "\r[default0]:step 1\r[default0]:step 2\n[default0]:done\n");
 }
 
+TEST_CASE(
+    "a --log_dir or --event_log that cannot be written exits 64 naming it, before any "
+    "worker starts",
+    "[agent][integration]") {
+  TempDir dir;
+  const std::string file = dir.path() + "/a-file";
+  std::ofstream(file) << "not a directory\n";
+  for (const char* flag : {"--log_dir", "--event_log"}) {
+    INFO(flag);
+    auto r = run_command(ddprun_fake({flag, file + "/below"}, {"print=ran"}), {}, kJobLimit);
+    INFO(r.err);
+    CHECK(r.exit_code == 64);
+    CHECK(contains(r.err, file + "/below"));
+    CHECK(contains(r.err, std::string("pass a writable ") + flag));
+    CHECK_FALSE(contains(r.out, "ran"));
+  }
+}
+
 TEST_CASE("lines of workers printing at once are never interleaved", "[agent][integration]") {
   constexpr int kLines = 2000;
   auto r = run_command(ddprun_fake({"--nproc_per_node", "2"}, {"spam=" + std::to_string(kLines)}),

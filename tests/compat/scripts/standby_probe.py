@@ -5,7 +5,7 @@ hand-over), so the restart hands attempt 1 to the standbys (with --standby_worke
 Attempt 1: every rank prints, as "PROBE <name> <json>" lines, what a script can observe about
 how it was started, then exits as its arguments say.
 
-Usage: standby_probe.py [--exit N] [--raise]   (WAIT_STANDBYS=1: see above)
+Usage: standby_probe.py [--exit N] [--raise] [--interrupt]   (WAIT_STANDBYS=1: see above)
 """
 import atexit
 import ctypes
@@ -85,5 +85,7 @@ probe("random", [random.random(), float(numpy.random.random()), torch.initial_se
 atexit.register(lambda: print(f"atexit ran on rank {os.environ['RANK']}", flush=True))
 if "--raise" in ARGS and os.environ["RANK"] == "1":
     raise RuntimeError("raised by the probe on rank 1")
+if "--interrupt" in ARGS and os.environ["RANK"] == "1":
+    raise KeyboardInterrupt
 if "--exit" in ARGS and os.environ["RANK"] == "1":
     sys.exit(int(ARGS[ARGS.index("--exit") + 1]))

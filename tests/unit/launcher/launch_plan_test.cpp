@@ -146,6 +146,18 @@ TEST_CASE("the plan converts the configuration's seconds and signals for the age
   CHECK(plan.agent.node_name == "10.0.0.7");
 }
 
+TEST_CASE("a --local_ranks_filter that names a local rank this node does not run is warned of",
+          "[launcher][unit]") {
+  FakeMachine machine;
+  LaunchConfig config = standalone(2);
+  config.local_ranks_filter = std::set<int>{1};
+  CHECK(notes_with(plan_of(config, machine), LaunchNote::Level::Warn, "--local_ranks_filter") == 0);
+  config.local_ranks_filter = std::set<int>{1, 5, 7};
+  CHECK(notes_with(plan_of(config, machine), LaunchNote::Level::Warn,
+                   "--local_ranks_filter: local ranks 5,7 are not on this node, which runs local "
+                   "ranks 0 to 1 (--nproc_per_node 2)") == 1);
+}
+
 TEST_CASE("usage errors are refused before anything starts, naming the value and the fix",
           "[launcher][unit]") {
   FakeMachine machine;
