@@ -13,19 +13,24 @@ std::vector<LinePiece> LineBuffer::feed(std::string_view bytes) {
     if (c == '\n') {
       pieces.push_back({std::move(pending_), true});
       pending_.clear();
-      progress_ = false;
+      progress_ = last_cr_ = false;
       continue;
     }
     pending_ += c;
-    progress_ = progress_ || c == '\r';
+    // Something after a '\r' (not a "\r\n" line end): a bar that redraws itself.
+    progress_ = progress_ || last_cr_;
+    last_cr_ = c == '\r';
     if (pending_.size() >= max_line_) {
       pieces.push_back({std::move(pending_), false});
       pending_.clear();
     }
   }
-  if (progress_ && !pending_.empty()) {
-    pieces.push_back({std::move(pending_), false});
-    pending_.clear();
+  // A '\r' that ends the read waits for the next byte: a "\r\n" split between two reads stays
+  // one line's end.
+  const std::size_t give = pending_.ends_with('\r') ? pending_.size() - 1 : pending_.size();
+  if (progress_ && give > 0) {
+    pieces.push_back({pending_.substr(0, give), false});
+    pending_.erase(0, give);
   }
   return pieces;
 }
@@ -34,7 +39,7 @@ std::vector<LinePiece> LineBuffer::finish() {
   std::vector<LinePiece> pieces;
   if (!pending_.empty()) pieces.push_back({std::move(pending_), false});
   pending_.clear();
-  progress_ = false;
+  progress_ = last_cr_ = false;
   return pieces;
 }
 

@@ -18,9 +18,10 @@ struct LinePiece {
 /// Cuts a byte stream into whole lines so that each console write carries one line of one
 /// worker, with the bytes kept as they were: joined again, the pieces and their '\n's are the
 /// stream. A part of a line is given out before its '\n' in two cases: a line reaches max_line
-/// bytes (memory stays bounded), and a progress line, one that holds a carriage return (a
-/// progress bar such as tqdm's redraws itself after "\r"), gives what it has at the end of
-/// each read, so that it is shown as it goes.
+/// bytes (memory stays bounded), and a progress line, one with more of it after a carriage
+/// return (a progress bar such as tqdm's redraws itself after "\r"), gives what it has at the
+/// end of each read, so that it is shown as it goes (but for a last "\r", which waits for the
+/// next byte: "\r\n" split between two reads still ends the line).
 class LineBuffer {
  public:
   explicit LineBuffer(size_t max_line = 64 * 1024) : max_line_(max_line) {}
@@ -34,7 +35,8 @@ class LineBuffer {
  private:
   size_t max_line_;
   std::string pending_;
-  bool progress_ = false;  ///< the current line holds a '\r'
+  bool progress_ = false;  ///< the current line holds a '\r' followed by more of it
+  bool last_cr_ = false;   ///< the last byte of the current line is a '\r'
 };
 
 /// The text before each console line of one worker: "[<role><local_rank>]:" by default, or

@@ -59,6 +59,12 @@ std::shared_ptr<FilteredLog> open_filtered_log(const fs::path& attempt_dir, cons
   return std::make_shared<FilteredLog>(fd, needles);
 }
 
+struct OutputStream;
+
+/// The stream whose line is open (begun, not ended) on each console descriptor: what another
+/// stream shows there first ends that line, so a line never carries two streams' text.
+using OpenLines = std::map<int, OutputStream*>;
+
 /// One stdout or stderr pipe of one worker: lines go to the console (prefixed) and/or a file.
 struct OutputStream {
   OutputStream(asio::io_context& io, int fd) : pipe(io, fd) {}
@@ -79,23 +85,59 @@ struct OutputStream {
   int file_error = 0;       ///< errno of the first failed write to the file (0: none yet)
   long long file_lost = 0;  ///< bytes that did not reach the file
   bool open = true;
-  /// A line of this stream is begun on the console and not ended (a part of a long or progress
-  /// line was shown): its next part is shown without the prefix.
-  bool console_open = false;
+  OpenLines* open_lines = nullptr;  ///< the group's, shared by its streams
+  /// Part of this stream's current line is on the console, without its '\n' (a part of a long
+  /// or progress line was shown): its next part continues it.
+  bool line_shown = false;
+  bool after_cr = false;  ///< and the last byte shown was '\r': the cursor is at its start
+  /// With --dedup_output or --duplicate_*_filters: the current line as far as it came, for
+  /// them, which take whole lines (a part of at most a LineBuffer's bound).
+  std::string whole;
 
-  /// `piece` as the console shows it: the prefix before a line, and after each carriage return
-  /// within it instead (a progress bar that redraws itself keeps its prefix).
+  /// Ends another stream's line left open on this stream's console descriptor ("\n"); that
+  /// stream shows its prefix again when it goes on.
+  std::string end_others_line() {
+    OutputStream*& owner = (*open_lines)[console_fd];
+    if (owner == nullptr || owner == this) return "";
+    owner->line_shown = owner->after_cr = false;
+    owner = nullptr;
+    return "\n";
+  }
+
+  /// `piece` as the console shows it: the prefix before a line, and again after each carriage
+  /// return within it (a progress bar that redraws itself keeps its prefix).
   std::string console_text(const LinePiece& piece) {
-    const bool starts_over = !piece.text.empty() && piece.text.front() == '\r';
-    std::string out = console_open || starts_over ? "" : prefix;
-    for (std::size_t i = 0; i < piece.text.size(); ++i) {
-      out += piece.text[i];
-      if (piece.text[i] == '\r' && i + 1 < piece.text.size()) out += prefix;
+    std::string out = end_others_line();
+    for (char c : piece.text) {
+      if (c != '\r' && (!line_shown || after_cr)) out += prefix;
+      out += c;
+      line_shown = true;
+      after_cr = c == '\r';
     }
-    if (piece.ends_line) out += '\n';
-    // After a part that ends in "\r" the cursor is back at the line's start: prefix again.
-    console_open = !piece.ends_line && (piece.text.empty() || piece.text.back() != '\r');
+    if (piece.ends_line) {
+      if (!line_shown) out += prefix;  // an empty line
+      out += '\n';
+      line_shown = after_cr = false;
+    }
+    (*open_lines)[console_fd] = line_shown ? this : nullptr;
     return out;
+  }
+
+  /// Gives a whole line to what compares or matches whole lines: --dedup_output, which then
+  /// shows it, and --duplicate_*_filters.
+  void take_whole(const std::string& line) {
+    if (console_fd >= 0 && dedup) dedup(console_fd, line);
+    if (filtered != nullptr && filtered->wants(line)) write_all(filtered->fd, prefix + line + "\n");
+  }
+
+  /// take_whole() of each line `piece` completes (or part as long as a LineBuffer's bound).
+  void whole_lines(const LinePiece& piece) {
+    if (whole.empty() && piece.ends_line) return take_whole(piece.text);
+    whole += piece.text;
+    if (piece.ends_line || whole.size() >= 64 * 1024) {
+      take_whole(whole);
+      whole.clear();
+    }
   }
 
   /// True when this call saw the first failed write to the file (to be reported once).
@@ -104,14 +146,10 @@ struct OutputStream {
     if (!done.empty() && printed) printed();
     for (const auto& piece : done) {
       const std::string& line = piece.text;
-      // --dedup_output compares whole lines: a part of one is a line of its own there.
-      if (console_fd >= 0 && dedup)
-        dedup(console_fd, line);
-      else if (console_fd >= 0)
-        write_all(console_fd, console_text(piece));
+      const bool to_dedup = console_fd >= 0 && dedup;
+      if (console_fd >= 0 && !to_dedup) write_all(console_fd, console_text(piece));
+      if (to_dedup || filtered != nullptr) whole_lines(piece);
       if (line.find("No module named 'torch'") != std::string::npos) saw_missing_torch = true;
-      if (filtered != nullptr && filtered->wants(line))
-        write_all(filtered->fd, prefix + line + "\n");
       if (file_fd < 0) continue;
       // The file gets the bytes as the worker wrote them. Later writes are still tried: output
       // resumes once the disk has room again.
@@ -129,9 +167,15 @@ struct OutputStream {
   /// Like emit(): true when the last line's write was the file's first failure.
   bool close() {
     const bool first_failure = emit(lines.finish());
-    // A last line without its '\n' is ended on the console (the file keeps it as it was).
-    if (console_fd >= 0 && console_open) write_all(console_fd, "\n");
-    console_open = false;
+    // A last line without its '\n' is ended on the console (the file keeps it as it was), and
+    // what is left of one for --dedup_output or the filters is given to them.
+    if (!whole.empty()) take_whole(whole);
+    whole.clear();
+    if (console_fd >= 0 && line_shown) {
+      write_all(console_fd, "\n");
+      (*open_lines)[console_fd] = nullptr;
+    }
+    line_shown = after_cr = false;
     boost::system::error_code ignored;
     pipe.close(ignored);
     if (file_fd >= 0) ::close(file_fd);
@@ -219,6 +263,7 @@ struct WorkerOutput::Impl {
   std::shared_ptr<OutputStream> open_stream(int fd, const WorkerPlacement& placement,
                                             StdStreams which, const fs::path& dir) {
     auto s = std::make_shared<OutputStream>(io, fd);
+    s->open_lines = &open_lines;
     const StreamRoute route = route_stream(settings, placement.local_rank, which);
     const int console = which == StdStreams::Out ? STDOUT_FILENO : STDERR_FILENO;
     if (route.console) s->console_fd = console;
@@ -301,7 +346,8 @@ struct WorkerOutput::Impl {
   std::shared_ptr<FilteredLog> filtered_out;           ///< this attempt's filtered_stdout.log
   std::shared_ptr<FilteredLog> filtered_err;           ///< this attempt's filtered_stderr.log
   std::vector<std::shared_ptr<OutputStream>> streams;  ///< the current group's
-  std::vector<std::shared_ptr<OutputStream>> failed;   ///< each reported once
+  OpenLines open_lines;
+  std::vector<std::shared_ptr<OutputStream>> failed;  ///< each reported once
 };
 
 WorkerOutput::WorkerOutput(asio::io_context& io, const common::Clock& clock, DeadlineTimers& timers,

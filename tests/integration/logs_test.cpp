@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 
 #include "tests/integration/ddprun_runs.h"
 #include "tests/support/subprocess.h"
@@ -98,6 +99,39 @@ TEST_CASE(
     CHECK(contains(r.err, std::string("pass a writable ") + flag));
     CHECK_FALSE(contains(r.out, "ran"));
   }
+}
+
+TEST_CASE(
+    "a progress line left open is ended before another rank's line: no console line "
+    "carries two ranks' text",
+    "[agent][integration]") {
+  TempDir dir;
+  const std::string go = dir.path() + "/go";
+  Subprocess job(ddprun_fake(
+      {"--nproc_per_node", "2"},
+      {"partial=\rstep 1", "wait_file=" + go, "partial=\rstep 2", "print=", "print=done"}));
+  // Both bars are on the console before either line ends.
+  const bool shown = job.wait_for_output("[default0]:step 1", kJobLimit) &&
+                     job.wait_for_output("[default1]:step 1", kJobLimit);
+  std::ofstream(go).put('\n');
+  auto r = job.wait(kJobLimit);
+  INFO(r.out << r.err);
+  CHECK(shown);
+  CHECK(r.exit_code == 0);
+  const std::regex prefix(R"(\[default([01])\]:)");
+  int lines_with_text = 0;
+  for (const std::string& line : lines_of(r.out)) {
+    std::set<std::string> ranks;
+    for (auto it = std::sregex_iterator(line.begin(), line.end(), prefix);
+         it != std::sregex_iterator(); ++it)
+      ranks.insert((*it)[1]);
+    INFO(line);
+    CHECK(ranks.size() <= 1);
+    lines_with_text += ranks.empty() ? 0 : 1;
+  }
+  CHECK(lines_with_text >= 4);
+  CHECK(count_of(r.out, "[default0]:done\n") == 1);
+  CHECK(count_of(r.out, "[default1]:done\n") == 1);
 }
 
 TEST_CASE("lines of workers printing at once are never interleaved", "[agent][integration]") {

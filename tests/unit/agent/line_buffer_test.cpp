@@ -40,6 +40,12 @@ TEST_CASE("a progress line is given out at the end of each read, up to its newli
   // After the newline an ordinary line waits for its own.
   CHECK(b.feed(" line").empty());
   CHECK(b.feed("\r\n") == Pieces{line("next line\r")});
+  // A "\r" that ends a read waits for what follows: the end of a CRLF line, or a redraw.
+  CHECK(b.feed("crlf\r").empty());
+  CHECK(b.feed("\n") == Pieces{line("crlf\r")});
+  CHECK(b.feed("\r 10%\r") == Pieces{part("\r 10%")});
+  CHECK(b.feed(" 20%") == Pieces{part("\r 20%")});
+  CHECK(b.finish().empty());
 }
 
 TEST_CASE("the pieces and their newlines are the bytes as written", "[agent][unit]") {
