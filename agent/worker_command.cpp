@@ -162,22 +162,33 @@ bool is_executable_file(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
 }
 
-bool shebang_runs_python(std::string_view start) {
-  if (!start.starts_with("#!")) return false;
+std::optional<std::string> shebang_python(std::string_view start) {
+  if (!start.starts_with("#!")) return std::nullopt;
   const std::string_view line = start.substr(2, start.find('\n') - 2);
-  std::size_t at = 0;
-  while (at < line.size()) {
+  std::vector<std::string_view> words;
+  for (std::size_t at = 0; at < line.size();) {
     const std::size_t begin = line.find_first_not_of(" \t\r", at);
     if (begin == std::string_view::npos) break;
     const std::size_t end = std::min(line.find_first_of(" \t\r", begin), line.size());
-    std::string_view word = line.substr(begin, end - begin);
-    if (const std::size_t slash = word.rfind('/'); slash != std::string_view::npos)
-      word.remove_prefix(slash + 1);
-    if (word.starts_with("python")) return true;
+    words.push_back(line.substr(begin, end - begin));
     at = end;
   }
-  return false;
+  auto program = [](std::string_view word) {
+    const std::size_t slash = word.rfind('/');
+    return slash == std::string_view::npos ? word : word.substr(slash + 1);
+  };
+  std::size_t i = 0;
+  if (i < words.size() && program(words[i]) == "env") {
+    ++i;  // env's options and settings, then the program it runs
+    while (i < words.size() &&
+           (words[i].starts_with('-') || words[i].find('=') != std::string_view::npos))
+      ++i;
+  }
+  if (i < words.size() && program(words[i]).starts_with("python")) return std::string(words[i]);
+  return std::nullopt;
 }
+
+bool shebang_runs_python(std::string_view start) { return shebang_python(start).has_value(); }
 
 bool is_program_file(const std::string& path) {
   if (!is_executable_file(path)) return false;

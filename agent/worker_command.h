@@ -2,6 +2,7 @@
 #include <cstddef>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -94,9 +95,14 @@ std::string find_python_bootstrap(const std::string& ddprun_executable);
 /// True when `path` names a regular file the current user may execute.
 bool is_executable_file(const std::string& path);
 
-/// True when the start of a file (its first bytes) is a "#!" line that runs Python: a word on
-/// it whose last path component starts with "python" (`#!/usr/bin/python3`,
-/// `#!/usr/bin/env python3`, `#!/usr/bin/env -S python3 -u`).
+/// The Python interpreter that the "#!" line at the start of a file (its first bytes) runs, as
+/// written there: the program, when its last path component starts with "python"
+/// (`#!/opt/conda/bin/python` gives "/opt/conda/bin/python"), or, after `env` and its options
+/// and NAME=VALUE settings, the name env looks up (`#!/usr/bin/env -S python3 -u` gives
+/// "python3"). nullopt for any other start (`#!/bin/sh python_setup.sh`, an ELF file).
+std::optional<std::string> shebang_python(std::string_view start);
+
+/// shebang_python(start) names an interpreter.
 bool shebang_runs_python(std::string_view start);
 
 /// True when `path` is an executable file that ddprun runs as a program without --no_python:

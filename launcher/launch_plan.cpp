@@ -44,6 +44,7 @@ struct Planner {
   std::optional<common::Error> read_etcd_credentials();
   std::optional<common::Error> check_script() const;
   std::optional<common::Error> bind_numa();
+  void choose_python(agent::CommandRequest& req);
   void worker_command(const agent::CommandRequest& req);
   void agent_options();
   void standbys(const agent::CommandRequest& req);
@@ -56,6 +57,7 @@ struct Planner {
     return *source;
   }
   std::optional<std::string> source;
+  std::string python_origin;  ///< where the workers' interpreter comes from, in words
 };
 
 /// The shared secret of the rendezvous: --rdzv_conf secret_file, else the environment.
@@ -148,6 +150,24 @@ std::optional<common::Error> Planner::bind_numa() {
   return std::nullopt;
 }
 
+/// The interpreter of Python workers: PYTHON_EXEC, else, for an executable script not named
+/// .py, the one its "#!" line names (ddprun used to run such a script as a program), else the
+/// first python3 on PATH.
+void Planner::choose_python(agent::CommandRequest& req) {
+  if (env.count("PYTHON_EXEC") > 0) {
+    req.python_exec = env.at("PYTHON_EXEC");
+    python_origin = "PYTHON_EXEC";
+    return;
+  }
+  req.python_exec = "python3";
+  python_origin = "the first python3 on PATH";
+  if (req.module || req.no_python || req.script.ends_with(".py")) return;
+  if (auto named = agent::shebang_python(python_source(req))) {
+    req.python_exec = *named;
+    python_origin = "the script's #! line";
+  }
+}
+
 /// The workers' command, and when it runs under Python (a .py script, -m, a file that is not
 /// executable or is a Python script by its "#!" line) the interpreter that runs it.
 void Planner::worker_command(const agent::CommandRequest& req) {
@@ -157,8 +177,7 @@ void Planner::worker_command(const agent::CommandRequest& req) {
   const std::string found =
       probes.resolve_executable(opt.spec.argv.front(), agent::search_path(env));
   opt.interpreter = found.empty() ? opt.spec.argv.front() : found;
-  opt.interpreter_origin =
-      env.count("PYTHON_EXEC") > 0 ? "PYTHON_EXEC" : "the first python3 on PATH";
+  opt.interpreter_origin = python_origin;
   note(Level::Debug, "workers run the Python interpreter " + opt.interpreter + " (" +
                          opt.interpreter_origin + ")");
 }
@@ -397,7 +416,7 @@ LaunchProbes system_probes(const agent::EnvMap& env) {
 
 common::Result<LaunchPlan> plan_launch(const LaunchConfig& config, const agent::EnvMap& env,
                                        const LaunchProbes& probes) {
-  Planner planner{config, env, probes, LaunchPlan{}, std::nullopt};
+  Planner planner{config, env, probes, LaunchPlan{}, std::nullopt, ""};
   LaunchPlan& plan = planner.plan;
   plan.config = config;
   auto nproc = resolve_nproc(config, probes.node_resources());
@@ -428,13 +447,10 @@ common::Result<LaunchPlan> plan_launch(const LaunchConfig& config, const agent::
     planner.note(Level::Info,
                  "setting OMP_NUM_THREADS=1 for each worker to avoid overloading the system; set "
                  "it yourself to tune it");
-  const agent::CommandRequest req{config.script,
-                                  config.script_args,
-                                  config.module,
-                                  config.no_python,
-                                  env_or(env, "PYTHON_EXEC", "python3"),
-                                  config.run_path,
-                                  config.local_rank_arg};
+  agent::CommandRequest req{config.script,        config.script_args, config.module,
+                            config.no_python,     "python3",          config.run_path,
+                            config.local_rank_arg};
+  planner.choose_python(req);
   planner.worker_command(req);
   planner.agent_options();
   planner.standbys(req);

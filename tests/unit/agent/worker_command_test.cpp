@@ -54,14 +54,17 @@ TEST_CASE("a script whose #! line runs Python is a Python script, whatever its n
     INFO(start);
     CHECK(shebang_runs_python(start));
   }
-  for (const char* start :
-       {"#!/bin/sh\npython3 train.py\n",
-        "\x7f"
-        "ELF\x02\x01",
-        "", "#!", "import torch  # python\n", "#!/usr/bin/env bash\n# python\n"}) {
+  for (const char* start : {"#!/bin/sh\npython3 train.py\n",
+                            "\x7f"
+                            "ELF\x02\x01",
+                            "", "#!", "import torch  # python\n", "#!/usr/bin/env bash\n# python\n",
+                            "#!/bin/sh python_setup.sh\n", "#!/usr/bin/env bash python3\n"}) {
     INFO(start);
     CHECK_FALSE(shebang_runs_python(start));
   }
+  // The interpreter as the line names it: a path, or the name env looks up.
+  CHECK(shebang_python("#!/opt/conda/envs/x/bin/python -O\n") == "/opt/conda/envs/x/bin/python");
+  CHECK(shebang_python("#!/usr/bin/env -S PYTHONHASHSEED=0 python3.11 -u\r\n") == "python3.11");
 }
 
 TEST_CASE("programs are found through PATH", "[agent][unit]") {

@@ -146,6 +146,26 @@ TEST_CASE("the plan converts the configuration's seconds and signals for the age
   CHECK(plan.agent.node_name == "10.0.0.7");
 }
 
+TEST_CASE(
+    "a script not named .py runs under the Python its #! line names, unless PYTHON_EXEC "
+    "names one",
+    "[launcher][unit]") {
+  FakeMachine machine;
+  machine.files.insert("train");
+  machine.executables.insert("/opt/conda/bin/python");
+  machine.sources["train"] = "#!/opt/conda/bin/python\nimport torch\n";
+  const LaunchPlan plan = plan_of(standalone(1, "train"), machine);
+  CHECK(plan.agent.spec.argv == std::vector<std::string>{"/opt/conda/bin/python", "-u", "train"});
+  CHECK(plan.agent.interpreter_origin == "the script's #! line");
+  const LaunchPlan chosen =
+      plan_of(standalone(1, "train"), machine, {{"PYTHON_EXEC", "/usr/bin/python3"}});
+  CHECK(chosen.agent.spec.argv == std::vector<std::string>{"/usr/bin/python3", "-u", "train"});
+  CHECK(chosen.agent.interpreter_origin == "PYTHON_EXEC");
+  // A .py script runs under python3 whatever its #! line says, as torchrun runs it.
+  machine.sources["train.py"] = "#!/usr/bin/python2\nimport torch\n";
+  CHECK(plan_of(standalone(1), machine).agent.spec.argv.front() == "python3");
+}
+
 TEST_CASE("a --local_ranks_filter that names a local rank this node does not run is warned of",
           "[launcher][unit]") {
   FakeMachine machine;
