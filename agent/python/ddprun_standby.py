@@ -992,7 +992,12 @@ def fresh_main_module(file_path):
     return module
 
 
+_SCRIPT_STARTED = False  # run_script() has begun: an exception from here on is the script's
+
+
 def run_script(run_path, is_module, target):
+    global _SCRIPT_STARTED
+    _SCRIPT_STARTED = True
     if run_path:
         import runpy
 
@@ -1115,7 +1120,12 @@ if __name__ == "__main__":
     try:
         main()
     except KeyboardInterrupt as interrupt:
-        # The interpreter reports it and ends by SIGINT, as a fresh one does; re-raised bare at
-        # the top, it shows the script's frames only.
-        interrupt.__traceback__ = without_bootstrap(interrupt.__traceback__)
+        # The interpreter reports it and ends by SIGINT, as a fresh one does. Raised in the
+        # script, it shows the script's frames only: re-raised bare, from Python 3.11 with the
+        # traceback it has now; before, bare raise keeps the one it had, so this frame stays.
+        if _SCRIPT_STARTED:
+            trimmed = without_bootstrap(interrupt.__traceback__)
+            if sys.version_info < (3, 11):
+                raise interrupt.with_traceback(trimmed)
+            interrupt.__traceback__ = trimmed
         raise
