@@ -18,6 +18,10 @@ namespace {
 
 constexpr int kLowestCandidate = 10000;
 constexpr int kHighestPort = 65535;
+/// The ports torchrun's and ddprun's defaults and examples use (29400 for the rendezvous, 29500
+/// for the master, their neighbours): another job on the node may bind one as it starts.
+constexpr int kDefaultPortsLow = 29400;
+constexpr int kDefaultPortsHigh = 29599;
 constexpr int kCandidates = 32;
 
 /// Binds `port` on `host`; returns the port actually bound (port 0 asks the kernel) or an error.
@@ -96,6 +100,7 @@ std::vector<int> port_candidates(std::pair<int, int> ephemeral, unsigned seed, i
       }
       index -= hi - lo + 1;
     }
+    if (port >= kDefaultPortsLow && port <= kDefaultPortsHigh) continue;
     if (std::find(out.begin(), out.end(), port) == out.end()) out.push_back(port);
   }
   return out;

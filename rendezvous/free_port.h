@@ -13,10 +13,11 @@ namespace ddprun::rdzv {
 std::optional<std::pair<int, int>> parse_port_range(const std::string& text);
 
 /// Up to `count` distinct candidate ports outside `ephemeral` (and at or above 10000), in an order
-/// drawn from `seed`. A port outside the ephemeral range is never handed to an outgoing
-/// connection or to another process's bind(0), so it cannot be taken between the moment ddprun
-/// picks it and the moment rank 0 binds its store there, and a worker that connects before the
-/// store listens cannot connect to itself.
+/// drawn from `seed`, none from 29400 to 29599 (the ports torchrun's and ddprun's defaults and
+/// examples use, which another job may bind as it starts). A port outside the ephemeral range is
+/// never handed to an outgoing connection or to another process's bind(0), so it cannot be taken
+/// between the moment ddprun picks it and the moment rank 0 binds its store there, and a worker
+/// that connects before the store listens cannot connect to itself.
 std::vector<int> port_candidates(std::pair<int, int> ephemeral, unsigned seed, int count);
 
 /// A TCP port that is free on `host` (numeric IPv4/IPv6 or a name): the first of

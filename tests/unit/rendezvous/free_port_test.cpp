@@ -34,6 +34,12 @@ TEST_CASE("port candidates avoid the ephemeral range and ports below 10000", "[r
     CHECK((p < 32768 || p > 60999));
   }
   CHECK(port_candidates({32768, 60999}, 7, 32) == ports);
+  // Nor the ports of torchrun's and ddprun's defaults and examples (29400, 29500 and near).
+  for (unsigned seed = 0; seed < 200; ++seed)
+    for (int p : port_candidates({32768, 60999}, seed, 64)) {
+      INFO(p);
+      CHECK((p < 29400 || p > 29599));
+    }
   CHECK(port_candidates({1024, 65535}, 7, 32).empty());
   auto above = port_candidates({1024, 65000}, 3, 8);
   REQUIRE_FALSE(above.empty());
