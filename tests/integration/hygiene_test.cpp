@@ -143,15 +143,20 @@ TEST_CASE("setsid grandchildren are gone after a SIGKILL of the agent (--cleanup
   CHECK(none_left(dir.path()));
 }
 
-TEST_CASE("setsid grandchildren are gone after a SIGKILL of the agent (--cleanup subreaper)",
-          "[agent][integration]") {
+namespace {
+
+/// Two workers (--cleanup subreaper) that each start two sleepers with `spawn`
+/// ("spawn_setsid" or "spawn_setpgrp"), and ddprun SIGKILLed 3.5 s after they run: none is
+/// left. The watcher notes the sessions and process groups of the agent's descendants each
+/// second: one started less than that before the SIGKILL can be missed (docs/design.md,
+/// "Process hygiene").
+void check_sleepers_gone_after_sigkill(const std::string& spawn) {
   TempDir dir;
   const std::string pids = dir.path() + "/pids";
   WorkerSweeper sweeper(pids);
-  Subprocess job(two_workers_with_grandchildren("subreaper", pids, "hang"));
+  Subprocess job(ddprun_fake({"--nproc_per_node", "2", "--cleanup", "subreaper"},
+                             {spawn + "=" + pids + ":2", "wait_lines=" + pids + ":4", "hang"}));
   REQUIRE(wait_until([&] { return read_pids(pids).size() == 4; }, kJobLimit));
-  // The watcher notes the sessions of the agent's descendants each second: one started less
-  // than that before the SIGKILL can be missed (docs/design.md, "Process hygiene").
   std::this_thread::sleep_for(std::chrono::milliseconds(3500));
   job.send(SIGKILL);
   auto r = job.wait(kJobLimit);
@@ -159,25 +164,20 @@ TEST_CASE("setsid grandchildren are gone after a SIGKILL of the agent (--cleanup
   CHECK(none_left(dir.path()));
 }
 
+}  // namespace
+
+TEST_CASE("setsid grandchildren are gone after a SIGKILL of the agent (--cleanup subreaper)",
+          "[agent][integration]") {
+  check_sleepers_gone_after_sigkill("spawn_setsid");
+}
+
 TEST_CASE(
     "children in process groups of their own are gone after a SIGKILL of the agent "
     "(--cleanup subreaper)",
     "[agent][integration]") {
-  TempDir dir;
-  const std::string pids = dir.path() + "/pids";
-  WorkerSweeper sweeper(pids);
-  // Each worker starts two sleepers that call setpgid(0, 0) (still in the agent's session):
-  // one leads its group, the other's leader has exited, leaving it an orphan of the agent.
-  Subprocess job(
-      ddprun_fake({"--nproc_per_node", "2", "--cleanup", "subreaper"},
-                  {"spawn_setpgrp=" + pids + ":2", "wait_lines=" + pids + ":4", "hang"}));
-  REQUIRE(wait_until([&] { return read_pids(pids).size() == 4; }, kJobLimit));
-  // The watcher notes their groups each second, as it does setsid'd sessions.
-  std::this_thread::sleep_for(std::chrono::milliseconds(3500));
-  job.send(SIGKILL);
-  auto r = job.wait(kJobLimit);
-  CHECK(r.exit_code == 128 + SIGKILL);
-  CHECK(none_left(dir.path()));
+  // setpgid(0, 0), still in the agent's session: one sleeper of each worker leads its group,
+  // the other's leader has exited, leaving it an orphan of the agent.
+  check_sleepers_gone_after_sigkill("spawn_setpgrp");
 }
 
 TEST_CASE(
