@@ -1,6 +1,7 @@
 #include "agent/worker_output.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -61,9 +62,20 @@ std::shared_ptr<FilteredLog> open_filtered_log(const fs::path& attempt_dir, cons
 
 struct OutputStream;
 
-/// The stream whose line is open (begun, not ended) on each console descriptor: what another
+/// The stream whose line is open (begun, not ended) on each console (console_key): what another
 /// stream shows there first ends that line, so a line never carries two streams' text.
 using OpenLines = std::map<int, OutputStream*>;
+
+/// Which console descriptor `fd` writes to, as OpenLines keys them: stderr counts as stdout
+/// when both are the same file (a terminal, or `2>&1`), where a tqdm bar on stderr and a
+/// print on stdout share lines.
+int console_key(int fd) {
+  struct stat out {
+  }, err{};
+  const bool same = ::fstat(STDOUT_FILENO, &out) == 0 && ::fstat(STDERR_FILENO, &err) == 0 &&
+                    out.st_dev == err.st_dev && out.st_ino == err.st_ino;
+  return fd == STDERR_FILENO && same ? STDOUT_FILENO : fd;
+}
 
 /// One stdout or stderr pipe of one worker: lines go to the console (prefixed) and/or a file.
 struct OutputStream {
@@ -86,6 +98,7 @@ struct OutputStream {
   long long file_lost = 0;  ///< bytes that did not reach the file
   bool open = true;
   OpenLines* open_lines = nullptr;  ///< the group's, shared by its streams
+  int console = -1;                 ///< console_key(console_fd)
   /// Part of this stream's current line is on the console, without its '\n' (a part of a long
   /// or progress line was shown): its next part continues it.
   bool line_shown = false;
@@ -94,10 +107,10 @@ struct OutputStream {
   /// them, which take whole lines (a part of at most a LineBuffer's bound).
   std::string whole;
 
-  /// Ends another stream's line left open on this stream's console descriptor ("\n"); that
-  /// stream shows its prefix again when it goes on.
+  /// Ends another stream's line left open on this stream's console ("\n"); that stream shows
+  /// its prefix again when it goes on.
   std::string end_others_line() {
-    OutputStream*& owner = (*open_lines)[console_fd];
+    OutputStream*& owner = (*open_lines)[console];
     if (owner == nullptr || owner == this) return "";
     owner->line_shown = owner->after_cr = false;
     owner = nullptr;
@@ -119,7 +132,7 @@ struct OutputStream {
       out += '\n';
       line_shown = after_cr = false;
     }
-    (*open_lines)[console_fd] = line_shown ? this : nullptr;
+    (*open_lines)[console] = line_shown ? this : nullptr;
     return out;
   }
 
@@ -173,7 +186,7 @@ struct OutputStream {
     whole.clear();
     if (console_fd >= 0 && line_shown) {
       write_all(console_fd, "\n");
-      (*open_lines)[console_fd] = nullptr;
+      (*open_lines)[console] = nullptr;
     }
     line_shown = after_cr = false;
     boost::system::error_code ignored;
@@ -267,6 +280,7 @@ struct WorkerOutput::Impl {
     const StreamRoute route = route_stream(settings, placement.local_rank, which);
     const int console = which == StdStreams::Out ? STDOUT_FILENO : STDERR_FILENO;
     if (route.console) s->console_fd = console;
+    s->console = console_key(console);
     s->prefix = console_prefix(settings.prefix_template, settings.role, placement.global_rank,
                                placement.local_rank);
     s->filtered = which == StdStreams::Out ? filtered_out : filtered_err;
