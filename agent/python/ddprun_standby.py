@@ -338,9 +338,9 @@ def why_not_shared(name):
     worker sees: a worker variable read (WORKER_VARIABLES, or the whole environment iterated),
     a number drawn from `random`, numpy's global generator or torch's default one (it would be
     the same in every rank), sys.path changed (but for torch's template directory, which
-    own_template_dir() makes per worker), or the import failing. None when it is safe. Leaves the import behind:
-    it runs in a throwaway fork (trial_import), or, for a part of torch, in this interpreter
-    itself (preload_torch_part)."""
+    own_template_dir() makes per worker), or the import failing. None when it is safe. Leaves
+    the import behind: it runs in a throwaway fork (trial_import), or, for a part of torch, in
+    this interpreter itself (preload_torch_part)."""
     import importlib
     import random
 
@@ -1023,12 +1023,12 @@ def run_script(run_path, is_module, target):
 
 
 def without_bootstrap(tb):
-    """A traceback from the first frame that is not this bootstrap's (the script's), or `tb`
-    itself when every frame is the bootstrap's."""
-    first = tb
-    while first is not None and first.tb_frame.f_code.co_filename == _BOOTSTRAP_FILE:
-        first = first.tb_next
-    return tb if first is None else first
+    """A traceback from the first frame that is not this bootstrap's (the script's); None when
+    every frame is the bootstrap's (a SyntaxError from compiling the script: the interpreter
+    shows none for it either)."""
+    while tb is not None and tb.tb_frame.f_code.co_filename == _BOOTSTRAP_FILE:
+        tb = tb.tb_next
+    return tb
 
 
 def report_uncaught(error):

@@ -290,6 +290,22 @@ TEST_CASE("a Python standby's exit code and uncaught exception are the script's"
     CHECK(contains(r.out, "[default1]:atexit ran on rank 1"));
     CHECK(contains(r.err, "exitcode  : -2"));
   }
+  SECTION("a syntax error") {
+    // As the interpreter shows one: where it is, and no traceback (no frame ran).
+    const std::string script = dir.path() + "/broken.py";
+    std::ofstream(script) << "import torch\ndef (:\n";
+    auto r = run_command_diagnosed(
+        {DDPRUN_BIN, "--standalone", "--nproc_per_node", "1", "--standby_workers", "--event_log",
+         dir.path() + "/events.jsonl", script},
+        env_for(false), kLimit);
+    INFO(r.out << r.err);
+    REQUIRE(from_standby(dir.path() + "/events.jsonl") == std::vector<int>{1});
+    CHECK(r.exit_code == 1);
+    CHECK(contains(r.err, "[default0]:  File \"" + script + "\", line 2"));
+    CHECK(contains(r.err, "[default0]:SyntaxError: invalid syntax"));
+    CHECK_FALSE(contains(r.err, "Traceback"));
+    CHECK_FALSE(contains(r.err, "ddprun_standby.py"));
+  }
 }
 
 TEST_CASE(
