@@ -6,6 +6,9 @@
 
 namespace ddprun::agent {
 
+/// The longest piece LineBuffer gives out by default: a longer line comes in parts.
+inline constexpr size_t kMaxLinePiece = 64 * 1024;
+
 /// A whole line, without its '\n', or a part of one that more of the line follows.
 struct LinePiece {
   std::string text;
@@ -24,7 +27,7 @@ struct LinePiece {
 /// next byte: "\r\n" split between two reads still ends the line).
 class LineBuffer {
  public:
-  explicit LineBuffer(size_t max_line = 64 * 1024) : max_line_(max_line) {}
+  explicit LineBuffer(size_t max_line = kMaxLinePiece) : max_line_(max_line) {}
 
   /// Appends bytes; returns the lines they complete and the parts of lines they give out.
   std::vector<LinePiece> feed(std::string_view bytes);

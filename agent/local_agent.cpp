@@ -108,8 +108,7 @@ class LocalAgent::Impl {
     if (!root) {
       spdlog::error("{}", root.error().message);
       // A --log_dir that cannot be written is a bad flag; the temporary directory is ours.
-      return fail_to_start(opt_.log_dir.empty() ? job_exit_code(JobOutcome::of(JobEnd::Internal))
-                                                : common::kExitUsage);
+      return fail_to_start(opt_.log_dir.empty() ? common::kExitInternal : common::kExitUsage);
     }
     log_root_ = root->path;
     if (root->remove_at_exit) temp_dir_ = log_root_;

@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -25,10 +24,6 @@ namespace {
 /// no such limit.
 constexpr int kMaxScans = 16;
 
-}  // namespace
-
-namespace {
-
 /// The next field of `rest` (fields are separated by spaces), taken off it; "" at the end.
 std::string_view next_field(std::string_view& rest) {
   const auto begin = rest.find_first_not_of(' ');
@@ -40,14 +35,6 @@ std::string_view next_field(std::string_view& rest) {
   return field;
 }
 
-/// Whether `field` is a whole number, stored in `out`.
-template <typename T>
-bool number_field(std::string_view field, T& out) {
-  const char* end = field.data() + field.size();
-  auto [at, ec] = std::from_chars(field.data(), end, out);
-  return !field.empty() && ec == std::errc() && at == end;
-}
-
 }  // namespace
 
 std::optional<ProcessIds> ids_from_stat(const std::string& stat) {
@@ -57,16 +44,16 @@ std::optional<ProcessIds> ids_from_stat(const std::string& stat) {
   rest.remove_prefix(close + 1);
   rest = rest.substr(0, std::min(rest.find('\n'), rest.size()));
   const std::string_view state = next_field(rest);
-  long parent = 0, group = 0, session = 0;
-  if (state.empty() || !number_field(next_field(rest), parent) ||
-      !number_field(next_field(rest), group) || !number_field(next_field(rest), session) ||
-      parent < 0)
-    return std::nullopt;
-  ProcessIds ids{static_cast<pid_t>(parent), static_cast<pid_t>(group), static_cast<pid_t>(session),
-                 state.size() == 1 ? state[0] : '\0'};
+  const auto parent = common::parse_int(next_field(rest));
+  const auto group = common::parse_int(next_field(rest));
+  const auto session = common::parse_int(next_field(rest));
+  if (state.empty() || !parent || !group || !session || *parent < 0) return std::nullopt;
+  ProcessIds ids{static_cast<pid_t>(*parent), static_cast<pid_t>(*group),
+                 static_cast<pid_t>(*session), state.size() == 1 ? state[0] : '\0'};
   // The start time is the 22nd field: 15 more after the session (proc(5)).
   for (int i = 0; i < 15; ++i) next_field(rest);
-  if (unsigned long long start = 0; number_field(next_field(rest), start)) ids.start_time = start;
+  if (const auto start = common::parse_int(next_field(rest)); start && *start >= 0)
+    ids.start_time = static_cast<unsigned long long>(*start);
   return ids;
 }
 

@@ -104,7 +104,7 @@ struct OutputStream {
   bool line_shown = false;
   bool after_cr = false;  ///< and the last byte shown was '\r': the cursor is at its start
   /// With --dedup_output or --duplicate_*_filters: the current line as far as it came, for
-  /// them, which take whole lines (a part of at most a LineBuffer's bound).
+  /// them, which take whole lines (a part of at most kMaxLinePiece).
   std::string whole;
 
   /// Ends another stream's line left open on this stream's console ("\n"); that stream shows
@@ -143,11 +143,11 @@ struct OutputStream {
     if (filtered != nullptr && filtered->wants(line)) write_all(filtered->fd, prefix + line + "\n");
   }
 
-  /// take_whole() of each line `piece` completes (or part as long as a LineBuffer's bound).
+  /// take_whole() of each line `piece` completes (or part as long as kMaxLinePiece).
   void whole_lines(const LinePiece& piece) {
     if (whole.empty() && piece.ends_line) return take_whole(piece.text);
     whole += piece.text;
-    if (piece.ends_line || whole.size() >= 64 * 1024) {
+    if (piece.ends_line || whole.size() >= kMaxLinePiece) {
       take_whole(whole);
       whole.clear();
     }
