@@ -515,6 +515,153 @@ def preload_torch_part(name):
         os._exit(EXIT_UNSAFE_TORCH)
 
 
+# Random generators a module makes for itself at import (`random.Random()`,
+# `numpy.random.default_rng()`, `torch.Generator().seed()` at module level): a fresh interpreter
+# seeds each from the OS, while every rank forked from the zygote would have the zygote's, the
+# same numbers on every rank. The zygote finds them once (module_generators), asks which its
+# modules make anew at each import (os_seeded), and each standby reseeds those
+# (become_standby). A generator made from a fixed seed stays as it is, as in a fresh worker.
+_OS_SEEDED = []  # [(generator, its reseed function)]
+
+
+def _numpy_state(generator):
+    import pickle
+
+    return pickle.dumps(generator.get_state() if hasattr(generator, "get_state") else
+                        generator.bit_generator.state if hasattr(generator, "bit_generator")
+                        else generator.state)
+
+
+def _numpy_reseed(generator):
+    if hasattr(generator, "get_state"):  # RandomState
+        generator.seed()
+    elif hasattr(generator, "bit_generator"):  # Generator
+        generator.bit_generator.state = type(generator.bit_generator)().state
+    else:  # a bit generator
+        generator.state = type(generator)().state
+
+
+def _torch_reseed(generator):
+    if generator.device.type == "cpu":  # the zygote makes no CUDA generator its own state
+        generator.seed()
+
+
+def _with_subclasses(root, but=None):
+    """`root` and every class derived from it, but `but` and what derives from that."""
+    kinds, todo = set(), [root]
+    while todo:
+        kind = todo.pop()
+        if kind not in kinds and not (but is not None and issubclass(kind, but)):
+            kinds.add(kind)
+            todo.extend(kind.__subclasses__())
+    return kinds
+
+
+def _generator_kinds():
+    """{type: (state, reseed)} for each type of random generator loaded: `state` gives what its
+    numbers depend on, comparable with ==; `reseed` seeds it from the OS. SystemRandom draws
+    from the OS at each call: nothing to reseed."""
+    import random
+
+    kinds = dict.fromkeys(_with_subclasses(random.Random, but=random.SystemRandom),
+                          (random.Random.getstate, lambda generator: generator.seed()))
+    numpy_random = sys.modules.get("numpy.random")
+    for name in ("Generator", "RandomState", "BitGenerator"):
+        kind = getattr(numpy_random, name, None)
+        if isinstance(kind, type):
+            kinds.update(dict.fromkeys(_with_subclasses(kind), (_numpy_state, _numpy_reseed)))
+    torch = sys.modules.get("torch")
+    kind = getattr(torch, "Generator", None)
+    if isinstance(kind, type):
+        kinds[kind] = (lambda generator: bytes(generator.get_state().tolist()), _torch_reseed)
+    return kinds
+
+
+def _reseeded_anyway():
+    """The global generators that are reseeded in each fork whatever their module does: random's
+    own (it reseeds itself), numpy's and torch's default one (become_standby)."""
+    places = (("random", "_inst"), ("numpy.random.mtrand", "_rand"), ("torch", "default_generator"))
+    return {id(getattr(sys.modules.get(module), name, None)) for module, name in places}
+
+
+def module_generators(kinds):
+    """[(module name, path, generator)] for each generator of `kinds` (_generator_kinds) that a
+    loaded module holds as a global (path: (name,)) or that a class it defines holds as a class
+    attribute (path: (class, name)), but those reseeded anyway. Only type() and the dictionaries
+    themselves are read: an attribute lookup could run a module's code (a lazy import, a
+    deprecation warning on the console)."""
+    import types
+
+    skip = _reseeded_anyway()
+    found = []
+    for name, module in list(sys.modules.items()):
+        if name == "__main__" or not issubclass(type(module), types.ModuleType):
+            continue  # __main__ is this bootstrap
+        try:
+            for attr, value in list(module.__dict__.items()):
+                if type(value) in kinds:
+                    if id(value) not in skip:
+                        found.append((name, (attr,), value))
+                elif issubclass(type(value), type) and vars(value).get("__module__") == name:
+                    found.extend((name, (attr, inner), v) for inner, v in list(vars(value).items())
+                                 if type(v) in kinds and id(v) not in skip)
+        except Exception:  # noqa: BLE001 - a module made unlike others: nothing of its own
+            continue
+    return found
+
+
+def _lookup(module, path):
+    value = module
+    for attr in path:
+        value = getattr(value, attr)
+    return value
+
+
+def os_seeded(found, kinds):
+    """Of `found` (module_generators), the generators a fresh interpreter seeds anew: one of
+    the modules holding it, imported again twice, makes it with another state each time (not
+    from a fixed seed, nor from one its import drew from another generator). Judged in a
+    throwaway fork: a module imported again stays so. A module that cannot be imported again
+    keeps its generators as they are."""
+    import importlib
+
+    if not found:
+        return []
+    sys.stdout.flush()
+    sys.stderr.flush()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
+            differ = []
+            for name in dict.fromkeys(name for name, _, _ in found):
+                entries = [i for i, (holder, _, _) in enumerate(found) if holder == name]
+                try:
+                    states = []
+                    for _ in range(2):
+                        module = importlib.reload(sys.modules[name])
+                        states.append([kinds[type(found[i][2])][0](_lookup(module, found[i][1]))
+                                       for i in entries])
+                except Exception:  # noqa: BLE001 - cannot tell: left as it is
+                    continue
+                differ += [i for i, a, b in zip(entries, *states) if a != b]
+            os.write(w, json.dumps(differ).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    verdict = read_to_end(r)
+    os.waitpid(pid, 0)
+    try:
+        chosen = {id(found[i][2]) for i in json.loads(verdict)}
+    except (ValueError, TypeError, IndexError):
+        return []
+    return list({id(g): g for _, _, g in found if id(g) in chosen}.values())
+
+
 def serve_forks(control_fd, title):
     """The zygote's loop: one standby forked per request, until the agent closes the socket
     (then exit 0). Returns only in a forked standby, with its hand-over descriptor. `title`:
@@ -530,6 +677,8 @@ def serve_forks(control_fd, title):
                          "sets it to 1 for 2 or more workers per node): set it, or run with "
                          "--standby_workers=off\n")
         os._exit(EXIT_THREADS)
+    kinds = _generator_kinds()
+    _OS_SEEDED[:] = [(g, kinds[type(g)][1]) for g in os_seeded(module_generators(kinds), kinds)]
     sock = socket.socket(fileno=control_fd)  # the agent's SOCK_SEQPACKET pair: one request each
     sock.send(json.dumps({"ready": os.getpid()}).encode())
     while True:
@@ -636,6 +785,11 @@ def become_standby(agent, env, fds, title):
         try:
             torch.default_generator.seed()
         except Exception:  # noqa: BLE001 - an unusual torch: leave it as it is
+            pass
+    for generator, reseed in _OS_SEEDED:
+        try:
+            reseed(generator)
+        except Exception:  # noqa: BLE001 - an unusual generator: leave it as it is
             pass
 
 

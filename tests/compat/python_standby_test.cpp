@@ -522,6 +522,55 @@ TEST_CASE(
   for (std::size_t i = 0; i < 5; ++i) CHECK(seen[0]["draws"][i] != seen[1]["draws"][i]);
 }
 
+TEST_CASE(
+    "random generators a shared module makes for itself are seeded afresh in each forked rank, "
+    "but those made from a fixed seed",
+    "[python][integration][standby]") {
+  require_torch();
+  TempDir dir;
+  // An installed module, safe to share, that makes generators of its own at import: from the
+  // OS (as a fresh interpreter seeds them, so different in each rank under torchrun) and from
+  // fixed seeds (the same in each rank).
+  const std::string home = dir.path() + "/home";
+  std::ofstream(user_site_packages(home) + "/own_generators.py")
+      << "import os, random, numpy, torch\n"
+         "RNG = random.Random()\nNP_RNG = numpy.random.default_rng()\n"
+         "NP_LEGACY = numpy.random.RandomState()\nNP_BITS = numpy.random.PCG64()\n"
+         "TORCH_GEN = torch.Generator()\nTORCH_GEN.seed()\n"
+         "class Holder:\n    rng = random.Random()\n"
+         "FIXED = random.Random(1234)\nFIXED_NP = numpy.random.default_rng(7)\n"
+         "FIXED_TORCH = torch.Generator()\nPID = os.getpid()\n";
+  const std::string script = dir.path() + "/train.py";
+  std::ofstream(script)
+      << "import json, os\nimport torch\nimport own_generators as g\n"
+         "print('GEN', json.dumps({'preloaded': g.PID != os.getpid(),\n"
+         "    'os': [g.RNG.random(), g.NP_RNG.random(), g.NP_LEGACY.random(),\n"
+         "           g.NP_BITS.random_raw(), g.TORCH_GEN.initial_seed(), g.Holder.rng.random()],\n"
+         "    'fixed': [g.FIXED.random(), g.FIXED_NP.random(), g.FIXED_TORCH.initial_seed()]}),\n"
+         "    flush=True)\n";
+  const std::string events = dir.path() + "/events.jsonl";
+  auto r = run_command_diagnosed(
+      {DDPRUN_BIN, "--standalone", "--nproc_per_node", "2", "--event_log", events, script},
+      {{"PYTHON_EXEC", "/usr/bin/python3"}, {"HOME", home}}, kLimit);
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(from_standby(events) == std::vector<int>{2});
+  std::vector<nlohmann::json> seen;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string prefix = "[default" + std::to_string(rank) + "]:GEN ";
+    for (const std::string& line : lines_of(r.out))
+      if (line.rfind(prefix, 0) == 0)
+        seen.push_back(nlohmann::json::parse(line.substr(prefix.size())));
+    REQUIRE(seen.size() == static_cast<std::size_t>(rank + 1));
+    // Still shared: the zygote imported it, so the ranks compared are forked copies.
+    CHECK(seen.back()["preloaded"] == true);
+  }
+  INFO(seen[0].dump() << "\n" << seen[1].dump());
+  REQUIRE(seen[0]["os"].size() == 6);
+  for (std::size_t i = 0; i < 6; ++i) CHECK(seen[0]["os"][i] != seen[1]["os"][i]);
+  CHECK(seen[0]["fixed"] == seen[1]["fixed"]);
+}
+
 namespace {
 
 /// One line of the fake driver library's log (tests/helpers/fake_libcuda.cpp).
