@@ -380,9 +380,11 @@ class Stepper {
         const long long ms =
             std::chrono::duration_cast<std::chrono::milliseconds>(spec_.shutdown_timeout).count();
         if (observe(s_).running > 0)
-          log(LogLevel::Warn, fmt::format("workers still running {} ms after the stop signal: "
-                                          "sending SIGKILL",
-                                          ms));
+          log(LogLevel::Warn,
+              fmt::format("workers still running {} ms after the stop signal: sending {}", ms,
+                          spec_.python_tracebacks
+                              ? "SIGABRT for their Python tracebacks, then SIGKILL"
+                              : "SIGKILL"));
         kill_hung(
             running_pids(s_),
             fmt::format("still running {} ms after the stop signal (--shutdown_timeout)", ms));
@@ -729,7 +731,7 @@ class Stepper {
 
   /// Hung workers: their stacks first, then SIGKILL (a stopped or deadlocked process would
   /// ignore SIGTERM); Python workers get SIGABRT first, which prints their tracebacks
-  /// (PYTHONFAULTHANDLER=1), and SIGKILL once the grace has passed.
+  /// (PYTHONFAULTHANDLER=1), with no core file, and SIGKILL once the grace has passed.
   void kill_hung(std::vector<pid_t> pids, std::string why) {
     if (pids.empty()) return;
     std::vector<WorkerRef> refs;
@@ -742,7 +744,7 @@ class Stepper {
       return;
     }
     s_.aborted.insert(s_.aborted.end(), pids.begin(), pids.end());
-    out_.push_back(SignalWorkers{std::move(pids), SIGABRT, true});
+    out_.push_back(SignalWorkers{std::move(pids), SIGABRT, true, true});
     out_.push_back(ArmTimer{AgentTimer::TracebackDeadline, now_ + spec_.traceback_grace});
   }
 

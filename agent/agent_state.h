@@ -322,6 +322,10 @@ struct SignalWorkers {
   std::vector<pid_t> pids;
   int sig = 0;
   bool then_continue = false;
+  /// Lower the core-file limit of each process in those groups to 0 first: SIGABRT is sent
+  /// for the Python tracebacks it prints, and would leave a core file of each process (GiBs
+  /// for a GPU worker) where the limit allows one.
+  bool no_core_dump = false;
 };
 /// Add this failed worker to the failure report (the executor reads its error file now).
 struct RecordFailure {

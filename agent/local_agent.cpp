@@ -220,6 +220,7 @@ class LocalAgent::Impl {
   }
 
   void execute(const SignalWorkers& e) {
+    if (e.no_core_dump) forbid_core_dumps(e.pids);
     for (pid_t pid : e.pids) {
       launcher_.signal_group(pid, e.sig);
       if (e.then_continue) launcher_.signal_group(pid, SIGCONT);

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -102,6 +103,18 @@ std::map<pid_t, ProcessIds> read_process_ids() {
   for (pid_t pid : list_processes())
     if (auto ids = read_process(pid)) found.emplace(pid, *ids);
   return found;
+}
+
+int forbid_core_dumps(const std::vector<pid_t>& groups) {
+  int lowered = 0;
+  for (const auto& [pid, ids] : read_process_ids()) {
+    if (std::find(groups.begin(), groups.end(), ids.group) == groups.end()) continue;
+    rlimit limit{};
+    if (::prlimit(pid, RLIMIT_CORE, nullptr, &limit) != 0 || limit.rlim_cur == 0) continue;
+    limit.rlim_cur = 0;
+    if (::prlimit(pid, RLIMIT_CORE, &limit, nullptr) == 0) ++lowered;
+  }
+  return lowered;
 }
 
 std::map<pid_t, pid_t> read_process_parents() {

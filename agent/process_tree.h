@@ -51,6 +51,12 @@ std::map<pid_t, pid_t> read_process_parents();
 std::vector<pid_t> descendants_of(const std::map<pid_t, pid_t>& parents, pid_t root,
                                   const std::set<pid_t>& spared);
 
+/// Sets the core-file limit (RLIMIT_CORE, its soft value; the hard one is kept) of every
+/// process in the process groups `groups` to 0, so that a signal sent to them for its report
+/// (SIGABRT) leaves no core file; a pipe in core_pattern (systemd-coredump, apport) is told the
+/// limit and keeps nothing. Returns how many processes it lowered.
+int forbid_core_dumps(const std::vector<pid_t>& groups);
+
 /// SIGKILLs every descendant of this process except the `spared` subtrees, scanning /proc again
 /// until a scan finds nothing new (a process may fork while the previous scan runs; at most
 /// kMaxScans scans). Returns how many processes it signalled. See docs/design.md, "Process

@@ -1,5 +1,7 @@
 // The agent's supervision rules with real processes: exit codes, the failure report, restarts,
 // the shutdown timeout and error files.
+#include <sys/resource.h>
+
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -406,4 +408,38 @@ TEST_CASE("a job that fails for another reason gets no interpreter hint", "[agen
       run_command(ddprun_fake({}, {"eprint=No module named 'torch'", "exit=1"}), {}, kJobLimit);
   CHECK(r.exit_code == 1);
   CHECK_FALSE(contains(r.err, "The workers ran"));  // --no_python: ddprun chose no interpreter
+}
+
+TEST_CASE("a hung Python worker's SIGABRT, sent for its traceback, leaves no core file",
+          "[agent][integration]") {
+  rlimit own{};
+  REQUIRE(::getrlimit(RLIMIT_CORE, &own) == 0);
+  if (own.rlim_max == 0) {
+    WARN("skipped: the hard core-file limit here is 0, so no core file could be written");
+    return;
+  }
+  TempDir dir;
+  // As under `ulimit -c unlimited`: the worker raises its own limit, and says what its limit
+  // was when the SIGABRT came (its own handler replaces faulthandler's, and ends it).
+  const std::string script = dir.path() + "/hang.py";
+  std::ofstream(script)
+      << "import os, resource, signal, time\n"
+         "hard = resource.getrlimit(resource.RLIMIT_CORE)[1]\n"
+         "resource.setrlimit(resource.RLIMIT_CORE, (hard, hard))\n"
+         "def on_abort(signum, frame):\n"
+         "    print('CORE LIMIT AT SIGABRT', resource.getrlimit(resource.RLIMIT_CORE)[0],\n"
+         "          flush=True)\n"
+         "    os._exit(3)\n"
+         "signal.signal(signal.SIGABRT, on_abort)\n"
+         "print('RAISED TO', resource.getrlimit(resource.RLIMIT_CORE)[0], flush=True)\n"
+         "time.sleep(60)\n";
+  auto r = run_command({DDPRUN_BIN, "--standby_workers=off", "--watchdog_timeout", "1", script},
+                       {{"PYTHON_EXEC", "/usr/bin/python3"}}, kJobLimit);
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 3);
+  // Python's resource module writes RLIM_INFINITY as -1.
+  CHECK(contains(r.out, "[default0]:RAISED TO " + (own.rlim_max == RLIM_INFINITY
+                                                       ? std::string("-1")
+                                                       : std::to_string(own.rlim_max))));
+  CHECK(contains(r.out, "[default0]:CORE LIMIT AT SIGABRT 0"));
 }

@@ -834,6 +834,7 @@ TEST_CASE("agent: a hung Python worker gets SIGABRT for its traceback and SIGKIL
   CHECK(abort.pids == std::vector<pid_t>{pids[0]});
   CHECK(abort.sig == SIGABRT);
   CHECK(abort.then_continue);  // a stopped worker must run to print
+  CHECK(abort.no_core_dump);   // the traceback is wanted, not a core file of each process
   const auto grace = a.effects<ArmTimer>();
   REQUIRE(grace.size() == 1);
   CHECK(grace[0].timer == AgentTimer::TracebackDeadline);

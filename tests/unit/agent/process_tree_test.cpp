@@ -1,6 +1,7 @@
 #include "agent/process_tree.h"
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -104,4 +105,65 @@ TEST_CASE("every descendant is killed, a setsid'd grandchild too, and a spared o
   CHECK(::waitpid(spared, &status, WNOHANG) == 0);  // still running
   ::kill(spared, SIGKILL);
   ::waitpid(spared, &status, 0);
+}
+
+TEST_CASE("core files are forbidden to the processes of the groups named, and only to them",
+          "[agent][unit]") {
+  rlimit own{};
+  REQUIRE(::getrlimit(RLIMIT_CORE, &own) == 0);
+  if (own.rlim_max == 0) {
+    WARN("skipped: the hard core-file limit here is 0, so there is nothing to lower");
+    return;
+  }
+  // A group leader with a child in its group, and a process of another group: each raises its
+  // soft limit to the hard one, as `ulimit -c unlimited` does, and waits.
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  auto waiter = [&](bool own_group) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      if (own_group) ::setpgid(0, 0);
+      rlimit raised{own.rlim_max, own.rlim_max};
+      ::setrlimit(RLIMIT_CORE, &raised);
+      if (own_group && ::fork() == 0) {  // the leader's child, in its group
+        ::setrlimit(RLIMIT_CORE, &raised);
+        if (::write(ready[1], "c", 1) < 0) ::_exit(1);
+        ::pause();
+        ::_exit(0);
+      }
+      if (::write(ready[1], "p", 1) < 0) ::_exit(1);
+      ::pause();
+      ::_exit(0);
+    }
+    return pid;
+  };
+  const pid_t leader = waiter(true);
+  const pid_t other = waiter(false);
+  char seen[3];
+  REQUIRE(::read(ready[0], seen, 1) == 1);
+  REQUIRE(::read(ready[0], seen + 1, 1) == 1);
+  REQUIRE(::read(ready[0], seen + 2, 1) == 1);
+  ::close(ready[0]);
+  ::close(ready[1]);
+  ::setpgid(leader, leader);  // also here, so that the group exists before the call
+
+  CHECK(forbid_core_dumps({leader}) == 2);  // the leader and its child
+  std::vector<pid_t> in_group;
+  for (const auto& [pid, ids] : read_process_ids())
+    if (ids.group == leader) in_group.push_back(pid);
+  CHECK(in_group.size() == 2);
+  for (pid_t pid : in_group) {
+    rlimit limit{};
+    REQUIRE(::prlimit(pid, RLIMIT_CORE, nullptr, &limit) == 0);
+    CHECK(limit.rlim_cur == 0);
+    CHECK(limit.rlim_max == own.rlim_max);  // the hard limit is kept
+  }
+  rlimit untouched{};
+  REQUIRE(::prlimit(other, RLIMIT_CORE, nullptr, &untouched) == 0);
+  CHECK(untouched.rlim_cur == own.rlim_max);
+  ::kill(-leader, SIGKILL);
+  ::kill(other, SIGKILL);
+  int status = 0;
+  ::waitpid(leader, &status, 0);
+  ::waitpid(other, &status, 0);
 }
