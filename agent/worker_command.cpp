@@ -190,13 +190,23 @@ std::optional<std::string> shebang_python(std::string_view start) {
 
 bool shebang_runs_python(std::string_view start) { return shebang_python(start).has_value(); }
 
+bool starts_a_program(std::string_view start) {
+  if (start.starts_with("#!")) return !shebang_runs_python(start);
+  // Without a "#!" line the kernel runs a binary (ELF, or a format binfmt_misc knows), and
+  // refuses a text file (ENOEXEC), which torchrun runs under Python as any script.
+  return start.starts_with(
+             "\x7f"
+             "ELF") ||
+         start.find('\0') != std::string_view::npos;
+}
+
 bool is_program_file(const std::string& path) {
   if (!is_executable_file(path)) return false;
   std::ifstream in(path, std::ios::binary);
   std::string start(256, '\0');
   in.read(start.data(), static_cast<std::streamsize>(start.size()));
   start.resize(static_cast<std::size_t>(in.gcount()));
-  return !shebang_runs_python(start);
+  return starts_a_program(start);
 }
 
 std::string search_path(const std::map<std::string, std::string>& env) {

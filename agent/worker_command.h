@@ -105,9 +105,15 @@ std::optional<std::string> shebang_python(std::string_view start);
 /// shebang_python(start) names an interpreter.
 bool shebang_runs_python(std::string_view start);
 
-/// True when `path` is an executable file that ddprun runs as a program without --no_python:
-/// not a Python script by its "#!" line (shebang_runs_python), which runs under `python -u`
-/// as torchrun runs every script.
+/// True when a file that starts with `start` (its first bytes) is a program the kernel runs: a
+/// "#!" line that does not run Python (shebang_runs_python), or a binary (ELF, or any start
+/// with a NUL byte: a format binfmt_misc may know). A text file without a "#!" line is not
+/// (the kernel refuses it); nor is an empty one.
+bool starts_a_program(std::string_view start);
+
+/// True when `path` is an executable file that ddprun runs as a program without --no_python
+/// (starts_a_program); any other script runs under `python -u`, as torchrun runs every
+/// script: one on a file system where every file is executable too.
 bool is_program_file(const std::string& path);
 
 /// The PATH that worker commands are searched in: the environment's, else "/usr/bin:/bin".

@@ -97,8 +97,13 @@ TEST_CASE(
                            "print('python', sys.executable, sys.stdout.write_through, sys.argv)\n";
   const std::string program = dir.path() + "/prog";
   std::ofstream(program) << "#!/bin/sh\necho program $0 $1\n";
+  // Executable without a "#!" line, as every file is on some mounts: the kernel would refuse
+  // it (ENOEXEC); torchrun runs it under Python.
+  const std::string bare = dir.path() + "/bare.txt";
+  std::ofstream(bare) << "import sys\nprint('bare', sys.argv)\n";
   fs::permissions(script, fs::perms::owner_all, fs::perm_options::add);
   fs::permissions(program, fs::perms::owner_all, fs::perm_options::add);
+  fs::permissions(bare, fs::perms::owner_all, fs::perm_options::add);
   auto in_dir = [&](const std::string& name) {
     return std::vector<std::string>{"/bin/sh",  "-c",       "cd \"$0\" && exec \"$1\" \"$2\" x",
                                     dir.path(), DDPRUN_BIN, name};
@@ -111,6 +116,10 @@ TEST_CASE(
   INFO(direct.out << direct.err);
   CHECK(direct.exit_code == 0);
   CHECK(count_of(direct.out, "[default0]:program ./prog x") == 1);
+  auto text = run_command_diagnosed(in_dir("bare.txt"), kPython, kLimit);
+  INFO(text.out << text.err);
+  CHECK(text.exit_code == 0);
+  CHECK(count_of(text.out, "[default0]:bare ['bare.txt', 'x']") == 1);
 }
 
 TEST_CASE("two elastic agents form one job of four ranks", "[python][integration]") {

@@ -67,6 +67,24 @@ TEST_CASE("a script whose #! line runs Python is a Python script, whatever its n
   CHECK(shebang_python("#!/usr/bin/env -S PYTHONHASHSEED=0 python3.11 -u\r\n") == "python3.11");
 }
 
+TEST_CASE("an executable file is a program when the kernel would run it", "[agent][unit]") {
+  using namespace std::string_view_literals;
+  for (std::string_view start : {"#!/bin/sh\necho\n"sv,
+                                 "\x7f"
+                                 "ELF\x02\x01\x01\0\0"sv,
+                                 "MZ\x90\0\x03"sv, "PK\x03\x04\x14\0"sv}) {
+    INFO(start);
+    CHECK(starts_a_program(start));
+  }
+  // Text the kernel refuses (ENOEXEC), as on a mount where every file is executable: Python
+  // source to torchrun; and a "#!" line that runs Python.
+  for (std::string_view start :
+       {"import torch\nprint(1)\n"sv, ""sv, "\n# a comment\n"sv, "#!/usr/bin/env python3\n"sv}) {
+    INFO(start);
+    CHECK_FALSE(starts_a_program(start));
+  }
+}
+
 TEST_CASE("programs are found through PATH", "[agent][unit]") {
   CHECK(resolve_executable("sh", "/nonexistent:/bin:/usr/bin").ends_with("/sh"));
   CHECK(resolve_executable("no-such-program-ddprun", "/bin:/usr/bin").empty());
