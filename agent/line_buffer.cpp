@@ -35,6 +35,15 @@ std::vector<LinePiece> LineBuffer::feed(std::string_view bytes) {
   return pieces;
 }
 
+std::vector<LinePiece> LineBuffer::give_held() {
+  std::vector<LinePiece> pieces;
+  if (!holds()) return pieces;
+  const std::size_t give = last_cr_ ? pending_.size() - 1 : pending_.size();
+  pieces.push_back({pending_.substr(0, give), false});
+  pending_.erase(0, give);
+  return pieces;
+}
+
 std::vector<LinePiece> LineBuffer::finish() {
   std::vector<LinePiece> pieces;
   if (!pending_.empty()) pieces.push_back({std::move(pending_), false});

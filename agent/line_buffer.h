@@ -34,6 +34,12 @@ class LineBuffer {
   /// What is left at the end of the stream: the last line's part without a '\n', if any
   /// (then the buffer is empty).
   std::vector<LinePiece> finish();
+  /// The part of the current line held so far, given out now, more of the line to follow (a
+  /// prompt such as "(Pdb) " that waits for input, shown once the worker has been quiet for a
+  /// moment); a last '\r' still waits for the next byte. Nothing when nothing is held.
+  std::vector<LinePiece> give_held();
+  /// True when part of a line is held (give_held would give something).
+  bool holds() const { return pending_.size() > (last_cr_ ? 1U : 0U); }
 
  private:
   size_t max_line_;

@@ -154,7 +154,8 @@ class LocalAgent::Impl {
   StandbySettings standby_settings() const {
     return StandbySettings{
         opt_.standby_workers, opt_.python_bootstrap, opt_.python_standby, opt_.spec,
-        opt_.agent_env,       rdzv_.run_id(),        opt_.cleanup,        opt_.standby_delay};
+        opt_.agent_env,       rdzv_.run_id(),        opt_.cleanup,        opt_.standby_delay,
+        opt_.worker_stdin};
   }
 
   /// The job ends before anything starts, with `code`.
@@ -456,6 +457,7 @@ class LocalAgent::Impl {
                        to_envp(attempt_.envs.at(p.local_rank))};
       spec.cgroup_procs_fd = cgroup_procs_fd_;
       spec.watcher_fd = opt_.cleanup != nullptr ? opt_.cleanup->watcher_fd() : -1;
+      spec.stdin_fd = opt_.worker_stdin;
       if (static_cast<size_t>(p.local_rank) < opt_.cpus_by_local_rank.size())
         spec.cpus = opt_.cpus_by_local_rank[static_cast<size_t>(p.local_rank)];
       auto launched = launcher_.launch(spec);

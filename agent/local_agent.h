@@ -75,6 +75,8 @@ struct AgentOptions {
   /// Kills what each group leaves behind (--cleanup); nullptr: only the workers' process
   /// groups are killed.
   GroupCleanup* cleanup = nullptr;
+  /// Each worker's and standby's stdin (agent/worker_stdin.h); -1: /dev/null.
+  int worker_stdin = -1;
   /// --metrics_port: every event the agent records also goes to these metrics (nullptr: none).
   /// Must outlive the agent.
   AgentMetrics* metrics = nullptr;

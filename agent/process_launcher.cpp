@@ -88,6 +88,7 @@ struct ChildSetup {
   int out_w, err_w, report_w;  ///< its stdout and stderr; where an exec error is reported
   int inherit_fd, cgroup_procs_fd, watcher_fd;  ///< as in ProcessSpec
   const cpu_set_t* cpus;                        ///< nullptr: the agent's
+  int stdin_fd;                                 ///< as in ProcessSpec
 };
 
 /// Runs in the forked child: only async-signal-safe calls until execve.
@@ -128,8 +129,8 @@ struct ChildSetup {
   // worker that does not expect it, or one still starting, and fail the group.
   ::signal(SIGUSR1, SIG_IGN);
   ::signal(SIGUSR2, SIG_IGN);
-  int devnull = ::open("/dev/null", O_RDONLY);
-  if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
+  const int in = c.stdin_fd >= 0 ? c.stdin_fd : ::open("/dev/null", O_RDONLY);
+  if (in >= 0 && in != STDIN_FILENO) ::dup2(in, STDIN_FILENO);
   ::dup2(c.out_w, STDOUT_FILENO);
   ::dup2(c.err_w, STDERR_FILENO);
   close_on_exec_from_3();
@@ -174,7 +175,8 @@ common::Result<LaunchedProcess> PosixProcessLauncher::launch(const ProcessSpec& 
                          spec.inherit_fd,
                          spec.cgroup_procs_fd,
                          spec.watcher_fd,
-                         spec.cpus.empty() ? nullptr : &cpus};
+                         spec.cpus.empty() ? nullptr : &cpus,
+                         spec.stdin_fd};
   const pid_t pid = ::fork();
   if (pid == 0) exec_child(setup);
   close_fd(out[1]);

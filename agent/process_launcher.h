@@ -27,6 +27,8 @@ struct ProcessSpec {
   int watcher_fd = -1;
   /// The CPUs the process is bound to before exec (--numa_binding); empty: the agent's.
   std::vector<int> cpus = {};
+  /// Its stdin (WorkerStdin::fd); -1: /dev/null.
+  int stdin_fd = -1;
 };
 
 /// A started process: its pid (also its process-group id) and the read ends of its

@@ -70,6 +70,7 @@ struct StandbySupply::Impl {
                                              settings.python_bootstrap, settings.python),
           to_envp(build_standby_env(settings.agent_env, settings.spec, local, settings.run_id))};
       if (settings.cleanup != nullptr) ps.cgroup_procs_fd = settings.cleanup->standby_procs_fd();
+      ps.stdin_fd = settings.stdin_fd;
       if (std::string why = pool.start(local, std::move(ps)); !why.empty())
         spdlog::warn("cannot start a standby for local rank {}: {}", local, why);
       else
@@ -318,6 +319,7 @@ bool StandbySupply::start_zygote(std::function<void(bool ready)> settled) {
                                               /*zygote=*/true),
                  to_envp(build_standby_env(opt.agent_env, opt.spec, 0, opt.run_id))};
   ps.cgroup_procs_fd = opt.cleanup->standby_procs_fd();
+  ps.stdin_fd = opt.stdin_fd;
   s.zygote = std::make_unique<PythonZygote>(s.launcher);
   if (std::string why = s.zygote->start(std::move(ps)); !why.empty()) {
     spdlog::warn("cannot start the Python zygote: {}; standbys start one interpreter each", why);

@@ -43,6 +43,9 @@ struct StandbySettings {
   GroupCleanup* cleanup = nullptr;
   /// How long after a group its standbys start (AgentOptions::standby_delay).
   std::chrono::milliseconds delay{1'000};
+  /// The standbys' stdin, the workers' (AgentOptions::worker_stdin); the zygote's forks
+  /// inherit the zygote's.
+  int stdin_fd = -1;
 };
 
 class StandbySupply {

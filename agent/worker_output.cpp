@@ -9,6 +9,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <cerrno>
 #include <cstring>
 #include <functional>
@@ -26,6 +27,11 @@ namespace fs = std::filesystem;
 namespace {
 
 using common::write_all;
+
+/// How long part of a line waits for the rest before it is shown (LineBuffer::give_held): a
+/// worker's print() under `python -u` writes the text and its '\n' in two writes, which come
+/// well within it.
+constexpr std::chrono::milliseconds kShowHeldAfter{100};
 
 /// filtered_stdout.log or filtered_stderr.log of one attempt, shared by every worker's stream:
 /// the lines containing any of the needles (--duplicate_stdout_filters).
@@ -79,12 +85,15 @@ int console_key(int fd) {
 
 /// One stdout or stderr pipe of one worker: lines go to the console (prefixed) and/or a file.
 struct OutputStream {
-  OutputStream(asio::io_context& io, int fd) : pipe(io, fd) {}
+  OutputStream(asio::io_context& io, int fd) : pipe(io, fd), quiet(io) {}
   OutputStream(const OutputStream&) = delete;
   OutputStream& operator=(const OutputStream&) = delete;
   asio::posix::stream_descriptor pipe;
   std::array<char, 64 * 1024> chunk{};
   LineBuffer lines;
+  /// Armed after a read that left part of a line held: when nothing more comes meanwhile,
+  /// that part is shown (kShowHeldAfter).
+  asio::steady_timer quiet;
   int console_fd = -1;  ///< -1: not shown on the console
   std::string prefix;
   /// With --dedup_output: where console lines go instead of straight to console_fd.
@@ -303,6 +312,17 @@ struct WorkerOutput::Impl {
     return s;
   }
 
+  /// A part of a line still held kShowHeldAfter after the read that brought it is given out:
+  /// a prompt (`input("name: ")`, pdb's "(Pdb) ") is shown before the worker gets its answer.
+  /// A line whose rest comes sooner stays whole.
+  void show_held_when_quiet(const std::shared_ptr<OutputStream>& s) {
+    s->quiet.expires_after(kShowHeldAfter);
+    s->quiet.async_wait([this, s](const boost::system::error_code& ec) {
+      if (ec || !s->open) return;
+      if (s->emit(s->lines.give_held())) report_log_failure(s);
+    });
+  }
+
   /// The handler owns the stream: a read aborted by close() may run after the group is gone.
   void read_more(std::shared_ptr<OutputStream> s) {
     OutputStream& stream = *s;
@@ -312,10 +332,12 @@ struct WorkerOutput::Impl {
           if (n > 0 && s->emit(s->lines.feed(std::string_view(s->chunk.data(), n))))
             report_log_failure(s);
           if (ec) {
+            s->quiet.cancel();
             if (s->close()) report_log_failure(s);
             maybe_drained();
             return;
           }
+          if (n > 0 && s->lines.holds()) show_held_when_quiet(s);
           read_more(s);
         });
   }

@@ -17,6 +17,7 @@
 #include "agent/agent_metrics.h"
 #include "agent/group_cleanup.h"
 #include "agent/local_agent.h"
+#include "agent/worker_stdin.h"
 #include "common/clock.h"
 #include "common/exit_codes.h"
 #include "common/log.h"
@@ -289,6 +290,12 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
     });
   };
   agent::PosixProcessLauncher launcher;
+  // The workers read ddprun's stdin, as torchrun's do; a terminal's lines through a relay
+  // thread (started here, after the watcher's fork, which wants one thread).
+  const std::unique_ptr<agent::WorkerStdin> worker_stdin = agent::WorkerStdin::open();
+  plan.agent.worker_stdin = worker_stdin->fd();
+  if (worker_stdin->relays())
+    spdlog::debug("the workers' stdin: lines typed in ddprun's terminal, relayed");
   // Each join of a round clears the store: the next group finds none of the last one's keys.
   // Each round sizes the store for its workers, and the node that serves them says when its
   // open-file limit is too small for them.

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/worker_stdin.h"
 #include "common/exit_codes.h"
 #include "launcher/cli.h"
 #include "launcher/events.h"
@@ -11,6 +12,9 @@
 #include "launcher/status.h"
 
 int main(int argc, char** argv) {
+  // Before anything is opened: a closed stdin must not become the first socket's number,
+  // which the workers would inherit as theirs.
+  ddprun::agent::open_standard_descriptors();
   try {
     std::vector<std::string> args(argv + 1, argv + argc);
     const auto env = ddprun::agent::current_environment();

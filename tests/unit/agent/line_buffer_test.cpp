@@ -68,3 +68,22 @@ TEST_CASE("console prefixes follow TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE as torc
   CHECK(console_prefix("$$${host}$ ${rank", "r", 0, 0) == "$${host}$ ${rank");
   CHECK(console_prefix("${rank}$", "r", 2, 0) == "2$");
 }
+
+TEST_CASE("a part of a line held is given out on request, a last carriage return kept",
+          "[agent][unit]") {
+  LineBuffer buf;
+  CHECK_FALSE(buf.holds());
+  CHECK(buf.give_held().empty());
+  CHECK(buf.feed("(Pdb) ").empty());  // a prompt: held until asked for, or until its line ends
+  CHECK(buf.holds());
+  CHECK(buf.give_held() == std::vector<LinePiece>{{"(Pdb) ", false}});
+  CHECK_FALSE(buf.holds());
+  CHECK(buf.feed("p x\n") == std::vector<LinePiece>{{"p x", true}});
+  // A '\r' that ends what is held waits for the next byte, which may make it "\r\n".
+  CHECK(buf.feed("name?\r").empty());
+  CHECK(buf.give_held() == std::vector<LinePiece>{{"name?", false}});
+  CHECK_FALSE(buf.holds());
+  CHECK(buf.feed("\n") == std::vector<LinePiece>{{"\r", true}});
+  // Joined again, the pieces are the bytes.
+  CHECK(buf.finish().empty());
+}

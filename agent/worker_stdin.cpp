@@ -1,0 +1,134 @@
+#include "agent/worker_stdin.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/ioctl.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <csignal>
+#include <thread>
+
+namespace ddprun::agent {
+
+namespace {
+
+/// Waits up to `ms` for `stop` to become readable; true when it did.
+bool stopped_within(int stop, int ms) {
+  pollfd p{stop, POLLIN, 0};
+  return ::poll(&p, 1, ms) > 0;
+}
+
+/// True when this process may read its terminal `fd` now: it is in the terminal's foreground
+/// process group, or the terminal is not its controlling one (no job control applies).
+bool may_read_terminal(int fd) {
+  const pid_t foreground = ::tcgetpgrp(fd);
+  return foreground < 0 || foreground == ::getpgrp();
+}
+
+/// Bytes in a pipe not read yet (FIONREAD on its read end).
+int unread(int read_end) {
+  int n = 0;
+  return ::ioctl(read_end, FIONREAD, &n) == 0 ? n : 0;
+}
+
+}  // namespace
+
+struct WorkerStdin::Relay {
+  int source = -1;  ///< a duplicate of the terminal on stdin, blocking as the shell's
+  int read_end = -1, write_end = -1;
+  int stop_read = -1, stop_write = -1;
+  std::thread thread;
+
+  /// Copies the terminal's lines into the pipe until end of file, an error, or stop.
+  void run() {
+    std::array<char, 4096> line{};
+    while (true) {
+      pollfd watched[2] = {{source, POLLIN, 0}, {stop_read, POLLIN, 0}};
+      if (::poll(watched, 2, 1'000) < 0 && errno != EINTR) break;
+      if (watched[1].revents != 0) break;
+      if ((watched[0].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+      // In the background, or the last line not read yet: leave what is typed in the
+      // terminal, and look again.
+      if (!may_read_terminal(source) || unread(read_end) > 0) {
+        if (stopped_within(stop_read, 100)) break;
+        continue;
+      }
+      const ssize_t n = ::read(source, line.data(), line.size());
+      if (n > 0) {
+        // The pipe is empty and a read of a terminal is at most 4096 bytes: it takes it all.
+        for (ssize_t done = 0; done < n;) {
+          const ssize_t w = ::write(write_end, line.data() + done, static_cast<size_t>(n - done));
+          if (w < 0 && errno == EINTR) continue;
+          if (w < 0) return close_write_end();  // cannot happen with our own read end open
+          done += w;
+        }
+        continue;
+      }
+      if (n == 0) break;  // Ctrl-D, or the terminal hung up
+      if (errno == EINTR) continue;
+      // EIO: read in the background after all (SIGTTIN ignored); look again later.
+      if (errno != EIO || stopped_within(stop_read, 1'000)) break;
+    }
+    close_write_end();
+  }
+
+  void close_write_end() {
+    if (write_end >= 0) ::close(write_end);
+    write_end = -1;
+  }
+
+  ~Relay() {
+    if (thread.joinable()) {
+      const char stop = 's';
+      while (::write(stop_write, &stop, 1) < 0 && errno == EINTR) {
+      }
+      thread.join();
+    }
+    close_write_end();
+    for (int fd : {source, read_end, stop_read, stop_write})
+      if (fd >= 0) ::close(fd);
+  }
+};
+
+std::unique_ptr<WorkerStdin> WorkerStdin::open() {
+  std::unique_ptr<WorkerStdin> in(new WorkerStdin);
+  if (::fcntl(STDIN_FILENO, F_GETFD) < 0) return in;  // none: /dev/null
+  if (!::isatty(STDIN_FILENO)) {
+    in->fd_ = STDIN_FILENO;
+    return in;
+  }
+  auto relay = std::make_unique<Relay>();
+  int pipe_fds[2], stop_fds[2];
+  relay->source = ::fcntl(STDIN_FILENO, F_DUPFD_CLOEXEC, 3);
+  if (relay->source < 0) return in;
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return in;
+  relay->read_end = pipe_fds[0];
+  relay->write_end = pipe_fds[1];
+  if (::pipe2(stop_fds, O_CLOEXEC) != 0) return in;
+  relay->stop_read = stop_fds[0];
+  relay->stop_write = stop_fds[1];
+  ::signal(SIGTTIN, SIG_IGN);
+  Relay* r = relay.get();
+  relay->thread = std::thread([r] { r->run(); });
+  in->fd_ = relay->read_end;
+  in->relay_ = std::move(relay);
+  return in;
+}
+
+WorkerStdin::~WorkerStdin() = default;
+
+void open_standard_descriptors() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) >= 0 || errno != EBADF) continue;
+    const int opened = ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+    if (opened >= 0 && opened != fd) {
+      ::dup2(opened, fd);
+      ::close(opened);
+    }
+  }
+}
+
+}  // namespace ddprun::agent

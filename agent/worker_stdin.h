@@ -1,0 +1,44 @@
+#pragma once
+
+#include <memory>
+
+namespace ddprun::agent {
+
+/// The workers' stdin. torchrun's workers inherit the launcher's: so do ddprun's (and its
+/// standbys'), so that `input()`, `breakpoint()` and `torch.distributed.breakpoint()` read
+/// what is typed or piped to ddprun:
+///   - ddprun's stdin is not a terminal (a pipe, a file, /dev/null): the workers get it as it
+///     is, shared as torchrun's share it;
+///   - it is a terminal: the workers get the read end of a pipe, and a thread of the agent
+///     copies each line typed there into it, one line once the last one was read, while
+///     ddprun runs in the foreground. A worker leads a process group of its own, so reading
+///     the terminal itself would stop it (SIGTTIN); the agent, in the terminal's foreground
+///     group, may read. Lines typed while no worker reads stay in the terminal, but the one
+///     taken last. End of file there (Ctrl-D) is end of file for the workers from then on.
+class WorkerStdin {
+ public:
+  /// Sets up what this process's stdin asks for; SIGTTIN is ignored by the agent while it
+  /// relays a terminal (a read in the background then fails instead of stopping the agent).
+  static std::unique_ptr<WorkerStdin> open();
+  ~WorkerStdin();
+  WorkerStdin(const WorkerStdin&) = delete;
+  WorkerStdin& operator=(const WorkerStdin&) = delete;
+
+  /// The descriptor each worker gets as its stdin (ProcessSpec::stdin_fd); -1: /dev/null.
+  int fd() const { return fd_; }
+  /// True when a terminal's lines are relayed.
+  bool relays() const { return relay_ != nullptr; }
+
+ private:
+  struct Relay;
+  WorkerStdin() = default;
+  int fd_ = -1;
+  std::unique_ptr<Relay> relay_;
+};
+
+/// Opens /dev/null on each of the descriptors 0, 1 and 2 that is closed, before anything else
+/// is opened: otherwise the first file or socket ddprun opens would become its stdin, which the
+/// workers inherit.
+void open_standard_descriptors();
+
+}  // namespace ddprun::agent
