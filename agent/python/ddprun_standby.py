@@ -1167,8 +1167,9 @@ def run_script(run_path, is_module, target):
         runpy._run_module_as_main(target, alter_argv=True)
         return
     # Not runpy.run_path: it gives __file__ the path as typed, where Python 3.9+ gives
-    # __main__ an absolute __file__ (and keeps sys.argv[0] as typed).
-    path = os.path.abspath(target)
+    # __main__ an absolute __file__ (and keeps sys.argv[0] as typed): the working directory
+    # joined to the path as typed, not normalized (`../x.py` from /a/b gives /a/b/../x.py).
+    path = target if os.path.isabs(target) else os.path.join(os.getcwd(), target)
     with open(path, "rb") as f:
         source = f.read()
     module = fresh_main_module(path)

@@ -923,3 +923,25 @@ TEST_CASE(
   CHECK(got["inherited_kept"] == true);
   CHECK(got["trial_own_removed"] == true);
 }
+
+TEST_CASE("a script named by a relative path has the __file__ a fresh interpreter gives it",
+          "[python][integration][standby]") {
+  require_torch();
+  TempDir dir;
+  // The working directory joined to the path as typed, not normalized: /d/sub/../show.py.
+  std::filesystem::create_directories(dir.path() + "/sub");
+  std::ofstream(dir.path() + "/show.py")
+      << "import sys\nimport torch\nprint('FILE', __file__, sys.argv[0], flush=True)\n";
+  for (const char* standbys : {"--standby_workers=off", "--standby_workers=auto"}) {
+    const std::string events = dir.path() + "/events-" + std::string(standbys + 18) + ".jsonl";
+    auto r = run_command_diagnosed(
+        {"/bin/sh", "-c", "cd \"$0\" && exec \"$@\"", dir.path() + "/sub", DDPRUN_BIN,
+         "--nproc_per_node", "1", "--event_log", events, standbys, "../show.py"},
+        {{"PYTHON_EXEC", "/usr/bin/python3"}}, kLimit);
+    INFO(standbys << "\n" << r.out << r.err);
+    CHECK(r.exit_code == 0);
+    CHECK(contains(r.out, "[default0]:FILE " + dir.path() + "/sub/../show.py ../show.py"));
+    CHECK(from_standby(events) ==
+          std::vector<int>{std::string(standbys).ends_with("auto") ? 1 : 0});
+  }
+}
