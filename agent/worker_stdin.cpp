@@ -2,6 +2,8 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/ioctl.h>
 #include <termios.h>
 #include <unistd.h>
@@ -111,8 +113,14 @@ std::unique_ptr<WorkerStdin> WorkerStdin::open() {
   relay->stop_read = stop_fds[0];
   relay->stop_write = stop_fds[1];
   ::signal(SIGTTIN, SIG_IGN);
+  // The thread blocks every signal, so the agent's (SIGCHLD, SIGTERM, the notices) reach its
+  // event loop's thread, as before there was a second one.
+  sigset_t all, before;
+  ::sigfillset(&all);
+  ::pthread_sigmask(SIG_BLOCK, &all, &before);
   Relay* r = relay.get();
   relay->thread = std::thread([r] { r->run(); });
+  ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
   in->fd_ = relay->read_end;
   in->relay_ = std::move(relay);
   return in;

@@ -13,8 +13,9 @@ namespace ddprun::agent {
 ///     copies each line typed there into it, one line once the last one was read, while
 ///     ddprun runs in the foreground. A worker leads a process group of its own, so reading
 ///     the terminal itself would stop it (SIGTTIN); the agent, in the terminal's foreground
-///     group, may read. Lines typed while no worker reads stay in the terminal, but the one
-///     taken last. End of file there (Ctrl-D) is end of file for the workers from then on.
+///     group, may read. While no worker reads, what is typed stays in the terminal, but for
+///     the one line already in the pipe. End of file there (Ctrl-D) is end of file for the workers
+///     from then on.
 class WorkerStdin {
  public:
   /// Sets up what this process's stdin asks for; SIGTTIN is ignored by the agent while it

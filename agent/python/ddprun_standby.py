@@ -48,6 +48,8 @@ EXIT_THREADS = 5
 EXIT_UNSAFE_TORCH = 6
 # At most this long a rank other than 0 waits for rank 0's store to listen (wait_for_store).
 STORE_WAIT_S = 1.0
+# At most this long the zygote waits for its modules' random generators to be judged (os_seeded).
+RESEED_PROBE_S = 5.0
 
 _BOOTSTRAP_FILE = os.path.realpath(__file__)
 
@@ -439,6 +441,25 @@ def leave(code, own_template):
         os._exit(code)
 
 
+def read_within(fd, seconds):
+    """What a forked child writes to the pipe `fd` before it exits, or None when it has not
+    closed it within `seconds`; closes `fd`."""
+    import select
+
+    data, deadline = b"", time.monotonic() + seconds
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            if not select.select([fd], [], [], left)[0]:
+                continue
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                return data
+            data += chunk
+        return None
+    finally:
+        os.close(fd)
+
+
 def read_to_end(fd):
     """Everything a forked child writes to the pipe `fd` before it exits; closes `fd`."""
     data = b""
@@ -653,10 +674,15 @@ def os_seeded(found, kinds):
         finally:
             os._exit(0)
     os.close(w)
-    verdict = read_to_end(r)
+    verdict = read_within(r, RESEED_PROBE_S)
+    if verdict is None:
+        os.kill(pid, signal.SIGKILL)
+        sys.stderr.write(f"ddprun standby: importing again the modules that hold random "
+                         f"generators took over {RESEED_PROBE_S:g} s; their generators stay the "
+                         f"same in every rank forked from the zygote\n")
     os.waitpid(pid, 0)
     try:
-        chosen = {id(found[i][2]) for i in json.loads(verdict)}
+        chosen = {id(found[i][2]) for i in json.loads(verdict or b"")}
     except (ValueError, TypeError, IndexError):
         return []
     return list({id(g): g for _, _, g in found if id(g) in chosen}.values())
