@@ -469,11 +469,10 @@ def read_to_end(fd):
     return data
 
 
-def trial_import(name):
-    """why_not_shared(name), judged in a forked child, so that nothing of an import found unsafe
-    stays in this interpreter: an extension module imported once keeps its state even when
-    its Python modules are imported again (numpy's global generator would be the same in every
-    rank). Its output goes nowhere; the real import, if any, prints it."""
+def judged_in_fork(judge, seconds=None):
+    """What `judge()` (bytes) returns when run in a throwaway fork of this interpreter, its
+    output going nowhere, so that nothing it imports or changes stays here; b"" when the fork
+    ended without it. With `seconds`: None when the fork has not ended by then (it is killed)."""
     sys.stdout.flush()
     sys.stderr.flush()
     r, w = os.pipe()
@@ -484,15 +483,29 @@ def trial_import(name):
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, 1)
             os.dup2(devnull, 2)
-            _, inherited = _template_dir()  # the parent's, when it has imported torch._dynamo
-            why = why_not_shared(name)
-            os.write(w, ("unsafe:" + why if why else "safe").encode()[:4000])
-            drop_template_dir(inherited)
+            os.write(w, judge())
         finally:
             os._exit(0)
     os.close(w)
-    verdict = read_to_end(r)
+    verdict = read_to_end(r) if seconds is None else read_within(r, seconds)
+    if verdict is None:
+        os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
+    return verdict
+
+
+def trial_import(name):
+    """why_not_shared(name), judged in a forked child (judged_in_fork), so that nothing of an
+    import found unsafe stays in this interpreter: an extension module imported once keeps its
+    state even when its Python modules are imported again (numpy's global generator would be
+    the same in every rank). Its output goes nowhere; the real import, if any, prints it."""
+    def judge():
+        _, inherited = _template_dir()  # the parent's, when it has imported torch._dynamo
+        why = why_not_shared(name)
+        drop_template_dir(inherited)
+        return ("unsafe:" + why if why else "safe").encode()[:4000]
+
+    verdict = judged_in_fork(judge)
     if verdict == b"safe":
         return None
     text = verdict.decode("utf-8", "replace")
@@ -642,45 +655,33 @@ def os_seeded(found, kinds):
     """Of `found` (module_generators), the generators a fresh interpreter seeds anew: one of
     the modules holding it, imported again twice, makes it with another state each time (not
     from a fixed seed, nor from one its import drew from another generator). Judged in a
-    throwaway fork: a module imported again stays so. A module that cannot be imported again
-    keeps its generators as they are."""
+    throwaway fork (judged_in_fork), within RESEED_PROBE_S: only the fork imports them again.
+    A module that cannot be imported again keeps its generators as they are."""
     import importlib
 
     if not found:
         return []
-    sys.stdout.flush()
-    sys.stderr.flush()
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, 1)
-            os.dup2(devnull, 2)
-            differ = []
-            for name in dict.fromkeys(name for name, _, _ in found):
-                entries = [i for i, (holder, _, _) in enumerate(found) if holder == name]
-                try:
-                    states = []
-                    for _ in range(2):
-                        module = importlib.reload(sys.modules[name])
-                        states.append([kinds[type(found[i][2])][0](_lookup(module, found[i][1]))
-                                       for i in entries])
-                except Exception:  # noqa: BLE001 - cannot tell: left as it is
-                    continue
-                differ += [i for i, a, b in zip(entries, *states) if a != b]
-            os.write(w, json.dumps(differ).encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    verdict = read_within(r, RESEED_PROBE_S)
+
+    def judge():
+        differ = []
+        for name in dict.fromkeys(name for name, _, _ in found):
+            entries = [i for i, (holder, _, _) in enumerate(found) if holder == name]
+            try:
+                states = []
+                for _ in range(2):
+                    module = importlib.reload(sys.modules[name])
+                    states.append([kinds[type(found[i][2])][0](_lookup(module, found[i][1]))
+                                   for i in entries])
+            except Exception:  # noqa: BLE001 - cannot tell: left as it is
+                continue
+            differ += [i for i, a, b in zip(entries, *states) if a != b]
+        return json.dumps(differ).encode()
+
+    verdict = judged_in_fork(judge, RESEED_PROBE_S)
     if verdict is None:
-        os.kill(pid, signal.SIGKILL)
         sys.stderr.write(f"ddprun standby: importing again the modules that hold random "
                          f"generators took over {RESEED_PROBE_S:g} s; their generators stay the "
                          f"same in every rank forked from the zygote\n")
-    os.waitpid(pid, 0)
     try:
         chosen = {id(found[i][2]) for i in json.loads(verdict or b"")}
     except (ValueError, TypeError, IndexError):
