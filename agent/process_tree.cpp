@@ -107,12 +107,19 @@ std::map<pid_t, ProcessIds> read_process_ids() {
 
 int forbid_core_dumps(const std::vector<pid_t>& groups) {
   int lowered = 0;
-  for (const auto& [pid, ids] : read_process_ids()) {
-    if (std::find(groups.begin(), groups.end(), ids.group) == groups.end()) continue;
-    rlimit limit{};
-    if (::prlimit(pid, RLIMIT_CORE, nullptr, &limit) != 0 || limit.rlim_cur == 0) continue;
-    limit.rlim_cur = 0;
-    if (::prlimit(pid, RLIMIT_CORE, &limit, nullptr) == 0) ++lowered;
+  // Again while a scan lowers some (at most kMaxScans): a process forked in the group while
+  // the last scan ran has its parent's limit as it was.
+  for (int scan = 0; scan < kMaxScans; ++scan) {
+    int now = 0;
+    for (const auto& [pid, ids] : read_process_ids()) {
+      if (std::find(groups.begin(), groups.end(), ids.group) == groups.end()) continue;
+      rlimit limit{};
+      if (::prlimit(pid, RLIMIT_CORE, nullptr, &limit) != 0 || limit.rlim_cur == 0) continue;
+      limit.rlim_cur = 0;
+      if (::prlimit(pid, RLIMIT_CORE, &limit, nullptr) == 0) ++now;
+    }
+    lowered += now;
+    if (now == 0) break;
   }
   return lowered;
 }

@@ -53,8 +53,9 @@ std::vector<pid_t> descendants_of(const std::map<pid_t, pid_t>& parents, pid_t r
 
 /// Sets the core-file limit (RLIMIT_CORE, its soft value; the hard one is kept) of every
 /// process in the process groups `groups` to 0, so that a signal sent to them for its report
-/// (SIGABRT) leaves no core file; a pipe in core_pattern (systemd-coredump, apport) is told the
-/// limit and keeps nothing. Returns how many processes it lowered.
+/// (SIGABRT) leaves no core file (systemd-coredump, a pipe in core_pattern, is told the limit
+/// and keeps none either). Scans until a scan lowers none (at most kMaxScans). Returns how
+/// many processes it lowered.
 int forbid_core_dumps(const std::vector<pid_t>& groups);
 
 /// SIGKILLs every descendant of this process except the `spared` subtrees, scanning /proc again

@@ -203,6 +203,7 @@ bool starts_a_program(std::string_view start) {
 bool is_program_file(const std::string& path) {
   if (!is_executable_file(path)) return false;
   std::ifstream in(path, std::ios::binary);
+  if (!in) return true;  // executable but unreadable (mode 0711): only the kernel can run it
   std::string start(256, '\0');
   in.read(start.data(), static_cast<std::streamsize>(start.size()));
   start.resize(static_cast<std::size_t>(in.gcount()));

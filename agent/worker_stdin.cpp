@@ -11,7 +11,10 @@
 #include <array>
 #include <cerrno>
 #include <csignal>
+#include <system_error>
 #include <thread>
+
+#include "common/log.h"
 
 namespace ddprun::agent {
 
@@ -23,11 +26,14 @@ bool stopped_within(int stop, int ms) {
   return ::poll(&p, 1, ms) > 0;
 }
 
-/// True when this process may read its terminal `fd` now: it is in the terminal's foreground
-/// process group, or the terminal is not its controlling one (no job control applies).
-bool may_read_terminal(int fd) {
-  const pid_t foreground = ::tcgetpgrp(fd);
-  return foreground < 0 || foreground == ::getpgrp();
+/// True when the agent may take a line from its terminal `fd` now: it is in the terminal's
+/// foreground process group (else the read would stop it, or take what the shell is given),
+/// and the terminal reads lines (canonical mode): a program in the same group that reads keys
+/// one by one, a pager after `ddprun ... | less`, owns the terminal meanwhile.
+bool may_take_line(int fd) {
+  termios mode{};
+  return ::tcgetpgrp(fd) == ::getpgrp() && ::tcgetattr(fd, &mode) == 0 &&
+         (mode.c_lflag & ICANON) != 0;
 }
 
 /// Bytes in a pipe not read yet (FIONREAD on its read end).
@@ -39,7 +45,9 @@ int unread(int read_end) {
 }  // namespace
 
 struct WorkerStdin::Relay {
-  int source = -1;  ///< a duplicate of the terminal on stdin, blocking as the shell's
+  /// The terminal on stdin, opened again non-blocking (its own file description: the shell's
+  /// stays as it is), so that a line another reader took first leaves no read waiting.
+  int source = -1;
   int read_end = -1, write_end = -1;
   int stop_read = -1, stop_write = -1;
   std::thread thread;
@@ -52,9 +60,9 @@ struct WorkerStdin::Relay {
       if (::poll(watched, 2, 1'000) < 0 && errno != EINTR) break;
       if (watched[1].revents != 0) break;
       if ((watched[0].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
-      // In the background, or the last line not read yet: leave what is typed in the
+      // Not the agent's to take, or the last line not read yet: leave what is typed in the
       // terminal, and look again.
-      if (!may_read_terminal(source) || unread(read_end) > 0) {
+      if (!may_take_line(source) || unread(read_end) > 0) {
         if (stopped_within(stop_read, 100)) break;
         continue;
       }
@@ -69,8 +77,8 @@ struct WorkerStdin::Relay {
         }
         continue;
       }
-      if (n == 0) break;  // Ctrl-D, or the terminal hung up
-      if (errno == EINTR) continue;
+      if (n == 0) break;                                // Ctrl-D, or the terminal hung up
+      if (errno == EINTR || errno == EAGAIN) continue;  // another reader took it first
       // EIO: read in the background after all (SIGTTIN ignored); look again later.
       if (errno != EIO || stopped_within(stop_read, 1'000)) break;
     }
@@ -98,13 +106,15 @@ struct WorkerStdin::Relay {
 std::unique_ptr<WorkerStdin> WorkerStdin::open() {
   std::unique_ptr<WorkerStdin> in(new WorkerStdin);
   if (::fcntl(STDIN_FILENO, F_GETFD) < 0) return in;  // none: /dev/null
-  if (!::isatty(STDIN_FILENO)) {
+  // Not a terminal, or one that is not ddprun's controlling terminal (`setsid ddprun`): no job
+  // control applies, and the workers read it as torchrun's do.
+  if (!::isatty(STDIN_FILENO) || ::tcgetpgrp(STDIN_FILENO) < 0) {
     in->fd_ = STDIN_FILENO;
     return in;
   }
   auto relay = std::make_unique<Relay>();
   int pipe_fds[2], stop_fds[2];
-  relay->source = ::fcntl(STDIN_FILENO, F_DUPFD_CLOEXEC, 3);
+  relay->source = ::open("/proc/self/fd/0", O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
   if (relay->source < 0) return in;
   if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return in;
   relay->read_end = pipe_fds[0];
@@ -112,15 +122,22 @@ std::unique_ptr<WorkerStdin> WorkerStdin::open() {
   if (::pipe2(stop_fds, O_CLOEXEC) != 0) return in;
   relay->stop_read = stop_fds[0];
   relay->stop_write = stop_fds[1];
-  ::signal(SIGTTIN, SIG_IGN);
   // The thread blocks every signal, so the agent's (SIGCHLD, SIGTERM, the notices) reach its
   // event loop's thread, as before there was a second one.
   sigset_t all, before;
   ::sigfillset(&all);
   ::pthread_sigmask(SIG_BLOCK, &all, &before);
-  Relay* r = relay.get();
-  relay->thread = std::thread([r] { r->run(); });
+  try {
+    Relay* r = relay.get();
+    relay->thread = std::thread([r] { r->run(); });
+  } catch (const std::system_error& e) {
+    ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
+    spdlog::warn("cannot relay the terminal to the workers ({}): their stdin is /dev/null",
+                 e.what());
+    return in;
+  }
   ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
+  ::signal(SIGTTIN, SIG_IGN);
   in->fd_ = relay->read_end;
   in->relay_ = std::move(relay);
   return in;

@@ -7,15 +7,17 @@ namespace ddprun::agent {
 /// The workers' stdin. torchrun's workers inherit the launcher's: so do ddprun's (and its
 /// standbys'), so that `input()`, `breakpoint()` and `torch.distributed.breakpoint()` read
 /// what is typed or piped to ddprun:
-///   - ddprun's stdin is not a terminal (a pipe, a file, /dev/null): the workers get it as it
-///     is, shared as torchrun's share it;
-///   - it is a terminal: the workers get the read end of a pipe, and a thread of the agent
-///     copies each line typed there into it, one line once the last one was read, while
-///     ddprun runs in the foreground. A worker leads a process group of its own, so reading
-///     the terminal itself would stop it (SIGTTIN); the agent, in the terminal's foreground
-///     group, may read. While no worker reads, what is typed stays in the terminal, but for
-///     the one line already in the pipe. End of file there (Ctrl-D) is end of file for the workers
-///     from then on.
+///   - ddprun's stdin is not a terminal (a pipe, a file, /dev/null), or not its controlling
+///     terminal (`setsid ddprun ...`): the workers get it as it is, shared as torchrun's share
+///     it;
+///   - it is ddprun's controlling terminal: the workers get the read end of a pipe, and a
+///     thread of the agent copies into it each line typed there, one line once the last one
+///     was read, while ddprun's process group is the terminal's foreground one and the
+///     terminal reads lines (a pager in the same pipeline, which reads keys, is left alone).
+///     A worker leads a process group of its own, so reading the terminal itself would stop
+///     it (SIGTTIN). While no worker reads, what is typed stays in the terminal, but for the
+///     one line already in the pipe. End of file there (Ctrl-D) is end of file for the
+///     workers from then on.
 class WorkerStdin {
  public:
   /// Sets up what this process's stdin asks for; SIGTTIN is ignored by the agent while it

@@ -447,9 +447,11 @@ def read_within(fd, seconds):
     import select
 
     data, deadline = b"", time.monotonic() + seconds
+    readable = select.poll()
+    readable.register(fd, select.POLLIN)
     try:
         while (left := deadline - time.monotonic()) > 0:
-            if not select.select([fd], [], [], left)[0]:
+            if not readable.poll(max(1, int(left * 1000))):
                 continue
             chunk = os.read(fd, 4096)
             if not chunk:
@@ -672,7 +674,7 @@ def os_seeded(found, kinds):
                     module = importlib.reload(sys.modules[name])
                     states.append([kinds[type(found[i][2])][0](_lookup(module, found[i][1]))
                                    for i in entries])
-            except Exception:  # noqa: BLE001 - cannot tell: left as it is
+            except BaseException:  # noqa: BLE001 - cannot tell (even a SystemExit): left as it is
                 continue
             differ += [i for i, a, b in zip(entries, *states) if a != b]
         return json.dumps(differ).encode()

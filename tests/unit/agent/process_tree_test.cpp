@@ -1,5 +1,6 @@
 #include "agent/process_tree.h"
 
+#include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -139,12 +140,32 @@ TEST_CASE("core files are forbidden to the processes of the groups named, and on
   };
   const pid_t leader = waiter(true);
   const pid_t other = waiter(false);
-  char seen[3];
-  REQUIRE(::read(ready[0], seen, 1) == 1);
-  REQUIRE(::read(ready[0], seen + 1, 1) == 1);
-  REQUIRE(::read(ready[0], seen + 2, 1) == 1);
-  ::close(ready[0]);
+  // Whatever fails below, the waiters end.
+  struct Ended {
+    pid_t leader, other;
+    ~Ended() {
+      int status = 0;
+      if (leader > 0) {
+        ::kill(-leader, SIGKILL);  // the leader and its child
+        ::kill(leader, SIGKILL);   // should the group not have been made
+        ::waitpid(leader, &status, 0);
+      }
+      if (other > 0) {
+        ::kill(other, SIGKILL);
+        ::waitpid(other, &status, 0);
+      }
+    }
+  } ended{leader, other};
+  REQUIRE(leader > 0);
+  REQUIRE(other > 0);
   ::close(ready[1]);
+  for (int i = 0; i < 3; ++i) {  // the three say they are ready, within 10 s
+    pollfd p{ready[0], POLLIN, 0};
+    char c = 0;
+    REQUIRE(::poll(&p, 1, 10'000) == 1);
+    REQUIRE(::read(ready[0], &c, 1) == 1);
+  }
+  ::close(ready[0]);
   ::setpgid(leader, leader);  // also here, so that the group exists before the call
 
   CHECK(forbid_core_dumps({leader}) == 2);  // the leader and its child
@@ -161,9 +182,4 @@ TEST_CASE("core files are forbidden to the processes of the groups named, and on
   rlimit untouched{};
   REQUIRE(::prlimit(other, RLIMIT_CORE, nullptr, &untouched) == 0);
   CHECK(untouched.rlim_cur == own.rlim_max);
-  ::kill(-leader, SIGKILL);
-  ::kill(other, SIGKILL);
-  int status = 0;
-  ::waitpid(leader, &status, 0);
-  ::waitpid(other, &status, 0);
 }
