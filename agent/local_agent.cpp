@@ -149,6 +149,7 @@ class LocalAgent::Impl {
 
   bool finished() const { return finished_; }
   int exit_code() const { return exit_code_; }
+  void line_typed() { output_.line_typed(); }
 
  private:
   StandbySettings standby_settings() const {
@@ -547,5 +548,7 @@ bool LocalAgent::start() { return impl_->start(); }
 bool LocalAgent::finished() const { return impl_->finished(); }
 int LocalAgent::exit_code() const { return impl_->exit_code(); }
 void LocalAgent::on_signal(int sig) { impl_->on_signal(sig); }
+
+void LocalAgent::line_typed() { impl_->line_typed(); }
 
 }  // namespace ddprun::agent

@@ -120,6 +120,9 @@ class LocalAgent {
   /// Acts on `sig` as if it had just arrived (a stop signal, a preemption notice): what the
   /// agent's signal set does with one it caught, for a test that raises no real signal.
   void on_signal(int sig);
+  /// A line was typed in ddprun's terminal (WorkerStdin::on_line): the console's open line
+  /// ended there (WorkerOutput::line_typed).
+  void line_typed();
 
  private:
   class Impl;

@@ -433,6 +433,14 @@ void WorkerOutput::on_line(std::function<void(int local_rank)> line) {
   impl_->on_line = std::move(line);
 }
 
+void WorkerOutput::line_typed() {
+  for (auto& [console, stream] : impl_->open_lines) {
+    if (stream == nullptr || ::isatty(stream->console_fd) == 0) continue;
+    stream->line_shown = stream->after_cr = false;
+    stream = nullptr;
+  }
+}
+
 bool WorkerOutput::saw_missing_torch() const {
   return std::any_of(impl_->streams.begin(), impl_->streams.end(),
                      [](const auto& s) { return s->saw_missing_torch; });

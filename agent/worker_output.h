@@ -123,6 +123,10 @@ class WorkerOutput {
   /// of lines, a progress bar's redraw included (progress, for the watchdog).
   void on_line(std::function<void(int local_rank)> line);
 
+  /// A line was typed in the terminal the console is: its echo ended the line left open there
+  /// (a prompt), so a worker's next text starts a line of its own, with its prefix.
+  void line_typed();
+
   /// A worker of this group printed "No module named 'torch'".
   bool saw_missing_torch() const;
   /// What could not be written to log files in the whole job.

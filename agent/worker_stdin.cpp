@@ -11,6 +11,7 @@
 #include <array>
 #include <cerrno>
 #include <csignal>
+#include <mutex>
 #include <system_error>
 #include <thread>
 
@@ -51,6 +52,13 @@ struct WorkerStdin::Relay {
   int read_end = -1, write_end = -1;
   int stop_read = -1, stop_write = -1;
   std::thread thread;
+  std::mutex typed_mutex;
+  std::function<void()> typed;  ///< WorkerStdin::on_line
+
+  void say_typed() {
+    const std::lock_guard<std::mutex> lock(typed_mutex);
+    if (typed) typed();
+  }
 
   /// Copies the terminal's lines into the pipe until end of file, an error, or stop.
   void run() {
@@ -68,6 +76,7 @@ struct WorkerStdin::Relay {
       }
       const ssize_t n = ::read(source, line.data(), line.size());
       if (n > 0) {
+        say_typed();
         // The pipe is empty and a read of a terminal is at most 4096 bytes: it takes it all.
         for (ssize_t done = 0; done < n;) {
           const ssize_t w = ::write(write_end, line.data() + done, static_cast<size_t>(n - done));
@@ -144,6 +153,12 @@ std::unique_ptr<WorkerStdin> WorkerStdin::open() {
 }
 
 WorkerStdin::~WorkerStdin() = default;
+
+void WorkerStdin::on_line(std::function<void()> typed) {
+  if (relay_ == nullptr) return;
+  const std::lock_guard<std::mutex> lock(relay_->typed_mutex);
+  relay_->typed = std::move(typed);
+}
 
 void open_standard_descriptors() {
   for (int fd = 0; fd <= 2; ++fd) {

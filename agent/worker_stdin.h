@@ -1,5 +1,6 @@
 #pragma once
 
+#include <functional>
 #include <memory>
 
 namespace ddprun::agent {
@@ -31,6 +32,9 @@ class WorkerStdin {
   int fd() const { return fd_; }
   /// True when a terminal's lines are relayed.
   bool relays() const { return relay_ != nullptr; }
+  /// Calls `typed` (on the relay's thread, before the workers can read the line) for each
+  /// line relayed; nullptr for none.
+  void on_line(std::function<void()> typed);
 
  private:
   struct Relay;

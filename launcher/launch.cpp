@@ -309,7 +309,11 @@ int launch(const LaunchConfig& given, const agent::EnvMap& env) {
             round.group_rank == 0 ? open_files.soft : 0);
       });
   agent::LocalAgent agent(io, std::move(plan.agent), observed, launcher);
-  return agent.run();
+  // Posted before the workers can read the line, so handled before what they print after it.
+  worker_stdin->on_line([&io, &agent] { boost::asio::post(io, [&agent] { agent.line_typed(); }); });
+  const int code = agent.run();
+  worker_stdin->on_line(nullptr);
+  return code;
 }
 
 int exec_under_srun(const SlurmFanOut& fan_out) {

@@ -93,7 +93,8 @@ TEST_CASE("a worker reads a line typed in ddprun's terminal, after its prompt is
   if (prompted) {
     const std::string answer = "world\n";
     CHECK(::write(master, answer.data(), answer.size()) == static_cast<ssize_t>(answer.size()));
-    CHECK(read_until(master, seen, "GOT world", std::chrono::seconds(30)));
+    // The terminal's echo of the answer ended the prompt's line: the next one has its prefix.
+    CHECK(read_until(master, seen, "[default0]:GOT world", std::chrono::seconds(30)));
   }
   // ddprun ends with its worker; bounded, then killed.
   int status = 0;
