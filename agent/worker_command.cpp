@@ -194,10 +194,7 @@ bool starts_a_program(std::string_view start) {
   if (start.starts_with("#!")) return !shebang_runs_python(start);
   // Without a "#!" line the kernel runs a binary (ELF, or a format binfmt_misc knows), and
   // refuses a text file (ENOEXEC), which torchrun runs under Python as any script.
-  return start.starts_with(
-             "\x7f"
-             "ELF") ||
-         start.find('\0') != std::string_view::npos;
+  return start.starts_with("\177ELF") || start.find('\0') != std::string_view::npos;
 }
 
 bool is_program_file(const std::string& path) {
