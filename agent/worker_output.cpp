@@ -435,7 +435,7 @@ void WorkerOutput::on_line(std::function<void(int local_rank)> line) {
 
 void WorkerOutput::line_typed() {
   for (auto& [console, stream] : impl_->open_lines) {
-    if (stream == nullptr || ::isatty(stream->console_fd) == 0) continue;
+    if (stream == nullptr) continue;
     stream->line_shown = stream->after_cr = false;
     stream = nullptr;
   }

@@ -123,8 +123,9 @@ class WorkerOutput {
   /// of lines, a progress bar's redraw included (progress, for the watchdog).
   void on_line(std::function<void(int local_rank)> line);
 
-  /// A line was typed in the terminal the console is: its echo ended the line left open there
-  /// (a prompt), so a worker's next text starts a line of its own, with its prefix.
+  /// A line was typed in ddprun's terminal: its echo ended the line a prompt left open there,
+  /// so a worker's next text starts a line of its own, with its prefix, on every console (when
+  /// the console is a pipe or a file too, as torchrun's --tee prefixes the next line).
   void line_typed();
 
   /// A worker of this group printed "No module named 'torch'".
