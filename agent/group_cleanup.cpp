@@ -269,18 +269,36 @@ bool still_noted(const std::map<pid_t, ProcessIds>& ids, pid_t key, const Noted&
   return false;
 }
 
-/// SIGKILLs every process in one of `told` (the process groups the watcher was told of) that
-/// is of session `sid` (a group's leader may be gone while its members live; a process group id
-/// reused by someone else's session is left alone), and every process in one of the sessions
-/// or groups of `notes` that is still that one (still_noted, judged at the first scan),
-/// scanning again while a scan finds one (what they fork meanwhile; a few scans at most).
-void kill_left(const std::set<pid_t>& told, pid_t sid, const SessionNotes& notes) {
+/// The sessions the watcher was told of (each worker leads one, from before its exec), each
+/// with its leader's start time when told (0: already gone then).
+using ToldSessions = std::map<pid_t, unsigned long long>;
+
+/// Whether the process `ids` shows as the leader of told session `sid` is the one told of: a
+/// session's id is its leader's pid, which the kernel gives no other process while anything is
+/// in the session; once the session is empty anyone's new one can have it (a told worker that
+/// ended early, its group still running). Its leader gone, a session that has members is the
+/// told one.
+bool still_told(const std::map<pid_t, ProcessIds>& ids, pid_t sid, unsigned long long start) {
+  const auto leader = ids.find(sid);
+  if (leader == ids.end()) return true;
+  return start != 0 && leader->second.session == sid && leader->second.start_time == start;
+}
+
+/// SIGKILLs every process in one of the `told` sessions that is still that one (still_told;
+/// a worker's descendants stay in it even when they leave its process group), and every
+/// process in one of the sessions or groups of `notes` that is still that one (still_noted),
+/// judged at the first scan, scanning again while a scan finds one (what they fork meanwhile;
+/// a few scans at most).
+void kill_left(const ToldSessions& told, const SessionNotes& notes) {
   std::set<pid_t> killed;
+  std::set<pid_t> ours_told;
   std::set<pid_t> ours_sessions;
   std::set<pid_t> ours_groups;
   for (int scan = 0; scan < 4; ++scan) {
     const std::map<pid_t, ProcessIds> ids = read_process_ids();
     if (scan == 0) {
+      for (const auto& [sid, start] : told)
+        if (still_told(ids, sid, start)) ours_told.insert(sid);
       for (const auto& [session, noted] : notes.sessions)
         if (still_noted(ids, session, noted, &ProcessIds::session)) ours_sessions.insert(session);
       for (const auto& [group, noted] : notes.groups)
@@ -288,8 +306,8 @@ void kill_left(const std::set<pid_t>& told, pid_t sid, const SessionNotes& notes
     }
     bool found = false;
     for (const auto& [pid, id] : ids) {
-      const bool ours = (told.count(id.group) > 0 && id.session == sid) ||
-                        ours_sessions.count(id.session) > 0 || ours_groups.count(id.group) > 0;
+      const bool ours = ours_told.count(id.session) > 0 || ours_sessions.count(id.session) > 0 ||
+                        ours_groups.count(id.group) > 0;
       // A 'Z' main thread may have other threads still running: signalled too.
       if (ours && killed.insert(pid).second) {
         ::kill(pid, SIGKILL);
@@ -302,10 +320,10 @@ void kill_left(const std::set<pid_t>& told, pid_t sid, const SessionNotes& notes
 
 /// The watcher: waits for the agent's end (EOF on the pipe, whether the agent exited or was
 /// SIGKILLed), then kills what is left in the node's cgroup and removes it, or, without one,
-/// what is left in the process groups it was told of (by each worker before its exec, and by
-/// the agent) and in the sessions and process groups it saw the agent's descendants in (each
-/// second). It runs in a fork of a process with one thread, so the calls below are safe; it
-/// holds nothing of the agent's.
+/// what is left in the workers' sessions it was told of (by each worker before its exec, and
+/// by the agent for a standby) and in the sessions and process groups it saw the agent's
+/// descendants in (each second). It runs in a fork of a process with one thread, so the calls below
+/// are safe; it holds nothing of the agent's.
 [[noreturn]] void watch(int pipe_r, const std::string& node_dir, pid_t agent) {
   const pid_t agent_session = ::getsid(0);
   const pid_t agent_group = ::getpgid(0);
@@ -326,11 +344,11 @@ void kill_left(const std::set<pid_t>& told, pid_t sid, const SessionNotes& notes
   if (::chdir("/") != 0) {
   }
   const pid_t own_session = ::getsid(0);
-  // Without a cgroup, a descendant that calls setsid or setpgid leaves the process groups the
-  // watcher is told of; once the agent is gone nothing links it to the agent any more, so its
-  // session or group is noted while the agent lives.
+  // Without a cgroup, a descendant that calls setsid leaves the session the watcher is told
+  // of; once the agent is gone nothing links it to the agent any more, so its session is noted
+  // while the agent lives (and any process group of the agent's session other than its own).
   const bool scan = node_dir.empty();
-  std::set<pid_t> groups;
+  ToldSessions told;
   SessionNotes notes{agent, agent_session, agent_group, own_session, {}, {}, {}};
   WatcherRecord record;
   std::size_t have = 0;
@@ -356,14 +374,20 @@ void kill_left(const std::set<pid_t>& told, pid_t sid, const SessionNotes& notes
     have += static_cast<std::size_t>(n);
     if (have < sizeof record) continue;
     have = 0;
-    if (record.kind == 'T') groups.insert(record.pgid);
+    if (record.kind == 'T') {
+      // Its start time now, while it runs (its record comes before its exec): a session whose
+      // id a process started later leads is not this one.
+      const pid_t sid = record.session;
+      const auto leader = read_process(sid);
+      told.emplace(sid, leader && leader->session == sid ? leader->start_time : 0);
+    }
     if (record.kind == 'F') {
-      groups.clear();
+      told.clear();
       notes.forget();  // killed with the group (the agent's /proc walk), or the job's end
     }
   }
   // A normal end told it to forget every group: nothing to do.
-  if (!groups.empty() || !notes.empty()) kill_left(groups, agent_session, notes);
+  if (!told.empty() || !notes.empty()) kill_left(told, notes);
   if (node_dir.empty()) ::_exit(0);
   // A normal end removed the directory already: ENOENT, nothing to do.
   if (write_control(node_dir + "/cgroup.kill", "1") != ENOENT) {
@@ -542,9 +566,9 @@ int GroupCleanup::begin_group() {
   return group_fd_;
 }
 
-void GroupCleanup::tell_watcher(char kind, pid_t pgid) {
+void GroupCleanup::tell_watcher(char kind, pid_t session) {
   if (!tracking_ || watcher_pipe_ < 0) return;
-  const WatcherRecord record{kind, static_cast<std::int32_t>(pgid)};
+  const WatcherRecord record{kind, static_cast<std::int32_t>(session)};
   // Smaller than PIPE_BUF: written whole or not at all. A watcher gone (EPIPE) tracks nothing.
   ssize_t n;
   do {
@@ -554,8 +578,8 @@ void GroupCleanup::tell_watcher(char kind, pid_t pgid) {
 
 int GroupCleanup::watcher_fd() const { return tracking_ ? watcher_pipe_ : -1; }
 
-void GroupCleanup::track(pid_t pgid) {
-  if (pgid > 0) tell_watcher('T', pgid);
+void GroupCleanup::track(pid_t session) {
+  if (session > 0) tell_watcher('T', session);
 }
 
 void GroupCleanup::adopt(pid_t pid) {

@@ -16,10 +16,10 @@ namespace ddprun::agent {
 enum class CleanupMode {
   Auto,       ///< cgroup where a cgroup v2 tree is delegated to us, else subreaper
   Cgroup,     ///< a cgroup v2 per group, and a watcher that writes cgroup.kill if the agent dies
-  Subreaper,  ///< the /proc walk, and a watcher that kills the workers' process groups, and
-              ///< the sessions and groups it saw their descendants start, if the agent dies:
-              ///< nothing survives but what left its group less than a second before, or
-              ///< joined one that is not the job's
+  Subreaper,  ///< the /proc walk, and a watcher that kills the workers' sessions, and the
+              ///< sessions and groups it saw their descendants start, if the agent dies:
+              ///< nothing survives but what started a session of its own less than a second
+              ///< before
 };
 
 /// "auto", "cgroup", "subreaper": the one name table of CleanupMode (flag values and messages).
@@ -41,12 +41,13 @@ std::optional<std::string> cgroup2_own_path(const std::string& proc_self_cgroup)
 ///     |     \-- setsid'd grandchildren (same cgroup; ours once orphaned)   the agent is gone,
 ///     \-- standbys            (in <own cgroup>/ddprun-<pid>/standby)       then cgroup.kill on
 ///                                                                          ddprun-<pid>, rmdir
-/// Without a cgroup (subreaper) each worker writes its process group to the watcher's pipe
-/// before exec, and the agent writes each standby's before a hand-over; once a group's
-/// processes are killed the agent tells the watcher to forget them all. If the agent dies
-/// first, the watcher SIGKILLs whatever is left in those process groups (the workers' own
-/// background children), checked to be of the agent's session, and in the sessions and
-/// process groups it saw the agent's descendants in (it looks each second).
+/// Without a cgroup (subreaper) each worker writes its session (it leads one, as it leads its
+/// process group) to the watcher's pipe before exec, and the agent writes each standby's before
+/// a hand-over; once a group's processes are killed the agent tells the watcher to forget them
+/// all. If the agent dies first, the watcher SIGKILLs whatever is left in those sessions (the
+/// workers' background children, also those in process groups of their own), checked to be
+/// the ones told of (the leader's start time), and in the sessions and process groups it saw
+/// the agent's descendants in (it looks each second).
 /// A group's end kills every descendant of the agent but the standbys (a /proc walk), and with
 /// a cgroup also writes the group's cgroup.kill.
 class GroupCleanup {
@@ -72,11 +73,11 @@ class GroupCleanup {
   int standby_procs_fd() const { return standby_fd_; }
   /// A standby handed over to the current group joins its cgroup (and is tracked, again).
   void adopt(pid_t pid);
-  /// A worker of the current group leads process group `pgid`: without a cgroup, the watcher
-  /// kills what is left of it if the agent dies.
-  void track(pid_t pgid);
-  /// Without a cgroup, the watcher's pipe, on which a worker tells its own process group
-  /// between fork and exec (ProcessSpec::watcher_fd), so that nothing it starts is missed if
+  /// A worker of the current group leads `session`: without a cgroup, the watcher kills what
+  /// is left in it if the agent dies.
+  void track(pid_t session);
+  /// Without a cgroup, the watcher's pipe, on which a worker tells its own session between
+  /// fork and exec (ProcessSpec::watcher_fd), so that nothing it starts is missed if
   /// the agent dies before track() would have told it; -1 with a cgroup.
   int watcher_fd() const;
   /// The group has ended: SIGKILL every descendant of the agent except the `spared` pids and
@@ -103,9 +104,9 @@ class GroupCleanup {
   int watcher_pipe_ = -1;  ///< the agent's end; the watcher reads EOF when the agent is gone
   pid_t watcher_ = -1;
   int groups_ = 0;
-  bool tracking_ = false;  ///< process groups are written to the watcher (subreaper)
-  /// Writes one record to the watcher: 'T' and a process group, or 'F' (forget them all).
-  void tell_watcher(char kind, pid_t pgid);
+  bool tracking_ = false;  ///< workers' sessions are written to the watcher (subreaper)
+  /// Writes one record to the watcher: 'T' and a worker's session, or 'F' (forget them all).
+  void tell_watcher(char kind, pid_t session);
 };
 
 }  // namespace ddprun::agent

@@ -93,7 +93,10 @@ struct ChildSetup {
 
 /// Runs in the forked child: only async-signal-safe calls until execve.
 [[noreturn]] void exec_child(const ChildSetup& c) {
-  ::setpgid(0, 0);
+  // A session of its own, as torchrun 2.x starts its workers (`start_new_session`): it leads
+  // its process group, and it has no controlling terminal, so a program that opens /dev/tty
+  // (getpass) gets ENXIO and falls back to stdin instead of being stopped by SIGTTOU.
+  ::setsid();
   // Bound before exec, so every thread the program starts inherits the CPUs. A failure is
   // reported as -errno: the binding failed, not the exec.
   if (c.cpus != nullptr && ::sched_setaffinity(0, sizeof(cpu_set_t), c.cpus) != 0) {
@@ -189,8 +192,9 @@ common::Result<LaunchedProcess> PosixProcessLauncher::launch(const ProcessSpec& 
     close_fd(report[0]);
     return common::Error{why};
   }
-  // Also from the parent, so a signal sent to the group right after launch cannot miss.
-  ::setpgid(pid, pid);
+  // The read below returns once the child has exec'd (or failed to): it leads its session
+  // and group by then, so a signal sent to the group right after launch cannot miss. (The
+  // parent cannot set the group itself: setsid fails in a process that leads one.)
   int child_errno = 0;
   ssize_t n;
   do {

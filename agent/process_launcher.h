@@ -22,7 +22,8 @@ struct ProcessSpec {
   /// that everything it forks is in that cgroup from the start (-1: stay in the agent's).
   int cgroup_procs_fd = -1;
   /// The subreaper watcher's pipe (GroupCleanup::watcher_fd), to which the process writes its
-  /// own process group before exec, so that the watcher knows it before the process can fork
+  /// own session (also its process group) before exec, so that the watcher knows it before the
+  /// process can fork
   /// (-1: none).
   int watcher_fd = -1;
   /// The CPUs the process is bound to before exec (--numa_binding); empty: the agent's.
@@ -31,7 +32,7 @@ struct ProcessSpec {
   int stdin_fd = -1;
 };
 
-/// A started process: its pid (also its process-group id) and the read ends of its
+/// A started process: its pid (also its session's and process group's id) and the read ends of its
 /// stdout/stderr pipes, owned by the caller.
 struct LaunchedProcess {
   pid_t pid = -1;
@@ -45,10 +46,10 @@ struct ProcessExit {
   ExitStatus status;
 };
 
-/// Starts workers and reaps what ends. Every process leads its own process group and is bound
-/// to die with the agent (PR_SET_PDEATHSIG). The agent calls reap() when a child ended (on
-/// SIGCHLD, or when notify_exits' callback says so); it is the only
-/// place children are collected, so a test's fake sees every exit the agent acts on.
+/// Starts workers and reaps what ends. Every process leads its own session (without a
+/// controlling terminal) and process group, and is bound to die with the agent (PR_SET_PDEATHSIG).
+/// The agent calls reap() when a child ended (on SIGCHLD, or when notify_exits' callback says so);
+/// it is the only place children are collected, so a test's fake sees every exit the agent acts on.
 class ProcessLauncher {
  public:
   virtual ~ProcessLauncher() = default;

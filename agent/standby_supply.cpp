@@ -180,7 +180,7 @@ struct StandbySupply::Impl {
       for (const auto& [local_rank, env] : envs)
         python[local_rank] = {standby_script_argv(settings.spec.argv, local_rank),
                               argv_for_local_rank(settings.spec.argv, local_rank)};
-    // Without a cgroup the watcher learns each standby's process group (each leads its own)
+    // Without a cgroup the watcher learns each standby's session (each leads its own)
     // before the standby can run the script, so that what the script starts there goes too
     // should the agent die right after the hand-over. Here, not before hand_over(): a standby
     // forked from the zygote for this hand-over is known only once its fork was answered.

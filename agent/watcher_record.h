@@ -3,13 +3,14 @@
 
 namespace ddprun::agent {
 
-/// One record on the subreaper watcher's pipe (GroupCleanup): 'T' and a process group to kill
-/// if the agent dies, or 'F': forget every group told so far (they were killed). Smaller than
-/// PIPE_BUF, so written whole or not at all: by the agent, and by each worker for its own group
-/// between fork and exec (ProcessSpec::watcher_fd), before it can start anything.
+/// One record on the subreaper watcher's pipe (GroupCleanup): 'T' and a worker's session (its
+/// pid) to kill if the agent dies, or 'F': forget every session told so far (they were killed).
+/// Smaller than PIPE_BUF, so written whole or not at all: by the agent, and by each worker for
+/// its own session between fork and exec (ProcessSpec::watcher_fd), before it can start
+/// anything.
 struct WatcherRecord {
   char kind = 'F';
-  std::int32_t pgid = 0;
+  std::int32_t session = 0;
 };
 
 }  // namespace ddprun::agent

@@ -756,16 +756,16 @@ def fork_standby(sock, agent, env, fds, title):
             os._exit(1)
         if child == 0:
             try:
+                # Its own session (and process group) before the zygote reads the pipe to its
+                # end, so that no signal to its group can miss once the agent knows its pid. Only
+                # the standby can set it: setsid fails in a process that leads a group.
+                os.setsid()
                 os.close(w)
                 sock.close()
                 become_standby(agent, env, fds, title)
             except BaseException:  # noqa: BLE001 - never back into the zygote's loop or exit
                 os._exit(127)
             return 0
-        try:
-            os.setpgid(child, child)  # also here, so that no signal to its group can miss
-        except OSError:
-            pass
         os.write(w, str(child).encode())
         os._exit(0)
     os.close(w)
@@ -780,7 +780,6 @@ def become_standby(agent, env, fds, title):
     starts, then the standby's environment (its own hand-over descriptor named in it), shown
     with `title` as its command line."""
     handover, out, err = fds
-    os.setpgid(0, 0)  # leads its own process group, as every process the agent starts
     deadline = time.monotonic() + 5
     while os.getppid() != agent:  # adopted by the agent once the middle process has exited
         if time.monotonic() > deadline:

@@ -27,8 +27,9 @@
 //                     own (setpgid(0, 0)) and sleep 10 minutes, the odd ones in a child they
 //                     fork before they exit (an orphan in a group whose leader is gone); each
 //                     sleeper appends "setpgrpRANK.I PID" to PATH
-//   join_group=PATH:PGID  fork a child that joins process group PGID of this session
-//                     (setpgid) and sleeps 10 minutes; it appends "joinedRANK.PGID PID" to PATH
+//   join_group=PATH:PGID  fork a child that joins process group PGID (setpgid) and sleeps 10
+//                     minutes; it appends "joinedRANK.PGID PID" to PATH, or, refused,
+//                     "refusedRANK.PGID PID" (EPERM: another session's) or "failed..." and exits
 //   spam=N            print N numbered lines of 100 bytes as fast as possible
 //   wait_lines=PATH:N wait until PATH has N lines (e.g. every rank wrote its pidfile line);
 //                     exit 96 after 60 s
@@ -249,7 +250,12 @@ int main(int argc, char** argv) {
     } else if (key == "join_group" && split_pair(val, who, n)) {
       std::fflush(stdout);
       if (::fork() == 0) {
-        if (::setpgid(0, n) != 0) _exit(1);
+        if (::setpgid(0, n) != 0) {
+          // EPERM: the group is of another session (a worker leads a session of its own).
+          std::ofstream(who, std::ios::app) << (errno == EPERM ? "refused" : "failed") << rank
+                                            << "." << n << " " << ::getpid() << "\n";
+          _exit(1);
+        }
         std::ofstream(who, std::ios::app)
             << "joined" << rank << "." << n << " " << ::getpid() << "\n";
         for (int s = 0; s < 600; ++s) ::sleep(1);

@@ -146,18 +146,18 @@ TEST_CASE("setsid grandchildren are gone after a SIGKILL of the agent (--cleanup
 namespace {
 
 /// Two workers (--cleanup subreaper) that each start two sleepers with `spawn`
-/// ("spawn_setsid" or "spawn_setpgrp"), and ddprun SIGKILLed 3.5 s after they run: none is
-/// left. The watcher notes the sessions and process groups of the agent's descendants each
-/// second: one started less than that before the SIGKILL can be missed (docs/design.md,
-/// "Process hygiene").
-void check_sleepers_gone_after_sigkill(const std::string& spawn) {
+/// ("spawn_setsid" or "spawn_setpgrp"), and ddprun SIGKILLed `after` they run: none is left.
+/// The watcher knows each worker's session from before its exec, and notes the sessions of
+/// the agent's descendants each second: one started less than that before the SIGKILL can be
+/// missed (docs/design.md, "Process hygiene").
+void check_sleepers_gone_after_sigkill(const std::string& spawn, std::chrono::milliseconds after) {
   TempDir dir;
   const std::string pids = dir.path() + "/pids";
   WorkerSweeper sweeper(pids);
   Subprocess job(ddprun_fake({"--nproc_per_node", "2", "--cleanup", "subreaper"},
                              {spawn + "=" + pids + ":2", "wait_lines=" + pids + ":4", "hang"}));
   REQUIRE(wait_until([&] { return read_pids(pids).size() == 4; }, kJobLimit));
-  std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+  std::this_thread::sleep_for(after);
   job.send(SIGKILL);
   auto r = job.wait(kJobLimit);
   CHECK(r.exit_code == 128 + SIGKILL);
@@ -168,25 +168,35 @@ void check_sleepers_gone_after_sigkill(const std::string& spawn) {
 
 TEST_CASE("setsid grandchildren are gone after a SIGKILL of the agent (--cleanup subreaper)",
           "[agent][integration]") {
-  check_sleepers_gone_after_sigkill("spawn_setsid");
+  check_sleepers_gone_after_sigkill("spawn_setsid", std::chrono::milliseconds(3500));
 }
 
 TEST_CASE(
     "children in process groups of their own are gone after a SIGKILL of the agent "
     "(--cleanup subreaper)",
     "[agent][integration]") {
-  // setpgid(0, 0), still in the agent's session: one sleeper of each worker leads its group,
+  // setpgid(0, 0), still in the worker's session: one sleeper of each worker leads its group,
   // the other's leader has exited, leaving it an orphan of the agent.
-  check_sleepers_gone_after_sigkill("spawn_setpgrp");
+  check_sleepers_gone_after_sigkill("spawn_setpgrp", std::chrono::milliseconds(3500));
 }
 
 TEST_CASE(
-    "process groups of the agent's session that are not the job's outlive a SIGKILL of the agent "
-    "(--cleanup subreaper)",
+    "children in process groups of their own are gone after a SIGKILL of the agent as soon as "
+    "they run (--cleanup subreaper)",
+    "[agent][integration]") {
+  // Before the watcher's first look: what keeps them is the worker's session, which the
+  // watcher was told of before the worker's exec.
+  check_sleepers_gone_after_sigkill("spawn_setpgrp", std::chrono::milliseconds(0));
+}
+
+TEST_CASE(
+    "a worker's child cannot join a process group of ddprun's session, and those groups outlive "
+    "a SIGKILL of the agent (--cleanup subreaper)",
     "[agent][integration]") {
   // Two groups of this test's session (ddprun's too) that are not the job's: one whose leader
-  // lives, one whose leader has exited, leaving a member. A child of each worker joins each
-  // (setpgid): the watcher must not take either group for the job's.
+  // lives, one whose leader has exited, leaving a member. A child of each worker tries to join
+  // each (setpgid): a worker leads a session of its own, as under torchrun 2.x, so the kernel
+  // refuses (EPERM), and the watcher must not take either group for the job's.
   auto sleeper = [] {
     for (int s = 0; s < 600; ++s) ::sleep(1);
     ::_exit(0);
@@ -221,6 +231,8 @@ TEST_CASE(
         {"join_group=" + pids + ":" + std::to_string(led),
          "join_group=" + pids + ":" + std::to_string(gone), "wait_lines=" + pids + ":4", "hang"}));
     if (read_member && wait_until([&] { return read_pids(pids).size() == 4; }, kJobLimit)) {
+      INFO(read_file(pids));
+      for (const auto& [key, pid] : read_pids(pids)) CHECK(key.rfind("refused", 0) == 0);
       std::this_thread::sleep_for(std::chrono::milliseconds(3500));  // looked at, thrice
       job.send(SIGKILL);
       CHECK(job.wait(kJobLimit).exit_code == 128 + SIGKILL);
@@ -228,7 +240,7 @@ TEST_CASE(
       CHECK(process_alive(led));
       CHECK(process_alive(member));
     } else {
-      FAIL_CHECK("the workers' children did not join the groups");
+      FAIL_CHECK("the workers' children did not try to join the groups");
     }
   }
   for (pid_t pid : {led, member})

@@ -11,6 +11,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tests/integration/ddprun_runs.h"
 #include "tests/support/subprocess.h"
@@ -64,52 +66,105 @@ bool read_until(int master, std::string& seen, const std::string& want,
 
 }  // namespace
 
+namespace {
+
+/// ddprun run with `args` in the foreground of a terminal of its own (a pseudo-terminal this
+/// test holds, ddprun's controlling one), as from an interactive shell.
+class TerminalJob {
+ public:
+  explicit TerminalJob(std::vector<std::string> args) : args_(std::move(args)) {
+    master_ = ::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+    if (master_ < 0 || ::grantpt(master_) != 0 || ::unlockpt(master_) != 0) return;
+    const std::string slave = ::ptsname(master_);
+    std::vector<char*> argv;
+    for (auto& a : args_) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::setsid();
+      const int tty = ::open(slave.c_str(), O_RDWR);
+      if (tty < 0 || ::ioctl(tty, TIOCSCTTY, 0) != 0) ::_exit(126);
+      for (int fd = 0; fd <= 2; ++fd) ::dup2(tty, fd);
+      if (tty > 2) ::close(tty);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+  }
+  TerminalJob(const TerminalJob&) = delete;
+  TerminalJob& operator=(const TerminalJob&) = delete;
+  ~TerminalJob() {
+    if (pid_ > 0 && !ended_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    if (master_ >= 0) ::close(master_);
+  }
+
+  bool started() const { return pid_ > 0; }
+  /// Reads what the terminal shows into seen() until it holds `want` (bounded: 30 s).
+  bool shows(const std::string& want) {
+    return read_until(master_, seen_, want, std::chrono::seconds(30));
+  }
+  const std::string& seen() const { return seen_; }
+  bool type(const std::string& line) {
+    return ::write(master_, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+  }
+  /// Whether ddprun exits 0 (bounded: 30 s, the terminal kept drained, then killed).
+  bool exits_0() {
+    int status = 0;
+    pid_t done = 0;
+    for (int i = 0; i < 300 && done == 0; ++i) {
+      std::string ignored;
+      // Once no process holds the terminal, a read fails at once.
+      if (!read_until(master_, ignored, "\x01", std::chrono::milliseconds(100))) ::usleep(100'000);
+      done = ::waitpid(pid_, &status, WNOHANG);
+    }
+    ended_ = done == pid_;
+    return ended_ && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+
+ private:
+  std::vector<std::string> args_;
+  int master_ = -1;
+  pid_t pid_ = -1;
+  bool ended_ = false;
+  std::string seen_;
+};
+
+}  // namespace
+
 TEST_CASE("a worker reads a line typed in ddprun's terminal, after its prompt is shown",
           "[agent][integration]") {
-  // ddprun in the foreground of a terminal of its own (a pseudo-terminal this test holds), as
-  // in an interactive shell: the worker leads a process group of its own, so it reads through
-  // the agent's relay, and its prompt, a part of a line, is shown before the answer is typed.
-  const int master = ::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
-  REQUIRE(master >= 0);
-  REQUIRE(::grantpt(master) == 0);
-  REQUIRE(::unlockpt(master) == 0);
-  const std::string slave = ::ptsname(master);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::setsid();
-    const int tty = ::open(slave.c_str(), O_RDWR);
-    if (tty < 0 || ::ioctl(tty, TIOCSCTTY, 0) != 0) ::_exit(126);
-    for (int fd = 0; fd <= 2; ++fd) ::dup2(tty, fd);
-    if (tty > 2) ::close(tty);
-    ::execl(DDPRUN_BIN, DDPRUN_BIN, "--nproc_per_node", "1", "--no_python", "/bin/sh", "-c", kAsker,
-            static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  REQUIRE(pid > 0);
-  std::string seen;
-  const bool prompted = read_until(master, seen, "[default0]:name? ", std::chrono::seconds(30));
-  INFO(seen);
+  // The worker leads a session of its own, so it reads through the agent's relay, and its
+  // prompt, a part of a line, is shown before the answer is typed.
+  TerminalJob job({DDPRUN_BIN, "--nproc_per_node", "1", "--no_python", "/bin/sh", "-c", kAsker});
+  REQUIRE(job.started());
+  const bool prompted = job.shows("[default0]:name? ");
+  INFO(job.seen());
   CHECK(prompted);
   if (prompted) {
-    const std::string answer = "world\n";
-    CHECK(::write(master, answer.data(), answer.size()) == static_cast<ssize_t>(answer.size()));
+    CHECK(job.type("world\n"));
     // The terminal's echo of the answer ended the prompt's line: the next one has its prefix.
-    CHECK(read_until(master, seen, "[default0]:GOT world", std::chrono::seconds(30)));
+    CHECK(job.shows("[default0]:GOT world"));
   }
-  // ddprun ends with its worker; bounded, then killed.
-  int status = 0;
-  pid_t ended = 0;
-  for (int i = 0; i < 300 && ended == 0; ++i) {
-    std::string ignored;
-    // Keeps it drained; once no process holds the terminal, a read fails at once.
-    if (!read_until(master, ignored, "\x01", std::chrono::milliseconds(100))) ::usleep(100'000);
-    ended = ::waitpid(pid, &status, WNOHANG);
+  CHECK(job.exits_0());
+}
+
+TEST_CASE("getpass in a worker reads the line typed in ddprun's terminal instead of stopping it",
+          "[agent][integration]") {
+  // A worker has no controlling terminal (its own session, as torchrun 2.x's): getpass cannot
+  // open /dev/tty, warns that the input may be echoed and reads stdin, the agent's relay. In
+  // the terminal's session it would open /dev/tty and be stopped (SIGTTOU) as it turned echo
+  // off from a background process group, and the job would wait (the test fails so).
+  TerminalJob job({DDPRUN_BIN, "--nproc_per_node", "1", "--no_python", "/usr/bin/python3", "-c",
+                   "import getpass; print('GOT', getpass.getpass('token: '))"});
+  REQUIRE(job.started());
+  const bool prompted = job.shows("token: ");
+  INFO(job.seen());
+  CHECK(prompted);
+  if (prompted) {
+    CHECK(job.type("s3cret\n"));
+    CHECK(job.shows("[default0]:GOT s3cret"));
   }
-  if (ended == 0) {
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, &status, 0);
-  }
-  CHECK(ended == pid);
-  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
-  ::close(master);
+  CHECK(job.exits_0());
 }

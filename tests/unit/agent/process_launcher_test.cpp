@@ -52,7 +52,7 @@ void end(PosixProcessLauncher& launcher, LaunchedProcess& p) {
 }  // namespace
 
 TEST_CASE(
-    "a started process writes a T record of its own process group to the watcher's pipe "
+    "a started process leads its own session, writes a T record of it to the watcher's pipe "
     "and keeps no copy of it",
     "[agent][unit]") {
   PosixProcessLauncher launcher;
@@ -67,8 +67,9 @@ TEST_CASE(
   WatcherRecord record;
   REQUIRE(::read(watcher.r, &record, sizeof record) == static_cast<ssize_t>(sizeof record));
   CHECK(record.kind == 'T');
-  CHECK(record.pgid == p.pid);
+  CHECK(record.session == p.pid);
   CHECK(::getpgid(p.pid) == p.pid);
+  CHECK(::getsid(p.pid) == p.pid);
   // End of file while the process runs: it closed its copy at exec.
   REQUIRE(readable_within(watcher.r, 5'000));
   char more = 0;
