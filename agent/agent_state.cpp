@@ -595,10 +595,14 @@ class Stepper {
       case Action::StopGroup: {
         // Running -> Stopping: report at once so that other nodes stop too, then stop ours.
         const WorkerSlot& root = s_.workers[s_.failures.front()];
+        // One that never started (its launch failed, said above) has no pid to show.
         const std::string what =
-            fmt::format("worker rank {} (local rank {}, pid {}) on {} failed with {}",
-                        root.placement.global_rank, root.placement.local_rank, root.pid, spec_.host,
-                        describe_exit(root.status));
+            root.pid > 0
+                ? fmt::format("worker rank {} (local rank {}, pid {}) on {} failed with {}",
+                              root.placement.global_rank, root.placement.local_rank, root.pid,
+                              spec_.host, describe_exit(root.status))
+                : fmt::format("worker rank {} (local rank {}) on {} did not start",
+                              root.placement.global_rank, root.placement.local_rank, spec_.host);
         log(LogLevel::Warn, what + "; stopping the group");
         const bool progress = made_progress();
         // A watchdog kill of a worker that was not stopped blames no node (check_watchdog).

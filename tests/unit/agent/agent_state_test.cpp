@@ -286,6 +286,9 @@ TEST_CASE("agent: a worker that cannot start fails its group like a crash", "[ag
   CHECK(a.state.workers[1].status.code == 127);
   CHECK(a.event("failure_detected")["how"] == "launch");
   CHECK(a.effects<SignalWorkers>().at(0).pids == std::vector<pid_t>{100});
+  // No pid to name (it was "pid -1, failed with exit code 127").
+  CHECK(a.effects<ReportFailure>().at(0).failure.description ==
+        "worker rank 1 (local rank 1) on node-a did not start");
 }
 
 TEST_CASE("agent: a stop while the group starts ends the launches", "[agent][unit]") {
