@@ -68,11 +68,10 @@ bool remove_cgroup(const std::string& dir) {
   return ::rmdir(dir.c_str()) == 0 || errno == ENOENT;
 }
 
-/// How often the subreaper watcher looks for sessions and process groups that the agent's
-/// descendants started (setsid, setpgid): one started less than this before the agent is
-/// SIGKILLed can be missed.
+/// How often the subreaper watcher looks for sessions that the agent's descendants started
+/// (setsid): one started less than this before the agent is SIGKILLed can be missed.
 constexpr int kSessionScanMs = 1000;
-/// At most this many such sessions are kept, and as many groups.
+/// At most this many such sessions are kept.
 constexpr std::size_t kMaxSessions = 65536;
 /// Every this many looks, the processes settled as outside the agent's tree are read again.
 constexpr int kResettleLooks = 30;
@@ -86,41 +85,35 @@ bool is_watcher(pid_t pid) {
   return read_text("/proc/" + std::to_string(pid) + "/comm") == std::string(kWatcherName) + "\n";
 }
 
-/// A session or process group noted by SessionNotes: its leader's start time (0: gone when
-/// first seen) and the processes seen in it at the last look, each a pid and its start time.
-struct Noted {
-  unsigned long long leader_start = 0;
-  std::set<std::pair<pid_t, unsigned long long>> members;
-};
-using NotedMap = std::map<pid_t, Noted>;
+using NotedMap = std::map<pid_t, NotedSession>;
 
-/// The sessions and process groups that the agent's descendants are in now, each with its
-/// leader's start time (0: the leader was gone when first seen), kept by scan() while the agent
-/// lives: the sessions other than the agent's, the watcher's own and another ddprun watcher's
-/// (setsid), and the process groups of the agent's session other than the agent's own
-/// (setpgid(0, 0), as `subprocess.Popen(process_group=0)` does), each led by a descendant or by
-/// a process gone. One none of them is in any more is dropped: while the agent lives every
-/// member of such a session is below it (an orphan moves up to the agent, a subreaper), so it
-/// is over and its id may be taken by anyone's. So is every member of such a group, but for a
-/// process outside that joined it (setpgid to another group of the session, which no common
-/// program does): a group is not noted when a process settled outside is in it as it is first
-/// seen. One whose leader's pid is now another process's is over too (the kernel gives a
-/// session's or group's id to no one while anything is in it). A process whose parent is
-/// known not to be below the agent is never below it (an orphan moves up, not down), so its
+/// The sessions of the job, kept by the watcher while the agent lives: each worker's, told by
+/// tell() before the worker's exec (and by the agent for a standby), and those that scan()
+/// finds the agent's descendants in, other than the agent's, the watcher's own and another
+/// ddprun watcher's (setsid), each led by a descendant or by a process gone. A session none of
+/// them is in any more at a look is dropped: while the agent lives every member of such a
+/// session is below it (an orphan moves up to the agent, a subreaper), so it is over and its
+/// id may be taken by anyone's. One whose leader's pid is now another process's is over too
+/// (the kernel gives a session's id to no one while anything is in it). A process whose parent
+/// is known not to be below the agent is never below it (an orphan moves up, not down), so its
 /// /proc/<pid>/stat is read once, not at every scan: a scan lists the processes and reads the
 /// stat of the agent, its descendants and the processes not yet settled.
 struct SessionNotes {
-  pid_t agent, agent_session, agent_group, own_session;
+  pid_t agent, agent_session, own_session;
   NotedMap sessions;
-  NotedMap groups;
   std::set<pid_t> others;  ///< settled: not below the agent
   int looks = 0;
 
-  void forget() {
-    sessions.clear();
-    groups.clear();
+  void forget() { sessions.clear(); }
+  bool empty() const { return sessions.empty(); }
+
+  /// A worker's session, told before its exec: noted, its leader a member, when it is the
+  /// agent's child (a worker, or a standby the agent adopted), until a look finds it empty.
+  void tell(pid_t sid) {
+    const auto leader = read_process(sid);
+    if (leader && leader->session == sid && leader->parent == agent)
+      sessions.try_emplace(sid, NotedSession{leader->start_time, {{sid, leader->start_time}}});
   }
-  bool empty() const { return sessions.empty() && groups.empty(); }
 
   void scan() {
     // Settled pids are read again now and then: one gone and taken again by a process below
@@ -142,93 +135,56 @@ struct SessionNotes {
     const std::vector<pid_t> below = descendants_of(parents, agent, {});
     const std::set<pid_t> descendants(below.begin(), below.end());
     settle(ids, descendants);
-    // The process whose pid is a session's or group's id, read once a look.
-    std::map<pid_t, std::optional<ProcessIds>> leaders;
-    auto leader_of = [&](pid_t key) -> const std::optional<ProcessIds>& {
-      auto at = leaders.find(key);
-      if (at == leaders.end()) {
-        const auto read = ids.find(key);
-        at = leaders
-                 .emplace(key, read != ids.end() ? std::optional<ProcessIds>(read->second)
-                                                 : read_process(key))
-                 .first;
-      }
-      return at->second;
-    };
-    struct Pass {
-      NotedMap& before;
-      NotedMap now;
-      std::set<pid_t> refused;     ///< not to be noted this look
-      std::set<pid_t> over;        ///< kept before, another's now (its leader's pid taken)
-      std::set<pid_t> leaderless;  ///< noted this look, its leader gone
-    };
-    Pass session_pass{sessions, {}, {}, {}, {}};
-    Pass group_pass{groups, {}, {}, {}, {}};
-    // Notes `pid` as a member of `key` in `pass`: kept from before while it is the same one (its
-    // leader gone, or the process noted as its leader), or new when `may_add` and its leader
-    // passes `leader_ok`.
-    auto note = [&](Pass& pass, pid_t key, pid_t pid, unsigned long long start, bool may_add,
-                    auto leader_ok) {
-      auto at = pass.now.find(key);
-      if (at == pass.now.end()) {
-        if (pass.refused.count(key) > 0) return;
-        const std::optional<ProcessIds>& leader = leader_of(key);
-        const auto kept = pass.before.find(key);
-        const bool same = kept != pass.before.end() &&
+    NotedMap now;
+    std::set<pid_t> refused;  ///< not to be noted this look
+    std::set<pid_t> over;     ///< kept before, another's now (its leader's pid taken)
+    // Notes `pid` as a member of session `sid`: kept from before while it is the same one (its
+    // leader gone, or the process noted as its leader), or new when `may_add` and its leader is
+    // not a ddprun watcher.
+    auto note = [&](pid_t sid, pid_t pid, unsigned long long start, bool may_add) {
+      auto at = now.find(sid);
+      if (at == now.end()) {
+        if (refused.count(sid) > 0) return;
+        const auto read = ids.find(sid);
+        const std::optional<ProcessIds> leader =
+            read != ids.end() ? std::optional<ProcessIds>(read->second) : read_process(sid);
+        const auto kept = sessions.find(sid);
+        const bool same = kept != sessions.end() &&
                           (!leader || (kept->second.leader_start != 0 &&
                                        leader->start_time == kept->second.leader_start));
-        if (kept != pass.before.end() && !same) pass.over.insert(key);
+        if (kept != sessions.end() && !same) over.insert(sid);
         if (same) {
-          at = pass.now.emplace(key, Noted{kept->second.leader_start, {}}).first;
+          at = now.emplace(sid, NotedSession{kept->second.leader_start, {}}).first;
         } else {
-          if (!may_add || pass.now.size() >= kMaxSessions) return;
-          if (leader && !leader_ok(key)) {
-            pass.refused.insert(key);
+          if (!may_add || now.size() >= kMaxSessions) return;
+          if (leader && is_watcher(sid)) {
+            refused.insert(sid);
             return;
           }
-          if (!leader) pass.leaderless.insert(key);
-          at = pass.now.emplace(key, Noted{leader ? leader->start_time : 0, {}}).first;
+          at = now.emplace(sid, NotedSession{leader ? leader->start_time : 0, {}}).first;
         }
       }
       at->second.members.emplace(pid, start);
     };
-    auto note_both = [&](pid_t pid, const ProcessIds& id, bool may_add) {
+    auto noted = [&](pid_t pid, const ProcessIds& id, bool may_add) {
       const pid_t sid = id.session;
       if (sid > 0 && sid != agent_session && sid != own_session)
-        note(session_pass, sid, pid, id.start_time, may_add,
-             [](pid_t leader) { return !is_watcher(leader); });
-      // A group of the agent's session whose leader lives outside the agent's tree (another
-      // job's, joined with setpgid) is not the job's to end.
-      const pid_t pgid = id.group;
-      if (sid == agent_session && pgid > 0 && pgid != agent_group)
-        note(group_pass, pgid, pid, id.start_time, may_add,
-             [&](pid_t leader) { return descendants.count(leader) > 0; });
+        note(sid, pid, id.start_time, may_add);
     };
-    for (pid_t pid : descendants) note_both(pid, ids.at(pid), true);
+    for (pid_t pid : descendants) noted(pid, ids.at(pid), true);
     // A process read but not settled (its parent ended before it was read, and it may be on its
-    // way up to the agent) keeps a session or group already noted, adds none.
+    // way up to the agent) keeps a session already noted, adds none.
     for (const auto& [pid, id] : ids)
       if (pid != agent && descendants.count(pid) == 0 && others.count(pid) == 0)
-        note_both(pid, id, false);
-    // A group first seen without its leader may have been another's, joined by a descendant
-    // (a session cannot be joined): not noted if a process settled outside is in it. Settled
-    // processes are not read at each look; they are here, only when such a group appears.
-    if (!group_pass.leaderless.empty())
-      for (pid_t pid : others)
-        if (const auto other = read_process(pid);
-            other && group_pass.leaderless.count(other->group) > 0)
-          group_pass.now.erase(other->group);
+        noted(pid, id, false);
     // The agent died during this look: its orphans were moving up and out of its tree. Keep
     // what was noted before, but what was found over.
-    const bool agent_gone = ::getppid() != agent;
-    for (Pass* pass : {&session_pass, &group_pass}) {
-      if (!agent_gone) {
-        pass->before = std::move(pass->now);
-        continue;
-      }
-      for (pid_t key : pass->over) pass->before.erase(key);
-      for (auto& [key, noted] : pass->now) pass->before.insert_or_assign(key, std::move(noted));
+    if (::getppid() != agent) {
+      for (pid_t sid : over) sessions.erase(sid);
+      for (auto& [sid, kept] : now) sessions.insert_or_assign(sid, std::move(kept));
+      return;
     }
+    sessions = std::move(now);
   }
 
   /// Adds to `others` each process read whose parent is known not to be below the agent: none
@@ -253,63 +209,21 @@ struct SessionNotes {
   }
 };
 
-/// Whether session or process group `key` (`field`: &ProcessIds::session or ::group), noted as
-/// `noted`, is still that one: its leader alive and the same process, or, the leader gone, one
-/// of its members at the last look still in it. Either id is its leader's pid; the kernel gives
-/// that pid to no other process while any process is in the session or group, but once it is
-/// empty anyone's new one can have it.
-bool still_noted(const std::map<pid_t, ProcessIds>& ids, pid_t key, const Noted& noted,
-                 pid_t ProcessIds::*field) {
-  if (const auto leader = ids.find(key); leader != ids.end())
-    return noted.leader_start != 0 && leader->second.start_time == noted.leader_start;
-  for (const auto& [pid, start] : noted.members)
-    if (const auto member = ids.find(pid);
-        member != ids.end() && member->second.*field == key && member->second.start_time == start)
-      return true;
-  return false;
-}
-
-/// The sessions the watcher was told of (each worker leads one, from before its exec), each
-/// with its leader's start time when told (0: already gone then).
-using ToldSessions = std::map<pid_t, unsigned long long>;
-
-/// Whether the process `ids` shows as the leader of told session `sid` is the one told of: a
-/// session's id is its leader's pid, which the kernel gives no other process while anything is
-/// in the session; once the session is empty anyone's new one can have it (a told worker that
-/// ended early, its group still running). Its leader gone, a session that has members is the
-/// told one.
-bool still_told(const std::map<pid_t, ProcessIds>& ids, pid_t sid, unsigned long long start) {
-  const auto leader = ids.find(sid);
-  if (leader == ids.end()) return true;
-  return start != 0 && leader->second.session == sid && leader->second.start_time == start;
-}
-
-/// SIGKILLs every process in one of the `told` sessions that is still that one (still_told;
-/// a worker's descendants stay in it even when they leave its process group), and every
-/// process in one of the sessions or groups of `notes` that is still that one (still_noted),
-/// judged at the first scan, scanning again while a scan finds one (what they fork meanwhile;
-/// a few scans at most).
-void kill_left(const ToldSessions& told, const SessionNotes& notes) {
+/// SIGKILLs every process in one of the sessions of `notes` that is still that one
+/// (still_noted, judged at the first scan), scanning again while a scan finds one (what they
+/// fork meanwhile; a few scans at most).
+void kill_left(const SessionNotes& notes) {
   std::set<pid_t> killed;
-  std::set<pid_t> ours_told;
-  std::set<pid_t> ours_sessions;
-  std::set<pid_t> ours_groups;
+  std::set<pid_t> ours;
   for (int scan = 0; scan < 4; ++scan) {
     const std::map<pid_t, ProcessIds> ids = read_process_ids();
-    if (scan == 0) {
-      for (const auto& [sid, start] : told)
-        if (still_told(ids, sid, start)) ours_told.insert(sid);
-      for (const auto& [session, noted] : notes.sessions)
-        if (still_noted(ids, session, noted, &ProcessIds::session)) ours_sessions.insert(session);
-      for (const auto& [group, noted] : notes.groups)
-        if (still_noted(ids, group, noted, &ProcessIds::group)) ours_groups.insert(group);
-    }
+    if (scan == 0)
+      for (const auto& [sid, noted] : notes.sessions)
+        if (still_noted(ids, sid, noted)) ours.insert(sid);
     bool found = false;
     for (const auto& [pid, id] : ids) {
-      const bool ours = ours_told.count(id.session) > 0 || ours_sessions.count(id.session) > 0 ||
-                        ours_groups.count(id.group) > 0;
       // A 'Z' main thread may have other threads still running: signalled too.
-      if (ours && killed.insert(pid).second) {
+      if (ours.count(id.session) > 0 && killed.insert(pid).second) {
         ::kill(pid, SIGKILL);
         found = true;
       }
@@ -321,12 +235,11 @@ void kill_left(const ToldSessions& told, const SessionNotes& notes) {
 /// The watcher: waits for the agent's end (EOF on the pipe, whether the agent exited or was
 /// SIGKILLed), then kills what is left in the node's cgroup and removes it, or, without one,
 /// what is left in the workers' sessions it was told of (by each worker before its exec, and
-/// by the agent for a standby) and in the sessions and process groups it saw the agent's
-/// descendants in (each second). It runs in a fork of a process with one thread, so the calls below
+/// by the agent for a standby) and in the sessions it saw the agent's descendants in (each
+/// second). It runs in a fork of a process with one thread, so the calls below
 /// are safe; it holds nothing of the agent's.
 [[noreturn]] void watch(int pipe_r, const std::string& node_dir, pid_t agent) {
   const pid_t agent_session = ::getsid(0);
-  const pid_t agent_group = ::getpgid(0);
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE, SIGTSTP})
     ::signal(sig, SIG_IGN);
   // Named before it leads a session of its own: an outer ddprun's watcher never notes that
@@ -344,12 +257,11 @@ void kill_left(const ToldSessions& told, const SessionNotes& notes) {
   if (::chdir("/") != 0) {
   }
   const pid_t own_session = ::getsid(0);
-  // Without a cgroup, a descendant that calls setsid leaves the session the watcher is told
-  // of; once the agent is gone nothing links it to the agent any more, so its session is noted
-  // while the agent lives (and any process group of the agent's session other than its own).
+  // Without a cgroup, the watcher is told each worker's session before the worker's exec, and
+  // a descendant that calls setsid leaves it; once the agent is gone nothing links either to
+  // the agent any more, so the sessions are noted while the agent lives.
   const bool scan = node_dir.empty();
-  ToldSessions told;
-  SessionNotes notes{agent, agent_session, agent_group, own_session, {}, {}, {}};
+  SessionNotes notes{agent, agent_session, own_session, {}, {}, 0};
   WatcherRecord record;
   std::size_t have = 0;
   using Clock = std::chrono::steady_clock;
@@ -374,20 +286,11 @@ void kill_left(const ToldSessions& told, const SessionNotes& notes) {
     have += static_cast<std::size_t>(n);
     if (have < sizeof record) continue;
     have = 0;
-    if (record.kind == 'T') {
-      // Its start time now, while it runs (its record comes before its exec): a session whose
-      // id a process started later leads is not this one.
-      const pid_t sid = record.session;
-      const auto leader = read_process(sid);
-      told.emplace(sid, leader && leader->session == sid ? leader->start_time : 0);
-    }
-    if (record.kind == 'F') {
-      told.clear();
-      notes.forget();  // killed with the group (the agent's /proc walk), or the job's end
-    }
+    if (record.kind == 'T') notes.tell(record.session);
+    if (record.kind == 'F') notes.forget();  // killed with the group, or the job's end
   }
-  // A normal end told it to forget every group: nothing to do.
-  if (!told.empty() || !notes.empty()) kill_left(told, notes);
+  // A normal end told it to forget every session: nothing to do.
+  if (!notes.empty()) kill_left(notes);
   if (node_dir.empty()) ::_exit(0);
   // A normal end removed the directory already: ENOENT, nothing to do.
   if (write_control(node_dir + "/cgroup.kill", "1") != ENOENT) {
@@ -427,6 +330,18 @@ std::optional<std::string> cgroup2_mount_point(const std::string& mountinfo) {
   return std::nullopt;
 }
 
+bool still_noted(const std::map<pid_t, ProcessIds>& ids, pid_t sid, const NotedSession& noted) {
+  if (const auto leader = ids.find(sid); leader != ids.end())
+    return noted.leader_start != 0 && leader->second.start_time == noted.leader_start;
+  for (const auto& [pid, start] : noted.members) {
+    if (pid == sid) return true;  // the leader, there at the last look
+    if (const auto member = ids.find(pid);
+        member != ids.end() && member->second.session == sid && member->second.start_time == start)
+      return true;
+  }
+  return false;
+}
+
 std::optional<std::string> cgroup2_own_path(const std::string& proc_self_cgroup) {
   std::istringstream lines(proc_self_cgroup);
   for (std::string line; std::getline(lines, line);)
@@ -463,7 +378,7 @@ common::Result<std::pair<pid_t, int>> start_watcher(const std::string& node_dir)
 common::Result<std::unique_ptr<GroupCleanup>> GroupCleanup::start(CleanupMode mode) {
   std::unique_ptr<GroupCleanup> cleanup(new GroupCleanup());
   if (auto why = become_child_subreaper()) return *why;
-  // Without a cgroup, a watcher that kills the workers' process groups should the agent die
+  // Without a cgroup, a watcher that kills the workers' sessions should the agent die
   // (a failure to start it leaves the /proc walk, which covers every end but a SIGKILL).
   auto use_subreaper = [&cleanup] {
     auto started = start_watcher("");
@@ -595,7 +510,7 @@ int GroupCleanup::end_group(const std::set<pid_t>& spared) {
   std::set<pid_t> keep = spared;
   if (watcher_ > 0) keep.insert(watcher_);
   const int killed = kill_descendants(keep);
-  // The group's processes are gone: a process group id the watcher holds could be reused.
+  // The group's processes are gone: a session id the watcher holds could be reused.
   tell_watcher('F', 0);
   if (!group_dir_.empty()) {
     write_control(group_dir_ + "/cgroup.kill", "1");

@@ -1,12 +1,15 @@
 #pragma once
 #include <sys/types.h>
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "agent/process_tree.h"
 #include "common/result.h"
 
 namespace ddprun::agent {
@@ -34,6 +37,24 @@ std::optional<std::string> cgroup2_mount_point(const std::string& mountinfo);
 /// (its "0::" line); nullopt when there is none.
 std::optional<std::string> cgroup2_own_path(const std::string& proc_self_cgroup);
 
+/// A session the subreaper watcher keeps while the agent lives (a worker's, or one a descendant
+/// started with setsid): its leader's start time (0: gone when first seen) and the processes
+/// in it at the last look, each a pid and its start time (for a worker's session told before
+/// its exec and not looked at since: the worker).
+struct NotedSession {
+  unsigned long long leader_start = 0;
+  std::set<std::pair<pid_t, unsigned long long>> members;
+};
+
+/// Whether session `sid`, noted as `noted`, is still that one in `ids` (read_process_ids()):
+/// its leader alive and the same process; or, the leader gone, the leader or another process
+/// in it at the last look (a worker dies with the agent, by PR_SET_PDEATHSIG, and what it
+/// started since that look is still the job's), the other still in it. A session's id is its
+/// leader's pid, which the kernel gives no other process while anything is in the session; a
+/// session found empty at a look is dropped, so what later has its id is never taken for it,
+/// but for one emptied and its id taken again since the last look (at most a second).
+bool still_noted(const std::map<pid_t, ProcessIds>& ids, pid_t sid, const NotedSession& noted);
+
 /// Kills what is left of each worker group, and everything at the end.
 ///
 ///   agent (child subreaper) ----- pipe (write end, close-on-exec) -----> watcher
@@ -45,9 +66,9 @@ std::optional<std::string> cgroup2_own_path(const std::string& proc_self_cgroup)
 /// process group) to the watcher's pipe before exec, and the agent writes each standby's before
 /// a hand-over; once a group's processes are killed the agent tells the watcher to forget them
 /// all. If the agent dies first, the watcher SIGKILLs whatever is left in those sessions (the
-/// workers' background children, also those in process groups of their own), checked to be
-/// the ones told of (the leader's start time), and in the sessions and process groups it saw
-/// the agent's descendants in (it looks each second).
+/// workers' background children, also those in process groups of their own) and in the
+/// sessions it saw the agent's descendants start (setsid; it looks each second), each while it
+/// is still the one noted (still_noted); one a look finds empty is dropped.
 /// A group's end kills every descendant of the agent but the standbys (a /proc walk), and with
 /// a cgroup also writes the group's cgroup.kill.
 class GroupCleanup {

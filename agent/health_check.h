@@ -63,7 +63,7 @@ struct HealthResult {
 };
 
 /// Runs the gate's checks on the agent's event loop: the built-in ones at once, then the
-/// command (when there is one) as a child of the agent in its own process group, its output
+/// command (when there is one) as a child of the agent in its own session, its output
 /// read through a pipe, killed (the whole group) when it runs past the timeout. The agent
 /// passes every reaped pid to on_exit(); the check's own is taken. Nothing here waits: a
 /// command the kernel keeps from dying (a hung mount) fails the check at its timeout, and its

@@ -93,7 +93,7 @@ struct ChildSetup {
 
 /// Runs in the forked child: only async-signal-safe calls until execve.
 [[noreturn]] void exec_child(const ChildSetup& c) {
-  // A session of its own, as torchrun 2.x starts its workers (`start_new_session`): it leads
+  // A session of its own, as torchrun 2.6 starts its workers (`start_new_session`): it leads
   // its process group, and it has no controlling terminal, so a program that opens /dev/tty
   // (getpass) gets ENXIO and falls back to stdin instead of being stopped by SIGTTOU.
   ::setsid();
@@ -111,7 +111,7 @@ struct ChildSetup {
     ssize_t moved = ::write(c.cgroup_procs_fd, "0", 1);
     (void)moved;
   }
-  // Without a cgroup, the watcher learns this process group before anything in it can fork:
+  // Without a cgroup, the watcher learns this session before anything in it can fork:
   // should the agent die the moment this worker starts, the watcher still kills what it starts.
   if (c.watcher_fd >= 0) {
     // A watcher gone must not kill this worker (EPIPE instead); every signal is reset below.

@@ -39,7 +39,7 @@ struct StandbySettings {
   EnvMap agent_env;
   std::string run_id;
   /// Needed for a zygote (a subreaper adopts its forks); without a cgroup, each standby's
-  /// process group is tracked with it before a hand-over.
+  /// session is tracked with it before a hand-over.
   GroupCleanup* cleanup = nullptr;
   /// How long after a group its standbys start (AgentOptions::standby_delay).
   std::chrono::milliseconds delay{1'000};

@@ -15,10 +15,10 @@ namespace ddprun::agent {
 ///     thread of the agent copies into it each line typed there, one line once the last one
 ///     was read, while ddprun's process group is the terminal's foreground one and the
 ///     terminal reads lines (a pager in the same pipeline, which reads keys, is left alone).
-///     A worker leads a process group of its own, so reading the terminal itself would stop
-///     it (SIGTTIN). While no worker reads, what is typed stays in the terminal, but for the
-///     one line already in the pipe. End of file there (Ctrl-D) is end of file for the
-///     workers from then on.
+///     Workers read the pipe, not the terminal, so none takes what is typed while ddprun is
+///     in the background or a pager reads keys. While no worker reads, what is typed stays in the
+///     terminal, but for the one line already in the pipe. End of file there (Ctrl-D) is end of
+///     file for the workers from then on.
 class WorkerStdin {
  public:
   /// Sets up what this process's stdin asks for; SIGTTIN is ignored by the agent while it

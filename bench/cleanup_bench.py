@@ -101,13 +101,15 @@ def watcher_cpu(ddprun: str, mode: str, workers: int, seconds: float) -> tuple[f
         deadline = time.monotonic() + 30
         while len(live(mark)) < workers and time.monotonic() < deadline:
             time.sleep(0.01)
-        # The watcher: the child of ddprun that leads a session of its own.
+        # The watcher: the child of ddprun named ddprun-watcher (every worker leads a session
+        # of its own too).
         watcher = None
         for task in os.listdir(f"/proc/{job.pid}/task"):
             with open(f"/proc/{job.pid}/task/{task}/children") as f:
                 for child in map(int, f.read().split()):
-                    if os.getsid(child) == child:
-                        watcher = child
+                    with open(f"/proc/{child}/comm") as comm:
+                        if comm.read().strip() == "ddprun-watcher":
+                            watcher = child
         if watcher is None:
             raise SystemExit(f"--cleanup {mode}: no watcher found below ddprun")
         before = cpu_ns(watcher)

@@ -933,7 +933,7 @@ constexpr OptionSpec kOptions[] = {
      "How no process a worker started outlives its group or a killed ddprun: cgroup (a cgroup "
      "v2 per group, killed with cgroup.kill, also after a SIGKILL of ddprun), subreaper (every "
      "descendant is killed at the group's end; a SIGKILL of ddprun can leave ones that left "
-     "their process group (setsid, setpgid) less than a second before), "
+     "their worker's session (setsid) less than a second before), "
      "auto (cgroup where the cgroup tree is delegated, else subreaper) (default {default})."},
     {Flag::StartMethod, parse_start_method,
      "start_method", "", false, "spawn|fork|forkserver", "spawn", kSupervision,

@@ -213,7 +213,7 @@ TEST_CASE("a rank handed to a Python standby sees what a freshly started rank se
     CHECK(p["signals"]["SIGUSR1"] == "SIG_IGN");
     CHECK(p["signals"]["SIGUSR2"] == "SIG_IGN");
     CHECK(p["signals"]["SIGTERM"] == "SIG_DFL");
-    // A session of its own (and so its process group), as torchrun 2.x starts a worker.
+    // A session of its own (and so its process group), as torchrun 2.6 starts a worker.
     CHECK(p["leads"] == nlohmann::json::array({true, true}));
     // ddprun exports PYTHONFAULTHANDLER=1 (hang forensics): fresh and forked alike.
     CHECK(p["faulthandler"] == true);

@@ -267,6 +267,30 @@ TEST_CASE(
   CHECK(none_left(dir.path()));
 }
 
+TEST_CASE(
+    "a session whose id was a worker's pid, taken by an unrelated daemon, outlives a SIGKILL of "
+    "the agent (--cleanup subreaper)",
+    "[agent][integration]") {
+  // In a pid namespace of its own, so that the test can give the pid of a worker that ended
+  // early to a daemon's session (ns_last_pid): the watcher must have dropped the worker's
+  // session once it was empty, not kill whatever later has its id (docs/design.md, "Process
+  // hygiene"). Needs root, for the namespace and ns_last_pid.
+  if (::geteuid() != 0) {
+    WARN("not root: a pid namespace of its own cannot be made here");
+    return;
+  }
+  TempDir dir;
+  auto r = run_command(
+      {"/usr/bin/unshare", "--pid", "--fork", "--mount", "--mount-proc", "/usr/bin/python3",
+       std::string(DDPRUN_SOURCE_DIR) + "/tests/integration/scripts/session_reuse.py", DDPRUN_BIN,
+       dir.path()},
+      {}, kJobLimit);
+  INFO(r.out << r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code == 0);
+  CHECK(contains(r.out, "daemon alive: True"));
+}
+
 TEST_CASE("forcing --cleanup cgroup where it cannot work exits 64 with the reason",
           "[agent][integration]") {
   if (::geteuid() != 0) {

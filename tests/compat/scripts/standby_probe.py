@@ -73,7 +73,7 @@ probe("signals", {s.name: (h.name if isinstance(h := signal.getsignal(s), signal
                            else repr(h)) for s in
                   (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT,
                    signal.SIGPIPE, signal.SIGCHLD)})
-# Its own session and process group, as torchrun 2.x starts a worker (start_new_session).
+# Its own session and process group, as torchrun 2.6 starts a worker (start_new_session).
 probe("leads", [os.getsid(0) == os.getpid(), os.getpgrp() == os.getpid()])
 probe("blocked", sorted(s.name for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])))
 probe("flags", [sys.flags.optimize, sys.flags.dont_write_bytecode, sys.flags.no_user_site,

@@ -28,3 +28,52 @@ TEST_CASE("cleanup modes have one name each, in both directions", "[agent][unit]
     CHECK(parse_cleanup_mode(cleanup_mode_name(mode)) == mode);
   CHECK_FALSE(parse_cleanup_mode("keeper").has_value());
 }
+
+namespace {
+
+/// A process as read_process_ids() shows it: in session `sid`, started at `start`.
+ProcessIds in_session(pid_t sid, unsigned long long start) {
+  ProcessIds id;
+  id.parent = 1;
+  id.group = sid;
+  id.session = sid;
+  id.start_time = start;
+  return id;
+}
+
+}  // namespace
+
+TEST_CASE("a noted session is the job's while its leader or a member seen in it is there",
+          "[agent][unit]") {
+  const pid_t sid = 40;
+  // Seen at a look: member 41 (started at 1100), its leader 40 (at 1000) gone before the look.
+  const NotedSession seen{1000, {{41, 1100}}};
+  CHECK(still_noted({{40, in_session(sid, 1000)}, {41, in_session(sid, 1100)}}, sid, seen));
+  CHECK(still_noted({{41, in_session(sid, 1100)}}, sid, seen));
+  // pid 40 leads someone else's session now (another start time): not the job's, whatever is
+  // in it.
+  CHECK_FALSE(still_noted({{40, in_session(sid, 5000)}, {41, in_session(sid, 1100)}}, sid, seen));
+  // The session emptied and its id was taken by a daemon whose leader exited: its member (pid
+  // 42, or pid 41 taken again with another start time) is not one seen in the job's session.
+  CHECK_FALSE(still_noted({{42, in_session(sid, 6000)}}, sid, seen));
+  CHECK_FALSE(still_noted({{41, in_session(sid, 6000)}}, sid, seen));
+  // A member seen there that moved to a session of its own is judged by that session.
+  CHECK_FALSE(still_noted({{41, in_session(41, 1100)}}, sid, seen));
+}
+
+TEST_CASE("a worker's session is the job's while the worker or what it started may be there",
+          "[agent][unit]") {
+  const pid_t sid = 40;
+  // The worker (40, started at 1000) in it at the last look, or told before its exec.
+  const NotedSession worker{1000, {{40, 1000}}};
+  CHECK(still_noted({{40, in_session(sid, 1000)}}, sid, worker));
+  // The worker gone with the agent (PR_SET_PDEATHSIG): what it started since the last look
+  // (43, in a process group of its own or not) is the job's.
+  CHECK(still_noted({{43, in_session(sid, 1200)}}, sid, worker));
+  // pid 40 is someone else's now.
+  CHECK_FALSE(still_noted({{40, in_session(sid, 7000)}}, sid, worker));
+  // Its leader gone when first seen (leader_start 0) and nothing seen in it still there.
+  const NotedSession leaderless{0, {{41, 1100}}};
+  CHECK_FALSE(still_noted({{43, in_session(sid, 1200)}}, sid, leaderless));
+  CHECK_FALSE(still_noted({{40, in_session(sid, 1000)}}, sid, leaderless));
+}
