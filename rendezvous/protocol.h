@@ -193,8 +193,10 @@ using SharedText = Shared<std::string>;
 /// Progress of the round being formed, sent to its members on every change.
 struct Waiting {
   int round = 0;
-  SharedNames joined;    ///< names of the nodes in the forming round (the first few)
-  int joined_count = 0;  ///< how many nodes are in the forming round
+  SharedNames joined;  ///< names of the nodes in the forming round (the first few)
+  /// How many nodes are in the forming round; for a node on the wait list while a round runs
+  /// (join_timeout 0), in the running round.
+  int joined_count = 0;
   int min_nodes = 1;
   int max_nodes = 1;
   /// Given --node_rank values not yet joined (if any; the first few).

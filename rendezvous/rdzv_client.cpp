@@ -348,13 +348,16 @@ class Stepper {
 std::string format_waiting(const Waiting& w) {
   const int joined = w.joined_count;
   std::string line;
-  if (!w.quarantined.empty()) {
+  // A quarantined node hears once, as it joins (while the job forms again without it): no
+  // node count that would stay as it was then.
+  if (!w.quarantined.empty())
     return "this node is quarantined: " + w.quarantined + "; it checks itself and joins again in " +
-           std::to_string(seconds(w.quarantine_left)) + " s (the job runs with " +
-           std::to_string(joined) + " node(s))";
-  }
+           std::to_string(seconds(w.quarantine_left)) + " s";
+  if (w.wait_listed && w.join_timeout.count() == 0)  // the job runs: no deadline
+    return "waiting for a place in the job: it runs with " + std::to_string(joined) +
+           " node(s), at most " + std::to_string(w.max_nodes);
   if (w.wait_listed) {
-    line = "waiting for a place in the job: it runs with " + std::to_string(joined) +
+    line = "waiting for a place in the job: the round forming has " + std::to_string(joined) +
            " node(s), at most " + std::to_string(w.max_nodes);
   } else {
     const int target = joined < w.min_nodes ? w.min_nodes : w.max_nodes;

@@ -313,10 +313,18 @@ void send_waiting(Step& st, const std::string& trigger = "") {
       s.phase == JobPhase::Joining ? missing_node_ranks(s, kMaxNamesInMessage) : std::vector<int>{};
   const auto waiting_for = [&](const NodeRecord& node) {
     // While a round runs, the wait list is who would join the next round; it has no deadline
-    // (join_timeout 0): a place opens when the round loses a node or scales up.
+    // (join_timeout 0): a place opens when the round loses a node or scales up. The count is
+    // the running round's, which a waiting node is told it runs with.
     if (s.phase == JobPhase::Running)
-      return Waiting{s.round + 1, names,     count, s.settings.min_nodes, s.settings.max_nodes, {},
-                     Millis{0},   Millis{0}, true};
+      return Waiting{s.round + 1,
+                     names,
+                     count_participants(s),
+                     s.settings.min_nodes,
+                     s.settings.max_nodes,
+                     {},
+                     Millis{0},
+                     Millis{0},
+                     true};
     return Waiting{s.round,
                    names,
                    count,

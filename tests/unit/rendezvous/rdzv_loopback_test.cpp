@@ -494,7 +494,10 @@ TEST_CASE(
   lb.to_client("b", NextRound{});
   REQUIRE(lb.job.phase == JobPhase::Running);
   lb.to_client("c", NextRound{});  // the spare
-  CHECK(lb.node("c").logged("waiting for a place in the job"));
+  // The running round's size, with no deadline (it was "1 node(s) ... 0 s of 0 s": the wait
+  // list's size).
+  CHECK(lb.node("c").logged("waiting for a place in the job: it runs with 2 node(s), at most 2"));
+  CHECK_FALSE(lb.node("c").logged(" s of "));
   const int rank_a = lb.node("a").last_round().group_rank;
   lb.fail("b", "worker rank 1 exited with 1");
   lb.fail("b", "worker rank 1 exited with 1");
@@ -502,6 +505,8 @@ TEST_CASE(
   REQUIRE(quarantined.size() == 2);
   CHECK(quarantined[1].quarantine == 30s);
   CHECK(lb.node("b").logged("this node is quarantined"));
+  // Said once, as the job forms again: no node count that would go stale.
+  CHECK_FALSE(lb.node("b").logged("the job runs with"));
   // The round runs with a (its rank kept) and c (b's).
   REQUIRE(lb.job.phase == JobPhase::Running);
   CHECK(lb.node("a").last_round().group_rank == rank_a);
