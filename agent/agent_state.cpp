@@ -598,9 +598,10 @@ class Stepper {
         // One that never started (its launch failed, said above) has no pid to show.
         const std::string what =
             root.pid > 0
-                ? fmt::format("worker rank {} (local rank {}, pid {}) on {} failed with {}",
+                ? fmt::format("worker rank {} (local rank {}, pid {}) on {} failed with {}{}",
                               root.placement.global_rank, root.placement.local_rank, root.pid,
-                              spec_.host, describe_exit(root.status))
+                              spec_.host, describe_exit(root.status),
+                              root.exception.empty() ? "" : " (" + root.exception + ")")
                 : fmt::format("worker rank {} (local rank {}) on {} did not start",
                               root.placement.global_rank, root.placement.local_rank, spec_.host);
         log(LogLevel::Warn, what + "; stopping the group");
@@ -657,10 +658,17 @@ class Stepper {
   }
 
   /// The stop signal to every running worker, and the deadline after which SIGKILL follows.
+  /// Not to one SIGABRT'd for its traceback (kill_hung): a SIGTERM would end it before its
+  /// fault handler has printed (a hung rank's traceback lost when a peer's abort stopped the
+  /// group first); the TracebackDeadline SIGKILLs it.
   void signal_stop() {
     const int sig = s_.stop_signal;
+    std::vector<pid_t> pids;
+    for (pid_t pid : running_pids(s_))
+      if (sig == SIGKILL || std::find(s_.aborted.begin(), s_.aborted.end(), pid) == s_.aborted.end())
+        pids.push_back(pid);
     // A stopped (SIGSTOP) worker acts on the stop signal only once continued.
-    out_.push_back(SignalWorkers{running_pids(s_), sig, sig != SIGKILL});
+    out_.push_back(SignalWorkers{std::move(pids), sig, sig != SIGKILL});
     out_.push_back(ArmTimer{AgentTimer::StopDeadline, now_ + spec_.shutdown_timeout});
   }
 
@@ -809,17 +817,24 @@ class Stepper {
       case rdzv::JobOutcomeKind::Failed:
         break;
     }
-    // Why no restart came, on every node: a requeue would meet the same failure.
-    if (closed.do_not_requeue)
-      log(LogLevel::Error, fmt::format("the job ends, not to be requeued (exit {}): {}",
-                                       common::kExitDoNotRequeue, closed.message));
-    out_.push_back(ReportJobFailure{closed});
     // A job that failed without a worker failing (a node was lost) still must not exit 0.
     ExitStatus root{closed.exit_code, closed.signal};
     if (root.ok()) root.code = 1;
     JobOutcome outcome = JobOutcome::workers_failed(root, spec_.max_restarts);
     outcome.do_not_requeue = closed.do_not_requeue;
-    finish(job_exit_code(outcome));
+    const int code = job_exit_code(outcome);
+    // Why no restart came, on every node, with the exit status it gives: a requeue would meet
+    // the same failure (78), or the restart budget is used up (75).
+    if (closed.do_not_requeue)
+      log(LogLevel::Error,
+          fmt::format("the job ends, not to be requeued (exit {}): {}", code, closed.message));
+    else
+      log(LogLevel::Error,
+          fmt::format("the job ends (exit {}{}): {}", code,
+                      code == common::kExitRestartsExhausted ? ", a requeue may help" : "",
+                      closed.message));
+    out_.push_back(ReportJobFailure{closed});
+    finish(code);
   }
 
   void finish(int code) {

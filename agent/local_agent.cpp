@@ -286,9 +286,10 @@ class LocalAgent::Impl {
 
   void execute(const ScheduleStandbys&) { standbys_.schedule(attempt_.executable); }
 
-  void execute(const ReportJobFailure& e) {
+  void execute(const ReportJobFailure&) {
+    // Why, and the exit status, were said on every node (AgentState's conclude).
     if (failures_.empty())
-      return spdlog::error("the job failed on another node: {}", e.closed.message);
+      return spdlog::error("the job failed on another node: its log has the failure report");
     if (!temp_dir_.empty() && names_error_files(failures_)) {
       spdlog::info("the error files named below are kept in {} (remove it when done)",
                    temp_dir_.string());

@@ -1024,15 +1024,18 @@ void on_workers_failed(Step& st, const std::string& id, const WorkersFailed& fai
     ends.message = reason + "; a crash loop: the same failure " +
                    std::to_string(s.failure_repeats) + " times in a row (--crash_loop_stop " +
                    std::to_string(s.settings.crash_loop_limit) +
-                   ") with no progress in between: no training step was reported and no group "
-                   "ran for --restart_backoff_reset";
-    // Every one of them on one machine: a broken machine looks the same as a broken script.
+                   ") with no progress in between that ddprun could see: no training step was "
+                   "reported (the SDK, or a file named by --progress_file that the script "
+                   "updates) and no group ran for --restart_backoff_reset; --crash_loop_stop 0 "
+                   "restarts such a job up to --max_restarts";
+    // Every one of them on one machine of several: a broken machine looks the same as a broken
+    // script. (On a job of one node every failure is on it: nothing to tell.)
     const auto standing = s.standing.find(node_identity(id, node.request));
-    if (failed.culprit && standing != s.standing.end() &&
+    if (failed.culprit && count_participants(s) > 1 && standing != s.standing.end() &&
         standing->second.failures_in_a_row + 1 >= s.failure_repeats)
       ends.message += "; each time on node " + node.request.name +
                       " (no spare could take its place): if that machine is at fault, leave it "
-                      "out (sbatch --exclude, a node selector) and requeue the job";
+                      "out (sbatch --exclude, a node selector) when the job runs again";
     ends.do_not_requeue = true;
     return close_job(st, ends);
   }

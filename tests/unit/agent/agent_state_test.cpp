@@ -435,6 +435,16 @@ TEST_CASE("agent: Running -> Stopping on a failure reports it and stops the othe
   CHECK(a.event("failure_detected")["how"] == "exit");
 }
 
+TEST_CASE("agent: a failure names the exception type the worker's error file gives",
+          "[agent][unit]") {
+  Agent a(2, 2);
+  auto pids = a.running_group();
+  a.on(WorkerExited{pids[1], {1, 0}, true, "RuntimeError"});
+  CHECK(a.effects<ReportFailure>().at(0).failure.description ==
+        "worker rank 1 (local rank 1, pid " + std::to_string(pids[1]) +
+            ") on node-a failed with exit code 1 (RuntimeError)");
+}
+
 TEST_CASE("agent: with --restart_window the restart names the window's count, not N of M",
           "[agent][unit]") {
   // The job's count may pass --max_restarts: the budget holds only the window's restarts.
@@ -634,6 +644,8 @@ TEST_CASE("agent: a failed job prints its report and exits as the rendezvous say
     a.on(NoticeReceived{rdzv::Closed{rdzv::JobOutcomeKind::Failed, "rank 0 failed", 3, 0}});
     CHECK(a.has<ReportJobFailure>());
     CHECK(a.effects<Finish>().at(0).code == ddprun::common::kExitRestartsExhausted);
+    // Why, with the status (it came with no line of its own).
+    CHECK(a.logged("the job ends (exit 75, a requeue may help): rank 0 failed"));
   }
   SECTION("no restarts: the worker's own code") {
     Agent a(1, 0);
@@ -852,6 +864,26 @@ TEST_CASE("agent: a hung Python worker gets SIGABRT for its traceback and SIGKIL
     CHECK(a.effects<SignalWorkers>().at(0).pids == std::vector<pid_t>{pids[0]});
     CHECK(a.effects<SignalWorkers>().at(0).sig == SIGKILL);
   }
+}
+
+TEST_CASE("agent: hung workers SIGABRT'd together keep printing when one's death stops the group",
+          "[agent][unit]") {
+  Agent a(2);
+  a.spec.python_tracebacks = true;
+  a.spec.watchdog_timeout = 2s;
+  auto pids = a.running_group();
+  a.now += 3s;
+  a.on(TimerFired{AgentTimer::Watchdog});
+  a.inspected('S');  // both silent: both get SIGABRT
+  REQUIRE(a.effects<SignalWorkers>().size() == 2);
+  // Rank 0 printed and died first; the group stops, but rank 1, still printing its traceback,
+  // gets no SIGTERM (which would end it mid-print): the grace's SIGKILL is its end.
+  a.on(WorkerExited{pids[0], {0, SIGABRT}, false});
+  for (const auto& sent : a.effects<SignalWorkers>())
+    CHECK(std::find(sent.pids.begin(), sent.pids.end(), pids[1]) == sent.pids.end());
+  a.on(TimerFired{AgentTimer::TracebackDeadline});
+  CHECK(a.effects<SignalWorkers>().at(0).pids == std::vector<pid_t>{pids[1]});
+  CHECK(a.effects<SignalWorkers>().at(0).sig == SIGKILL);
 }
 
 // ---- --restart_backoff ----------------------------------------------------------------------

@@ -634,6 +634,25 @@ TEST_CASE("the same failure --crash_loop_stop times in a row without progress en
   // Each failure came from node b: it may be the machine, and the message says what to do.
   CHECK_THAT(closed.message, Catch::Contains("each time on node b (no spare could take its "
                                              "place): if that machine is at fault, leave it out"));
+  // What would have counted as progress, and how to turn the stop off.
+  CHECK_THAT(closed.message,
+             Catch::Contains("--progress_file") && Catch::Contains("--crash_loop_stop 0"));
+}
+
+TEST_CASE("a crash loop of a one-node job does not blame its machine", "[rdzv][unit][policy]") {
+  RdzvSettings settings = nnodes(1, 1, 50);
+  settings.crash_loop_limit = 3;
+  Job job = running_job({"a"}, settings);
+  job.send("a", failure(0, 0, 1, "ValueError"));
+  rejoin(job, settings);
+  job.send("a", failure(1, 0, 1, "ValueError"));
+  rejoin(job, settings);
+  const auto& out = job.send("a", failure(2, 0, 1, "ValueError"));
+  REQUIRE(job.state.phase == JobPhase::Closed);
+  const auto closed = to<Closed>(out, "a").at(0);
+  CHECK_THAT(closed.message, Catch::Contains("the same failure 3 times in a row"));
+  // Every failure of a one-node job is on its node: a script's fault as likely as the machine's.
+  CHECK_THAT(closed.message, !Catch::Contains("each time on node"));
 }
 
 TEST_CASE("a crash loop reported by several nodes does not name one machine",
