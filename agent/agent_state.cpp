@@ -665,7 +665,8 @@ class Stepper {
     const int sig = s_.stop_signal;
     std::vector<pid_t> pids;
     for (pid_t pid : running_pids(s_))
-      if (sig == SIGKILL || std::find(s_.aborted.begin(), s_.aborted.end(), pid) == s_.aborted.end())
+      if (sig == SIGKILL ||
+          std::find(s_.aborted.begin(), s_.aborted.end(), pid) == s_.aborted.end())
         pids.push_back(pid);
     // A stopped (SIGSTOP) worker acts on the stop signal only once continued.
     out_.push_back(SignalWorkers{std::move(pids), sig, sig != SIGKILL});

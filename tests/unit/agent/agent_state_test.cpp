@@ -872,6 +872,8 @@ TEST_CASE("agent: hung workers SIGABRT'd together keep printing when one's death
   a.spec.python_tracebacks = true;
   a.spec.watchdog_timeout = 2s;
   auto pids = a.running_group();
+  a.on(ProgressReported{0});
+  a.on(ProgressReported{1});
   a.now += 3s;
   a.on(TimerFired{AgentTimer::Watchdog});
   a.inspected('S');  // both silent: both get SIGABRT
