@@ -321,11 +321,11 @@ class Stepper {
       w.inspecting = false;
       if (!w.running || w.hung || s_.phase != AgentPhase::Running) continue;
       w.hung = true;
+      w.silent_since = *w.last_progress;
       // Stopped or stuck in the kernel: nothing a peer does can hold it there. Asleep or
       // running, it may be waiting in a collective for a peer that hung.
       w.hung_alone = seen.state == 'T' || seen.state == 't' || seen.state == 'D';
-      const long long silent_ms =
-          std::chrono::duration_cast<std::chrono::milliseconds>(now_ - *w.last_progress).count();
+      const long long silent_ms = static_cast<long long>(ms_between(w.silent_since, now_));
       log(LogLevel::Warn,
           fmt::format("worker rank {} (local rank {}, pid {}) made no progress for {} ms "
                       "(--watchdog_timeout), {}: killing it",
@@ -608,18 +608,22 @@ class Stepper {
         const bool progress = made_progress();
         // A watchdog kill of a worker that was not stopped blames no node (check_watchdog).
         const bool culprit = !root.hung || root.hung_alone;
-        out_.push_back(EmitEvent{EventName::FailureDetected,
-                                 {{"rank", root.placement.global_rank},
-                                  {"local_rank", root.placement.local_rank},
-                                  {"pid", root.pid},
-                                  {"exit_code", root.status.code},
-                                  {"signal", root.status.signal},
-                                  {"exception", root.exception},
-                                  {"progress", progress},
-                                  {"how", root.launch_failed ? "launch"
-                                          : root.hung        ? "watchdog"
-                                                             : "exit"},
-                                  {"culprit", culprit}}});
+        nlohmann::json detected = {{"rank", root.placement.global_rank},
+                                   {"local_rank", root.placement.local_rank},
+                                   {"pid", root.pid},
+                                   {"exit_code", root.status.code},
+                                   {"signal", root.status.signal},
+                                   {"exception", root.exception},
+                                   {"progress", progress},
+                                   {"how", root.launch_failed ? "launch"
+                                           : root.hung        ? "watchdog"
+                                                              : "exit"},
+                                   {"culprit", culprit}};
+        // A hung worker's time lost began at its last progress, not at the watchdog's kill
+        // (what it printed as it died, a traceback, counts as progress since).
+        if (root.hung)
+          detected["silent_ms"] = static_cast<long long>(ms_between(root.silent_since, now_));
+        out_.push_back(EmitEvent{EventName::FailureDetected, std::move(detected)});
         out_.push_back(ReportFailure{
             rdzv::WorkersFailed{s_.round.round, what, root.status.code, root.status.signal,
                                 root.placement.global_rank, root.exception, progress, culprit}});

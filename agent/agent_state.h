@@ -111,6 +111,8 @@ struct WorkerSlot {
   bool launch_failed = false;  ///< the process could not be started
   ExitStatus status;           ///< once it has exited
   bool hung = false;           ///< killed by the watchdog
+  /// Hung: its last progress when it was judged so (what it prints as it dies comes later).
+  TimePoint silent_since{};
   /// The watchdog found it stopped (SIGSTOP, a debugger) or stuck in the kernel: it hung by
   /// itself. A hung worker that is merely asleep may be waiting in a collective for a peer
   /// that hung, so its failure blames no node (docs/design.md, "Who hung").

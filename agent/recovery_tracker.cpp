@@ -73,6 +73,11 @@ bool RecoveryTracker::observe(EventName event, const json& fields, double t) {
                   : "restart: " + event_text_field(fields, "reason", "the rendezvous asked");
     if (last_fault_ && *last_fault_ >= t - kFaultWindowS && *last_fault_ <= t)
       w.fault_at = last_fault_;
+    // A hung worker failed when it went silent, not when the watchdog killed it.
+    if (const long long silent = event_int_field(fields, "silent_ms", -1);
+        !w.fault_at && event == EventName::FailureDetected && silent >= 0 &&
+        event_text_field(fields, "how", "") == "watchdog")
+      w.fault_at = t - static_cast<double>(silent) / 1000.0;
     windows_.push_back(std::move(w));
     return true;
   }
@@ -81,8 +86,10 @@ bool RecoveryTracker::observe(EventName event, const json& fields, double t) {
   // belong to the stop, not to the recovery.
   if (event == EventName::Signal || event == EventName::JobEnd) {
     current->closed = true;
+    current->ended_job = event == EventName::JobEnd && !current->rejoined && !current->resumed;
     return false;
   }
+  if (event == EventName::RendezvousStart) current->rejoined = true;
   if (event == EventName::RestartDelayed && !current->delayed_at) current->delayed_at = t;
   if (event == EventName::RendezvousStart && current->delayed_at && !current->rejoined_at)
     current->rejoined_at = t;
@@ -121,16 +128,23 @@ Recovery RecoveryTracker::phases_of(const Window& w) {
   return r;
 }
 
+std::vector<const RecoveryTracker::Window*> RecoveryTracker::recovery_windows() const {
+  std::vector<const Window*> out;
+  for (const Window& w : windows_)
+    if (!w.ended_job) out.push_back(&w);
+  return out;
+}
+
 std::vector<Recovery> RecoveryTracker::recoveries() const {
   std::vector<Recovery> out;
-  out.reserve(windows_.size());
-  for (const Window& w : windows_) out.push_back(phases_of(w));
+  for (const Window* w : recovery_windows()) out.push_back(phases_of(*w));
   return out;
 }
 
 std::optional<Recovery> RecoveryTracker::last() const {
-  if (windows_.empty()) return std::nullopt;
-  return phases_of(windows_.back());
+  const auto windows = recovery_windows();
+  if (windows.empty()) return std::nullopt;
+  return phases_of(*windows.back());
 }
 
 }  // namespace ddprun::agent

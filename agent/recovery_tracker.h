@@ -9,7 +9,9 @@
 // failure, and the failures of other ranks in the same round, belong to it. Its phases end with
 // the last event of each kind in its window, which closes at the next recovery, at a stop
 // signal or at the job's end; a phase's end is when its last participant (node or rank) is
-// done, because the job waits for the slowest.
+// done, because the job waits for the slowest. A failure the job ended on (no rendezvous
+// followed it before job_end) is no recovery. A watchdog's failure (how "watchdog") began when
+// the worker last made progress: its detect phase is the silence it was judged on (silent_ms).
 #include <map>
 #include <optional>
 #include <string>
@@ -42,7 +44,8 @@ struct Recovery {
 /// Feeds on events in time order (times in seconds, any origin) and keeps every recovery.
 class RecoveryTracker {
  public:
-  /// Takes the next event; returns true when it began a recovery.
+  /// Takes the next event; returns true when it began a recovery (counted then: a failure the
+  /// job ends on is dropped from recoveries() only at job_end).
   bool observe(EventName event, const nlohmann::json& fields, double t);
 
   /// Every recovery so far, its phases as the events seen so far make them.
@@ -62,8 +65,12 @@ class RecoveryTracker {
     long long restart_count = 0;        ///< the last workers_started's
     bool resumed = false;               ///< its workers started: a failure begins the next
     bool closed = false;                ///< a stop signal or the job's end closed it
+    bool rejoined = false;              ///< a rendezvous_start came in it
+    bool ended_job = false;  ///< the job's end closed it before any rendezvous: no recovery
   };
   static Recovery phases_of(const Window& w);
+  /// The windows that are recoveries (not a failure the job ended on).
+  std::vector<const Window*> recovery_windows() const;
 
   std::vector<Window> windows_;
   std::optional<double> last_fault_;

@@ -109,7 +109,10 @@ json summary_json(const EventSummary& summary) {
   json end = {{"exit_code", summary.exit_code ? json(*summary.exit_code) : json(nullptr)},
               {"do_not_requeue", summary.do_not_requeue}};
   if (!summary.closed_message.empty()) end["message"] = summary.closed_message;
+  double total = 0;
+  for (const Recovery& r : summary.recoveries) total += r.total_ms;
   return {{"recoveries", out},
+          {"recovery_ms_total", total},
           {"end", end},
           {"lines", summary.lines},
           {"malformed_lines", summary.malformed_lines}};
@@ -132,6 +135,12 @@ std::string format_summary(const EventSummary& summary) {
       if (ms || std::string_view(name) != "back-off")  // a row only where there was a pause
         out << "  " << std::left << std::setw(14) << name << " " << std::right << std::setw(9)
             << ms_text(ms) << "\n";
+  }
+  if (summary.recoveries.size() > 1) {
+    double total = 0;
+    for (const Recovery& r : summary.recoveries) total += r.total_ms;
+    out << "time in recovery: " << ms_text(total) << " ms over " << summary.recoveries.size()
+        << " recoveries\n";
   }
   if (summary.exit_code) {
     out << "the job ended with exit " << *summary.exit_code;

@@ -855,7 +855,11 @@ TEST_CASE("agent: a hung Python worker gets SIGABRT for its traceback and SIGKIL
   CHECK(grace[0].timer == AgentTimer::TracebackDeadline);
   CHECK(grace[0].at == a.now + 2s);
   SECTION("it printed and died of the SIGABRT: nothing left to kill") {
+    a.on(ProgressReported{0});  // its traceback's lines: no progress of the training
+    a.now += 100ms;
     a.on(WorkerExited{pids[0], {0, SIGABRT}, false});
+    // Lost since its last progress before it was judged hung (the summary's detect phase).
+    CHECK(a.event("failure_detected")["silent_ms"] == 3100);
     a.on(TimerFired{AgentTimer::TracebackDeadline});
     CHECK_FALSE(a.has<SignalWorkers>());
   }

@@ -79,10 +79,10 @@ TEST_CASE("a pause of --restart_backoff is its own phase, and the summary says h
       line(4.2, "job_closed", "\"message\":\"a crash loop\",\"do_not_requeue\":true") +
       line(4.3, "job_end", "\"exit_code\":78");
   const EventSummary s = summarize_events(log);
-  REQUIRE(s.recoveries.size() == 2);
+  // The second failure ended the job: no recovery (it was listed as one, "restart count 0").
+  REQUIRE(s.recoveries.size() == 1);
   CHECK(*s.recoveries[0].backoff_ms == Approx(2000.0));
   CHECK(*s.recoveries[0].rendezvous_ms == Approx(100.0));
-  CHECK_FALSE(s.recoveries[1].backoff_ms);
   CHECK(s.exit_code == 78);
   CHECK(s.do_not_requeue);
   const std::string table = format_summary(s);
@@ -91,6 +91,25 @@ TEST_CASE("a pause of --restart_backoff is its own phase, and the summary says h
         std::string::npos);
   CHECK(summary_json(s)["end"]["exit_code"] == 78);
   CHECK(summary_json(s)["recoveries"][0]["backoff_ms"].get<double>() == Approx(2000.0));
+}
+
+TEST_CASE("a hung worker's recovery begins at its silence, and the recoveries' time is summed",
+          "[launcher][unit]") {
+  const std::string log = line(1.0, "failure_detected",
+                               "\"rank\":1,\"signal\":6,\"how\":\"watchdog\",\"silent_ms\":3500") +
+                          line(1.1, "teardown_done") + line(1.2, "rendezvous_complete") +
+                          line(1.3, "workers_started", "\"restart_count\":1") +
+                          line(2.0, "failure_detected", "\"rank\":0,\"exit_code\":1") +
+                          line(2.5, "teardown_done") + line(2.6, "rendezvous_complete") +
+                          line(2.7, "workers_started", "\"restart_count\":2");
+  const EventSummary s = summarize_events(log);
+  REQUIRE(s.recoveries.size() == 2);
+  CHECK(*s.recoveries[0].detect_ms == Approx(3500.0));
+  CHECK(s.recoveries[0].total_ms == Approx(3800.0));
+  CHECK(s.recoveries[1].total_ms == Approx(700.0));
+  CHECK(format_summary(s).find("time in recovery: 4500.0 ms over 2 recoveries") !=
+        std::string::npos);
+  CHECK(summary_json(s)["recovery_ms_total"].get<double>() == Approx(4500.0));
 }
 
 TEST_CASE("a stop by signal after a recovery is not counted in it", "[launcher][unit]") {
