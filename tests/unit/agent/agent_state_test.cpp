@@ -833,15 +833,26 @@ TEST_CASE("agent: workers still running at the stop deadline have their stacks t
   CHECK(a.effects<SignalWorkers>().at(0).sig == SIGKILL);
 }
 
-TEST_CASE("agent: a hung Python worker gets SIGABRT for its traceback and SIGKILL after the grace",
-          "[agent][unit]") {
-  Agent a(2);
+namespace {
+
+/// Two Python workers watched with --watchdog_timeout 2: those of `silent` reported progress,
+/// then none for 3 s, when the watchdog looks. Their pids.
+std::vector<pid_t> silent_python_workers(Agent& a, const std::vector<size_t>& silent) {
   a.spec.python_tracebacks = true;
   a.spec.watchdog_timeout = 2s;
   auto pids = a.running_group();
-  a.on(ProgressReported{0});
+  for (size_t index : silent) a.on(ProgressReported{index});
   a.now += 3s;
   a.on(TimerFired{AgentTimer::Watchdog});
+  return pids;
+}
+
+}  // namespace
+
+TEST_CASE("agent: a hung Python worker gets SIGABRT for its traceback and SIGKILL after the grace",
+          "[agent][unit]") {
+  Agent a(2);
+  auto pids = silent_python_workers(a, {0});
   CHECK(a.effects<ArmTimer>().at(0).timer == AgentTimer::Watchdog);  // the next look
   a.inspected('S');
   CHECK(a.has<DumpStacks>());
@@ -873,13 +884,7 @@ TEST_CASE("agent: a hung Python worker gets SIGABRT for its traceback and SIGKIL
 TEST_CASE("agent: hung workers SIGABRT'd together keep printing when one's death stops the group",
           "[agent][unit]") {
   Agent a(2);
-  a.spec.python_tracebacks = true;
-  a.spec.watchdog_timeout = 2s;
-  auto pids = a.running_group();
-  a.on(ProgressReported{0});
-  a.on(ProgressReported{1});
-  a.now += 3s;
-  a.on(TimerFired{AgentTimer::Watchdog});
+  auto pids = silent_python_workers(a, {0, 1});
   a.inspected('S');  // both silent: both get SIGABRT
   REQUIRE(a.effects<SignalWorkers>().size() == 2);
   // Rank 0 printed and died first; the group stops, but rank 1, still printing its traceback,

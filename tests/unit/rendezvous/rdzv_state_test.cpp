@@ -639,36 +639,39 @@ TEST_CASE("the same failure --crash_loop_stop times in a row without progress en
              Catch::Contains("--progress_file") && Catch::Contains("--crash_loop_stop 0"));
 }
 
-TEST_CASE("a crash loop of a one-node job does not blame its machine", "[rdzv][unit][policy]") {
-  RdzvSettings settings = nnodes(1, 1, 50);
+namespace {
+
+/// A job of `names` (--crash_loop_stop 3) whose workers fail the same way three times in a row,
+/// reported in turn by `reports` (a node and its failing rank): its crash-loop message.
+std::string crash_loop_message(const std::vector<std::string>& names,
+                               const std::vector<std::pair<std::string, int>>& reports) {
+  RdzvSettings settings =
+      nnodes(static_cast<int>(names.size()), static_cast<int>(names.size()), 50);
   settings.crash_loop_limit = 3;
-  Job job = running_job({"a"}, settings);
-  job.send("a", failure(0, 0, 1, "ValueError"));
-  rejoin(job, settings);
-  job.send("a", failure(1, 0, 1, "ValueError"));
-  rejoin(job, settings);
-  const auto& out = job.send("a", failure(2, 0, 1, "ValueError"));
+  Job job = running_job(names, settings);
+  for (int round = 0; round < 2; ++round) {
+    job.send(reports[round].first, failure(round, reports[round].second, 1, "ValueError"));
+    rejoin(job, settings);
+  }
+  const auto& out = job.send(reports[2].first, failure(2, reports[2].second, 1, "ValueError"));
   REQUIRE(job.state.phase == JobPhase::Closed);
-  const auto closed = to<Closed>(out, "a").at(0);
-  CHECK_THAT(closed.message, Catch::Contains("the same failure 3 times in a row"));
+  const std::string message = to<Closed>(out, names[0]).at(0).message;
+  CHECK_THAT(message, Catch::Contains("the same failure 3 times in a row"));
+  return message;
+}
+
+}  // namespace
+
+TEST_CASE("a crash loop of a one-node job does not blame its machine", "[rdzv][unit][policy]") {
   // Every failure of a one-node job is on its node: a script's fault as likely as the machine's.
-  CHECK_THAT(closed.message, !Catch::Contains("each time on node"));
+  CHECK_THAT(crash_loop_message({"a"}, {{"a", 0}, {"a", 0}, {"a", 0}}),
+             !Catch::Contains("each time on node"));
 }
 
 TEST_CASE("a crash loop reported by several nodes does not name one machine",
           "[rdzv][unit][policy]") {
-  RdzvSettings settings = nnodes(2, 2, 50);
-  settings.crash_loop_limit = 3;
-  Job job = running_job({"a", "b"}, settings);
-  job.send("b", failure(0, 3, 1, "ValueError"));
-  rejoin(job, settings);
-  job.send("a", failure(1, 0, 1, "ValueError"));
-  rejoin(job, settings);
-  const auto& out = job.send("b", failure(2, 3, 1, "ValueError"));
-  REQUIRE(job.state.phase == JobPhase::Closed);
-  const auto closed = to<Closed>(out, "a").at(0);
-  CHECK_THAT(closed.message, Catch::Contains("the same failure 3 times in a row"));
-  CHECK_THAT(closed.message, !Catch::Contains("each time on node"));
+  CHECK_THAT(crash_loop_message({"a", "b"}, {{"b", 3}, {"a", 0}, {"b", 3}}),
+             !Catch::Contains("each time on node"));
 }
 
 TEST_CASE("a restart says whether its failure repeats the last one, for the nodes' back-off",
