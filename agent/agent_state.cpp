@@ -379,14 +379,19 @@ class Stepper {
       case AgentTimer::StopDeadline: {
         const long long ms =
             std::chrono::duration_cast<std::chrono::milliseconds>(spec_.shutdown_timeout).count();
-        if (observe(s_).running > 0)
+        // Not those already SIGABRT'd for their tracebacks: a second one would cut it off
+        // (the fault handler is gone by then); their TracebackDeadline ends them.
+        std::vector<pid_t> late;
+        for (pid_t pid : running_pids(s_))
+          if (!aborted(pid)) late.push_back(pid);
+        if (!late.empty())
           log(LogLevel::Warn,
               fmt::format("workers still running {} ms after the stop signal: sending {}", ms,
                           spec_.python_tracebacks
                               ? "SIGABRT for their Python tracebacks, then SIGKILL"
                               : "SIGKILL"));
         kill_hung(
-            running_pids(s_),
+            std::move(late),
             fmt::format("still running {} ms after the stop signal (--shutdown_timeout)", ms));
         return;
       }
@@ -669,9 +674,7 @@ class Stepper {
     const int sig = s_.stop_signal;
     std::vector<pid_t> pids;
     for (pid_t pid : running_pids(s_))
-      if (sig == SIGKILL ||
-          std::find(s_.aborted.begin(), s_.aborted.end(), pid) == s_.aborted.end())
-        pids.push_back(pid);
+      if (sig == SIGKILL || !aborted(pid)) pids.push_back(pid);
     // A stopped (SIGSTOP) worker acts on the stop signal only once continued.
     out_.push_back(SignalWorkers{std::move(pids), sig, sig != SIGKILL});
     out_.push_back(ArmTimer{AgentTimer::StopDeadline, now_ + spec_.shutdown_timeout});
@@ -744,6 +747,11 @@ class Stepper {
             "hung, so no node is blamed for it",
             state);
     }
+  }
+
+  /// Whether `pid` was sent SIGABRT for its traceback and its grace is not over.
+  bool aborted(pid_t pid) const {
+    return std::find(s_.aborted.begin(), s_.aborted.end(), pid) != s_.aborted.end();
   }
 
   /// Hung workers: their stacks first, then SIGKILL (a stopped or deadlocked process would
@@ -836,7 +844,9 @@ class Stepper {
     else
       log(LogLevel::Error,
           fmt::format("the job ends (exit {}{}): {}", code,
-                      code == common::kExitRestartsExhausted ? ", a requeue may help" : "",
+                      spec_.max_restarts > 0 && code == common::kExitRestartsExhausted
+                          ? ", a requeue may help"
+                          : "",
                       closed.message));
     out_.push_back(ReportJobFailure{closed});
     finish(code);

@@ -286,10 +286,14 @@ class LocalAgent::Impl {
 
   void execute(const ScheduleStandbys&) { standbys_.schedule(attempt_.executable); }
 
-  void execute(const ReportJobFailure&) {
-    // Why, and the exit status, were said on every node (AgentState's conclude).
-    if (failures_.empty())
-      return spdlog::error("the job failed on another node: its log has the failure report");
+  void execute(const ReportJobFailure& e) {
+    // Why, and the exit status, were said on every node (AgentState's conclude). A job that
+    // ended on a lost node has no failure report anywhere.
+    if (failures_.empty()) {
+      const bool reported = e.closed.exit_code != 0 || e.closed.signal != 0;
+      return spdlog::error("the job failed on another node{}",
+                           reported ? ": its log has the failure report" : " (see above)");
+    }
     if (!temp_dir_.empty() && names_error_files(failures_)) {
       spdlog::info("the error files named below are kept in {} (remove it when done)",
                    temp_dir_.string());

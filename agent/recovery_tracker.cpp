@@ -86,7 +86,9 @@ bool RecoveryTracker::observe(EventName event, const json& fields, double t) {
   // belong to the stop, not to the recovery.
   if (event == EventName::Signal || event == EventName::JobEnd) {
     current->closed = true;
-    current->ended_job = event == EventName::JobEnd && !current->rejoined && !current->resumed;
+    // Before any rendezvous after its failure: the job ended on it (a stop signal during the
+    // teardown or the back-off ends it too), no recovery.
+    current->ended_job = !current->rejoined && !current->resumed;
     return false;
   }
   if (event == EventName::RendezvousStart) current->rejoined = true;

@@ -1,7 +1,8 @@
 #pragma once
 // What a recovery is, decided in one place: the agent's metrics (agent/agent_metrics.h) feed it
 // events as they are written, `ddprun events summarize` (launcher/events.h) feeds it a whole
-// log sorted by time, and both report the same recoveries with the same phases.
+// log sorted by time, and both report the same recoveries with the same phases (but for a
+// failure the job ended on, which the metrics counted as it began).
 //
 // A recovery begins with a failure this node detected (failure_detected) or a restart the
 // rendezvous asked for (restart: another node's failure, a lost node), unless the node is in a
@@ -10,8 +11,10 @@
 // the last event of each kind in its window, which closes at the next recovery, at a stop
 // signal or at the job's end; a phase's end is when its last participant (node or rank) is
 // done, because the job waits for the slowest. A failure the job ended on (no rendezvous
-// followed it before job_end) is no recovery. A watchdog's failure (how "watchdog") began when
-// the worker last made progress: its detect phase is the silence it was judged on (silent_ms).
+// followed it before job_end or a stop signal) is no recovery; it is counted as it begins
+// (observe), in the agent's metrics too, and dropped from recoveries() at its end. A watchdog's
+// failure (how "watchdog") began when the worker last made progress: its detect phase is the
+// silence it was judged on (silent_ms).
 #include <map>
 #include <optional>
 #include <string>
@@ -26,9 +29,10 @@ namespace ddprun::agent {
 /// One recovery, cut into phases. Phases whose events are absent (a program without the SDK
 /// reports no "pg_ready") are nullopt.
 struct Recovery {
-  long long restart_count = 0;        ///< of the restarted workers
-  std::string cause;                  ///< the failure (or the restart) as the log tells it
-  std::optional<double> detect_ms;    ///< fault_injected -> failure_detected
+  long long restart_count = 0;  ///< of the restarted workers
+  std::string cause;            ///< the failure (or the restart) as the log tells it
+  /// fault_injected (or, for a hung worker, its last progress: silent_ms) -> failure_detected
+  std::optional<double> detect_ms;
   std::optional<double> teardown_ms;  ///< the start -> last teardown_done
   /// -> the rendezvous_start after a restart_delayed: the pause of --restart_backoff.
   std::optional<double> backoff_ms;
@@ -66,7 +70,7 @@ class RecoveryTracker {
     bool resumed = false;               ///< its workers started: a failure begins the next
     bool closed = false;                ///< a stop signal or the job's end closed it
     bool rejoined = false;              ///< a rendezvous_start came in it
-    bool ended_job = false;  ///< the job's end closed it before any rendezvous: no recovery
+    bool ended_job = false;             ///< the job's end or a stop closed it before any rendezvous
   };
   static Recovery phases_of(const Window& w);
   /// The windows that are recoveries (not a failure the job ended on).

@@ -347,7 +347,6 @@ class Stepper {
 
 std::string format_waiting(const Waiting& w) {
   const int joined = w.joined_count;
-  std::string line;
   // A quarantined node hears once, as it joins (while the job forms again without it): no
   // node count that would stay as it was then.
   if (!w.quarantined.empty())
@@ -356,21 +355,19 @@ std::string format_waiting(const Waiting& w) {
   if (w.wait_listed && w.join_timeout.count() == 0)  // the job runs: no deadline
     return "waiting for a place in the job: it runs with " + std::to_string(joined) +
            " node(s), at most " + std::to_string(w.max_nodes);
-  if (w.wait_listed) {
-    line = "waiting for a place in the job: the round forming has " + std::to_string(joined) +
-           " node(s), at most " + std::to_string(w.max_nodes);
-  } else {
-    const int target = joined < w.min_nodes ? w.min_nodes : w.max_nodes;
-    line =
-        "waiting for nodes: " + std::to_string(joined) + "/" + std::to_string(target) + " joined";
-    if (w.min_nodes != w.max_nodes)
-      line += " (min " + std::to_string(w.min_nodes) + ", max " + std::to_string(w.max_nodes) + ")";
-    if (const std::vector<int>& missing = w.missing_node_ranks; !missing.empty()) {
-      line += ", node_rank ";
-      for (size_t i = 0; i < missing.size(); ++i)
-        line += (i ? ", " : "") + std::to_string(missing[i]);
-      line += " missing";
-    }
+  if (w.wait_listed)  // the deadline is the round's, not this node's
+    return "waiting for a place in the job: the next round is full (" + std::to_string(joined) +
+           " of at most " + std::to_string(w.max_nodes) + " node(s), those restarting included)";
+  const int target = joined < w.min_nodes ? w.min_nodes : w.max_nodes;
+  std::string line =
+      "waiting for nodes: " + std::to_string(joined) + "/" + std::to_string(target) + " joined";
+  if (w.min_nodes != w.max_nodes)
+    line += " (min " + std::to_string(w.min_nodes) + ", max " + std::to_string(w.max_nodes) + ")";
+  if (const std::vector<int>& missing = w.missing_node_ranks; !missing.empty()) {
+    line += ", node_rank ";
+    for (size_t i = 0; i < missing.size(); ++i)
+      line += (i ? ", " : "") + std::to_string(missing[i]);
+    line += " missing";
   }
   return line + ", " + std::to_string(seconds(w.waited)) + " s of " +
          std::to_string(seconds(w.join_timeout)) + " s";

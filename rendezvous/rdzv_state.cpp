@@ -299,6 +299,8 @@ TimePoint quiet_end(const JobState& s) {
 /// Where the round stands, for the members of the forming round (and the wait-listed). Sent to
 /// all of them at most once per quiet period (quiet_end()); in between only `trigger` (the node
 /// whose join or return changed things) hears at once, and a broadcast is owed at the period's end.
+int round_world_size(const JobState& s);
+
 void send_waiting(Step& st, const std::string& trigger = "") {
   JobState& s = st.s;
   const bool quiet = s.waiting_quiet_until && st.now < quiet_end(s);
@@ -311,29 +313,27 @@ void send_waiting(Step& st, const std::string& trigger = "") {
   const SharedNames names = first_names_in(s, members);
   const Shared<std::vector<int>> missing =
       s.phase == JobPhase::Joining ? missing_node_ranks(s, kMaxNamesInMessage) : std::vector<int>{};
+  // What a node on the wait list is told: while a round runs, its size; while one forms, its
+  // places taken, by the nodes joined and those restarting into it. Once per broadcast.
+  const int running = s.phase == JobPhase::Running ? round_world_size(s) : 0;
+  const int taken = count + count_in(s, NodeState::Stopping);
   const auto waiting_for = [&](const NodeRecord& node) {
     // While a round runs, the wait list is who would join the next round; it has no deadline
-    // (join_timeout 0): a place opens when the round loses a node or scales up. The count is
-    // the running round's, which a waiting node is told it runs with.
+    // (join_timeout 0): a place opens when the round loses a node or scales up.
     if (s.phase == JobPhase::Running)
-      return Waiting{s.round + 1,
-                     names,
-                     count_participants(s),
-                     s.settings.min_nodes,
-                     s.settings.max_nodes,
-                     {},
-                     Millis{0},
-                     Millis{0},
-                     true};
+      return Waiting{
+          s.round + 1, names,     running, s.settings.min_nodes, s.settings.max_nodes, {},
+          Millis{0},   Millis{0}, true};
+    const bool listed = node.state == NodeState::WaitListed;
     return Waiting{s.round,
                    names,
-                   count,
+                   listed ? taken : count,
                    s.settings.min_nodes,
                    s.settings.max_nodes,
                    missing,
                    since(s.round_started, st.now),
                    s.settings.join_timeout,
-                   node.state == NodeState::WaitListed};
+                   listed};
   };
   const auto hears = [&](const NodeRecord& node) {
     return node.state == NodeState::WaitListed ||

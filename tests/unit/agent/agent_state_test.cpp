@@ -890,6 +890,12 @@ TEST_CASE("agent: hung workers SIGABRT'd together keep printing when one's death
   // Rank 0 printed and died first; the group stops, but rank 1, still printing its traceback,
   // gets no SIGTERM (which would end it mid-print): the grace's SIGKILL is its end.
   a.on(WorkerExited{pids[0], {0, SIGABRT}, false});
+  REQUIRE(a.state.phase == AgentPhase::Stopping);
+  REQUIRE(a.effects<SignalWorkers>().size() == 1);  // the stop's SIGTERM, to none
+  CHECK(a.effects<SignalWorkers>().at(0).sig == SIGTERM);
+  CHECK(a.effects<SignalWorkers>().at(0).pids.empty());
+  // Nor a second SIGABRT at the stop deadline (if it came before the grace's end).
+  a.on(TimerFired{AgentTimer::StopDeadline});
   for (const auto& sent : a.effects<SignalWorkers>())
     CHECK(std::find(sent.pids.begin(), sent.pids.end(), pids[1]) == sent.pids.end());
   a.on(TimerFired{AgentTimer::TracebackDeadline});

@@ -112,6 +112,13 @@ TEST_CASE("a hung worker's recovery begins at its silence, and the recoveries' t
   CHECK(summary_json(s)["recovery_ms_total"].get<double>() == Approx(4500.0));
 }
 
+TEST_CASE("a failure whose teardown a stop signal ended is no recovery", "[launcher][unit]") {
+  const std::string log = line(1.0, "failure_detected", "\"rank\":0,\"exit_code\":1") +
+                          line(1.1, "signal", "\"signal\":\"SIGTERM\"") +
+                          line(1.2, "teardown_done") + line(1.3, "job_end");
+  CHECK(summarize_events(log).recoveries.empty());
+}
+
 TEST_CASE("a stop by signal after a recovery is not counted in it", "[launcher][unit]") {
   const std::string log = line(1.0, "failure_detected", "\"rank\":0,\"exit_code\":1") +
                           line(1.1, "teardown_done") + line(1.2, "rendezvous_complete") +

@@ -500,6 +500,11 @@ TEST_CASE(
   CHECK_FALSE(lb.node("c").logged(" s of "));
   const int rank_a = lb.node("a").last_round().group_rank;
   lb.fail("b", "worker rank 1 exited with 1");
+  // As the round forms again, its places are a's and b's, restarting into it (it said "0
+  // node(s)" then, the nodes joined so far).
+  CHECK(
+      lb.node("c").logged("waiting for a place in the job: the next round is full (2 of at "
+                          "most 2 node(s), those restarting included)"));
   lb.fail("b", "worker rank 1 exited with 1");
   const auto quarantined = lb.node("b").notices_of<Restart>();
   REQUIRE(quarantined.size() == 2);
