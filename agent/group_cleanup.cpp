@@ -108,11 +108,15 @@ struct SessionNotes {
   bool empty() const { return sessions.empty(); }
 
   /// A worker's session, told before its exec: noted, its leader a member, when it is the
-  /// agent's child (a worker, or a standby the agent adopted), until a look finds it empty.
+  /// agent's child (a worker, or a standby the agent adopted), until a look finds it empty. A
+  /// note of that id with another leader (one emptied since the last look, its pid taken by
+  /// this worker) is replaced; one with this leader (a standby seen by a look) is kept.
   void tell(pid_t sid) {
     const auto leader = read_process(sid);
-    if (leader && leader->session == sid && leader->parent == agent)
-      sessions.try_emplace(sid, NotedSession{leader->start_time, {{sid, leader->start_time}}});
+    if (!leader || leader->session != sid || leader->parent != agent) return;
+    const auto kept = sessions.find(sid);
+    if (kept == sessions.end() || kept->second.leader_start != leader->start_time)
+      sessions.insert_or_assign(sid, NotedSession{leader->start_time, {{sid, leader->start_time}}});
   }
 
   void scan() {

@@ -174,6 +174,24 @@ TEST_CASE("only the newest snapshots are kept", "[sdk][snapshot]") {
   CHECK(meta->epoch == 5);
 }
 
+TEST_CASE("a save removes the temporary file a writer killed during its save left behind",
+          "[sdk][snapshot]") {
+  TempDir dir;
+  Net net;
+  auto opt = make_sgd(net);
+  sdk::SnapshotStore store(dir.path() + "/s.pt");
+  store.save(*net, opt, 1, 10, 1);
+  // The writer of snapshot 2 was SIGKILLed mid-save; after the restart the series goes on.
+  const std::string stale = dir.path() + "/s.pt.000002.tmp-999999";
+  write_all(stale, "half a zip");
+  const std::string other = dir.path() + "/notes.txt.tmp-1";  // not the series': kept
+  write_all(other, "x");
+  store.save(*net, opt, 2, 20, 1);
+  CHECK_FALSE(std::filesystem::exists(stale));
+  CHECK(std::filesystem::exists(other));
+  CHECK(store.files().size() == 2);
+}
+
 TEST_CASE("a torn snapshot is skipped with a warning and the previous one is loaded",
           "[sdk][snapshot]") {
   TempDir dir;

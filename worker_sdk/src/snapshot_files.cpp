@@ -38,6 +38,14 @@ std::optional<int64_t> snapshot_sequence(const std::string& base, const std::str
   return static_cast<int64_t>(*v);
 }
 
+bool is_snapshot_temporary(const std::string& base, const std::string& file_name) {
+  const auto tmp = file_name.rfind(".tmp-");
+  if (tmp == std::string::npos || tmp + 5 >= file_name.size()) return false;
+  const std::string pid = file_name.substr(tmp + 5);
+  return std::all_of(pid.begin(), pid.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+         snapshot_sequence(base, file_name.substr(0, tmp)).has_value();
+}
+
 std::vector<int64_t> newest_first(std::vector<int64_t> seqs) {
   std::sort(seqs.begin(), seqs.end(), std::greater<>());
   seqs.erase(std::unique(seqs.begin(), seqs.end()), seqs.end());

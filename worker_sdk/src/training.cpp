@@ -677,6 +677,12 @@ std::string SnapshotStore::save(const torch::nn::Module& module, torch::optim::O
     std::error_code ec;
     std::filesystem::remove(snapshot_file_name(base_, old), ec);
   }
+  // A temporary file left by a writer killed during its save (a SIGKILL, a node lost): one
+  // process saves a series at a time, and this one has just finished, so any other is stale.
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(directory_of(base_), ec))
+    if (is_snapshot_temporary(base_, e.path().filename().string()))
+      std::filesystem::remove(e.path(), ec);
   return path;
 }
 

@@ -25,6 +25,16 @@ TEST_CASE("the newest snapshots are kept and older ones pruned", "[sdk][unit]") 
   CHECK(snapshots_to_prune({5, 6}, 0) == std::vector<int64_t>{5});
 }
 
+TEST_CASE("a save's temporary file is told apart from snapshots and other files", "[sdk][unit]") {
+  // As a writer killed during its save leaves it.
+  CHECK(is_snapshot_temporary("run/snapshot.pt", "snapshot.pt.000005.tmp-18002"));
+  CHECK_FALSE(is_snapshot_temporary("run/snapshot.pt", "snapshot.pt.000005"));
+  CHECK_FALSE(is_snapshot_temporary("run/snapshot.pt", "other.pt.000005.tmp-18002"));
+  CHECK_FALSE(is_snapshot_temporary("run/snapshot.pt", "snapshot.pt.000005.tmp-"));
+  CHECK_FALSE(is_snapshot_temporary("run/snapshot.pt", "snapshot.pt.000005.tmp-x1"));
+  CHECK_FALSE(is_snapshot_temporary("run/snapshot.pt", "snapshot.pt.tmp-18002"));
+}
+
 TEST_CASE("the checksum changes when any byte changes", "[sdk][unit]") {
   std::vector<unsigned char> data(1000);
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<unsigned char>(i * 31);

@@ -19,6 +19,11 @@ std::string snapshot_file_name(const std::string& base, int64_t seq);
 /// unfinished temporary files.
 std::optional<int64_t> snapshot_sequence(const std::string& base, const std::string& file_name);
 
+/// Whether `file_name` is a temporary file of the series of `base` that a save writes before
+/// renaming it ("snapshot.pt.000007.tmp-4242", the writer's pid last). One left behind is from
+/// a writer killed during its save.
+bool is_snapshot_temporary(const std::string& base, const std::string& file_name);
+
 /// Sequence numbers newest first.
 std::vector<int64_t> newest_first(std::vector<int64_t> seqs);
 
