@@ -45,21 +45,31 @@ common::Result<ErrorFileContent> parse_error_file(const std::string& json_text) 
 
 std::string exception_type(const ErrorFileContent& content) {
   const std::string& m = content.message;
-  const auto colon = m.find(':');
-  // An identifier (dots between parts) of at most 200 bytes: what Python's type names are.
-  if (colon == std::string::npos || colon == 0 || colon > 200) return {};
+  // An identifier of at most 200 bytes, its parts joined by dots (Python's type names) or by
+  // "::" (C++'s, as the SDK's record writes "std::runtime_error: ..."), then a colon.
+  std::size_t colon = std::string::npos;
   bool start = true;
-  for (std::size_t i = 0; i < colon; ++i) {
+  for (std::size_t i = 0; i < m.size() && i <= 200; ++i) {
     const unsigned char c = static_cast<unsigned char>(m[i]);
-    const bool letter = std::isalpha(c) != 0 || c == '_';
+    if (c == ':' && i + 1 < m.size() && m[i + 1] == ':') {
+      if (start) return {};
+      start = true;
+      ++i;
+      continue;
+    }
+    if (c == ':') {
+      colon = i;
+      break;
+    }
     if (c == '.' && !start) {
       start = true;
       continue;
     }
+    const bool letter = std::isalpha(c) != 0 || c == '_';
     if (!(letter || (!start && std::isdigit(c) != 0))) return {};
     start = false;
   }
-  if (start) return {};  // ends with a dot
+  if (colon == std::string::npos || start) return {};  // none, empty, or ends with a separator
   return m.substr(0, colon);
 }
 

@@ -69,4 +69,9 @@ TEST_CASE("the exception type is read from torch's message, dotted names whole",
   CHECK(type_of("a.: trailing dot") == "");
   CHECK(type_of("2fast: starts with a digit") == "");
   CHECK(type_of(std::string(300, 'E') + ": too long") == "");
+  // C++'s, as the SDK's record writes it (it read "std" before).
+  CHECK(type_of("std::runtime_error: injected failure") == "std::runtime_error");
+  CHECK(type_of("c10::Error: x") == "c10::Error");
+  CHECK(type_of("::x: leading") == "");
+  CHECK(type_of("a::: trailing") == "");
 }
