@@ -20,9 +20,8 @@ enum class CleanupMode {
   Auto,       ///< cgroup where a cgroup v2 tree is delegated to us, else subreaper
   Cgroup,     ///< a cgroup v2 per group, and a watcher that writes cgroup.kill if the agent dies
   Subreaper,  ///< the /proc walk, and a watcher that kills the workers' sessions, and the
-              ///< sessions and groups it saw their descendants start, if the agent dies:
-              ///< nothing survives but what started a session of its own less than a second
-              ///< before
+              ///< sessions it saw their descendants start, if the agent dies: nothing
+              ///< survives but what started a session of its own less than a second before
 };
 
 /// "auto", "cgroup", "subreaper": the one name table of CleanupMode (flag values and messages).
