@@ -83,7 +83,7 @@ AgentMetrics::AgentMetrics()
       health_failures_(BuildCounter()
                            .Name("ddprun_agent_health_check_failures_total")
                            .Help("Health checks (--health_check) this node failed; each kept it "
-                                 "out of the rendezvous for --health_check_interval")
+                                 "out of the job's rounds for --health_check_interval")
                            .Register(registry_)
                            .Add({})),
       healthy_(BuildGauge()

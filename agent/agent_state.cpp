@@ -12,6 +12,7 @@
 #include "common/check.h"
 #include "common/exit_codes.h"
 #include "common/signals.h"
+#include "common/strings.h"
 
 namespace ddprun::agent {
 
@@ -132,6 +133,29 @@ double ms_between(TimePoint from, TimePoint to) {
 }
 
 /// Nothing runs or drains: the phases in which what the rendezvous said is acted on.
+/// What the rendezvous lists for a node kept out by its health check: the check's last line of
+/// output first (what a person looks for), then why it failed. Valid UTF-8 without control
+/// characters (a check prints anything; its kept output may start inside a character), and at
+/// most kMaxKeptOutBytes: the join carries it and the server keeps it per node.
+std::string kept_out_reason(const std::string& why, const std::string& output) {
+  constexpr std::size_t kMaxKeptOutBytes = 512;
+  std::string last_line;
+  for (const std::string& line : common::split(output, '\n'))
+    if (std::string trimmed = common::trim(line); !trimmed.empty()) last_line = std::move(trimmed);
+  std::string reason = last_line.empty() ? why : last_line + " (" + why + ")";
+  // nlohmann's replacing dump turns each invalid sequence into U+FFFD; read back, it is valid.
+  reason = nlohmann::json::parse(nlohmann::json(reason).dump(
+                                     -1, ' ', false, nlohmann::json::error_handler_t::replace))
+               .get<std::string>();
+  reason = common::printable(reason);
+  if (reason.size() > kMaxKeptOutBytes) {
+    std::size_t cut = kMaxKeptOutBytes;  // not inside a UTF-8 character
+    while (cut > 0 && (static_cast<unsigned char>(reason[cut]) & 0xC0) == 0x80) --cut;
+    reason.resize(cut);
+  }
+  return reason;
+}
+
 bool idle(AgentPhase phase) {
   return phase == AgentPhase::HealthCheck || phase == AgentPhase::Rendezvous ||
          phase == AgentPhase::AwaitingZygote || phase == AgentPhase::BetweenRounds;
@@ -435,7 +459,7 @@ class Stepper {
       s_.health_failures = 0;
       return join_now();
     }
-    // HealthCheck -> HealthCheck: the node stays out of the rendezvous and checks again later.
+    // HealthCheck -> HealthCheck: the node is kept out of rounds and checks again later.
     ++s_.health_failures;
     const long long retry_s =
         std::chrono::duration_cast<std::chrono::seconds>(spec_.health_retry).count();
@@ -446,9 +470,11 @@ class Stepper {
                               {"failures_in_a_row", s_.health_failures},
                               {"retry_s", retry_s}}});
     log(LogLevel::Warn,
-        fmt::format("health check failed ({} in a row): {}; this node stays out of the rendezvous "
-                    "and checks again in {} s (--health_check_interval)",
+        fmt::format("health check failed ({} in a row): {}; this node is kept out of the job's "
+                    "rounds and checks again in {} s (--health_check_interval)",
                     s_.health_failures, e.why, retry_s));
+    // The rendezvous lists it as kept out and tells it when the job ends (a Closed notice).
+    out_.push_back(ReportKeptOut{kept_out_reason(e.why, e.output)});
     out_.push_back(ArmTimer{AgentTimer::HealthRetry, now_ + spec_.health_retry});
   }
 
@@ -821,6 +847,11 @@ class Stepper {
 
   /// The job is over: exit as the rendezvous says, the same on every node.
   void conclude(const rdzv::Closed& closed) {
+    if (s_.phase == AgentPhase::HealthCheck && s_.health_failures > 0)
+      log(LogLevel::Warn,
+          fmt::format("the job ended while this node was kept out by its health check ({} failed "
+                      "check(s) in a row): {}",
+                      s_.health_failures, closed.message));
     switch (closed.outcome) {
       case rdzv::JobOutcomeKind::Succeeded:
         return finish(job_exit_code(JobOutcome::of(JobEnd::Succeeded)));

@@ -340,6 +340,12 @@ struct ReportFailure {
   rdzv::WorkersFailed failure;
 };
 struct ReportSuccess {};
+/// The health check failed: the rendezvous holds this node out of its rounds, lists it with
+/// `why` (the check's last line of output and its failure, valid UTF-8, at most 512 bytes), and
+/// tells it the job's end (RendezvousHandler::keep_out).
+struct ReportKeptOut {
+  std::string why;
+};
 struct Leave {
   std::string reason;
 };
@@ -394,10 +400,11 @@ struct Finish {
   std::vector<pid_t> kill{};
 };
 
-using AgentEffect = std::variant<JoinRound, RunHealthCheck, PrepareGroup, YieldTurn, LaunchWorker,
-                                 SignalWorkers, RecordFailure, ReportFailure, ReportSuccess, Leave,
-                                 Drain, ArmTimer, CancelTimer, EmitEvent, Log, InspectHung,
-                                 DumpStacks, ScheduleStandbys, ReportJobFailure, Finish>;
+using AgentEffect =
+    std::variant<JoinRound, RunHealthCheck, PrepareGroup, YieldTurn, LaunchWorker, SignalWorkers,
+                 RecordFailure, ReportFailure, ReportSuccess, ReportKeptOut, Leave, Drain, ArmTimer,
+                 CancelTimer, EmitEvent, Log, InspectHung, DumpStacks, ScheduleStandbys,
+                 ReportJobFailure, Finish>;
 
 /// Applies `event` at time `now` to `state` (in place: a group may have thousands of slots)
 /// and returns what the executor must do, in order.

@@ -1,7 +1,8 @@
 #pragma once
 // The health gate (--health_check): before a node joins a round (the first, and every one after
-// a restart) it checks itself, and a node that fails stays out of the rendezvous, says why, and
-// checks again after --health_check_interval. Two parts:
+// a restart) it checks itself, and a node that fails is kept out of the job's rounds (the
+// rendezvous lists it and tells it the job's end), says why, and checks again after
+// --health_check_interval. Two parts:
 //
 //  - built-in checks, which need no script: the directories the job writes to are writable and
 //    have room, and nothing the node had at its first check has gone since (NVIDIA GPUs on the

@@ -240,6 +240,7 @@ class LocalAgent::Impl {
 
   void execute(const ReportFailure& e) { rdzv_.report_failure(e.failure); }
   void execute(const ReportSuccess&) { rdzv_.report_success(); }
+  void execute(const ReportKeptOut& e) { rdzv_.keep_out(e.why); }
   void execute(const Leave& e) { rdzv_.leave(e.reason); }
 
   /// Kills what is left in the workers' process groups (e.g. grandchildren) and every other

@@ -41,6 +41,7 @@ class RoundObserver : public rdzv::RendezvousHandler {
     inner_.report_failure(failure);
   }
   void report_success() override { inner_.report_success(); }
+  void keep_out(const std::string& why) override { inner_.keep_out(why); }
   void leave(const std::string& reason) override { inner_.leave(reason); }
   std::string backend() const override { return inner_.backend(); }
   std::string run_id() const override { return inner_.run_id(); }

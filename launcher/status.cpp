@@ -224,10 +224,21 @@ std::variant<StatusRequest, InfoRequest, UsageError> parse_status_args(
 }
 
 /// A node's state as the table shows it: a wait-listed node of a running job is a spare; a
-/// quarantined one says how long it sits out.
+/// quarantined one says how long it sits out; one kept out by its health check says why.
 std::string state_text(const json& job, const json& node) {
   const std::string state = text_of(node, "state");
   if (state == "wait_listed" && text_of(job, "phase") == "running") return "spare";
+  if (state == "kept_out") {
+    // The check's reason, cut to keep the table readable.
+    constexpr std::size_t kShown = 60;
+    std::string why = node.contains("kept_out") ? text_of(node, "kept_out") : "";
+    if (why.size() > kShown) {
+      std::size_t cut = kShown;  // not inside a UTF-8 character
+      while (cut > 0 && (static_cast<unsigned char>(why[cut]) & 0xC0) == 0x80) --cut;
+      why = why.substr(0, cut) + "...";
+    }
+    return why.empty() ? "kept out (health check)" : "kept out (health check: " + why + ")";
+  }
   if (state == "quarantined") {
     auto left = node.find("quarantine_left_s");
     if (left != node.end() && left->is_number())

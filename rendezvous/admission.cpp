@@ -171,7 +171,10 @@ std::optional<Refused> check_join(const JobState& s, const Join& join) {
   }
   const bool ranks_held = s.index.previous_ranked > 0 || s.index.count_of(NodeState::Running) > 0 ||
                           s.index.count_of(NodeState::Succeeded) > 0;
-  if (join.node_rank && !s.nodes.count(id) && ranks_held) {
+  // A node kept out by its health check holds no place: its next join is a newcomer's.
+  const auto self = s.nodes.find(id);
+  const bool newcomer = self == s.nodes.end() || self->second.state == NodeState::KeptOut;
+  if (join.node_rank && newcomer && ranks_held) {
     // A newcomer cannot take a group rank that a live node holds (in the running round, or
     // the one before the round that forms): that would move every worker's MASTER_ADDR.
     // (While round 0 forms nobody holds one, so thousands of first joins walk no nodes.)

@@ -39,6 +39,8 @@ void ClientExecutor::report_failure(const WorkersFailed& failure) { step(ReportF
 
 void ClientExecutor::report_success() { step(ReportSuccess{}); }
 
+void ClientExecutor::keep_out(const std::string& why) { step(KeepOut{why}); }
+
 void ClientExecutor::leave(const std::string& reason) { step(LeaveJob{reason}); }
 
 void ClientExecutor::step(const ClientEvent& event) {

@@ -32,6 +32,7 @@ class ClientExecutor : public RendezvousHandler {
   void set_notice_handler(std::function<void(Notice)> handler) final;
   void report_failure(const WorkersFailed& failure) final;
   void report_success() final;
+  void keep_out(const std::string& why) final;
   void leave(const std::string& reason) final;
 
   /// This node's id ("host:pid:random"); a new one after the server dropped it.

@@ -54,6 +54,8 @@ nlohmann::json describe_job(const JobState& state, TimePoint now) {
         entry["quarantined"] = it->second.why;
       }
     }
+    if (node.state == NodeState::KeptOut && node.request.kept_out)
+      entry["kept_out"] = *node.request.kept_out;  // why its health check failed
     nodes.push_back(std::move(entry));
   }
   const RdzvSettings& settings = state.settings;
@@ -84,6 +86,7 @@ nlohmann::json describe_job(const JobState& state, TimePoint now) {
       {"quarantined",
        std::count_if(state.nodes.begin(), state.nodes.end(),
                      [](const auto& n) { return n.second.state == NodeState::Quarantined; })},
+      {"kept_out", state.index.count_of(NodeState::KeptOut)},
   };
   if (state.phase == JobPhase::Joining && !state.settings_from.empty()) {
     // The round being formed: who joined, who is awaited (told to restart, not back yet), how

@@ -135,7 +135,8 @@ void NetworkRendezvous::on_message(const nlohmann::json& body) {
     // The server's hello (the last message of the handshake) says whether it is the daemon.
     const auto daemon = body.find("daemon");
     served_by_daemon_ = daemon != body.end() && daemon->is_boolean() && daemon->get<bool>();
-    return step(Greeted{});
+    const auto holds = body.find("holds_kept_out");
+    return step(Greeted{holds != body.end() && holds->is_boolean() && holds->get<bool>()});
   }
   auto parsed = parse_server_message(body);
   if (!parsed)

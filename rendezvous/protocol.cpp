@@ -209,6 +209,8 @@ struct AgentToJson {
               {"settings", settings_json(m.settings)},
               {"restart_count", m.restart_count}};
     j["resume"] = m.resume ? claim_json(*m.resume) : json(nullptr);
+    // Only when set: a server that predates it never sees the field (it would place the node).
+    if (!m.kept_out.empty()) j["kept_out"] = m.kept_out;
     return j;
   }
   json operator()(const Heartbeat&) const { return {{"type", "heartbeat"}}; }
@@ -309,6 +311,7 @@ common::Result<AgentMessage> read_agent(const std::string& type, Reader& r) {
         r.adopt(*c);
       }
     }
+    if (r.has("kept_out")) m.kept_out = r.str("kept_out");
     if (!r.error() && (m.run_id.empty() || m.node_id.empty()))
       r.fail_value("run_id", "and node_id must not be empty");
     if (!r.error() && (m.master_port < 0 || m.master_port > 65535))

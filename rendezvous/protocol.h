@@ -108,6 +108,10 @@ struct Join {
   RdzvSettings settings;
   int restart_count = 0;  ///< the job's restart count as this node last heard it
   std::optional<RoundClaim> resume;
+  /// Not empty: this node's --health_check failed (this says why). The job holds it without
+  /// placing it in a round (NodeState::KeptOut): status lists it and it hears the job's end. A
+  /// join without it, once a check passes, makes it a newcomer.
+  std::string kept_out{};
 };
 
 /// "I am alive", every keep_alive_interval.

@@ -36,6 +36,7 @@ class Stepper {
     s_.last_waiting.reset();  // a quarantine, too, is said afresh for every join
     s_.succeeded = false;
     s_.unsent_failure.reset();
+    s_.kept_out.clear();
     if (ready())
       send_join();
     else if (s_.link == ClientLink::Down)
@@ -49,6 +50,7 @@ class Stepper {
       return;
     }
     s_.link = e.can_send ? ClientLink::Ready : ClientLink::Handshaking;
+    s_.server_holds_kept_out.reset();  // a new link: its server has not greeted yet
     // Without a secret the join follows the hello at once (one round trip saved); with one,
     // nothing is sent before the server has proved that it holds the secret.
     if (ready()) after_ready();
@@ -56,8 +58,11 @@ class Stepper {
       out_.push_back(ArmClientTimer{ClientTimer::Heartbeat, spec_.settings.keep_alive_interval});
   }
 
-  void on(const Greeted&) {
+  void on(const Greeted& e) {
     if (s_.link == ClientLink::Down || s_.link == ClientLink::Connecting) return;
+    s_.server_holds_kept_out = e.holds_kept_out;
+    // A link that could send before the greeting: the kept-out join waited for it.
+    if (s_.link == ClientLink::Ready && s_.phase == ClientPhase::KeptOut) send_kept_out();
     // Reachable again only once the server greeted: a connection that a server closes at once
     // (TLS expected, out of descriptors) keeps counting towards connect_timeout.
     if (s_.lost_since && s_.round)
@@ -114,6 +119,18 @@ class Stepper {
     s_.succeeded = true;
     // Not yet ready: the join after the handshake claims the round as succeeded.
     if (ready()) out_.push_back(Send{WorkersSucceeded{s_.round->round}});
+  }
+
+  void on(const KeepOut& e) {
+    // Only between rounds: a node that joins or runs a round is not checking itself.
+    if (s_.phase != ClientPhase::Idle && s_.phase != ClientPhase::KeptOut) return;
+    // Idle -> KeptOut: known to the job, placed in no round, told of its end
+    s_.phase = ClientPhase::KeptOut;
+    s_.kept_out = e.why;
+    if (ready())
+      after_ready();
+    else if (s_.link == ClientLink::Down && !s_.server_lacks_kept_out)
+      connect();  // (a server found too old is not asked again: it was said once)
   }
 
   void on(const LeaveJob& e) {
@@ -260,8 +277,9 @@ class Stepper {
     log(ClientLogLevel::Warn,
         fmt::format("the rendezvous dropped this node: {}; joining the job again as a new node",
                     why));
-    // Joining -> Joining: the same request for a round, with the new id
-    if (was == ClientPhase::Joining) return connect();
+    // Joining -> Joining: the same request for a round, with the new id (KeptOut -> KeptOut:
+    // the same for its kept-out join)
+    if (was == ClientPhase::Joining || was == ClientPhase::KeptOut) return connect();
     // Running -> Idle: the workers stop (Restart), then the next round joins with the new id.
     // Idle -> Idle: a Restart already came; the join that follows it uses the new id.
     s_.phase = ClientPhase::Idle;
@@ -283,25 +301,53 @@ class Stepper {
   /// Sends what waits for a ready link: the join (again) and an unsent failure.
   void after_ready() {
     if (s_.phase == ClientPhase::Joining || s_.phase == ClientPhase::Running) send_join();
+    if (s_.phase == ClientPhase::KeptOut && s_.server_holds_kept_out) send_kept_out();
     if (s_.unsent_failure) {
       out_.push_back(Send{*s_.unsent_failure});
       s_.unsent_failure.reset();
     }
   }
 
-  void send_join() {
+  /// What every join of this node says (the executor adds its id and addresses).
+  Join this_node_join() const {
     Join join;
     join.run_id = spec_.run_id;
     join.name = spec_.name;
     join.node_rank = spec_.node_rank;
     join.settings = spec_.settings;
     join.restart_count = s_.known_restart_count;
+    return join;
+  }
+
+  void send_join() {
+    Join join = this_node_join();
     if (s_.phase == ClientPhase::Running && s_.round) {
       // Re-registering after a lost connection: the workers still run this round.
       const RoundReady& r = *s_.round;
       join.resume = RoundClaim{r.round,       r.group_rank,  r.group_world_size, r.restart_count,
                                r.master_addr, r.master_port, s_.succeeded};
     }
+    out_.push_back(SendJoin{std::move(join)});
+  }
+
+  /// KeptOut, once the server greeted: the join that makes the job hold this node out of rounds.
+  /// A server that predates it would place the node: it gets nothing, and the link closes until
+  /// the next round.
+  void send_kept_out() {
+    if (!*s_.server_holds_kept_out) {
+      s_.server_lacks_kept_out = true;
+      log(ClientLogLevel::Warn,
+          fmt::format("the {} at {} is older than this ddprun and would place a node kept out by "
+                      "its health check in a round: this node stays away from it until a check "
+                      "passes, and will not hear of the job's end meanwhile",
+                      spec_.server, spec_.endpoint));
+      out_.push_back(CloseConnection{});
+      out_.push_back(DisarmClientTimer{ClientTimer::Heartbeat});
+      s_.link = ClientLink::Down;
+      return;
+    }
+    Join join = this_node_join();
+    join.kept_out = s_.kept_out.empty() ? "its health check failed" : s_.kept_out;
     out_.push_back(SendJoin{std::move(join)});
   }
 
@@ -381,6 +427,8 @@ const char* client_phase_name(ClientPhase phase) {
       return "joining";
     case ClientPhase::Running:
       return "running";
+    case ClientPhase::KeptOut:
+      return "kept_out";
     case ClientPhase::Done:
       return "done";
   }

@@ -12,10 +12,10 @@
 // proved itself (Greeted). docs/design.md#rendezvous-state-machine draws the phases.
 //
 //   [Idle] --next round--> Joining --RoundReady--> Running --Restart--> Idle
-//                           |  ^                     |
-//                           +--+ Refused(Dropped):   | Refused(Dropped): new id, a counted
-//                           |    new id, join again  | Restart to the agent, then Idle
-//                           v                        v
+//     |                     |  ^                     |
+//     | keep out            +--+ Refused(Dropped):   | Refused(Dropped): new id, a counted
+//     v                     |    new id, join again  | Restart to the agent, then Idle
+//   KeptOut --next round----^                        v
 //   Done <-- Closed, Refused, unreachable for connect_timeout, a TLS failure, leave
 #include <optional>
 #include <string>
@@ -35,7 +35,10 @@ enum class ClientPhase {
   Idle,     ///< between rounds: no round asked for, none running
   Joining,  ///< a round was asked for; its result is owed to the agent
   Running,  ///< this node's workers run a round
-  Done,     ///< the job is over for this node (closed, refused, unreachable, left)
+  /// The agent's --health_check failed: the server holds the node out of rounds (Join::
+  /// kept_out) until the agent asks for a round, and tells it the job's end.
+  KeptOut,
+  Done,  ///< the job is over for this node (closed, refused, unreachable, left)
 };
 
 /// The connection to the server as the client sees it.
@@ -62,6 +65,12 @@ struct ClientState {
   std::optional<Waiting> last_waiting;
   TimePoint last_waiting_at;
   std::string last_status_line;  ///< the waiting line without its time, as last printed
+  std::string kept_out;          ///< KeptOut: why the health check failed
+  /// What the current link's server said in its greeting: it holds kept-out nodes (an older one
+  /// would place them). Unknown until it greets: a kept-out join waits for it.
+  std::optional<bool> server_holds_kept_out;
+  /// A server greeted without holding kept-out nodes: a kept-out node stays away from it.
+  bool server_lacks_kept_out = false;
 };
 
 /// What does not change while the node runs.
@@ -93,7 +102,9 @@ struct Connected {
   bool can_send = false;
 };
 /// The server's hello (and proof of the secret, when there is one) arrived.
-struct Greeted {};
+struct Greeted {
+  bool holds_kept_out = true;  ///< the server takes Join::kept_out (an older one does not)
+};
 /// The connection broke, or no connection could be made.
 struct ConnectionLost {
   std::string why;
@@ -112,6 +123,11 @@ struct ReportFailure {
   WorkersFailed failure;
 };
 struct ReportSuccess {};
+/// The agent's health check failed (`why`): be known to the job without a place in a round
+/// (RendezvousHandler::keep_out).
+struct KeepOut {
+  std::string why;
+};
 struct LeaveJob {
   std::string reason;
 };
@@ -119,9 +135,9 @@ struct RetryDue {};
 struct HeartbeatDue {};
 struct StatusDue {};
 
-using ClientEvent =
-    std::variant<NextRound, Connected, Greeted, ConnectionLost, ServerUnusable, FrameReceived,
-                 ReportFailure, ReportSuccess, LeaveJob, RetryDue, HeartbeatDue, StatusDue>;
+using ClientEvent = std::variant<NextRound, Connected, Greeted, ConnectionLost, ServerUnusable,
+                                 FrameReceived, ReportFailure, ReportSuccess, KeepOut, LeaveJob,
+                                 RetryDue, HeartbeatDue, StatusDue>;
 
 // ---- effects ------------------------------------------------------------------------------
 
@@ -185,6 +201,9 @@ using ClientEffect =
 /// - ConnectionLost: retry with back-off doubling to 2 s; unreachable for connect_timeout ->
 ///   Done with a Connection error naming the endpoint; a TLS failure -> Done at once.
 /// - Greeted after a loss: the Running round is claimed again in the join (RoundClaim).
+/// - KeepOut while Idle (or KeptOut): KeptOut, and a join with kept_out goes out (again after a
+///   loss or a drop); a server that does not hold kept-out nodes gets no join (the link closes).
+///   Closed -> Done, notified; NextRound joins as usual.
 std::vector<ClientEffect> rdzv_client_step(ClientState& state, const ClientEvent& event,
                                            TimePoint now, const ClientSpec& spec);
 

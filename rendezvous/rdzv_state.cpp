@@ -777,7 +777,8 @@ int count_failure(JobState& s, const std::string& culprit) {
 bool can_go_on_without(const JobState& s, const std::string& identity) {
   int others = 0;
   for (const auto& [id, node] : s.nodes)
-    if (node.state != NodeState::Quarantined && node_identity(id, node.request) != identity)
+    if (node.state != NodeState::Quarantined && node.state != NodeState::KeptOut &&
+        node_identity(id, node.request) != identity)
       ++others;
   return others >= s.settings.min_nodes;
 }
@@ -869,6 +870,35 @@ void release_quarantines(Step& st) {
   }
 }
 
+/// After remove_node took a node out because of its own join: whether that ended the job. The
+/// node is no longer in the table, so close_job did not tell it; it hears the end here.
+bool told_end_after_removal(Step& st, const std::string& id) {
+  if (st.s.phase != JobPhase::Closed) return false;
+  if (st.s.closed) send(st, id, *st.s.closed, true);
+  return true;
+}
+
+/// A Join with kept_out: the node's health check failed. It stays known to the job (status
+/// lists it, it hears the job's end) but no round places it, and no deadline waits for it.
+void on_kept_out_join(Step& st, const std::string& id, const Join& join) {
+  JobState& s = st.s;
+  auto it = s.nodes.find(id);
+  if (it != s.nodes.end() && it->second.state != NodeState::KeptOut) {
+    // Its place in the running round (or its reserved place in the forming one) goes, as if it
+    // had left: the round forms without waiting for it, and a spare may take the place
+    remove_node(st, id, "node " + join.name + " is kept out by its health check: " + join.kept_out);
+    if (told_end_after_removal(st, id)) return;
+    it = s.nodes.end();
+  }
+  if (it == s.nodes.end()) {
+    // [new] -> KeptOut
+    put_node(s, id, record_for(join, NodeState::KeptOut, -1, st.now));
+  } else {
+    // KeptOut -> KeptOut: a later failed check (its reason may differ)
+    set_request(s, id, join);
+  }
+}
+
 void on_join(Step& st, const std::string& id, Join join) {
   JobState& s = st.s;
   join.node_id = id;  // the connection's identity is authoritative
@@ -885,6 +915,12 @@ void on_join(Step& st, const std::string& id, Join join) {
                        "longer valid: it joins again as a new node"},
            true);
     }
+    return;
+  }
+  if (s.phase == JobPhase::Closed && !join.kept_out.empty() && s.closed) {
+    // Closed -> Closed: a node kept out by its health check hears the job's end, and exits with
+    // it like every node of the job
+    send(st, id, *s.closed, true);
     return;
   }
   if (s.phase == JobPhase::Closed) {
@@ -916,6 +952,10 @@ void on_join(Step& st, const std::string& id, Join join) {
       s.round == 0 && s.phase == JobPhase::Joining && s.index.previous_ranked == 0;
   if (rebuilding || (join.resume && (s.adopt_deadline || s.nodes.count(id) > 0)))
     s.restart_count = std::max(s.restart_count, join.restart_count);
+  if (!join.kept_out.empty()) {
+    on_kept_out_join(st, id, join);
+    return;
+  }
   if (join.resume) {
     on_resume_join(st, id, join);
     return;
@@ -926,7 +966,7 @@ void on_join(Step& st, const std::string& id, Join join) {
     if (it != s.nodes.end() && it->second.state != NodeState::Quarantined) {
       // Its place in the running round (or the forming one) goes, as if it had left
       remove_node(st, id, "node " + join.name + " is quarantined");
-      if (s.phase == JobPhase::Closed) return;  // that ended the job: it heard how
+      if (told_end_after_removal(st, id)) return;
       put_node(s, id, record_for(join, NodeState::Quarantined, -1, st.now));
     } else if (it == s.nodes.end()) {
       put_node(s, id, record_for(join, NodeState::Quarantined, -1, st.now));
@@ -938,6 +978,11 @@ void on_join(Step& st, const std::string& id, Join join) {
   }
 
   auto known = s.nodes.find(id);
+  if (known != s.nodes.end() && known->second.state == NodeState::KeptOut) {
+    // KeptOut -> [new]: its health check passed; it joins as a newcomer
+    erase_node(s, known);
+    known = s.nodes.end();
+  }
   if (known != s.nodes.end()) {
     const NodeState was = known->second.state;
     if (was == NodeState::Succeeded) return;  // finished; waits for the job to close
@@ -1096,6 +1141,17 @@ void on_from_node(Step& st, const FromNode& from) {
 }
 
 /// Deadlines that are due at `now`: tombstone, keep-alive, adoption, last call, join timeout.
+/// "; kept out by their health check: node3 (gpu0: ECC errors)" when the job holds such nodes,
+/// for the join timeout's message: the nodes that came but could not take part.
+std::string kept_out_text(const JobState& s) {
+  const std::vector<std::string> ids = ids_in(s, NodeState::KeptOut);
+  if (ids.empty()) return "";
+  return "; kept out by their health check: " + few_of(ids, [&](const std::string& id) {
+           const NodeJoin& node = node_at(s, id).request;
+           return node.name + (node.kept_out ? " (" + *node.kept_out + ")" : "");
+         });
+}
+
 void run_deadlines(Step& st) {
   JobState& s = st.s;
   if (s.phase == JobPhase::Closed) {
@@ -1175,7 +1231,7 @@ void run_deadlines(Step& st) {
                      " nodes joined (" +
                      (names.empty() ? "none"
                                     : few_of(names, [](const std::string& name) { return name; })) +
-                     "); missing: " + missing_text,
+                     "); missing: " + missing_text + kept_out_text(s),
                  0, 0, false});
 }
 
@@ -1222,10 +1278,13 @@ std::string node_identity(std::string_view id, const NodeJoin& join) {
 }
 
 NodeJoin node_join(const Join& join) {
-  return NodeJoin{
-      join.name,          join.addr,
-      join.master_port,   join.node_rank,
-      join.restart_count, join.resume ? Boxed<RoundClaim>(*join.resume) : Boxed<RoundClaim>()};
+  return NodeJoin{join.name,
+                  join.addr,
+                  join.master_port,
+                  join.node_rank,
+                  join.restart_count,
+                  join.resume ? Boxed<RoundClaim>(*join.resume) : Boxed<RoundClaim>(),
+                  join.kept_out.empty() ? Boxed<std::string>() : Boxed<std::string>(join.kept_out)};
 }
 
 Join join_message(const JobState& job, std::string_view id, const NodeJoin& node) {
@@ -1237,7 +1296,8 @@ Join join_message(const JobState& job, std::string_view id, const NodeJoin& node
               node.node_rank,
               job.settings,
               node.restart_count,
-              node.resume ? std::optional<RoundClaim>(*node.resume) : std::nullopt};
+              node.resume ? std::optional<RoundClaim>(*node.resume) : std::nullopt,
+              node.kept_out ? *node.kept_out : std::string()};
 }
 
 bool NodeKeyLess::operator()(const NodeKey& a, const NodeKey& b) const {

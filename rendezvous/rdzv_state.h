@@ -38,23 +38,26 @@ using common::TimePoint;
 
 /// What the server knows about one node of a job.
 enum class NodeState {
-  Joined,      ///< in the round being formed
-  Running,     ///< a participant of the running round
-  Succeeded,   ///< a participant whose workers all exited 0
-  Stopping,    ///< told to restart; its Join for the next round has not arrived yet
-  WaitListed,  ///< arrived while the round ran at max nodes (or while Running, before scale-up):
-               ///< a spare, which takes the place of a node the job loses
-  Quarantined  ///< its host's workers kept failing: out of the job until its cooldown is over
+  Joined,       ///< in the round being formed
+  Running,      ///< a participant of the running round
+  Succeeded,    ///< a participant whose workers all exited 0
+  Stopping,     ///< told to restart; its Join for the next round has not arrived yet
+  WaitListed,   ///< arrived while the round ran at max nodes (or while Running, before scale-up):
+                ///< a spare, which takes the place of a node the job loses
+  Quarantined,  ///< its host's workers kept failing: out of the job until its cooldown is over
+  KeptOut       ///< its own --health_check failed (Join::kept_out): never placed in a round, it
+                ///< hears the job's end; a join without kept_out makes it a newcomer
 };
 
 /// Names of NodeState in status (job_status.h); snake_case like every name on the wire.
-inline constexpr std::array<common::EnumName<NodeState>, 6> kNodeStateNames{{
+inline constexpr std::array<common::EnumName<NodeState>, 7> kNodeStateNames{{
     {NodeState::Joined, "joined"},
     {NodeState::Running, "running"},
     {NodeState::Succeeded, "succeeded"},
     {NodeState::Stopping, "stopping"},
     {NodeState::WaitListed, "wait_listed"},
     {NodeState::Quarantined, "quarantined"},
+    {NodeState::KeptOut, "kept_out"},
 }};
 static_assert(common::name_table_complete(kNodeStateNames));
 
@@ -92,6 +95,8 @@ struct NodeJoin {
   /// Join::resume: behind a pointer, as only a node re-registering after a server restart has
   /// one (inline, it cost every node of a 16,384-node job 64 bytes; a shared_ptr, 8 more).
   Boxed<RoundClaim> resume{};
+  /// Join::kept_out: why its health check failed (KeptOut), behind a pointer like resume.
+  Boxed<std::string> kept_out{};
 };
 
 /// What `join` leaves in its node's record.
@@ -363,6 +368,9 @@ void mark_all_seen(JobState& state, TimePoint now);
 ///   max) and hears Restart with `quarantine` set; a spare takes its place in the next round.
 /// - Join of a quarantined identity (a known node or a restarted agent): Quarantined, and a
 ///   Waiting that says why and for how long.
+/// - Join with kept_out (its health check failed): KeptOut, placed in no round, counted by no
+///   deadline; a node of the forming or running round leaves it first (as if it had left); a
+///   closed job answers with its Closed. A join without kept_out: a newcomer.
 /// - Tick: a quarantine over (or the forming round under min_nodes without it) -> the node is
 ///   forgotten and hears Restart (not counted): it checks itself and joins again as a newcomer.
 /// - WorkersSucceeded: node Succeeded; all participants Succeeded -> Closed(Succeeded).

@@ -51,6 +51,10 @@ class RendezvousHandler {
   /// Every worker of this node exited 0; Closed(Succeeded) follows once the whole job is done
   /// (or Restart, when another node failed meanwhile).
   virtual void report_success() = 0;
+  /// This node's --health_check failed (`why`): the rendezvous holds it out of every round,
+  /// lists it in status and tells it the job's end (a Closed notice). next_rendezvous joins it
+  /// again once a check passes. Called between rounds only, after each failed check.
+  virtual void keep_out(const std::string& why) = 0;
   /// This node leaves the job (signal, error); no callback runs after this.
   virtual void leave(const std::string& reason) = 0;
   /// The backend name as torchrun reports it ("static", "c10d").

@@ -338,6 +338,9 @@ void RendezvousServer::on_message(std::uint64_t id, const json& body) {
       return refuse(id, session, hs.error->message,
                     hs.unauthorized ? RefusalKind::Unauthorized : RefusalKind::Protocol);
     if (hs.send && hs.done && daemon_) (*hs.send)["daemon"] = true;
+    // It holds a node whose health check failed out of rounds (Join::kept_out): an agent says
+    // so only to a server that does, as an older one would place the node.
+    if (hs.send && hs.done) (*hs.send)["holds_kept_out"] = true;
     if (hs.send) session.conn->send(*hs.send);
     // A hello was accepted: no longer among the first to go when too many wait.
     if (silent_.erase(id) > 0 && !hs.done) greeting_.insert(id);

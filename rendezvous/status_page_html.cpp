@@ -208,6 +208,7 @@ function renderJob(job) {
       const age = h('span', n.last_seen_s > stale ? { class: 'stale' } : {}, seconds(n.last_seen_s) + ' ago');
       let state = n.state;
       if (state === 'wait_listed' && job.phase === 'running') state = 'spare';
+      if (state === 'kept_out') state = h('span', { title: n.kept_out || '' }, 'kept out (health check)');
       if (state === 'quarantined' && 'quarantine_left_s' in n) {
         state = h('span', { title: n.quarantined || '' }, 'quarantined (' + seconds(n.quarantine_left_s) + ' left)');
       }

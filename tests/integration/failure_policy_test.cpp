@@ -187,7 +187,7 @@ TEST_CASE("a node whose health check fails stays out until it passes, then train
   CHECK(failed[1]["failures_in_a_row"] == 2);
   CHECK(events_named(log, "health_check_passed").size() == 1);
   CHECK(contains(r.err, "[health check] gpu0: ECC errors"));
-  CHECK(contains(r.err, "this node stays out of the rendezvous and checks again in"));
+  CHECK(contains(r.err, "this node is kept out of the job's rounds and checks again in"));
   // No round began before the check passed.
   const auto starts = events_named(log, "rendezvous_start");
   REQUIRE_FALSE(starts.empty());

@@ -340,6 +340,51 @@ TEST_CASE("ddprun status shows a running job's nodes with their ranks",
   CHECK(contains(survivor.err, node_addr(1)));
 }
 
+TEST_CASE("a node kept out by its health check is listed by status and ends with the job",
+          "[integration][multinode][health]") {
+  TempDir dir;
+  const std::string go = dir.path() + "/go";
+  const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  std::vector<std::string> flags{"--nnodes", "2", "--rdzv_conf", kFastConf};
+  const std::vector<std::string> work{"print=started", "wait_file=" + go, "exit=0"};
+  auto a = start_node(endpoint, node_addr(0), flags, work);
+  auto b = start_node(endpoint, node_addr(1), flags, work);
+  REQUIRE(a->wait_for_output("started", kJobLimit));
+  REQUIRE(b->wait_for_output("started", kJobLimit));
+  // A third node whose check fails and would not check again for 10 minutes.
+  flags.insert(flags.end(), {"--health_check", "echo 'gpu0: ECC errors' >&2; exit 1",
+                             "--health_check_interval", "600"});
+  auto kept = start_node(endpoint, node_addr(2), flags, {"print=ran"});
+  std::string listed;
+  REQUIRE(wait_until(
+      [&] {
+        listed = run_command({DDPRUN_BIN, "status", "--rdzv_endpoint", endpoint}, {},
+                             std::chrono::seconds(10))
+                     .out;
+        return contains(listed, "kept out (health check");
+      },
+      kJobLimit));
+  INFO(listed);
+  CHECK(contains(listed, node_addr(2) + " kept out (health check: gpu0: ECC errors (the health "
+                                        "check `echo"));
+  CHECK(contains(listed, node_addr(0) + " running"));
+  std::ofstream(go).close();
+  auto ra = a->wait(kJobLimit);
+  auto rb = b->wait(kJobLimit);
+  auto rk = kept->wait(kJobLimit);
+  INFO(ra.err << "\n--- b:\n" << rb.err << "\n--- kept out:\n" << rk.out << rk.err);
+  CHECK(ra.exit_code == 0);
+  CHECK(rb.exit_code == 0);
+  // Before, it went on checking (here for 10 minutes) and then hosted the ended job again.
+  REQUIRE_FALSE(rk.timed_out);
+  CHECK(rk.exit_code == 0);
+  CHECK(contains(rk.err, "[health check] gpu0: ECC errors"));
+  CHECK(contains(rk.err,
+                 "the job ended while this node was kept out by its health check (1 "
+                 "failed check(s) in a row): the workers of all 2 nodes succeeded"));
+  CHECK_FALSE(contains(rk.out, "ran"));
+}
+
 TEST_CASE("when the agent hosting the embedded server dies another node takes the server over",
           "[integration][multinode][fault]") {
   TempDir dir;

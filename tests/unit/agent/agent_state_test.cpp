@@ -1053,6 +1053,8 @@ TEST_CASE("health gate: a node checks itself before its first join and joins onc
   CHECK(a.event("health_check_failed")["output"] == "disk full");
   CHECK(a.event("health_check_failed")["failures_in_a_row"] == 1);
   CHECK(a.logged("health check failed (1 in a row): /logs is not writable"));
+  // The rendezvous hears that it is kept out, and why: the check's last line first.
+  CHECK(a.effects<ReportKeptOut>().at(0).why == "disk full (/logs is not writable)");
   a.now += 30s;
   a.on(TimerFired{AgentTimer::HealthRetry});
   CHECK(a.has<RunHealthCheck>());
@@ -1107,6 +1109,58 @@ TEST_CASE("health gate: a closed job while a node checks itself ends it as the j
   a.on(AgentStarted{});
   a.on(NoticeReceived{rdzv::Closed{rdzv::JobOutcomeKind::TimedOut, "join timeout", 0, 0, false}});
   CHECK(a.effects<Finish>().at(0).code == ddprun::common::kExitRendezvous);
+}
+
+TEST_CASE("health gate: the kept-out reason is one printable line of valid UTF-8, bounded",
+          "[agent][unit][health]") {
+  Agent a(1);
+  a.spec.health_gate = true;
+  a.on(AgentStarted{});
+  // Output cut inside a character (\xa9 alone), a colour escape, a tab, a long last line.
+  const std::string last(2000, 'x');
+  a.on(HealthChecked{false, "the health check `check` failed with exit code 1",
+                     "\xa9 first\n\x1b[31mgpu0\tbad\n" + last + "\n\n", 1});
+  const std::string why = a.effects<ReportKeptOut>().at(0).why;
+  CHECK(why.size() <= 512);
+  CHECK(why.rfind("xxxx", 0) == 0);  // the last non-empty line comes first
+  a.on(TimerFired{AgentTimer::HealthRetry});
+  a.on(HealthChecked{false, "no GPU", "\xa9 \x1b[31mgpu0\tbad\n", 1});
+  const std::string second = a.effects<ReportKeptOut>().at(0).why;
+  CHECK(second == "\xef\xbf\xbd \\x1b[31mgpu0\\x09bad (no GPU)");
+  CHECK(nlohmann::json(second).dump().size() > 0);  // a strict dump would throw on bad UTF-8
+}
+
+TEST_CASE("health gate: a job that ends while the node is kept out ends it as on every node",
+          "[agent][unit][health]") {
+  Agent a(1);
+  a.spec.health_gate = true;
+  a.on(AgentStarted{});
+  a.on(HealthChecked{false, "GPU gone", "", 1});
+  a.on(TimerFired{AgentTimer::HealthRetry});
+  a.on(HealthChecked{false, "GPU gone", "", 1});
+  CHECK(a.effects<ReportKeptOut>().size() == 1);
+  a.on(NoticeReceived{rdzv::Closed{rdzv::JobOutcomeKind::Succeeded, "all succeeded", 0, 0, false}});
+  CHECK(a.state.phase == AgentPhase::Finished);
+  CHECK(a.effects<Finish>().at(0).code == 0);
+  CHECK(a.effects<CancelTimer>().at(0).timer == AgentTimer::HealthRetry);
+  CHECK(
+      a.logged("the job ended while this node was kept out by its health check (2 failed "
+               "check(s) in a row): all succeeded"));
+  // A job that failed ends it with the job's exit status, as on the nodes that ran it.
+  Agent b(1);
+  b.spec.health_gate = true;
+  b.on(AgentStarted{});
+  b.on(HealthChecked{false, "GPU gone", "", 1});
+  b.on(NoticeReceived{rdzv::Closed{rdzv::JobOutcomeKind::Failed, "budget used up", 3, 0, false}});
+  CHECK(b.effects<Finish>().at(0).code == 3);
+  CHECK(b.logged("the job ended while this node was kept out"));
+  // A lost rendezvous ends it too, with the rendezvous's exit status, instead of checking on.
+  Agent c(1);
+  c.spec.health_gate = true;
+  c.on(AgentStarted{});
+  c.on(HealthChecked{false, "GPU gone", "", 1});
+  c.on(NoticeReceived{rdzv::RendezvousError{rdzv::RendezvousErrorKind::Connection, "gone"}});
+  CHECK(c.effects<Finish>().at(0).code == ddprun::common::kExitRendezvous);
 }
 
 TEST_CASE("agent: a --progress_file that changed while the group ran is progress",

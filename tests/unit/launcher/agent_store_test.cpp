@@ -28,6 +28,7 @@ class Rounds : public ddprun::rdzv::RendezvousHandler {
   void set_notice_handler(std::function<void(ddprun::rdzv::Notice)>) override {}
   void report_failure(const ddprun::rdzv::WorkersFailed&) override {}
   void report_success() override {}
+  void keep_out(const std::string&) override {}
   void leave(const std::string&) override {}
   std::string backend() const override { return "c10d"; }
   std::string run_id() const override { return "job"; }

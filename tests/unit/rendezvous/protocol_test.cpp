@@ -83,6 +83,11 @@ TEST_CASE("a join survives the trip through JSON with its settings and resume cl
   back = agent_round_trip(j);
   CHECK_FALSE(back.node_rank);
   CHECK_FALSE(back.resume);
+  // kept_out travels only when set: a server that predates it never sees the field.
+  CHECK(back.kept_out.empty());
+  CHECK_FALSE(to_json(AgentMessage{j}).contains("kept_out"));
+  j.kept_out = "gpu0: ECC errors";
+  CHECK(agent_round_trip(j).kept_out == "gpu0: ECC errors");
 }
 
 TEST_CASE("every other agent message survives the trip through JSON", "[rdzv][unit]") {

@@ -454,3 +454,90 @@ TEST_CASE("the waiting line is printed on a change and repeated with the time wa
   c.on(StatusDue{});
   CHECK(c.out.empty());
 }
+
+TEST_CASE("a node kept out by its health check joins as kept out once the server greeted",
+          "[rdzv][client][unit][health]") {
+  Client c;
+  c.on(KeepOut{"gpu0: ECC errors"});
+  CHECK(c.s.phase == ClientPhase::KeptOut);
+  CHECK(c.has<Connect>());
+  // Without a secret requests could go out at once, but the kept-out join waits for the
+  // server's greeting: an older server would place the node.
+  c.on(Connected{true});
+  CHECK_FALSE(c.has<SendJoin>());
+  c.on(Greeted{true});
+  REQUIRE(c.all<SendJoin>().size() == 1);
+  CHECK(c.all<SendJoin>()[0].join.kept_out == "gpu0: ECC errors");
+  CHECK_FALSE(c.all<SendJoin>()[0].join.resume);
+  // A later failed check says its reason again on the open link.
+  c.on(KeepOut{"disk full"});
+  REQUIRE(c.all<SendJoin>().size() == 1);
+  CHECK(c.all<SendJoin>()[0].join.kept_out == "disk full");
+  // The job ends: the agent hears it as a notice (it asked for no round).
+  c.on(FrameReceived{Closed{JobOutcomeKind::Succeeded, "all done"}});
+  CHECK(c.s.phase == ClientPhase::Done);
+  REQUIRE(c.all<Notify>().size() == 1);
+  CHECK(std::holds_alternative<Closed>(c.all<Notify>()[0].notice));
+  CHECK_FALSE(c.has<Deliver>());
+}
+
+TEST_CASE("a kept-out node whose check passes asks for a round with a plain join",
+          "[rdzv][client][unit][health]") {
+  Client c;
+  c.on(KeepOut{"gpu0: ECC errors"});
+  c.on(Connected{false});
+  c.on(Greeted{true});
+  REQUIRE(c.all<SendJoin>().size() == 1);
+  c.on(NextRound{});
+  CHECK(c.s.phase == ClientPhase::Joining);
+  REQUIRE(c.all<SendJoin>().size() == 1);
+  CHECK(c.all<SendJoin>()[0].join.kept_out.empty());
+}
+
+TEST_CASE("a kept-out node reconnects and is dropped like any node, and joins kept out again",
+          "[rdzv][client][unit][health]") {
+  Client c;
+  c.on(KeepOut{"gpu0: ECC errors"});
+  c.on(Connected{true});
+  c.on(Greeted{true});
+  c.on(ConnectionLost{"reset"});
+  CHECK(c.s.phase == ClientPhase::KeptOut);
+  CHECK(c.armed(ClientTimer::Retry));
+  c.on(RetryDue{});
+  c.on(Connected{true});
+  c.on(Greeted{true});
+  REQUIRE(c.all<SendJoin>().size() == 1);
+  CHECK(c.all<SendJoin>()[0].join.kept_out == "gpu0: ECC errors");
+  c.on(FrameReceived{Refused{RefusalKind::Dropped, "node a was lost"}});
+  CHECK(c.s.phase == ClientPhase::KeptOut);
+  CHECK(c.has<RenewNodeId>());
+  CHECK(c.has<Connect>());
+  CHECK_FALSE(c.has<Notify>());
+}
+
+TEST_CASE("a server that cannot hold a kept-out node is not told, and said so once",
+          "[rdzv][client][unit][health]") {
+  Client c;
+  c.on(KeepOut{"gpu0: ECC errors"});
+  c.on(Connected{true});
+  c.on(Greeted{false});
+  CHECK_FALSE(c.has<SendJoin>());
+  CHECK(c.has<CloseConnection>());
+  CHECK(c.logged("is older than this ddprun"));
+  CHECK(c.s.link == ClientLink::Down);
+  // The next failed check does not connect again; a passing one joins as usual.
+  c.on(KeepOut{"gpu0: ECC errors"});
+  CHECK(c.out.empty());
+  c.on(NextRound{});
+  CHECK(c.has<Connect>());
+  CHECK(c.s.phase == ClientPhase::Joining);
+}
+
+TEST_CASE("keep-out is ignored while the node joins or runs a round",
+          "[rdzv][client][unit][health]") {
+  Client c;
+  c.join();
+  c.on(KeepOut{"x"});
+  CHECK(c.s.phase == ClientPhase::Joining);
+  CHECK(c.out.empty());
+}

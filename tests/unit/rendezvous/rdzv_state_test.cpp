@@ -1928,3 +1928,127 @@ TEST_CASE("every node must agree on --quarantine_after and --quarantine_cooldown
   other.quarantine_cooldown = 200s;
   CHECK_THAT(check_settings(other, "b")->message, Catch::Contains("--quarantine_cooldown 200:100"));
 }
+
+// ---- nodes kept out by their health check -------------------------------------------------
+
+namespace {
+
+/// A join of a node whose --health_check failed with `why`.
+Join kept_out_join(const std::string& name, const RdzvSettings& settings,
+                   const std::string& why = "gpu0: ECC errors") {
+  Join join = join_of(name, settings);
+  join.kept_out = why;
+  return join;
+}
+
+/// The status document's entry for node `name` (null when it is not listed).
+nlohmann::json status_of(const Job& job, const std::string& name) {
+  const nlohmann::json status = describe_job(job.state, job.now);
+  for (const auto& node : status["nodes"])
+    if (node["name"] == name) return node;
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("a node kept out by its health check is listed but never placed, and hears the end",
+          "[rdzv][unit][health]") {
+  const RdzvSettings settings = nnodes(1, 3);
+  Job job;
+  job.join(join_of("a", settings));
+  const auto& joined = job.join(kept_out_join("b", settings));
+  CHECK(job.node("b").state == NodeState::KeptOut);
+  CHECK(joined.empty());  // no Waiting: it is in no round
+  // The last call completes the round with a alone, although b is known and under max.
+  job.pass(30s);
+  REQUIRE(job.state.phase == JobPhase::Running);
+  CHECK(job.node("a").group_rank == 0);
+  CHECK(job.node("b").group_rank == -1);
+  CHECK(job.node("b").state == NodeState::KeptOut);
+  const nlohmann::json listed = status_of(job, "b");
+  CHECK(listed["state"] == "kept_out");
+  CHECK(listed["kept_out"] == "gpu0: ECC errors");
+  CHECK(describe_job(job.state, job.now)["kept_out"] == 1);
+  // Another failed check says a new reason; still no scale-up.
+  CHECK(job.join(kept_out_join("b", settings, "disk full")).empty());
+  CHECK(status_of(job, "b")["kept_out"] == "disk full");
+  // Silence for the keep-alive window drops it like any node.
+  job.pass(20s, {"b"});
+  CHECK(job.state.nodes.count(NodeId(id_of("b"))) == 0);
+  job.join(kept_out_join("b2", settings));
+  const auto& end = job.send("a", WorkersSucceeded{0});
+  REQUIRE(job.state.phase == JobPhase::Closed);
+  REQUIRE(to<Closed>(end, "b2").size() == 1);
+  CHECK(to<Closed>(end, "b2")[0].outcome == JobOutcomeKind::Succeeded);
+  // A kept-out join to the closed job hears its end, not a refusal.
+  const auto& late = job.join(kept_out_join("c", settings));
+  CHECK(to<Closed>(late, "c").size() == 1);
+  CHECK(to<Refused>(late, "c").empty());
+  CHECK(to<Refused>(job.join(join_of("d", settings)), "d").size() == 1);
+}
+
+TEST_CASE("a node whose check fails as it rejoins gives its place to a spare at once",
+          "[rdzv][unit][health]") {
+  const RdzvSettings settings = nnodes(2, 2);
+  Job job = running_job({"a", "b"}, settings);
+  job.join(join_of("c", settings));
+  REQUIRE(job.node("c").state == NodeState::WaitListed);
+  const int rank_b = job.node("b").group_rank;
+  job.send("a", failure(0, 0, 1));
+  job.join(join_of("a", settings));
+  REQUIRE(job.state.phase == JobPhase::Joining);  // b's place is kept for it
+  const auto& out = job.join(kept_out_join("b", settings));
+  // b is kept out; c took its place and the round formed without waiting for a last call.
+  REQUIRE(job.state.phase == JobPhase::Running);
+  CHECK(job.node("b").state == NodeState::KeptOut);
+  CHECK(to<RoundReady>(out, "c").at(0).group_rank == rank_b);
+  CHECK(to<RoundReady>(out, "b").empty());
+  // Its check passes: it joins as a newcomer, a spare of the full round.
+  job.join(join_of("b", settings));
+  CHECK(job.node("b").state == NodeState::WaitListed);
+}
+
+TEST_CASE("a kept-out node whose check passes joins as a newcomer and scales the job up",
+          "[rdzv][unit][health]") {
+  const RdzvSettings settings = nnodes(1, 2);
+  Job job;
+  job.join(join_of("a", settings));
+  job.join(kept_out_join("b", settings));
+  job.pass(30s);
+  REQUIRE(job.state.phase == JobPhase::Running);
+  const auto& out = job.join(join_of("b", settings));
+  // Under max with a newcomer: a scale-up round (not counted) with both.
+  CHECK(to<Restart>(out, "a").size() == 1);
+  CHECK_FALSE(to<Restart>(out, "a").at(0).counted);
+  job.join(join_of("a", settings));
+  REQUIRE(job.state.phase == JobPhase::Running);
+  CHECK(job.node("b").state == NodeState::Running);
+}
+
+TEST_CASE("a join timeout names the nodes kept out by their health check, and tells them",
+          "[rdzv][unit][health]") {
+  const RdzvSettings settings = nnodes(2, 2);
+  Job job;
+  job.join(join_of("a", settings));
+  job.join(kept_out_join("b", settings));
+  const auto out = job.pass(601s);
+  REQUIRE(job.state.phase == JobPhase::Closed);
+  const std::vector<Closed> told = to<Closed>(out, "b");
+  REQUIRE(told.size() == 1);
+  CHECK(told[0].outcome == JobOutcomeKind::TimedOut);
+  CHECK_THAT(told[0].message, Catch::Contains("1 of min 2 nodes joined (a)") &&
+                                  Catch::Contains("kept out by their health check: b (gpu0: "
+                                                  "ECC errors)"));
+}
+
+TEST_CASE("a quarantined or kept-out node that leaves a round ending the job still hears how",
+          "[rdzv][unit][health]") {
+  // b runs the last round the budget allows; its check then fails while the job thinks it
+  // runs: its place goes as if it had left, which ends the job, and b hears the end.
+  const RdzvSettings settings = nnodes(2, 2, 0);
+  Job job = running_job({"a", "b"}, settings);
+  const auto& out = job.join(kept_out_join("b", settings));
+  REQUIRE(job.state.phase == JobPhase::Closed);
+  CHECK(to<Closed>(out, "b").size() == 1);
+  CHECK(to<Closed>(out, "a").size() == 1);
+}
