@@ -322,7 +322,10 @@ TEST_CASE("every etcd member down for a while leaves an etcd job training until 
   check_finished_without_restart(nodes);
 }
 
-TEST_CASE("ddprun status reads a running etcd job's nodes and ranks from etcd", "[etcd][rdzv]") {
+TEST_CASE(
+    "ddprun status reads a running etcd job's nodes, ranks and a node kept out by its health "
+    "check from etcd, and the kept-out node ends with the job",
+    "[etcd][rdzv][health]") {
   EtcdCluster etcd;
   REQUIRE(etcd.wait_ready());
   TempDir dir;
@@ -335,21 +338,38 @@ TEST_CASE("ddprun status reads a running etcd job's nodes and ranks from etcd", 
                                {"pidfile=" + pids, "wait_lines=" + gate + ":1"}));
   if (!wait_until([&] { return read_pids(pids).size() == 2; }, kJobLimit))
     FAIL(err_of(nodes, &etcd));
-  auto status = run_command({DDPRUN_BIN, "status", "--rdzv_backend", "etcd-v3", "--rdzv_endpoint",
-                             etcd.endpoints(), "--rdzv_id", "job"},
-                            {}, 30s);
+  // A third node whose health check fails: held in etcd's state as kept out, never placed.
+  nodes.push_back(start_node(etcd, 2,
+                             {"--nnodes", "2", "--health_check", "echo 'gpu0: ECC errors'; exit 1",
+                              "--health_check_interval", "600"},
+                             {"print=ran"}));
+  const auto status_now = [&] {
+    return run_command({DDPRUN_BIN, "status", "--rdzv_backend", "etcd-v3", "--rdzv_endpoint",
+                        etcd.endpoints(), "--rdzv_id", "job"},
+                       {}, 30s);
+  };
+  if (!wait_until([&] { return contains(status_now().out, "kept out (health check"); }, kJobLimit))
+    FAIL(err_of(nodes, &etcd));
+  auto status = status_now();
   INFO(status.out << status.err);
   CHECK(status.exit_code == 0);
   CHECK(contains(status.out, "job job: running, round 0, restarts 0 of 0, --nnodes 2:2"));
   CHECK(contains(status.out, loopback_node_addr(0)));
   CHECK(contains(status.out, loopback_node_addr(1)));
+  CHECK(contains(status.out, loopback_node_addr(2) + " kept out (health check: gpu0: ECC errors"));
   auto missing = run_command({DDPRUN_BIN, "status", "--rdzv_backend", "etcd-v3", "--rdzv_endpoint",
                               etcd.endpoints(), "--rdzv_id", "other"},
                              {}, 30s);
   CHECK(missing.exit_code == 1);
   CHECK(contains(missing.out, "no job 'other' at etcd 127.0.0.1:"));
   std::ofstream(gate) << "go\n";
-  for (auto& node : nodes) CHECK(node->wait(kJobLimit).exit_code == 0);
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    auto r = nodes[i]->wait(kJobLimit);
+    INFO("node " << i << ":\n" << r.out << r.err);
+    CHECK(r.exit_code == 0);
+    CHECK_FALSE(contains(r.out, "ran"));
+    if (i == 2) CHECK(contains(r.err, "the job ended while this node was kept out"));
+  }
 }
 
 TEST_CASE("agents log in to an etcd with authentication with etcd_user and etcd_password_file",
@@ -429,7 +449,13 @@ TEST_CASE("ddprun status logs in to an etcd with authentication as the agents do
   CHECK(half.exit_code == 64);
   CHECK(contains(half.err, "etcd_user and etcd_password_file go together"));
   std::ofstream(gate) << "go\n";
-  for (auto& node : nodes) CHECK(node->wait(kJobLimit).exit_code == 0);
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    auto r = nodes[i]->wait(kJobLimit);
+    INFO("node " << i << ":\n" << r.out << r.err);
+    CHECK(r.exit_code == 0);
+    CHECK_FALSE(contains(r.out, "ran"));
+    if (i == 2) CHECK(contains(r.err, "the job ended while this node was kept out"));
+  }
 }
 
 TEST_CASE("agents speak TLS to etcd members that require client certificates", "[etcd][rdzv]") {
