@@ -18,7 +18,8 @@ using std::chrono::milliseconds;
 namespace {
 
 /// Version of the `state` value's layout; a value of another version is refused by name.
-constexpr int kStateFormat = 1;
+/// 2: a node may be `kept_out` (an agent of format 1 driving would place it in a round).
+constexpr int kStateFormat = 2;
 
 /// --restart_window keeps at most --max_restarts times; this many is no job's.
 constexpr std::size_t kMaxWindowRestarts = 1'000'000;

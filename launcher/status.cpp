@@ -231,7 +231,8 @@ std::string state_text(const json& job, const json& node) {
   if (state == "kept_out") {
     // The check's reason, cut to keep the table readable.
     constexpr std::size_t kShown = 60;
-    std::string why = node.contains("kept_out") ? text_of(node, "kept_out") : "";
+    // Printable: the reason is a check's output, as a node sent it.
+    std::string why = node.contains("kept_out") ? common::printable(text_of(node, "kept_out")) : "";
     if (why.size() > kShown) {
       std::size_t cut = kShown;  // not inside a UTF-8 character
       while (cut > 0 && (static_cast<unsigned char>(why[cut]) & 0xC0) == 0x80) --cut;

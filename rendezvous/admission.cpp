@@ -160,7 +160,8 @@ std::optional<Refused> check_join(const JobState& s, const Join& join) {
     for (auto holder = first; holder != last; ++holder) {
       const NodeId& other_id = *holder->second;
       const NodeRecord& node = s.nodes.at(other_id);
-      if (other_id != id) {
+      // A node kept out by its health check holds no place: a replacement may take its rank.
+      if (other_id != id && node.state != NodeState::KeptOut) {
         return Refused{RefusalKind::DuplicateRank,
                        "node " + join.name + " was started with --node_rank " +
                            std::to_string(*join.node_rank) + ", which node " + node.request.name +
@@ -174,7 +175,9 @@ std::optional<Refused> check_join(const JobState& s, const Join& join) {
   // A node kept out by its health check holds no place: its next join is a newcomer's.
   const auto self = s.nodes.find(id);
   const bool newcomer = self == s.nodes.end() || self->second.state == NodeState::KeptOut;
-  if (join.node_rank && newcomer && ranks_held) {
+  // A kept-out join asks for no place, so no group rank: a former member whose rank went to
+  // another node in the round that formed without it is told so only when it asks for a round.
+  if (join.node_rank && newcomer && ranks_held && join.kept_out.empty()) {
     // A newcomer cannot take a group rank that a live node holds (in the running round, or
     // the one before the round that forms): that would move every worker's MASTER_ADDR.
     // (While round 0 forms nobody holds one, so thousands of first joins walk no nodes.)

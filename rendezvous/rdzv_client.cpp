@@ -61,6 +61,7 @@ class Stepper {
   void on(const Greeted& e) {
     if (s_.link == ClientLink::Down || s_.link == ClientLink::Connecting) return;
     s_.server_holds_kept_out = e.holds_kept_out;
+    if (e.holds_kept_out) s_.server_lacks_kept_out = false;  // upgraded since
     // A link that could send before the greeting: the kept-out join waited for it.
     if (s_.link == ClientLink::Ready && s_.phase == ClientPhase::KeptOut) send_kept_out();
     // Reachable again only once the server greeted: a connection that a server closes at once
@@ -335,12 +336,14 @@ class Stepper {
   /// the next round.
   void send_kept_out() {
     if (!*s_.server_holds_kept_out) {
+      const bool said = s_.server_lacks_kept_out;
       s_.server_lacks_kept_out = true;
-      log(ClientLogLevel::Warn,
-          fmt::format("the {} at {} is older than this ddprun and would place a node kept out by "
-                      "its health check in a round: this node stays away from it until a check "
-                      "passes, and will not hear of the job's end meanwhile",
-                      spec_.server, spec_.endpoint));
+      if (!said)
+        log(ClientLogLevel::Warn,
+            fmt::format("the {} at {} is older than this ddprun and would place a node kept out by "
+                        "its health check in a round: this node stays away from it until a check "
+                        "passes, and will not hear of the job's end meanwhile",
+                        spec_.server, spec_.endpoint));
       out_.push_back(CloseConnection{});
       out_.push_back(DisarmClientTimer{ClientTimer::Heartbeat});
       s_.link = ClientLink::Down;

@@ -682,8 +682,10 @@ void on_resume_join(Step& st, const std::string& id, const Join& join) {
   const NodeState claimed_state = claim.succeeded ? NodeState::Succeeded : NodeState::Running;
   if (s.phase == JobPhase::Joining && s.round == 0) {
     // [none] -> Running: the server restarted and a node re-registers its running round; nodes
-    // that only waited for a round are wait-listed behind it
-    for (const std::string& other_id : ids_where(s, [](const NodeRecord&) { return true; }))
+    // that only waited for a round are wait-listed behind it (one kept out by its health
+    // check stays out: it asked for no round)
+    for (const std::string& other_id :
+         ids_where(s, [](const NodeRecord& node) { return node.state != NodeState::KeptOut; }))
       set_state(s, other_id, NodeState::WaitListed);
     s.phase = JobPhase::Running;
     s.round = claim.round;
@@ -804,7 +806,8 @@ void quarantine_and_restart(Step& st, const std::string& identity, const std::st
   NodeStanding& standing = s.standing[identity];
   const Millis cooldown = cooldown_after(s.settings, standing.quarantines);
   const std::vector<std::string> ids = ids_where(s, [&](const NodeId& id, const NodeRecord& node) {
-    return node.state != NodeState::Quarantined && node_identity(id, node.request) == identity;
+    return node.state != NodeState::Quarantined && node.state != NodeState::KeptOut &&
+           node_identity(id, node.request) == identity;
   });
   const std::string names = join_names(names_of(s, ids));
   standing.why = "its workers caused " + std::to_string(standing.failures_in_a_row) +

@@ -531,6 +531,24 @@ TEST_CASE("a server that cannot hold a kept-out node is not told, and said so on
   c.on(NextRound{});
   CHECK(c.has<Connect>());
   CHECK(c.s.phase == ClientPhase::Joining);
+  // A failed check after the next round, on the open link: not told, and not said again.
+  c.on(Connected{true});
+  c.on(Greeted{false});
+  c.on(FrameReceived{RoundReady{0, 0, 2, "10.0.0.1", 29500, 0, {"a", "b"}}});
+  c.on(FrameReceived{Restart{1, "worker failed", true, 1}});
+  c.on(KeepOut{"gpu0: ECC errors"});
+  CHECK_FALSE(c.has<SendJoin>());
+  CHECK(c.has<CloseConnection>());
+  CHECK_FALSE(c.logged("is older than this ddprun"));
+  // Upgraded since: the next greeting says so, and a kept-out join goes out again.
+  c.on(NextRound{});
+  c.on(Connected{true});
+  c.on(Greeted{true});
+  c.on(FrameReceived{RoundReady{1, 0, 2, "10.0.0.1", 29500, 1, {"a", "b"}}});
+  c.on(FrameReceived{Restart{2, "worker failed", true, 2}});
+  c.on(KeepOut{"gpu0: ECC errors"});
+  REQUIRE(c.all<SendJoin>().size() == 1);
+  CHECK(c.all<SendJoin>()[0].join.kept_out == "gpu0: ECC errors");
 }
 
 TEST_CASE("keep-out is ignored while the node joins or runs a round",

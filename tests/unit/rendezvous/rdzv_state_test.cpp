@@ -2041,7 +2041,7 @@ TEST_CASE("a join timeout names the nodes kept out by their health check, and te
                                                   "ECC errors)"));
 }
 
-TEST_CASE("a quarantined or kept-out node that leaves a round ending the job still hears how",
+TEST_CASE("a kept-out node that leaves a round ending the job still hears how",
           "[rdzv][unit][health]") {
   // b runs the last round the budget allows; its check then fails while the job thinks it
   // runs: its place goes as if it had left, which ends the job, and b hears the end.
@@ -2051,4 +2051,57 @@ TEST_CASE("a quarantined or kept-out node that leaves a round ending the job sti
   REQUIRE(job.state.phase == JobPhase::Closed);
   CHECK(to<Closed>(out, "b").size() == 1);
   CHECK(to<Closed>(out, "a").size() == 1);
+}
+
+TEST_CASE("a kept-out node is not wait-listed when a restarted server takes a round back",
+          "[rdzv][unit][health]") {
+  const RdzvSettings settings = nnodes(2, 3);
+  Job job;  // a fresh server: the kept-out node reconnects first
+  job.join(kept_out_join("c", settings));
+  Join a = join_of("a", settings);
+  a.resume = claim(0, 0, 2, 0);
+  job.join(a);
+  Join b = join_of("b", settings);
+  b.resume = claim(0, 1, 2, 0);
+  b.resume->master_addr = a.resume->master_addr;
+  job.join(b);
+  REQUIRE(job.state.phase == JobPhase::Running);
+  CHECK_FALSE(job.state.adopt_deadline);
+  // No scale-up round took it in: it asked for no round.
+  CHECK(job.node("c").state == NodeState::KeptOut);
+  CHECK(job.state.round == 0);
+}
+
+TEST_CASE("--node_rank: a kept-out node keeps no rank from others and is not refused for one",
+          "[rdzv][unit][health]") {
+  const RdzvSettings settings = nnodes(2, 3);
+  Job job;
+  job.join(join_of("a", settings, 0));
+  job.join(join_of("b", settings, 1));
+  job.join(join_of("c", settings, 2));
+  REQUIRE(job.state.phase == JobPhase::Running);
+  job.send("b", failure(0, 2, 1));
+  job.join(join_of("a", settings, 0));
+  job.join(join_of("c", settings, 2));
+  // b's check fails as it rejoins: the round forms with a and c, and c takes group rank 1.
+  Join kept = kept_out_join("b", settings);
+  kept.node_rank = 1;
+  job.join(kept);
+  REQUIRE(job.state.phase == JobPhase::Running);
+  CHECK(job.node("c").group_rank == 1);
+  // Its next failed check is held as before, not refused for the rank c holds now.
+  const auto& again = job.join(kept);
+  CHECK(to<Refused>(again, "b").empty());
+  CHECK(job.node("b").state == NodeState::KeptOut);
+  // In a forming round, a replacement started with a kept-out node's --node_rank takes it.
+  Job forming;
+  const RdzvSettings two = nnodes(2, 2);
+  forming.join(join_of("a", two, 0));
+  Join broken = kept_out_join("b", two);
+  broken.node_rank = 1;
+  forming.join(broken);
+  const auto& out = forming.join(join_of("d", two, 1));
+  CHECK(to<Refused>(out, "d").empty());
+  REQUIRE(forming.state.phase == JobPhase::Running);
+  CHECK(forming.node("d").group_rank == 1);
 }
