@@ -282,7 +282,10 @@ TEST_CASE("a malformed state value is an error naming the key", "[etcd][unit]") 
   };
   CHECK_THAT(error("not json"), Contains("not JSON"));
   CHECK_THAT(error("[1,2]"), Contains("state must be an object"));
-  CHECK_THAT(error(R"({"format":2})"), Contains("format 2"));
+  // An older ddprun's state (format 1 knows no kept-out node): refused by name.
+  CHECK_THAT(error(R"({"format":1})"),
+             Contains("format 1, this ddprun reads format 2 (every node must run the same "
+                      "ddprun)"));
   k.join("1", 2, 2);
   k.drive_once();
   auto j = nlohmann::json::parse(k.view.state->value);
