@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -242,7 +243,15 @@ void kill_left(const SessionNotes& notes) {
 /// by the agent for a standby) and in the sessions it saw the agent's descendants in (each
 /// second). It runs in a fork of a process with one thread, so the calls below
 /// are safe; it holds nothing of the agent's.
+/// "<pid>.<start time>" of process `pid` (start time 0 when it cannot be read).
+std::string process_tag(pid_t pid) {
+  const auto ids = read_process(pid);
+  return std::to_string(pid) + "." + std::to_string(ids ? ids->start_time : 0);
+}
+
 [[noreturn]] void watch(int pipe_r, const std::string& node_dir, pid_t agent) {
+  // Read while the agent lives (it forked this process a moment ago).
+  const std::string agent_tag = process_tag(agent);
   const pid_t agent_session = ::getsid(0);
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE, SIGTSTP})
     ::signal(sig, SIG_IGN);
@@ -295,16 +304,42 @@ void kill_left(const SessionNotes& notes) {
   }
   // A normal end told it to forget every session: nothing to do.
   if (!notes.empty()) kill_left(notes);
-  if (node_dir.empty()) ::_exit(0);
   // A normal end removed the directory already: ENOENT, nothing to do.
-  if (write_control(node_dir + "/cgroup.kill", "1") != ENOENT) {
+  if (!node_dir.empty() && write_control(node_dir + "/cgroup.kill", "1") != ENOENT) {
     for (int waited = 0; waited < kRemoveWaitMs && !remove_cgroup(node_dir); waited += 20)
       ::usleep(20 * 1000);
   }
+  // Once nothing of the job can write there: a normal end removed them, a SIGKILL did not.
+  remove_agent_temp_dirs(agent_tag);
   ::_exit(0);
 }
 
 }  // namespace
+
+std::string temp_dir_tag() { return process_tag(::getpid()); }
+
+int remove_agent_temp_dirs(const std::string& tag) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path tmp = fs::temp_directory_path(ec);
+  if (ec) return 0;
+  const std::string socket_dirs = "ddprun-sock-" + tag + "-";
+  const std::string error_dirs = "ddprun-" + tag + "-";
+  std::vector<fs::path> found;
+  for (fs::directory_iterator it(tmp, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind(socket_dirs, 0) != 0 && name.rfind(error_dirs, 0) != 0) continue;
+    struct stat st {};
+    if (::lstat(it->path().c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == ::getuid())
+      found.push_back(it->path());
+  }
+  int removed = 0;
+  for (const fs::path& dir : found) {
+    std::error_code gone;
+    if (fs::remove_all(dir, gone) > 0 && !gone) ++removed;
+  }
+  return removed;
+}
 
 std::string_view cleanup_mode_name(CleanupMode mode) {
   for (const auto& [m, name] : kModeNames)

@@ -54,13 +54,27 @@ struct NotedSession {
 /// but for one emptied and its id taken again since the last look (at most a second).
 bool still_noted(const std::map<pid_t, ProcessIds>& ids, pid_t sid, const NotedSession& noted);
 
+/// What this agent's temporary directories are named after: "<pid>.<start time>" (the start
+/// time keeps a later process that gets the same pid from matching). The report socket's
+/// directory is `ddprun-sock-<tag>-XXXXXX` and the error files' (without --log_dir) is
+/// `ddprun-<tag>-XXXXXX` in the temporary directory ($TMPDIR, else /tmp); the agent removes
+/// them as it ends, and its watcher does if the agent was SIGKILLed
+/// (remove_agent_temp_dirs).
+std::string temp_dir_tag();
+
+/// Removes the directories of the agent tagged `tag` (temp_dir_tag) in the temporary
+/// directory: only directories (not links), owned by this user. Returns how many it removed.
+int remove_agent_temp_dirs(const std::string& tag);
+
 /// Kills what is left of each worker group, and everything at the end.
 ///
 ///   agent (child subreaper) ----- pipe (write end, close-on-exec) -----> watcher
 ///     |-- workers of group N  (in <own cgroup>/ddprun-<pid>/group-N)       read() blocks until
 ///     |     \-- setsid'd grandchildren (same cgroup; ours once orphaned)   the agent is gone,
 ///     \-- standbys            (in <own cgroup>/ddprun-<pid>/standby)       then cgroup.kill on
-///                                                                          ddprun-<pid>, rmdir
+///                                                                          ddprun-<pid>, rmdir;
+///                                                                          the agent's temporary
+///                                                                          directories go too
 /// Without a cgroup (subreaper) each worker writes its session (it leads one, as it leads its
 /// process group) to the watcher's pipe before exec, and the agent writes each standby's before
 /// a hand-over; once a group's processes are killed the agent tells the watcher to forget them

@@ -15,6 +15,7 @@
 #include <functional>
 #include <optional>
 
+#include "agent/group_cleanup.h"
 #include "agent/line_buffer.h"
 #include "agent/line_dedup.h"
 #include "common/fd_write.h"
@@ -230,8 +231,12 @@ common::Result<LogRoot> make_log_root(const std::string& log_dir, const std::str
     std::error_code made;  // mkdtemp below names the problem
     fs::create_directories(log_dir, made);
     tmpl = (fs::path(log_dir) / (run_id + "_XXXXXX")).string();
+  } else if (wants_files) {
+    tmpl = (fs::temp_directory_path() / "ddprun-XXXXXX").string();  // logs: kept
   } else {
-    tmpl = (fs::temp_directory_path() / "ddprun-XXXXXX").string();
+    // Error files alone, removed at the end: named after this agent, so that its watcher
+    // removes the directory should the agent be SIGKILLed.
+    tmpl = (fs::temp_directory_path() / ("ddprun-" + temp_dir_tag() + "-XXXXXX")).string();
   }
   if (::mkdtemp(tmpl.data()) == nullptr)
     return common::Error{"cannot create a directory for worker logs and error files from " + tmpl +

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "agent/group_cleanup.h"
 #include "common/log.h"
 
 namespace ddprun::agent {
@@ -73,7 +74,9 @@ ReportSocket::~ReportSocket() {
 
 std::optional<common::Error> ReportSocket::open(
     std::function<void(const WorkerReport&)> on_report) {
-  std::string tmpl = (fs::temp_directory_path() / "ddprun-sock-XXXXXX").string();
+  // Named after this agent, so its watcher removes it should the agent be SIGKILLed.
+  std::string tmpl =
+      (fs::temp_directory_path() / ("ddprun-sock-" + temp_dir_tag() + "-XXXXXX")).string();
   if (::mkdtemp(tmpl.data()) == nullptr)
     return common::Error{std::string("cannot create a directory for the workers' report socket: ") +
                          std::strerror(errno)};

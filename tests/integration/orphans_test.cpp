@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <catch2/catch.hpp>
+#include <filesystem>
 
 #include "tests/integration/ddprun_runs.h"
 #include "tests/support/subprocess.h"
@@ -24,6 +25,32 @@ TEST_CASE("no worker survives a SIGKILL of the ddprun agent", "[agent][integrati
     INFO("rank " << rank << " pid " << pid);
     CHECK(wait_gone(pid));
   }
+}
+
+TEST_CASE("a SIGKILLed agent's temporary directories are removed by its watcher",
+          "[agent][integration]") {
+  TempDir dir;
+  const std::string pidfile = dir.path() + "/pids";
+  WorkerSweeper sweeper(pidfile);
+  Subprocess job(ddprun_fake({"--nproc_per_node", "2"}, {"pidfile=" + pidfile, "hang"}));
+  REQUIRE(wait_until([&] { return read_pids(pidfile).size() == 2; }, kJobLimit));
+  // The agent's: its report socket's and its error files' (no --log_dir), named after it.
+  const std::filesystem::path tmp = std::filesystem::temp_directory_path();
+  const std::string tag = std::to_string(job.pid()) + ".";
+  const auto agent_dirs = [&] {
+    std::vector<std::string> names;
+    for (const auto& entry : std::filesystem::directory_iterator(tmp)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("ddprun-sock-" + tag, 0) == 0 || name.rfind("ddprun-" + tag, 0) == 0)
+        names.push_back(name);
+    }
+    return names;
+  };
+  REQUIRE(agent_dirs().size() == 2);
+  job.send(SIGKILL);
+  CHECK(job.wait(kJobLimit).exit_code == 128 + SIGKILL);
+  CHECK(wait_until([&] { return agent_dirs().empty(); }, kJobLimit));
+  INFO(agent_dirs().size());
 }
 
 TEST_CASE("a process a failed worker forked into its group is killed with the group",
