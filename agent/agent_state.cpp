@@ -132,7 +132,6 @@ double ms_between(TimePoint from, TimePoint to) {
   return std::chrono::duration<double, std::milli>(to - from).count();
 }
 
-/// Nothing runs or drains: the phases in which what the rendezvous said is acted on.
 /// What the rendezvous lists for a node kept out by its health check: the check's last line of
 /// output first (what a person looks for), then why it failed. Valid UTF-8 without control
 /// characters (a check prints anything; its kept output may start inside a character), and at
@@ -156,6 +155,7 @@ std::string kept_out_reason(const std::string& why, const std::string& output) {
   return reason;
 }
 
+/// Nothing runs or drains: the phases in which what the rendezvous said is acted on.
 bool idle(AgentPhase phase) {
   return phase == AgentPhase::HealthCheck || phase == AgentPhase::Rendezvous ||
          phase == AgentPhase::AwaitingZygote || phase == AgentPhase::BetweenRounds;

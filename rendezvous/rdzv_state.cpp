@@ -1143,7 +1143,6 @@ void on_from_node(Step& st, const FromNode& from) {
   // Heartbeat: last_seen above is all it does. StatusQuery never reaches step().
 }
 
-/// Deadlines that are due at `now`: tombstone, keep-alive, adoption, last call, join timeout.
 /// "; kept out by their health check: node3 (gpu0: ECC errors)" when the job holds such nodes,
 /// for the join timeout's message: the nodes that came but could not take part.
 std::string kept_out_text(const JobState& s) {
@@ -1155,6 +1154,7 @@ std::string kept_out_text(const JobState& s) {
          });
 }
 
+/// Deadlines that are due at `now`: tombstone, keep-alive, adoption, last call, join timeout.
 void run_deadlines(Step& st) {
   JobState& s = st.s;
   if (s.phase == JobPhase::Closed) {
