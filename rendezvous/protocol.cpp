@@ -243,7 +243,8 @@ struct ServerToJson {
             {"join_timeout_ms", m.join_timeout.count()},
             {"wait_listed", m.wait_listed},
             {"quarantined", m.quarantined},
-            {"quarantine_left_ms", m.quarantine_left.count()}};
+            {"quarantine_left_ms", m.quarantine_left.count()},
+            {"job_running", m.job_running}};
   }
   json operator()(const RoundReady& m) const {
     return {{"type", "round"},
@@ -372,6 +373,10 @@ common::Result<ServerMessage> read_server(const std::string& type, Reader& r, co
     m.wait_listed = r.boolean("wait_listed");
     if (r.has("quarantined")) m.quarantined = r.str("quarantined", kMaxFrameBytes);
     if (r.has("quarantine_left_ms")) m.quarantine_left = r.millis("quarantine_left_ms");
+    // An older server says a round runs only by a wait-listed node's join_timeout of 0, which
+    // --rdzv_conf join_timeout=0 gives a forming round too.
+    m.job_running = r.has("job_running") ? r.boolean("job_running")
+                                         : m.wait_listed && m.join_timeout.count() == 0;
     if (r.error()) return common::Error{*r.error()};
     return ServerMessage{std::move(m)};
   }

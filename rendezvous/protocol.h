@@ -211,6 +211,9 @@ struct Waiting {
   /// Set while this node is quarantined: why, and how long until it may join again.
   std::string quarantined{};
   Millis quarantine_left{0};
+  /// The job's round runs (this node, wait-listed, is a spare): no deadline applies. An older
+  /// server does not say; it is read as wait_listed with a join_timeout of 0, as it sent then.
+  bool job_running = false;
 };
 
 /// The round is complete: this node's place in the job.

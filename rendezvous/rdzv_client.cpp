@@ -401,7 +401,7 @@ std::string format_waiting(const Waiting& w) {
   if (!w.quarantined.empty())
     return "this node is quarantined: " + w.quarantined + "; it checks itself and joins again in " +
            std::to_string(seconds(w.quarantine_left)) + " s";
-  if (w.wait_listed && w.join_timeout.count() == 0)  // the job runs: no deadline
+  if (w.wait_listed && w.job_running)  // no deadline
     return "waiting for a place in the job: it runs with " + std::to_string(joined) +
            " node(s), at most " + std::to_string(w.max_nodes);
   if (w.wait_listed)  // the deadline is the round's, not this node's

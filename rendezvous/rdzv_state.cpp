@@ -320,10 +320,12 @@ void send_waiting(Step& st, const std::string& trigger = "") {
   const auto waiting_for = [&](const NodeRecord& node) {
     // While a round runs, the wait list is who would join the next round; it has no deadline
     // (join_timeout 0): a place opens when the round loses a node or scales up.
-    if (s.phase == JobPhase::Running)
-      return Waiting{
-          s.round + 1, names,     running, s.settings.min_nodes, s.settings.max_nodes, {},
-          Millis{0},   Millis{0}, true};
+    if (s.phase == JobPhase::Running) {
+      Waiting spare{s.round + 1, names,     running, s.settings.min_nodes, s.settings.max_nodes, {},
+                    Millis{0},   Millis{0}, true};
+      spare.job_running = true;
+      return spare;
+    }
     const bool listed = node.state == NodeState::WaitListed;
     return Waiting{s.round,
                    names,

@@ -124,6 +124,18 @@ TEST_CASE("every server message survives the trip through JSON", "[rdzv][unit]")
   CHECK(w.joined_count == 2);
   CHECK(w.missing_node_ranks == std::vector<int>{2});
   CHECK(w.waited == Millis(12000));
+  CHECK_FALSE(w.job_running);
+  Waiting spare{3, {"a"}, 1, 1, 1, {}, Millis(0), Millis(0), true};
+  spare.job_running = true;
+  CHECK(server_round_trip(spare).job_running);
+  // A forming round with --rdzv_conf join_timeout=0 is not a running one.
+  spare.round = 0;
+  spare.job_running = false;
+  CHECK_FALSE(server_round_trip(spare).job_running);
+  // An older server's Waiting has no job_running: a spare's had join_timeout 0.
+  auto old = to_json(ServerMessage{Waiting{3, {"a"}, 1, 1, 1, {}, Millis(0), Millis(0), true}});
+  old.erase("job_running");
+  CHECK(std::get<Waiting>(*parse_server_message(old)).job_running);
   RoundReady r = server_round_trip(
       RoundReady{2, 1, 3, "10.0.0.1", 29500, 1, std::vector<std::string>{"a", "b", "c"}});
   CHECK(r.group_rank == 1);

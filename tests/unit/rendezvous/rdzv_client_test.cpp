@@ -559,3 +559,14 @@ TEST_CASE("keep-out is ignored while the node joins or runs a round",
   CHECK(c.s.phase == ClientPhase::Joining);
   CHECK(c.out.empty());
 }
+
+TEST_CASE("a spare's line says whether the job runs or forms, whatever the join timeout",
+          "[rdzv][client][unit][spares]") {
+  // --rdzv_conf join_timeout=0: a full forming round's wait list is no running job.
+  Waiting w{0, {"a", "b"}, 2, 2, 2, {}, Millis(0), Millis(0), true};
+  CHECK(format_waiting(w) ==
+        "waiting for a place in the job: the next round is full (2 of at most 2 node(s), those "
+        "restarting included)");
+  w.job_running = true;
+  CHECK(format_waiting(w) == "waiting for a place in the job: it runs with 2 node(s), at most 2");
+}
