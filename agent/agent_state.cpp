@@ -146,7 +146,7 @@ std::string kept_out_reason(const std::string& why, const std::string& output) {
   reason = nlohmann::json::parse(nlohmann::json(reason).dump(
                                      -1, ' ', false, nlohmann::json::error_handler_t::replace))
                .get<std::string>();
-  reason = common::printable(reason);
+  reason = common::printable(common::tabs_as_spaces(reason));
   if (reason.size() > kMaxKeptOutBytes) {
     std::size_t cut = kMaxKeptOutBytes;  // not inside a UTF-8 character
     while (cut > 0 && (static_cast<unsigned char>(reason[cut]) & 0xC0) == 0x80) --cut;
@@ -390,7 +390,9 @@ class Stepper {
     }
     s_.pending_signal = sig;
     out_.push_back(EmitEvent{EventName::Signal, {{"signal", common::signal_name(sig)}}});
-    log(LogLevel::Warn, "received " + common::signal_name(sig) + ": stopping the workers");
+    // Between rounds (or in a rendezvous) nothing runs: it leaves the job at once.
+    log(LogLevel::Warn, "received " + common::signal_name(sig) +
+                            (idle(s_.phase) ? ": leaving the job" : ": stopping the workers"));
     // Between rounds (or in a rendezvous): leave now. Draining: the end of the drain leaves.
     if (idle(s_.phase)) return advance();
     if (s_.phase == AgentPhase::Draining) return;

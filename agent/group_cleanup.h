@@ -105,6 +105,10 @@ class GroupCleanup {
   int begin_group();
   /// The cgroup.procs descriptor for standbys (-1 without a cgroup).
   int standby_procs_fd() const { return standby_fd_; }
+  /// The same for the agent's other helpers (a health check's command): below the node's
+  /// cgroup, which a SIGKILL of the agent kills, and outside every group's, which a group's end
+  /// kills.
+  int helper_procs_fd() const { return standby_fd_; }
   /// A standby handed over to the current group joins its cgroup (and is tracked, again).
   void adopt(pid_t pid);
   /// A worker of the current group leads `session`: without a cgroup, the watcher kills what

@@ -166,7 +166,7 @@ struct HealthCheckRunner::Impl {
     auto callback = std::move(done);
     done = nullptr;
     if (!result || !callback) return;
-    result->output = output;
+    result->output = kept_output();
     result->ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(clock.now() - started).count();
     asio::post(io,
@@ -183,6 +183,11 @@ struct HealthCheckRunner::Impl {
     } else if (!status.ok()) {
       result.ok = false;
       result.why = "the health check `" + command + "` failed with " + describe_exit(status);
+      // The shell's own codes: the check did not run, which no node repair cures.
+      if (status.signal == 0 && status.code == 127)
+        result.why += " (the shell found no such command: check --health_check)";
+      else if (status.signal == 0 && status.code == 126)
+        result.why += " (a command could not be executed: check --health_check)";
     }
     return result;
   }
@@ -200,7 +205,25 @@ struct HealthCheckRunner::Impl {
 
   void keep(const char* data, std::size_t n) {
     output.append(data, n);
-    if (output.size() > kKeptOutput) output.erase(0, output.size() - kKeptOutput);
+    if (output.size() > kKeptOutput) {
+      dropped += output.size() - kKeptOutput;
+      output.erase(0, output.size() - kKeptOutput);
+    }
+  }
+
+  /// The output as the log shows it: when its start was dropped, from the first whole line
+  /// on (a line cut at its start would read as something the check never printed), after a
+  /// line that says how much went.
+  std::string kept_output() const {
+    if (dropped == 0) return output;
+    std::size_t from = output.find('\n');
+    // One line longer than what is kept: its end, marked as such.
+    if (from == std::string::npos || from + 1 == output.size())
+      from = 0;
+    else
+      ++from;
+    return "(" + std::to_string(dropped + from) + " bytes of earlier output not kept)\n" +
+           (from == 0 ? "..." : "") + output.substr(from);
   }
 
   void read(std::size_t which) {
@@ -239,6 +262,10 @@ struct HealthCheckRunner::Impl {
   std::array<std::array<char, 4096>, 2> buffers{};
   std::array<bool, 2> eof{};
   std::string output;
+  std::size_t dropped = 0;  ///< bytes of output dropped from its start (over kKeptOutput)
+  /// Where the command goes (place()): a cgroup's procs, the watcher's pipe.
+  int cgroup_procs_fd = -1;
+  int watcher_fd = -1;
   pid_t pid = -1;
   bool exited = false;
   ExitStatus status{};
@@ -260,11 +287,17 @@ HealthCheckRunner::HealthCheckRunner(asio::io_context& io, ProcessLauncher& laun
 
 HealthCheckRunner::~HealthCheckRunner() { stop(); }
 
+void HealthCheckRunner::place(int cgroup_procs_fd, int watcher_fd) {
+  impl_->cgroup_procs_fd = cgroup_procs_fd;
+  impl_->watcher_fd = watcher_fd;
+}
+
 void HealthCheckRunner::run(std::function<void(HealthResult)> done) {
   Impl& m = *impl_;
   stop();
   m.done = std::move(done);
   m.output.clear();
+  m.dropped = 0;
   m.timed_out = false;
   m.exited = false;
   m.status = ExitStatus{};
@@ -281,6 +314,8 @@ void HealthCheckRunner::run(std::function<void(HealthResult)> done) {
   spec.executable = "/bin/sh";
   spec.argv = {"/bin/sh", "-c", m.command};
   for (const auto& [name, value] : m.env) spec.envp.push_back(name + "=" + value);
+  spec.cgroup_procs_fd = m.cgroup_procs_fd;
+  spec.watcher_fd = m.watcher_fd;
   auto launched = m.launcher.launch(spec);
   if (!launched)
     return m.end(HealthResult{

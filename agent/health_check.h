@@ -58,9 +58,11 @@ std::vector<std::string> builtin_health_problems(const HealthInputs& inputs,
 /// How one health check ended.
 struct HealthResult {
   bool ok = true;
-  std::string why;     ///< "" when ok; else the problems, or how the command ended
-  std::string output;  ///< the command's output (its last 4 KiB)
-  long long ms = 0;    ///< how long the check took
+  std::string why;  ///< "" when ok; else the problems, or how the command ended
+  /// The command's output: its last 4 KiB, from the first whole line on, after a line saying
+  /// how much went before when more came.
+  std::string output;
+  long long ms = 0;  ///< how long the check took
 };
 
 /// Runs the gate's checks on the agent's event loop: the built-in ones at once, then the
@@ -79,6 +81,10 @@ class HealthCheckRunner {
   HealthCheckRunner(const HealthCheckRunner&) = delete;
   HealthCheckRunner& operator=(const HealthCheckRunner&) = delete;
 
+  /// Where the command's processes go, so that a SIGKILL of the agent kills them too
+  /// (GroupCleanup): the cgroup.procs descriptor it joins, the subreaper watcher's pipe on
+  /// which it tells its session (ProcessSpec; -1: none).
+  void place(int cgroup_procs_fd, int watcher_fd);
   /// Starts a check; `done` runs on the event loop once it has ended (never inside run()).
   void run(std::function<void(HealthResult)> done);
   /// A reaped child: true when it was the check's command (which then completes the check).

@@ -30,6 +30,7 @@
 #include "common/exit_codes.h"
 #include "common/log.h"
 #include "common/signals.h"
+#include "common/strings.h"
 #include "rendezvous/local_host.h"
 
 namespace ddprun::agent {
@@ -202,11 +203,16 @@ class LocalAgent::Impl {
       health_ = std::make_unique<HealthCheckRunner>(io_, launcher_, clock_, deadlines_, inputs,
                                                     opt_.health_check_command,
                                                     opt_.health_check_timeout, opt_.agent_env);
+      // With the standbys: out of every group's cgroup, in the node's (and told to the
+      // watcher without one), so a SIGKILL of ddprun kills a check that runs.
+      if (opt_.cleanup != nullptr)
+        health_->place(opt_.cleanup->helper_procs_fd(), opt_.cleanup->watcher_fd());
     }
     health_->run([this](HealthResult r) {
       std::istringstream lines(r.output);
       for (std::string line; std::getline(lines, line);)
-        spdlog::log(r.ok ? spdlog::level::info : spdlog::level::warn, "[health check] {}", line);
+        spdlog::log(r.ok ? spdlog::level::info : spdlog::level::warn, "[health check] {}",
+                    common::printable(common::tabs_as_spaces(line)));
       apply(HealthChecked{r.ok, r.why, r.output, r.ms});
     });
   }

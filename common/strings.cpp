@@ -1,5 +1,6 @@
 #include "common/strings.h"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -62,6 +63,11 @@ std::string printable(std::string_view text) {
     }
   }
   return out;
+}
+
+std::string tabs_as_spaces(std::string text) {
+  std::replace(text.begin(), text.end(), '\t', ' ');
+  return text;
 }
 
 bool has_control_characters(std::string_view text) {

@@ -230,7 +230,7 @@ std::string state_text(const json& job, const json& node) {
   if (state == "wait_listed" && text_of(job, "phase") == "running") return "spare";
   if (state == "kept_out") {
     // The check's reason, cut to keep the table readable.
-    constexpr std::size_t kShown = 60;
+    constexpr std::size_t kShown = 40;
     // Printable: the reason is a check's output, as a node sent it.
     std::string why = node.contains("kept_out") ? common::printable(text_of(node, "kept_out")) : "";
     if (why.size() > kShown) {

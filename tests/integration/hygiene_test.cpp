@@ -404,3 +404,38 @@ TEST_CASE("a worker inherits stdin, stdout and stderr only, whatever ddprun was 
   CHECK(count_of(r.out, "fds=0,1,2\n") == 2);
   CHECK_FALSE(contains(r.out, "fds=0,1,2,"));
 }
+
+namespace {
+
+/// A health check that starts a sleeper and waits for it, and ddprun SIGKILLed while it runs:
+/// the sleeper goes too. (With a cgroup, the check ran in ddprun's own cgroup, which no
+/// cgroup.kill reaches, and the sleeper outlived ddprun.)
+void check_health_check_gone_after_sigkill(const std::string& cleanup) {
+  TempDir dir;
+  const std::string pids = dir.path() + "/pids";
+  WorkerSweeper sweeper(pids);
+  Subprocess job(ddprun_fake(
+      {"--cleanup", cleanup, "--health_check", "sleep 600 & echo check $! >> " + pids + "; wait"},
+      {"print=ran"}));
+  REQUIRE(wait_until([&] { return read_pids(pids).size() == 1; }, kJobLimit));
+  job.send(SIGKILL);
+  auto r = job.wait(kJobLimit);
+  CHECK(r.exit_code == 128 + SIGKILL);
+  CHECK_FALSE(contains(r.out, "ran"));
+  for (const auto& [key, pid] : read_pids(pids)) {
+    INFO(key << " " << pid);
+    CHECK(wait_gone(pid));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a health check that runs when ddprun is SIGKILLed goes with it (--cleanup subreaper)",
+          "[agent][integration][health]") {
+  check_health_check_gone_after_sigkill("subreaper");
+}
+
+TEST_CASE("a health check that runs when ddprun is SIGKILLed goes with it (--cleanup cgroup)",
+          "[agent][integration][health]") {
+  if (cgroup_usable()) check_health_check_gone_after_sigkill("cgroup");
+}

@@ -1126,8 +1126,8 @@ TEST_CASE("health gate: the kept-out reason is one printable line of valid UTF-8
   a.on(TimerFired{AgentTimer::HealthRetry});
   a.on(HealthChecked{false, "no GPU", "\xa9 \x1b[31mgpu0\tbad\n", 1});
   const std::string second = a.effects<ReportKeptOut>().at(0).why;
-  // The lone \xa9 became U+FFFD, the escape and the tab \xNN text.
-  CHECK(second == "\xef\xbf\xbd \\x1b[31mgpu0\\x09bad (no GPU)");
+  // The lone \xa9 became U+FFFD, the escape \xNN text, the tab a space.
+  CHECK(second == "\xef\xbf\xbd \\x1b[31mgpu0 bad (no GPU)");
 }
 
 TEST_CASE("health gate: a job that ends while the node is kept out ends it as on every node",

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include "common/clock.h"
@@ -202,6 +203,36 @@ TEST_CASE("a check's output is kept to its last byte, and a check never waits fo
       CHECK_THAT(r.output, Catch::Contains("last-err\n"));
       CHECK_THAT(r.output, Catch::Contains("line299\n"));
     }
+  }
+  {
+    // Over 4 KiB: whole lines from where it was cut, after a line that says how much went (a
+    // line cut at its start, "2" of "4182", read as output the check never printed).
+    HealthCheckRunner long_out(io, launcher, clock, *timers, sys.inputs(), "seq 1 5000; exit 1",
+                               std::chrono::seconds(10), {});
+    const HealthResult r = check_once(long_out, launcher, io);
+    std::vector<std::string> lines;
+    std::istringstream in(r.output);
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    REQUIRE(lines.size() > 100);
+    CHECK_THAT(lines[0], Catch::Matches("\\([0-9]+ bytes of earlier output not kept\\)"));
+    const int first = std::stoi(lines[1]);
+    CHECK(first > 1);
+    for (std::size_t i = 1; i < lines.size(); ++i) CHECK(lines[i] == std::to_string(first + i - 1));
+    CHECK(lines.back() == "5000");
+    // The bytes said dropped and those kept make the whole output.
+    std::size_t total = 0;
+    for (int n = 1; n <= 5000; ++n) total += std::to_string(n).size() + 1;
+    const std::size_t said = std::stoul(lines[0].substr(1));
+    CHECK(said + r.output.size() - lines[0].size() - 1 == total);
+  }
+  {
+    // A check that cannot run says so: no repair of the node cures a typo.
+    HealthCheckRunner typo(io, launcher, clock, *timers, sys.inputs(), "no-such-check-xyz",
+                           std::chrono::seconds(10), {{"PATH", "/usr/bin:/bin"}});
+    const HealthResult r = check_once(typo, launcher, io);
+    CHECK_FALSE(r.ok);
+    CHECK_THAT(r.why, Catch::EndsWith("failed with exit code 127 (the shell found no such "
+                                      "command: check --health_check)"));
   }
   {
     // An exit the agent never sees (a command stuck in the kernel) still ends the check at
