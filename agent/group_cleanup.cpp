@@ -277,6 +277,7 @@ std::string process_tag(pid_t pid) {
   SessionNotes notes{agent, agent_session, own_session, {}, {}, 0};
   WatcherRecord record;
   std::size_t have = 0;
+  bool ended_as_planned = false;
   using Clock = std::chrono::steady_clock;
   auto next_scan = Clock::now() + std::chrono::milliseconds(kSessionScanMs);
   while (true) {
@@ -301,6 +302,7 @@ std::string process_tag(pid_t pid) {
     have = 0;
     if (record.kind == 'T') notes.tell(record.session);
     if (record.kind == 'F') notes.forget();  // killed with the group, or the job's end
+    if (record.kind == 'E') ended_as_planned = true;
   }
   // A normal end told it to forget every session: nothing to do.
   if (!notes.empty()) kill_left(notes);
@@ -309,8 +311,9 @@ std::string process_tag(pid_t pid) {
     for (int waited = 0; waited < kRemoveWaitMs && !remove_cgroup(node_dir); waited += 20)
       ::usleep(20 * 1000);
   }
-  // Once nothing of the job can write there: a normal end removed them, a SIGKILL did not.
-  remove_agent_temp_dirs(agent_tag);
+  // Once nothing of the job can write there: a SIGKILL left them. (A planned end removed them,
+  // or kept the error files a failure report names, for the user to read.)
+  if (!ended_as_planned) remove_agent_temp_dirs(agent_tag);
   ::_exit(0);
 }
 
@@ -575,6 +578,14 @@ void GroupCleanup::remove_ended_groups(int wait_ms) {
 }
 
 void GroupCleanup::finish() {
+  // The watcher leaves the temporary directories to the agent (with a cgroup too).
+  if (watcher_pipe_ >= 0) {
+    const WatcherRecord ended{'E', 0};
+    ssize_t n;
+    do {
+      n = ::write(watcher_pipe_, &ended, sizeof ended);
+    } while (n < 0 && errno == EINTR);
+  }
   std::set<pid_t> keep;
   if (watcher_ > 0) keep.insert(watcher_);
   kill_descendants(keep);

@@ -58,8 +58,8 @@ bool still_noted(const std::map<pid_t, ProcessIds>& ids, pid_t sid, const NotedS
 /// time keeps a later process that gets the same pid from matching). The report socket's
 /// directory is `ddprun-sock-<tag>-XXXXXX` and the error files' (without --log_dir) is
 /// `ddprun-<tag>-XXXXXX` in the temporary directory ($TMPDIR, else /tmp); the agent removes
-/// them as it ends, and its watcher does if the agent was SIGKILLed
-/// (remove_agent_temp_dirs).
+/// them as it ends (or keeps the error files a failure report names), and its watcher removes
+/// them if the agent died without finish() (a SIGKILL): remove_agent_temp_dirs.
 std::string temp_dir_tag();
 
 /// Removes the directories of the agent tagged `tag` (temp_dir_tag) in the temporary

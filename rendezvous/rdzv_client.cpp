@@ -109,10 +109,12 @@ class Stepper {
 
   void on(const ReportFailure& e) {
     if (s_.phase != ClientPhase::Running) return;
-    if (ready())
-      out_.push_back(Send{e.failure});
-    else
-      s_.unsent_failure = e.failure;  // goes out once the link is ready again
+    if (ready()) return out_.push_back(Send{e.failure});
+    // Goes out once the link is ready again. A worker that fails while the server is lost has
+    // most likely lost a peer with it (the agent hosting the rendezvous died, and its workers
+    // with it): its failure blames no node for --quarantine_after.
+    s_.unsent_failure = e.failure;
+    if (s_.lost_since) s_.unsent_failure->culprit = false;
   }
 
   void on(const ReportSuccess&) {

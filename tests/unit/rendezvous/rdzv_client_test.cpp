@@ -374,7 +374,16 @@ TEST_CASE("a failure reported while the link is down goes out once it is ready",
   CHECK(c.all<SendJoin>().size() == 1);
   REQUIRE(c.sent<WorkersFailed>().size() == 1);
   CHECK(c.sent<WorkersFailed>()[0].description == "rank 1 exited with 3");
+  // It failed while the server was lost (its host died, and a peer with it, most likely):
+  // no node is blamed for it.
+  CHECK_FALSE(c.sent<WorkersFailed>()[0].culprit);
   CHECK_FALSE(c.s.unsent_failure);
+  // On a ready link a failure is this node's, as it says.
+  Client d;
+  d.run_round();
+  d.on(ReportFailure{WorkersFailed{0, "rank 1 exited with 3", 3, 0}});
+  REQUIRE(d.sent<WorkersFailed>().size() == 1);
+  CHECK(d.sent<WorkersFailed>()[0].culprit);
 }
 
 TEST_CASE("reports outside a running round are dropped", "[rdzv][client][unit]") {
