@@ -237,21 +237,28 @@ void kill_left(const SessionNotes& notes) {
   }
 }
 
-/// The watcher: waits for the agent's end (EOF on the pipe, whether the agent exited or was
-/// SIGKILLed), then kills what is left in the node's cgroup and removes it, or, without one,
-/// what is left in the workers' sessions it was told of (by each worker before its exec, and
-/// by the agent for a standby) and in the sessions it saw the agent's descendants in (each
-/// second). It runs in a fork of a process with one thread, so the calls below
-/// are safe; it holds nothing of the agent's.
 /// "<pid>.<start time>" of process `pid` (start time 0 when it cannot be read).
 std::string process_tag(pid_t pid) {
   const auto ids = read_process(pid);
   return std::to_string(pid) + "." + std::to_string(ids ? ids->start_time : 0);
 }
 
-[[noreturn]] void watch(int pipe_r, const std::string& node_dir, pid_t agent) {
-  // Read while the agent lives (it forked this process a moment ago).
-  const std::string agent_tag = process_tag(agent);
+/// Where the agent's temporary directories are, and what names them (temp_dir_tag), worked
+/// out by the agent before the fork: the watcher changes its directory to /, and a relative
+/// $TMPDIR would then name another place.
+struct AgentTemp {
+  std::string dir;
+  std::string tag;
+};
+
+/// The watcher: waits for the agent's end (EOF on the pipe, whether the agent exited or was
+/// SIGKILLed), then kills what is left in the node's cgroup and removes it, or, without one,
+/// what is left in the workers' sessions it was told of (by each worker before its exec, and
+/// by the agent for a standby) and in the sessions it saw the agent's descendants in (each
+/// second); then removes the agent's temporary directories. It runs in a fork of a process
+/// with one thread, so the calls below are safe; it holds nothing of the agent's.
+[[noreturn]] void watch(int pipe_r, const std::string& node_dir, pid_t agent,
+                        const AgentTemp& temp) {
   const pid_t agent_session = ::getsid(0);
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE, SIGTSTP})
     ::signal(sig, SIG_IGN);
@@ -277,7 +284,7 @@ std::string process_tag(pid_t pid) {
   SessionNotes notes{agent, agent_session, own_session, {}, {}, 0};
   WatcherRecord record;
   std::size_t have = 0;
-  bool ended_as_planned = false;
+  bool keep_error_files = false;
   using Clock = std::chrono::steady_clock;
   auto next_scan = Clock::now() + std::chrono::milliseconds(kSessionScanMs);
   while (true) {
@@ -302,7 +309,7 @@ std::string process_tag(pid_t pid) {
     have = 0;
     if (record.kind == 'T') notes.tell(record.session);
     if (record.kind == 'F') notes.forget();  // killed with the group, or the job's end
-    if (record.kind == 'E') ended_as_planned = true;
+    if (record.kind == 'K') keep_error_files = true;
   }
   // A normal end told it to forget every session: nothing to do.
   if (!notes.empty()) kill_left(notes);
@@ -311,9 +318,9 @@ std::string process_tag(pid_t pid) {
     for (int waited = 0; waited < kRemoveWaitMs && !remove_cgroup(node_dir); waited += 20)
       ::usleep(20 * 1000);
   }
-  // Once nothing of the job can write there: a SIGKILL left them. (A planned end removed them,
-  // or kept the error files a failure report names, for the user to read.)
-  if (!ended_as_planned) remove_agent_temp_dirs(agent_tag);
+  // Once nothing of the job can write there: what a SIGKILL left (after a planned end, nothing
+  // is left but the error files a failure report named, kept for the user to read).
+  if (!temp.dir.empty()) remove_agent_temp_dirs(temp.dir, temp.tag, keep_error_files);
   ::_exit(0);
 }
 
@@ -321,17 +328,17 @@ std::string process_tag(pid_t pid) {
 
 std::string temp_dir_tag() { return process_tag(::getpid()); }
 
-int remove_agent_temp_dirs(const std::string& tag) {
+int remove_agent_temp_dirs(const std::string& dir, const std::string& tag, bool keep_error_files) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  const fs::path tmp = fs::temp_directory_path(ec);
-  if (ec) return 0;
   const std::string socket_dirs = "ddprun-sock-" + tag + "-";
   const std::string error_dirs = "ddprun-" + tag + "-";
   std::vector<fs::path> found;
-  for (fs::directory_iterator it(tmp, ec), end; !ec && it != end; it.increment(ec)) {
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (name.rfind(socket_dirs, 0) != 0 && name.rfind(error_dirs, 0) != 0) continue;
+    const bool ours =
+        name.rfind(socket_dirs, 0) == 0 || (!keep_error_files && name.rfind(error_dirs, 0) == 0);
+    if (!ours) continue;
     struct stat st {};
     if (::lstat(it->path().c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == ::getuid())
       found.push_back(it->path());
@@ -404,10 +411,15 @@ common::Result<std::pair<pid_t, int>> start_watcher(const std::string& node_dir)
   if (::pipe2(fds, O_CLOEXEC) != 0)
     return common::Error{std::string("pipe: ") + std::strerror(errno)};
   const pid_t parent = ::getpid();
+  AgentTemp temp{"", temp_dir_tag()};
+  std::error_code no_temp;  // then the watcher removes nothing
+  const std::filesystem::path tmp = std::filesystem::temp_directory_path(no_temp);
+  if (!no_temp) temp.dir = std::filesystem::absolute(tmp, no_temp).string();
+  if (no_temp) temp.dir.clear();
   const pid_t watcher = ::fork();
   if (watcher == 0) {
     ::close(fds[1]);
-    watch(fds[0], node_dir, parent);
+    watch(fds[0], node_dir, parent, temp);
   }
   ::close(fds[0]);
   if (watcher < 0) {
@@ -577,15 +589,17 @@ void GroupCleanup::remove_ended_groups(int wait_ms) {
   }
 }
 
+void GroupCleanup::keep_error_files() {
+  if (watcher_pipe_ < 0) return;
+  // With a cgroup too (tell_watcher writes only the subreaper's records).
+  const WatcherRecord keep{'K', 0};
+  ssize_t n;
+  do {
+    n = ::write(watcher_pipe_, &keep, sizeof keep);
+  } while (n < 0 && errno == EINTR);
+}
+
 void GroupCleanup::finish() {
-  // The watcher leaves the temporary directories to the agent (with a cgroup too).
-  if (watcher_pipe_ >= 0) {
-    const WatcherRecord ended{'E', 0};
-    ssize_t n;
-    do {
-      n = ::write(watcher_pipe_, &ended, sizeof ended);
-    } while (n < 0 && errno == EINTR);
-  }
   std::set<pid_t> keep;
   if (watcher_ > 0) keep.insert(watcher_);
   kill_descendants(keep);

@@ -58,13 +58,15 @@ bool still_noted(const std::map<pid_t, ProcessIds>& ids, pid_t sid, const NotedS
 /// time keeps a later process that gets the same pid from matching). The report socket's
 /// directory is `ddprun-sock-<tag>-XXXXXX` and the error files' (without --log_dir) is
 /// `ddprun-<tag>-XXXXXX` in the temporary directory ($TMPDIR, else /tmp); the agent removes
-/// them as it ends (or keeps the error files a failure report names), and its watcher removes
-/// them if the agent died without finish() (a SIGKILL): remove_agent_temp_dirs.
+/// them as it ends (or keeps the error files a failure report names: keep_error_files()), and
+/// its watcher removes what is left once the agent is gone (after a SIGKILL, all of them):
+/// remove_agent_temp_dirs.
 std::string temp_dir_tag();
 
-/// Removes the directories of the agent tagged `tag` (temp_dir_tag) in the temporary
-/// directory: only directories (not links), owned by this user. Returns how many it removed.
-int remove_agent_temp_dirs(const std::string& tag);
+/// Removes the directories in `dir` of the agent tagged `tag` (temp_dir_tag), the error files'
+/// only when not `keep_error_files`: only directories (not links), owned by this user.
+/// Returns how many it removed.
+int remove_agent_temp_dirs(const std::string& dir, const std::string& tag, bool keep_error_files);
 
 /// Kills what is left of each worker group, and everything at the end.
 ///
@@ -122,6 +124,9 @@ class GroupCleanup {
   /// theirs (the standbys), and the group's cgroup. Returns how many processes the /proc walk
   /// signalled.
   int end_group(const std::set<pid_t>& spared);
+  /// The failure report names error files in the agent's temporary directory, which the
+  /// agent keeps for the user to read: the watcher must not remove it once the agent is gone.
+  void keep_error_files();
   /// The job has ended: SIGKILL every descendant, reap the agent's children (bounded), remove
   /// the cgroups.
   void finish();

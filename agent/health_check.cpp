@@ -206,8 +206,10 @@ struct HealthCheckRunner::Impl {
   void keep(const char* data, std::size_t n) {
     output.append(data, n);
     if (output.size() > kKeptOutput) {
-      dropped += output.size() - kKeptOutput;
-      output.erase(0, output.size() - kKeptOutput);
+      const std::size_t cut = output.size() - kKeptOutput;
+      dropped += cut;
+      dropped_line_end = output[cut - 1] == '\n';  // what is kept starts a line
+      output.erase(0, cut);
     }
   }
 
@@ -216,14 +218,20 @@ struct HealthCheckRunner::Impl {
   /// line that says how much went.
   std::string kept_output() const {
     if (dropped == 0) return output;
-    std::size_t from = output.find('\n');
-    // One line longer than what is kept: its end, marked as such.
-    if (from == std::string::npos || from + 1 == output.size())
-      from = 0;
-    else
-      ++from;
-    return "(" + std::to_string(dropped + from) + " bytes of earlier output not kept)\n" +
-           (from == 0 ? "..." : "") + output.substr(from);
+    std::size_t from = 0;
+    bool cut_line = false;  // what is kept is the end of one line longer than all of it
+    if (!dropped_line_end) {
+      from = output.find('\n');
+      if (from == std::string::npos || from + 1 == output.size()) {
+        from = 0;
+        cut_line = true;
+      } else {
+        ++from;
+      }
+    }
+    const std::size_t gone = dropped + from;
+    return "(" + std::to_string(gone) + (gone == 1 ? " byte" : " bytes") +
+           " of earlier output not kept)\n" + (cut_line ? "..." : "") + output.substr(from);
   }
 
   void read(std::size_t which) {
@@ -262,7 +270,8 @@ struct HealthCheckRunner::Impl {
   std::array<std::array<char, 4096>, 2> buffers{};
   std::array<bool, 2> eof{};
   std::string output;
-  std::size_t dropped = 0;  ///< bytes of output dropped from its start (over kKeptOutput)
+  std::size_t dropped = 0;        ///< bytes of output dropped from its start (over kKeptOutput)
+  bool dropped_line_end = false;  ///< the last byte dropped ended a line
   /// Where the command goes (place()): a cgroup's procs, the watcher's pipe.
   int cgroup_procs_fd = -1;
   int watcher_fd = -1;
@@ -298,6 +307,7 @@ void HealthCheckRunner::run(std::function<void(HealthResult)> done) {
   m.done = std::move(done);
   m.output.clear();
   m.dropped = 0;
+  m.dropped_line_end = false;
   m.timed_out = false;
   m.exited = false;
   m.status = ExitStatus{};

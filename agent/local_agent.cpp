@@ -302,6 +302,8 @@ class LocalAgent::Impl {
                            reported ? ": its log has the failure report" : " (see above)");
     }
     if (!temp_dir_.empty() && names_error_files(failures_)) {
+      // Before the report names them: the watcher leaves them, should ddprun be killed now.
+      if (opt_.cleanup != nullptr) opt_.cleanup->keep_error_files();
       spdlog::info("the error files named below are kept in {} (remove it when done)",
                    temp_dir_.string());
       temp_dir_.clear();  // not removed at exit: the user reads them

@@ -1,5 +1,6 @@
 #include "agent/worker_reports.h"
 
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
@@ -82,6 +83,13 @@ std::optional<common::Error> ReportSocket::open(
                          std::strerror(errno)};
   impl_->dir = tmpl;
   const std::string path = (fs::path(tmpl) / "agent.sock").string();
+  // The kernel takes at most sizeof(sun_path) - 1 bytes (107), and Asio's endpoint throws past
+  // it: said instead, and the job runs without reports.
+  if (path.size() >= sizeof(sockaddr_un::sun_path))
+    return common::Error{"cannot open the workers' report socket " + path + ": its path is " +
+                         std::to_string(path.size()) + " bytes, over the " +
+                         std::to_string(sizeof(sockaddr_un::sun_path) - 1) +
+                         " a socket's path may have; set TMPDIR to a shorter directory"};
   boost::system::error_code ec;
   impl_->socket.open(asio::local::datagram_protocol(), ec);
   if (!ec) impl_->socket.bind(asio::local::datagram_protocol::endpoint(path), ec);

@@ -1091,9 +1091,13 @@ void on_workers_failed(Step& st, const std::string& id, const WorkersFailed& fai
   }
   if (!failed.culprit) {
     // Running -> Joining (counted), no node blamed: a watchdog killed a worker that was only
-    // waiting, perhaps for a peer that hung (the hung one is stopped with the group). Every
-    // node's run of failures stays as it was.
-    return restart_round(st, reason + " (no node is blamed for a hang: its worker was waiting)",
+    // waiting, perhaps for a peer that hung (the hung one is stopped with the group), or a
+    // worker failed while its agent had lost this server (and most likely a peer with it).
+    // Every node's run of failures stays as it was.
+    return restart_round(st,
+                         reason +
+                             " (no node is blamed: its worker was waiting for a peer, "
+                             "or failed while its node had lost the rendezvous)",
                          true, ends, {}, s.failure_repeats >= 2);
   }
   const std::string culprit = node_identity(id, node.request);

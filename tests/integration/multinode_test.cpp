@@ -647,7 +647,7 @@ TEST_CASE(
   // ended: either way not stopped, so not blamed.
   CHECK((contains(rw.err, "it is not stopped (state S): it may be waiting for a peer that hung") ||
          contains(rw.err, "it is not stopped (state R): it may be waiting for a peer that hung")));
-  CHECK(contains(rh.err, "no node is blamed for a hang: its worker was waiting"));
+  CHECK(contains(rh.err, "no node is blamed: its worker was waiting for a peer"));
   // With --quarantine_after 1 and a spare, blaming the waiting node would have quarantined it.
   CHECK_FALSE(contains(rw.err + rh.err + rs.err, "is quarantined"));
   CHECK_FALSE(contains(rs.out, "GROUP_RANK="));  // the spare was never needed

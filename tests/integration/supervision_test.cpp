@@ -317,6 +317,10 @@ TEST_CASE("without --log_dir the error file the failure report names is still th
   std::smatch named;
   REQUIRE(std::regex_search(r.err, named, std::regex("error_file: (/\\S+/error\\.json)")));
   const std::string error_file = named[1];
+  // ddprun's watcher, which removes what a SIGKILLed ddprun leaves, leaves these: the report
+  // named them.
+  CHECK_FALSE(
+      wait_until([&] { return !std::filesystem::exists(error_file); }, std::chrono::seconds(3)));
   CHECK(contains(read_file(error_file), "ValueError: kept"));
   // The kept directory is said, so the user can remove it.
   const std::string root = error_file.substr(0, error_file.find("/attempt_0/"));

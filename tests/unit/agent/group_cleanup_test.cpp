@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -86,34 +85,37 @@ TEST_CASE("a worker's session is the job's while the worker or what it started m
 TEST_CASE("the watcher removes the agent's temporary directories, and nothing else",
           "[agent][unit]") {
   namespace fs = std::filesystem;
-  // The tests' TMPDIR is a directory of this test process's own (catch_main.cpp).
+  // Under the tests' TMPDIR, a directory of this test process's own (catch_main.cpp).
   const fs::path tmp = fs::temp_directory_path() / "agent-temp-dirs";
   fs::create_directories(tmp);
-  const char* before = std::getenv("TMPDIR");
-  const std::string saved = before != nullptr ? before : "";
-  ::setenv("TMPDIR", tmp.c_str(), 1);
   const std::string tag = ddprun::agent::temp_dir_tag();
   CHECK(tag.rfind(std::to_string(::getpid()) + ".", 0) == 0);
   CHECK(tag != std::to_string(::getpid()) + ".0");  // the start time was read
-  fs::create_directories(tmp / ("ddprun-sock-" + tag + "-a1b2c3"));
-  fs::create_directories(tmp / ("ddprun-" + tag + "-d4e5f6") / "attempt_0" / "0");
-  std::ofstream(tmp / ("ddprun-" + tag + "-d4e5f6") / "attempt_0" / "0" / "error.json") << "{}";
+  const fs::path socket_dir = tmp / ("ddprun-sock-" + tag + "-a1b2c3");
+  const fs::path error_dir = tmp / ("ddprun-" + tag + "-d4e5f6");
+  const auto make_ours = [&] {
+    fs::create_directories(socket_dir);
+    fs::create_directories(error_dir / "attempt_0" / "0");
+    std::ofstream(error_dir / "attempt_0" / "0" / "error.json") << "{}";
+  };
+  make_ours();
   // Not the agent's: another process's, the kept log directory, a link to another directory.
   fs::create_directories(tmp / "ddprun-1.2-x1y2z3");
   fs::create_directories(tmp / "ddprun-Ab12Cd");
   fs::create_directories(tmp / "target");
   fs::create_directory_symlink(tmp / "target", tmp / ("ddprun-" + tag + "-link00"));
-  CHECK(ddprun::agent::remove_agent_temp_dirs(tag) == 2);
-  CHECK_FALSE(fs::exists(tmp / ("ddprun-sock-" + tag + "-a1b2c3")));
-  CHECK_FALSE(fs::exists(tmp / ("ddprun-" + tag + "-d4e5f6")));
+  CHECK(ddprun::agent::remove_agent_temp_dirs(tmp.string(), tag, false) == 2);
+  CHECK_FALSE(fs::exists(socket_dir));
+  CHECK_FALSE(fs::exists(error_dir));
   CHECK(fs::exists(tmp / "ddprun-1.2-x1y2z3"));
   CHECK(fs::exists(tmp / "ddprun-Ab12Cd"));
   CHECK(fs::is_symlink(tmp / ("ddprun-" + tag + "-link00")));
   CHECK(fs::exists(tmp / "target"));
-  CHECK(ddprun::agent::remove_agent_temp_dirs(tag) == 0);
-  if (saved.empty())
-    ::unsetenv("TMPDIR");
-  else
-    ::setenv("TMPDIR", saved.c_str(), 1);
+  CHECK(ddprun::agent::remove_agent_temp_dirs(tmp.string(), tag, false) == 0);
+  // Error files a failure report named stay for the user; the socket's directory goes.
+  make_ours();
+  CHECK(ddprun::agent::remove_agent_temp_dirs(tmp.string(), tag, true) == 1);
+  CHECK_FALSE(fs::exists(socket_dir));
+  CHECK(fs::exists(error_dir / "attempt_0" / "0" / "error.json"));
   fs::remove_all(tmp);
 }

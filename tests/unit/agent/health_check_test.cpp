@@ -226,6 +226,17 @@ TEST_CASE("a check's output is kept to its last byte, and a check never waits fo
     CHECK(said + r.output.size() - lines[0].size() - 1 == total);
   }
   {
+    // Cut where a line starts: every kept line is whole, none is dropped beyond the cut.
+    HealthCheckRunner even(io, launcher, clock, *timers, sys.inputs(),
+                           "i=0; while [ $i -lt 1000 ]; do printf '%07d\\n' $i; i=$((i+1)); "
+                           "done; exit 1",
+                           std::chrono::seconds(10), {});
+    const HealthResult r = check_once(even, launcher, io);
+    CHECK(r.output.rfind("(3904 bytes of earlier output not kept)\n0000488\n", 0) == 0);
+    CHECK(r.output.size() ==
+          std::string("(3904 bytes of earlier output not kept)\n").size() + 4096);
+  }
+  {
     // A check that cannot run says so: no repair of the node cures a typo.
     HealthCheckRunner typo(io, launcher, clock, *timers, sys.inputs(), "no-such-check-xyz",
                            std::chrono::seconds(10), {{"PATH", "/usr/bin:/bin"}});

@@ -1762,7 +1762,8 @@ TEST_CASE(
   const auto& out = job.send("a", hang);
   CHECK(job.state.restart_count == 2);
   CHECK(to<Restart>(out, "b").at(0).counted);
-  CHECK_THAT(to<Restart>(out, "b").at(0).reason, Catch::Contains("no node is blamed for a hang"));
+  CHECK_THAT(to<Restart>(out, "b").at(0).reason,
+             Catch::Contains("no node is blamed: its worker was waiting"));
   CHECK(job.state.standing.count("a/a") == 0);
   CHECK(job.state.standing.at("b/b").failures_in_a_row == 1);
   rejoin_all(job, {"a", "b"}, settings);
