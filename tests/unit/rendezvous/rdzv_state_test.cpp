@@ -2073,7 +2073,7 @@ TEST_CASE("a kept-out node is not wait-listed when a restarted server takes a ro
   CHECK(job.state.round == 0);
 }
 
-TEST_CASE("--node_rank: a kept-out node keeps no rank from others and is not refused for one",
+TEST_CASE("a kept-out node keeps no --node_rank from others and is not refused for one",
           "[rdzv][unit][health]") {
   const RdzvSettings settings = nnodes(2, 3);
   Job job;
