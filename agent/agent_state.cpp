@@ -147,11 +147,7 @@ std::string kept_out_reason(const std::string& why, const std::string& output) {
                                      -1, ' ', false, nlohmann::json::error_handler_t::replace))
                .get<std::string>();
   reason = common::printable(common::tabs_as_spaces(reason));
-  if (reason.size() > kMaxKeptOutBytes) {
-    std::size_t cut = kMaxKeptOutBytes;  // not inside a UTF-8 character
-    while (cut > 0 && (static_cast<unsigned char>(reason[cut]) & 0xC0) == 0x80) --cut;
-    reason.resize(cut);
-  }
+  common::cut_utf8(reason, kMaxKeptOutBytes);
   return reason;
 }
 

@@ -65,6 +65,14 @@ std::string printable(std::string_view text) {
   return out;
 }
 
+bool cut_utf8(std::string& text, std::size_t max_bytes) {
+  if (text.size() <= max_bytes) return false;
+  std::size_t cut = max_bytes;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  text.resize(cut);
+  return true;
+}
+
 std::string tabs_as_spaces(std::string text) {
   std::replace(text.begin(), text.end(), '\t', ' ');
   return text;

@@ -26,6 +26,9 @@ int json_nesting_over(std::string_view text, int limit);
 /// `text` safe to print on a terminal: control characters (C0, DEL, and C1 as UTF-8) become
 /// "\xNN" or "\u00NN", so a name cannot move the cursor or recolour the screen.
 std::string printable(std::string_view text);
+/// Shortens `text` to at most `max_bytes`, never inside a UTF-8 character (continuation bytes
+/// before the cut go with it). Returns whether it cut anything.
+bool cut_utf8(std::string& text, std::size_t max_bytes);
 /// `text` with each tab a space: a tab in a command's output is layout, not a control to show.
 std::string tabs_as_spaces(std::string text);
 /// True when `text` holds a C0 control character or DEL (what printable() escapes in ASCII).

@@ -233,11 +233,7 @@ std::string state_text(const json& job, const json& node) {
     constexpr std::size_t kShown = 40;
     // Printable: the reason is a check's output, as a node sent it.
     std::string why = node.contains("kept_out") ? common::printable(text_of(node, "kept_out")) : "";
-    if (why.size() > kShown) {
-      std::size_t cut = kShown;  // not inside a UTF-8 character
-      while (cut > 0 && (static_cast<unsigned char>(why[cut]) & 0xC0) == 0x80) --cut;
-      why = why.substr(0, cut) + "...";
-    }
+    if (common::cut_utf8(why, kShown)) why += "...";
     return why.empty() ? "kept out (health check)" : "kept out (health check: " + why + ")";
   }
   if (state == "quarantined") {

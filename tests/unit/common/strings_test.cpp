@@ -52,3 +52,18 @@ TEST_CASE("parse_bool takes 1, 0, true and false in any case and nothing else", 
   CHECK_FALSE(parse_bool("yes"));
   CHECK_FALSE(parse_bool(""));
 }
+
+TEST_CASE("cut_utf8 shortens text, never inside a character", "[common][unit]") {
+  std::string ascii = "abcdef";
+  CHECK(ddprun::common::cut_utf8(ascii, 4));
+  CHECK(ascii == "abcd");
+  std::string short_enough = "abc";
+  CHECK_FALSE(ddprun::common::cut_utf8(short_enough, 3));
+  CHECK(short_enough == "abc");
+  std::string accented = "ab\xc3\xa9z";  // "abéz": é is 2 bytes
+  CHECK(ddprun::common::cut_utf8(accented, 3));
+  CHECK(accented == "ab");                        // not "ab\xc3"
+  std::string euro = "\xe2\x82\xac\xe2\x82\xac";  // two 3-byte characters
+  CHECK(ddprun::common::cut_utf8(euro, 5));
+  CHECK(euro == "\xe2\x82\xac");
+}
