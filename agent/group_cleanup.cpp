@@ -536,7 +536,11 @@ int GroupCleanup::begin_group() {
 }
 
 void GroupCleanup::tell_watcher(char kind, pid_t session) {
-  if (!tracking_ || watcher_pipe_ < 0) return;
+  if (tracking_) write_record(kind, session);
+}
+
+void GroupCleanup::write_record(char kind, pid_t session) {
+  if (watcher_pipe_ < 0) return;
   const WatcherRecord record{kind, static_cast<std::int32_t>(session)};
   // Smaller than PIPE_BUF: written whole or not at all. A watcher gone (EPIPE) tracks nothing.
   ssize_t n;
@@ -590,13 +594,7 @@ void GroupCleanup::remove_ended_groups(int wait_ms) {
 }
 
 void GroupCleanup::keep_error_files() {
-  if (watcher_pipe_ < 0) return;
-  // With a cgroup too (tell_watcher writes only the subreaper's records).
-  const WatcherRecord keep{'K', 0};
-  ssize_t n;
-  do {
-    n = ::write(watcher_pipe_, &keep, sizeof keep);
-  } while (n < 0 && errno == EINTR);
+  write_record('K', 0);  // with a cgroup too (tell_watcher writes only the subreaper's records)
 }
 
 void GroupCleanup::finish() {

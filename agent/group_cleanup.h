@@ -148,8 +148,11 @@ class GroupCleanup {
   pid_t watcher_ = -1;
   int groups_ = 0;
   bool tracking_ = false;  ///< workers' sessions are written to the watcher (subreaper)
-  /// Writes one record to the watcher: 'T' and a worker's session, or 'F' (forget them all).
+  /// Without a cgroup, writes one record to the watcher: 'T' and a worker's session, or 'F'
+  /// (forget them all).
   void tell_watcher(char kind, pid_t session);
+  /// One record on the watcher's pipe, in either mode (a watcher gone: nothing happens).
+  void write_record(char kind, pid_t session);
 };
 
 }  // namespace ddprun::agent
