@@ -469,8 +469,9 @@ class Stepper {
                               {"retry_s", retry_s}}});
     log(LogLevel::Warn,
         fmt::format("health check failed ({} in a row): {}; this node is kept out of the job's "
-                    "rounds and checks again in {} s (--health_check_interval)",
-                    s_.health_failures, e.why, retry_s));
+                    "rounds and checks again in {:g} s (--health_check_interval)",
+                    s_.health_failures, e.why,
+                    std::chrono::duration<double>(spec_.health_retry).count()));
     // The rendezvous lists it as kept out and tells it when the job ends (a Closed notice).
     out_.push_back(ReportKeptOut{kept_out_reason(e.why, e.output)});
     out_.push_back(ArmTimer{AgentTimer::HealthRetry, now_ + spec_.health_retry});
@@ -845,16 +846,22 @@ class Stepper {
 
   /// The job is over: exit as the rendezvous says, the same on every node.
   void conclude(const rdzv::Closed& closed) {
-    if (s_.phase == AgentPhase::HealthCheck && s_.health_failures > 0)
-      log(LogLevel::Warn,
-          fmt::format("the job ended while this node was kept out by its health check ({} failed "
-                      "check(s) in a row): {}",
-                      s_.health_failures, closed.message));
+    const std::string kept_out =
+        s_.phase == AgentPhase::HealthCheck && s_.health_failures > 0
+            ? fmt::format(
+                  "the job ended while this node was kept out by its health check ({} "
+                  "failed check(s) in a row): ",
+                  s_.health_failures)
+            : std::string();
+    // A join timeout says it once, as the error; any other end, as a warning before its own.
+    if (!kept_out.empty() && closed.outcome != rdzv::JobOutcomeKind::TimedOut)
+      log(LogLevel::Warn, kept_out + closed.message);
     switch (closed.outcome) {
       case rdzv::JobOutcomeKind::Succeeded:
         return finish(job_exit_code(JobOutcome::of(JobEnd::Succeeded)));
       case rdzv::JobOutcomeKind::TimedOut:
-        log(LogLevel::Error, "rendezvous failed: " + closed.message);
+        log(LogLevel::Error,
+            (kept_out.empty() ? std::string("rendezvous failed: ") : kept_out) + closed.message);
         return finish(job_exit_code(JobOutcome::of(JobEnd::RendezvousFailed)));
       case rdzv::JobOutcomeKind::Failed:
         break;

@@ -42,6 +42,8 @@ common::Result<RendezvousPlan> plan_rendezvous(
       std::chrono::milliseconds(std::llround(config.quarantine_cooldown * 1000.0));
   s.quarantine_cooldown_max =
       std::chrono::milliseconds(std::llround(config.quarantine_cooldown_max * 1000.0));
+  // One node's too: a node kept out by its health check that long ends the job.
+  s.join_timeout = seconds_conf(config, "join_timeout", s.join_timeout);
   const bool is_static = config.rdzv_backend == "static" && !config.standalone;
   if (config.standalone || (config.max_nodes == 1 && (is_static || config.rdzv_endpoint.empty()))) {
     plan.single_node = true;
@@ -58,7 +60,6 @@ common::Result<RendezvousPlan> plan_rendezvous(
   s.min_nodes = config.min_nodes;
   s.max_nodes = config.max_nodes;
   s.nproc_per_node = nproc_per_node;
-  s.join_timeout = seconds_conf(config, "join_timeout", s.join_timeout);
   s.last_call_timeout = seconds_conf(config, "last_call_timeout", s.last_call_timeout);
   s.close_timeout = seconds_conf(config, "close_timeout", s.close_timeout);
   s.keep_alive_interval = seconds_conf(config, "keep_alive_interval", s.keep_alive_interval);

@@ -1,5 +1,6 @@
 #include "rendezvous/local_rendezvous.h"
 
+#include <algorithm>
 #include <boost/asio/post.hpp>
 #include <utility>
 
@@ -15,7 +16,8 @@ LocalRendezvous::LocalRendezvous(boost::asio::io_context& io, const common::Cloc
       backend_(std::move(backend)),
       master_addr_(std::move(master_addr)),
       master_port_(master_port),
-      job_(new_job(run_id, clock.now())) {
+      job_(new_job(run_id, clock.now())),
+      deadline_timer_(io) {
   spec_.run_id = std::move(run_id);
   spec_.endpoint = "this node (single-node rendezvous)";
   spec_.name = local_host_name();
@@ -25,7 +27,10 @@ LocalRendezvous::LocalRendezvous(boost::asio::io_context& io, const common::Cloc
   spec_.heartbeats = false;
 }
 
-LocalRendezvous::~LocalRendezvous() { *alive_ = false; }
+LocalRendezvous::~LocalRendezvous() {
+  *alive_ = false;
+  deadline_timer_.cancel();
+}
 
 void LocalRendezvous::post(ClientEvent event) {
   boost::asio::post(io_, [this, alive = alive_, event = std::move(event)] {
@@ -66,12 +71,33 @@ void LocalRendezvous::log_line(const ClientLog& line) {
 }
 
 void LocalRendezvous::to_server(AgentMessage message) {
+  server_step(FromNode{node_id_, std::move(message)});
+}
+
+void LocalRendezvous::server_step(const Event& event) {
   const common::TimePoint now = clock_.now();
-  StepResult r = rdzv::step(std::move(job_), FromNode{node_id_, std::move(message)}, now);
+  StepResult r = rdzv::step(std::move(job_), event, now);
   job_ = std::move(r.state);
-  if (r.erase) job_ = new_job(spec_.run_id, now);  // a refused first join
+  if (r.erase) job_ = new_job(spec_.run_id, now);  // a refused first join, or a closed job's end
   for (auto& out : r.messages)
     if (out.node_id == node_id_) post(FrameReceived{std::move(out.message)});
+  deadline_timer_.cancel();
+  // Only a round that has not formed has a deadline that matters here: the join timeout while
+  // this node is kept out (one node forms its round at once). Keep-alive is moot, and a timer
+  // armed for a running round, a node that left or a job that ended would hold the agent's
+  // event loop (which runs until it has no work) until it expired.
+  if (!r.wake_at || r.erase || job_.phase != JobPhase::Joining || !job_.nodes.contains(node_id_))
+    return;
+  deadline_timer_.expires_after(
+      std::max(std::chrono::steady_clock::duration::zero(), *r.wake_at - now));
+  deadline_timer_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
+    if (!ec && *alive) deadline_due();
+  });
+}
+
+void LocalRendezvous::deadline_due() {
+  mark_all_seen(job_, clock_.now());
+  server_step(Tick{});
 }
 
 }  // namespace ddprun::rdzv

@@ -1,5 +1,6 @@
 #pragma once
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <optional>
 #include <string>
 
@@ -20,8 +21,11 @@ namespace ddprun::rdzv {
 ///   next_rendezvous/report_* --> rdzv_client_step --> (in memory) server step(), this clock
 ///   the server's replies, posted as frames --> rdzv_client_step --> done / notice callbacks
 ///
-/// The link cannot break or go silent: no heartbeat, no Tick. Everything the server says reaches
-/// the agent later on the event loop, as a networked server's frames would.
+/// The link cannot break or go silent: no heartbeat. A timer runs the server's deadlines only
+/// while the round has not formed (this node is kept out by its health check), so the join
+/// timeout holds here too: kept out that long, the node ends the job (exit 69) instead of
+/// checking forever. Everything the server says reaches the agent later on the event loop, as a
+/// networked server's frames would.
 class LocalRendezvous final : public ClientExecutor {
  public:
   /// `settings`: --max_restarts and the failure policy (restart window, crash loops, fatal exit
@@ -44,6 +48,10 @@ class LocalRendezvous final : public ClientExecutor {
 
   /// Runs the server's step() on this node's message and posts its replies to this node.
   void to_server(AgentMessage message);
+  /// Runs the server's step() on `event`, posts its replies and arms the deadline timer.
+  void server_step(const Event& event);
+  /// The server's deadlines are due: the node is alive (the link cannot go silent), then Tick.
+  void deadline_due();
   /// Steps the client with `event` later on the event loop.
   void post(ClientEvent event);
 
@@ -51,6 +59,7 @@ class LocalRendezvous final : public ClientExecutor {
   std::string master_addr_;
   std::optional<int> master_port_;
   JobState job_;
+  boost::asio::steady_timer deadline_timer_;  ///< at the last step's wake_at
 };
 
 }  // namespace ddprun::rdzv

@@ -194,6 +194,23 @@ TEST_CASE("a node whose health check fails stays out until it passes, then train
   CHECK(starts[0]["t"].get<double>() > failed[1]["t"].get<double>());
 }
 
+TEST_CASE("a single node kept out by its health check ends after the join timeout with exit 69",
+          "[integration][policy][health]") {
+  auto r =
+      run_command(ddprun_fake({"--health_check", "echo 'gpu0: ECC errors'; exit 1",
+                               "--health_check_interval", "0.2", "--rdzv_conf", "join_timeout=1"},
+                              {"print=trained"}),
+                  {}, kJobLimit);
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 69);
+  CHECK_FALSE(contains(r.out, "trained"));
+  CHECK(contains(r.err, "the job ended while this node was kept out by its health check ("));
+  CHECK(contains(r.err, "join timeout: waited 1 s"));
+  CHECK(contains(r.err, "gpu0: ECC errors"));
+  CHECK(contains(r.err, "checks again in 0.2 s"));
+  CHECK_FALSE(contains(r.err, "rendezvous failed"));  // said once, not twice
+}
+
 TEST_CASE("a SIGTERM while a node waits out a failed health check ends ddprun at once",
           "[integration][policy][health]") {
   TempDir dir;

@@ -153,3 +153,44 @@ TEST_CASE("a round asked for after the job closed fails as closed", "[rdzv][unit
   REQUIRE(err);
   CHECK(err->kind == RendezvousErrorKind::Closed);
 }
+
+TEST_CASE("a single node kept out by its health check past the join timeout ends the job",
+          "[rdzv][unit][health]") {
+  Loop loop;
+  RdzvSettings settings = restarts(0);
+  settings.join_timeout = std::chrono::milliseconds(200);
+  LocalRendezvous rdzv(loop.io, loop.clock, "c10d", "job", "127.0.0.1", std::nullopt, settings);
+  std::vector<Notice> notices;
+  rdzv.set_notice_handler([&](Notice n) { notices.push_back(n); });
+  rdzv.keep_out("gpu0: ECC errors");
+  loop.run();  // until the join timeout's timer has run
+  REQUIRE(notices.size() == 1);
+  const auto* closed = std::get_if<Closed>(&notices[0]);
+  REQUIRE(closed);
+  CHECK(closed->outcome == JobOutcomeKind::TimedOut);
+  CHECK_THAT(closed->message, Catch::StartsWith("join timeout"));
+  CHECK_THAT(closed->message, Catch::Contains("gpu0: ECC errors"));
+  CHECK(loop.io.stopped());  // nothing is left armed once the job has ended
+}
+
+TEST_CASE("a single node whose check passes in time trains, and no deadline holds the loop",
+          "[rdzv][unit][health]") {
+  Loop loop;
+  RdzvSettings settings = restarts(0);
+  settings.join_timeout = std::chrono::seconds(60);
+  LocalRendezvous rdzv(loop.io, loop.clock, "c10d", "job", "127.0.0.1", std::nullopt, settings);
+  std::vector<Notice> notices;
+  rdzv.set_notice_handler([&](Notice n) { notices.push_back(n); });
+  rdzv.keep_out("gpu0: ECC errors");
+  loop.io.restart();
+  loop.io.poll();  // the kept-out join, and its timer armed for the join timeout
+  CHECK_FALSE(loop.io.stopped());
+  std::optional<RendezvousResult> got;
+  rdzv.next_rendezvous([&](RendezvousResult r) { got = r; });
+  loop.run();
+  REQUIRE(got);
+  CHECK(std::holds_alternative<RendezvousInfo>(*got));
+  CHECK(notices.empty());
+  // run() returned because no work was left, not at its bound: the timer went with the round.
+  CHECK(loop.io.stopped());
+}
