@@ -434,6 +434,15 @@ class Stepper {
       case AgentTimer::HealthRetry:
         if (s_.phase != AgentPhase::HealthCheck || s_.checking) return;
         return run_health_check();
+      case AgentTimer::HealthSlow:
+        if (s_.phase != AgentPhase::HealthCheck || !s_.checking) return;
+        log(LogLevel::Info,
+            fmt::format("the health check is still running after {} s: this node joins the "
+                        "job's round once it passes, and it fails at {:g} s "
+                        "(--health_check_timeout)",
+                        kHealthCheckNotice.count(),
+                        std::chrono::duration<double>(spec_.health_timeout).count()));
+        return;
       case AgentTimer::Backoff:
         if (!s_.backing_off) return;
         s_.backing_off = false;
@@ -445,6 +454,8 @@ class Stepper {
   void on(const HealthChecked& e) {
     if (s_.phase != AgentPhase::HealthCheck || !s_.checking) return;
     s_.checking = false;
+    if (spec_.health_timeout > kHealthCheckNotice)
+      out_.push_back(CancelTimer{AgentTimer::HealthSlow});
     if (e.ok) {
       // Said only after failed checks: a healthy node's every join stays quiet.
       if (s_.health_failures > 0) {
@@ -505,6 +516,9 @@ class Stepper {
   void run_health_check() {
     s_.checking = true;
     out_.push_back(RunHealthCheck{});
+    // One that may run longer than that is said when it does (the builtin checks take ms).
+    if (spec_.health_timeout > kHealthCheckNotice)
+      out_.push_back(ArmTimer{AgentTimer::HealthSlow, now_ + kHealthCheckNotice});
   }
 
   void join_now() {
@@ -895,6 +909,9 @@ class Stepper {
     // During a health check (or its wait): the check is stopped with the rest at Finish.
     if (s_.phase == AgentPhase::HealthCheck && !s_.checking)
       out_.push_back(CancelTimer{AgentTimer::HealthRetry});
+    if (s_.phase == AgentPhase::HealthCheck && s_.checking &&
+        spec_.health_timeout > kHealthCheckNotice)
+      out_.push_back(CancelTimer{AgentTimer::HealthSlow});
     s_.checking = false;
     s_.phase = AgentPhase::Finished;
     s_.exit_code = code;

@@ -135,9 +135,15 @@ enum class AgentTimer {
   Backoff,
   /// --health_check_interval after a failed health check: check again.
   HealthRetry,
+  /// kHealthCheckNotice after a health check began: if it still runs, say so.
+  HealthSlow,
 };
 /// How many AgentTimer values there are (the executor keeps one timer each).
-inline constexpr size_t kAgentTimers = 5;
+inline constexpr size_t kAgentTimers = 6;
+
+/// A health check still running this long is said in the log: a node that neither joins nor
+/// says why looks hung.
+inline constexpr std::chrono::seconds kHealthCheckNotice{5};
 
 struct AgentState {
   AgentPhase phase = AgentPhase::Rendezvous;
@@ -216,6 +222,7 @@ struct AgentSpec {
   /// health_retry before the next.
   bool health_gate = false;
   Duration health_retry = std::chrono::seconds(30);
+  Duration health_timeout = std::chrono::seconds(60);  ///< --health_check_timeout, for the log
 };
 
 // ---- events ---------------------------------------------------------------------------------

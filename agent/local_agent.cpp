@@ -87,6 +87,7 @@ class LocalAgent::Impl {
     spec_.host = rdzv::local_host_name();
     spec_.health_gate = opt_.health_gate;
     spec_.health_retry = opt_.health_check_interval;
+    spec_.health_timeout = opt_.health_check_timeout;
     for (std::unique_ptr<DeadlineTimer>& timer : timers_) timer = deadlines_.make();
   }
 

@@ -1066,6 +1066,36 @@ TEST_CASE("health gate: a node checks itself before its first join and joins onc
   CHECK(a.logged("health check passed after 1 failed check(s)"));
 }
 
+TEST_CASE("health gate: a check still running after a few seconds is said, once",
+          "[agent][unit][health]") {
+  Agent a(1);
+  a.spec.health_gate = true;
+  a.spec.health_timeout = 60s;
+  a.on(AgentStarted{});
+  REQUIRE(a.has<RunHealthCheck>());
+  REQUIRE(a.effects<ArmTimer>().size() == 1);
+  CHECK(a.effects<ArmTimer>().at(0).timer == AgentTimer::HealthSlow);
+  CHECK(a.effects<ArmTimer>().at(0).at == a.now + kHealthCheckNotice);
+  a.now += kHealthCheckNotice;
+  a.on(TimerFired{AgentTimer::HealthSlow});
+  CHECK(
+      a.logged("the health check is still running after 5 s: this node joins the job's round "
+               "once it passes, and it fails at 60 s (--health_check_timeout)"));
+  CHECK(a.state.phase == AgentPhase::HealthCheck);
+  a.on(HealthChecked{true, "", "", 6000});
+  CHECK(a.effects<CancelTimer>().at(0).timer == AgentTimer::HealthSlow);
+  CHECK(a.has<JoinRound>());
+  // A late timer after the check ended says nothing.
+  CHECK(a.on(TimerFired{AgentTimer::HealthSlow}).empty());
+  // A timeout no longer than the notice arms nothing: the check ends (or fails) first.
+  Agent b(1);
+  b.spec.health_gate = true;
+  b.spec.health_timeout = kHealthCheckNotice;
+  b.on(AgentStarted{});
+  CHECK(b.has<RunHealthCheck>());
+  CHECK_FALSE(b.has<ArmTimer>());
+}
+
 TEST_CASE("health gate: every rejoin after a restart is checked too", "[agent][unit][health]") {
   Agent a(1, 3);
   a.spec.health_gate = true;
