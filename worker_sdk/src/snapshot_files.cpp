@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 
 #include "common/strings.h"
 
@@ -44,6 +45,24 @@ bool is_snapshot_temporary(const std::string& base, const std::string& file_name
   const std::string pid = file_name.substr(tmp + 5);
   return std::all_of(pid.begin(), pid.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
          snapshot_sequence(base, file_name.substr(0, tmp)).has_value();
+}
+
+std::string snapshot_directory(const std::string& path) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  return parent.empty() ? std::string(".") : parent.string();
+}
+
+SnapshotListing list_snapshots(const std::string& base) {
+  SnapshotListing listing;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(snapshot_directory(base), ec)) {
+    const std::string name = e.path().filename().string();
+    if (auto seq = snapshot_sequence(base, name))
+      listing.seqs.push_back(*seq);
+    else if (is_snapshot_temporary(base, name))
+      listing.temporaries.push_back(e.path().string());
+  }
+  return listing;
 }
 
 std::vector<int64_t> newest_first(std::vector<int64_t> seqs) {

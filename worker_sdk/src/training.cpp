@@ -303,11 +303,6 @@ void fsync_directory(const std::string& dir) {
   if (rc != 0) throw_errno("fsync directory", dir);
 }
 
-std::string directory_of(const std::string& path) {
-  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  return parent.empty() ? std::string(".") : parent.string();
-}
-
 /// The named entry of a generic dict, or an error naming the key.
 const torch::IValue& entry(const c10::impl::GenericDict& d, const std::string& key) {
   auto it = d.find(torch::IValue(key));
@@ -593,7 +588,7 @@ void write_snapshot_file(const std::string& path, Snapshot snapshot) {
     errno = err;
     throw_errno("rename to", path);
   }
-  fsync_directory(directory_of(path));
+  fsync_directory(snapshot_directory(path));
 }
 
 std::variant<Snapshot, std::string> read_snapshot_file(const std::string& path) {
@@ -651,38 +646,29 @@ SnapshotStore::SnapshotStore(std::string base_path, int keep_last)
     : base_(std::move(base_path)), keep_last_(keep_last < 1 ? 1 : keep_last) {}
 
 std::vector<std::string> SnapshotStore::files() const {
-  const std::string dir = directory_of(base_);
-  std::vector<int64_t> seqs;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
-    if (auto seq = snapshot_sequence(base_, e.path().filename().string())) seqs.push_back(*seq);
   std::vector<std::string> out;
-  for (int64_t seq : newest_first(seqs)) out.push_back(snapshot_file_name(base_, seq));
+  for (int64_t seq : newest_first(list_snapshots(base_).seqs))
+    out.push_back(snapshot_file_name(base_, seq));
   return out;
 }
 
 std::string SnapshotStore::save(const torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                 int64_t epoch, int64_t step, int64_t world_size,
                                 int64_t epoch_step) {
-  std::filesystem::create_directories(directory_of(base_));
-  std::vector<int64_t> seqs;
-  for (const std::string& f : files())
-    seqs.push_back(*snapshot_sequence(base_, std::filesystem::path(f).filename().string()));
+  std::filesystem::create_directories(snapshot_directory(base_));
+  SnapshotListing listing = list_snapshots(base_);
+  std::vector<int64_t>& seqs = listing.seqs;
   const int64_t next = seqs.empty() ? 1 : *std::max_element(seqs.begin(), seqs.end()) + 1;
   const std::string path = snapshot_file_name(base_, next);
   write_snapshot_file(path,
                       capture_snapshot(module, optimizer, epoch, step, world_size, epoch_step));
   seqs.push_back(next);
-  for (int64_t old : snapshots_to_prune(seqs, keep_last_)) {
-    std::error_code ec;
+  std::error_code ec;
+  for (int64_t old : snapshots_to_prune(seqs, keep_last_))
     std::filesystem::remove(snapshot_file_name(base_, old), ec);
-  }
   // A temporary file left by a writer killed during its save (a SIGKILL, a node lost): one
   // process saves a series at a time, and this one has just finished, so any other is stale.
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(directory_of(base_), ec))
-    if (is_snapshot_temporary(base_, e.path().filename().string()))
-      std::filesystem::remove(e.path(), ec);
+  for (const std::string& temporary : listing.temporaries) std::filesystem::remove(temporary, ec);
   return path;
 }
 

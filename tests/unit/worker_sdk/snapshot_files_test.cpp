@@ -1,6 +1,9 @@
 #include "ddprun/sdk/snapshot_files.h"
 
 #include <catch2/catch.hpp>
+#include <fstream>
+
+#include "tests/support/subprocess.h"
 
 using namespace ddprun::sdk;
 
@@ -52,4 +55,22 @@ TEST_CASE("the checksum of no bytes is the state it was given, even without a bu
           "[sdk][unit]") {
   CHECK(checksum_update(kChecksumStart, nullptr, 0) == kChecksumStart);
   CHECK(checksum_update(42, nullptr, 0) == 42);
+}
+
+TEST_CASE("one listing finds the series' snapshots and a killed writer's temporary files",
+          "[sdk][unit]") {
+  ddprun::testing::TempDir dir;
+  const std::string base = dir.path() + "/snapshot.pt";
+  for (const char* name : {"snapshot.pt.000002", "snapshot.pt.000010", "snapshot.pt.000011.tmp-77",
+                           "other.pt.000003", "other.pt.000004.tmp-5", "snapshot.pt"})
+    std::ofstream(dir.path() + "/" + name) << "x";
+  SnapshotListing listing = list_snapshots(base);
+  CHECK(newest_first(listing.seqs) == std::vector<int64_t>{10, 2});
+  CHECK(listing.temporaries == std::vector<std::string>{dir.path() + "/snapshot.pt.000011.tmp-77"});
+  CHECK(snapshot_directory(base) == dir.path());
+  CHECK(snapshot_directory("snapshot.pt") == ".");
+  // A directory that is not there lists nothing.
+  const SnapshotListing none = list_snapshots(dir.path() + "/missing/snapshot.pt");
+  CHECK(none.seqs.empty());
+  CHECK(none.temporaries.empty());
 }

@@ -24,6 +24,18 @@ std::optional<int64_t> snapshot_sequence(const std::string& base, const std::str
 /// a writer killed during its save.
 bool is_snapshot_temporary(const std::string& base, const std::string& file_name);
 
+/// The directory that holds `path` ("." for a bare name).
+std::string snapshot_directory(const std::string& path);
+
+/// What one listing of the series' directory finds: its snapshots' sequence numbers (in no
+/// order) and the paths of temporary files of the series (see is_snapshot_temporary).
+struct SnapshotListing {
+  std::vector<int64_t> seqs;
+  std::vector<std::string> temporaries;
+};
+/// Lists the directory of `base` once; a directory that cannot be read lists nothing.
+SnapshotListing list_snapshots(const std::string& base);
+
 /// Sequence numbers newest first.
 std::vector<int64_t> newest_first(std::vector<int64_t> seqs);
 
