@@ -344,9 +344,9 @@ int remove_agent_temp_dirs(const std::string& dir, const std::string& tag, bool 
       found.push_back(it->path());
   }
   int removed = 0;
-  for (const fs::path& dir : found) {
+  for (const fs::path& path : found) {
     std::error_code gone;
-    if (fs::remove_all(dir, gone) > 0 && !gone) ++removed;
+    if (fs::remove_all(path, gone) > 0 && !gone) ++removed;
   }
   return removed;
 }
