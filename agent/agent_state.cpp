@@ -172,6 +172,7 @@ class Stepper {
   void on(const RoundReady& e) {
     if (s_.phase != AgentPhase::Rendezvous) return;
     if (s_.pending_signal != 0) return advance();
+    s_.placed_before = true;
     out_.push_back(EmitEvent{EventName::RendezvousComplete,
                              {{"round", e.info.round},
                               {"group_rank", e.info.group_rank},
@@ -442,6 +443,11 @@ class Stepper {
                         "(--health_check_timeout)",
                         kHealthCheckNotice.count(),
                         std::chrono::duration<double>(spec_.health_timeout).count()));
+        // A node that holds no place yet is listed by the rendezvous (ddprun status, a join
+        // timeout's message) until its check ends, rather than missing without a word.
+        if (!s_.placed_before && s_.health_failures == 0)
+          out_.push_back(ReportKeptOut{
+              fmt::format("first check still running after {} s", kHealthCheckNotice.count())});
         return;
       case AgentTimer::Backoff:
         if (!s_.backing_off) return;

@@ -193,7 +193,10 @@ struct AgentState {
   /// --progress_file changed while the current group ran: it made progress.
   bool file_progress = false;
   int health_failures = 0;  ///< failed checks in a row before the current join
-  int exit_code = 0;        ///< valid once Finished
+  /// A round has placed this node (RoundReady) since it started: a check from then on may run
+  /// while the next round waits for it, and a slow one does not give up its place.
+  bool placed_before = false;
+  int exit_code = 0;  ///< valid once Finished
 };
 
 /// --restart_backoff: the pause before the next round after `failures_in_a_row` counted
@@ -347,9 +350,10 @@ struct ReportFailure {
   rdzv::WorkersFailed failure;
 };
 struct ReportSuccess {};
-/// The health check failed: the rendezvous holds this node out of its rounds, lists it with
-/// `why` (the check's last line of output and its failure, valid UTF-8, at most 512 bytes), and
-/// tells it the job's end (RendezvousHandler::keep_out).
+/// The health check failed (or the node's first one still runs after kHealthCheckNotice): the
+/// rendezvous holds this node out of its rounds, lists it with `why` (the check's last line of
+/// output and its failure, valid UTF-8, at most 512 bytes), and tells it the job's end
+/// (RendezvousHandler::keep_out).
 struct ReportKeptOut {
   std::string why;
 };

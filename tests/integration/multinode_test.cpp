@@ -351,6 +351,11 @@ TEST_CASE("a node kept out by its health check is listed by status and ends with
   auto b = start_node(endpoint, node_addr(1), flags, work);
   REQUIRE(a->wait_for_output("started", kJobLimit));
   REQUIRE(b->wait_for_output("started", kJobLimit));
+  // A fourth whose first check is still running: after a few seconds it is listed too.
+  std::vector<std::string> slow_flags = flags;
+  slow_flags.insert(slow_flags.end(),
+                    {"--health_check", "sleep 600", "--health_check_timeout", "900"});
+  auto slow = start_node(endpoint, node_addr(3), slow_flags, {"print=ran"});
   // A third node whose check fails and would not check again for 10 minutes.
   flags.insert(flags.end(), {"--health_check", "echo 'gpu0: ECC errors' >&2; exit 1",
                              "--health_check_interval", "600"});
@@ -361,18 +366,30 @@ TEST_CASE("a node kept out by its health check is listed by status and ends with
         listed = run_command({DDPRUN_BIN, "status", "--rdzv_endpoint", endpoint}, {},
                              std::chrono::seconds(10))
                      .out;
-        return contains(listed, "kept out (health check");
+        return contains(listed, node_addr(2) + " kept out (health check") &&
+               contains(listed, node_addr(3) + " kept out (health check");
       },
       kJobLimit));
   INFO(listed);
   CHECK(contains(listed, node_addr(2) + " kept out (health check: gpu0: ECC errors (the health "
                                         "check `echo"));
+  CHECK(contains(listed,
+                 node_addr(3) + " kept out (health check: first check still running after 5 s)"));
   CHECK(contains(listed, node_addr(0) + " running"));
   std::ofstream(go).close();
   auto ra = a->wait(kJobLimit);
   auto rb = b->wait(kJobLimit);
   auto rk = kept->wait(kJobLimit);
-  INFO(ra.err << "\n--- b:\n" << rb.err << "\n--- kept out:\n" << rk.out << rk.err);
+  auto rs = slow->wait(kJobLimit);
+  INFO(ra.err << "\n--- b:\n"
+              << rb.err << "\n--- kept out:\n"
+              << rk.out << rk.err << "\n--- slow check:\n"
+              << rs.out << rs.err);
+  // The slow node ends with the job too, its check stopped.
+  REQUIRE_FALSE(rs.timed_out);
+  CHECK(rs.exit_code == 0);
+  CHECK(contains(rs.err, "the health check is still running after 5 s"));
+  CHECK_FALSE(contains(rs.out, "ran"));
   CHECK(ra.exit_code == 0);
   CHECK(rb.exit_code == 0);
   // Before, it went on checking (here for 10 minutes) and then hosted the ended job again.

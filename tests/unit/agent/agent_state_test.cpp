@@ -1081,6 +1081,8 @@ TEST_CASE("health gate: a check still running after a few seconds is said, once"
   CHECK(
       a.logged("the health check is still running after 5 s: this node joins the job's round "
                "once it passes, and it fails at 60 s (--health_check_timeout)"));
+  // Its first: the rendezvous lists it meanwhile.
+  CHECK(a.effects<ReportKeptOut>().at(0).why == "first check still running after 5 s");
   CHECK(a.state.phase == AgentPhase::HealthCheck);
   a.on(HealthChecked{true, "", "", 6000});
   CHECK(a.effects<CancelTimer>().at(0).timer == AgentTimer::HealthSlow);
@@ -1094,6 +1096,24 @@ TEST_CASE("health gate: a check still running after a few seconds is said, once"
   b.on(AgentStarted{});
   CHECK(b.has<RunHealthCheck>());
   CHECK_FALSE(b.has<ArmTimer>());
+}
+
+TEST_CASE("health gate: a slow check as a placed node rejoins keeps its place",
+          "[agent][unit][health]") {
+  Agent a(1, 3);
+  a.spec.health_gate = true;
+  a.on(AgentStarted{});
+  a.on(HealthChecked{true, "", "", 1});
+  auto pids = a.running_group();
+  a.on(WorkerExited{pids[0], {1, 0}, true, ""});
+  a.on(NoticeReceived{rdzv::Restart{1, "worker failed", true, 1}});
+  a.on(OutputDrained{});
+  REQUIRE(a.state.phase == AgentPhase::HealthCheck);
+  a.now += kHealthCheckNotice;
+  a.on(TimerFired{AgentTimer::HealthSlow});
+  CHECK(a.logged("the health check is still running after 5 s"));
+  // The next round waits for it: saying it is kept out would give its place away.
+  CHECK_FALSE(a.has<ReportKeptOut>());
 }
 
 TEST_CASE("health gate: every rejoin after a restart is checked too", "[agent][unit][health]") {
