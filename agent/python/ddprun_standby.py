@@ -335,14 +335,68 @@ def _fresh_numpy_generator(state):
     return state[2] == pos and state[3] == has_gauss
 
 
-def why_not_shared(name):
+class _OsRandomTrace:
+    """os.urandom, os.getrandom and random's own reference to urandom (SystemRandom.randbytes,
+    secrets.token_*) while a trial import runs (why_not_shared with `installed`): notes whether
+    the import drew bytes from the OS for a value it keeps (uuid4, secrets.token_hex, an id or
+    key made at import), which every rank forked from the zygote would share. Not counted: the
+    draws that seed a generator, which the standbys reseed (numpy's seeding goes through
+    SystemRandom.getrandbits), and multiprocessing's authentication key (become_standby makes
+    a new one)."""
+
+    drawn = False
+    _EXEMPT_CALLERS = {"getrandbits"}  # SystemRandom's, as numpy's SeedSequence calls it
+    _EXEMPT_MODULES = {"multiprocessing.process"}
+
+    def __init__(self):
+        import random
+
+        self._saved = [(os, "urandom", os.urandom)]
+        if hasattr(os, "getrandom"):
+            self._saved.append((os, "getrandom", os.getrandom))
+        if hasattr(random, "_urandom"):
+            self._saved.append((random, "_urandom", random._urandom))
+
+    def __enter__(self):
+        _OsRandomTrace.drawn = False
+        for owner, attribute, original in self._saved:
+            setattr(owner, attribute, self._traced(original))
+        return self
+
+    def __exit__(self, *_):
+        for owner, attribute, original in self._saved:
+            setattr(owner, attribute, original)
+
+    @staticmethod
+    def _traced(original):
+        def draw(*args, **kwargs):
+            caller = sys._getframe(1)
+            if (caller.f_code.co_name not in _OsRandomTrace._EXEMPT_CALLERS and
+                    caller.f_globals.get("__name__") not in _OsRandomTrace._EXEMPT_MODULES):
+                _OsRandomTrace.drawn = True
+            return original(*args, **kwargs)
+        return draw
+
+
+def _thread_count():
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 1
+
+
+def why_not_shared(name, installed=True):
     """Imports `name` here and says why sharing it between ranks would not be what a fresh
     worker sees: a worker variable read (WORKER_VARIABLES, or the whole environment iterated),
     a number drawn from `random`, numpy's global generator or torch's default one (it would be
     the same in every rank), sys.path changed (but for torch's template directory, which
-    own_template_dir() makes per worker), or the import failing. None when it is safe. Leaves
-    the import behind: it runs in a throwaway fork (trial_import), or, for a part of torch, in
-    this interpreter itself (preload_torch_part)."""
+    own_template_dir() makes per worker), or the import failing. For an `installed` module
+    (not a part of torch, which is imported as torch itself is) also bytes drawn from the OS
+    (_OsRandomTrace) and a thread started (a fork copies only the thread that calls it: the
+    zygote could fork no standby). None when it is safe. Leaves the import behind: it runs in a
+    throwaway fork (trial_import), or, for a part of torch, in this interpreter itself
+    (preload_torch_part)."""
+    import contextlib
     import importlib
     import random
 
@@ -350,12 +404,14 @@ def why_not_shared(name):
     numpy_state = _numpy_random_state()
     torch_state = _torch_random_state()
     path_before = list(sys.path)
+    threads_before = _thread_count()
     _TracedEnviron.read = set()
     _TracedEnviron.everything = False
     environ_class = os.environ.__class__
     os.environ.__class__ = _TracedEnviron
     try:
-        importlib.import_module(name)
+        with _OsRandomTrace() if installed else contextlib.nullcontext():
+            importlib.import_module(name)
     except Exception:  # noqa: BLE001 - the script will meet the same error itself
         return "its import failed"
     finally:
@@ -377,6 +433,10 @@ def why_not_shared(name):
         return "it drew random numbers"
     if _torch_drew(torch_state):
         return "it drew random numbers"
+    if installed and _OsRandomTrace.drawn:
+        return "it drew random bytes from the OS (an id or key made at import)"
+    if installed and _thread_count() > threads_before:
+        return "it started a thread"
     return None
 
 
@@ -544,8 +604,9 @@ def preload_torch_part(name):
     it is imported; an interpreter it would make unsafe to share ends with EXIT_UNSAFE_TORCH,
     and the agent starts its workers afresh. A failed import is left to the script. The caller
     has made sys.argv the script's."""
-    why = why_not_shared(name)
+    why = why_not_shared(name, installed=False)
     if why is not None and why != "its import failed":
+        _IMPORT_OUTPUT.stop(echo=True)
         sys.stderr.write(f"ddprun standby: {name} cannot be shared between ranks ({why}): the "
                          "workers start afresh; --standby_workers=off starts them so from the outset\n")
         os._exit(EXIT_UNSAFE_TORCH)
@@ -558,6 +619,110 @@ def preload_torch_part(name):
 # modules make anew at each import (os_seeded), and each standby reseeds those
 # (become_standby). A generator made from a fixed seed stays as it is, as in a fresh worker.
 _OS_SEEDED = []  # [(generator, its reseed function)]
+
+# What the imports (torch's and the script's) did to the environment: {name: value, or None
+# when they removed it}. A fresh worker's imports do the same to its own environment, so each
+# worker applies it over the environment it is handed (become_worker). What they computed it
+# from is the same in every rank: an import that reads a worker variable is not shared.
+_IMPORTS_ENV = {}
+
+
+def environment_changes(before, after):
+    """{name: new value, or None when removed} from `before` to `after` (dicts)."""
+    changes = {name: value for name, value in after.items() if before.get(name) != value}
+    changes.update({name: None for name in before if name not in after})
+    return changes
+
+
+def apply_environment_changes(changes):
+    for name, value in changes.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+class ImportOutput:
+    """What the zygote's imports print on stdout and stderr: a fresh worker prints it as it
+    imports them, so each rank forked from the zygote prints it as it starts (replay), where it
+    would otherwise be lost. While the imports run, descriptors 1 and 2 are memory files; the
+    first LIMIT bytes of each are kept."""
+
+    LIMIT = 1 << 20
+
+    def __init__(self):
+        self.kept = [b"", b""]
+        self._files = None
+        self._saved = None
+
+    def start(self):
+        _flush_all()
+        try:
+            files = [os.memfd_create(f"ddprun-imports-{name}", os.MFD_CLOEXEC)
+                     for name in ("stdout", "stderr")]
+        except (AttributeError, OSError):
+            return  # nothing kept: the output goes where it went before
+        self._files = files
+        self._saved = [os.dup(1), os.dup(2)]
+        os.dup2(files[0], 1)
+        os.dup2(files[1], 2)
+
+    def stop(self, echo=False):
+        """Puts descriptors 1 and 2 back and keeps what was printed; with `echo`, writes it
+        there too (the zygote is about to exit: the agent shows its last words)."""
+        if self._saved is None:
+            return
+        _flush_all()
+        for fd, saved in zip((1, 2), self._saved):
+            os.dup2(saved, fd)
+            os.close(saved)
+        self._saved = None
+        for i, f in enumerate(self._files):
+            size = os.lseek(f, 0, os.SEEK_END)
+            os.lseek(f, 0, os.SEEK_SET)
+            self.kept[i] = _read_up_to(f, min(size, self.LIMIT))
+            if size > self.LIMIT:
+                note = (f"\n(ddprun: {size - self.LIMIT} more bytes the imports printed on "
+                        f"{('stdout', 'stderr')[i]} are not repeated)\n")
+                self.kept[1] += note.encode()
+            os.close(f)
+        if echo:
+            self.replay()
+
+    def replay(self):
+        for fd, data in zip((1, 2), self.kept):
+            try:
+                while data:
+                    data = data[os.write(fd, data):]
+            except OSError:
+                pass
+
+
+_IMPORT_OUTPUT = ImportOutput()
+
+
+def _flush_all():
+    """Python's streams and C's (a native library's printf at import sits in stdio's buffer)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except (AttributeError, OSError):
+        pass
+
+
+def _read_up_to(fd, size):
+    chunks = []
+    while size > 0:
+        chunk = os.read(fd, min(size, 1 << 16))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
 
 
 def _numpy_state(generator):
@@ -700,11 +865,17 @@ def serve_forks(control_fd, title):
     # watcher) would be missing in every standby, and a lock it held would stay held there.
     threads = len(os.listdir("/proc/self/task"))
     if threads > 1:
-        sys.stderr.write(f"ddprun standby: {threads} threads run after the imports, and a fork "
-                         "would copy only one; a BLAS or OpenMP pool started at import (numpy's "
-                         "OpenBLAS with torch 2.x) starts none with OMP_NUM_THREADS set (ddprun "
-                         "sets it to 1 for 2 or more workers per node): set it, or run with "
-                         "--standby_workers=off\n")
+        # A module of the script's that starts one is left to the script (why_not_shared): these
+        # are torch's, or a thread of Python's own started by one of torch's imports.
+        import threading
+
+        named = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+        python = f" (Python threads: {', '.join(named)})" if named else ""
+        sys.stderr.write(f"ddprun standby: {threads} threads run after the imports{python}, and "
+                         "a fork would copy only one; a BLAS or OpenMP pool started at import "
+                         "(numpy's OpenBLAS with torch 2.x) starts none with OMP_NUM_THREADS set "
+                         "(ddprun sets it to 1 for 2 or more workers per node): set it, or run "
+                         "with --standby_workers=off\n")
         os._exit(EXIT_THREADS)
     kinds = _generator_kinds()
     _OS_SEEDED[:] = [(g, kinds[type(g)][1]) for g in os_seeded(module_generators(kinds), kinds)]
@@ -818,6 +989,14 @@ def become_standby(agent, env, fds, title):
         try:
             reseed(generator)
         except Exception:  # noqa: BLE001 - an unusual generator: leave it as it is
+            pass
+    # multiprocessing's authentication key, drawn from the OS as it is imported: each fresh
+    # interpreter has its own (a Manager or Listener checks it).
+    process = sys.modules.get("multiprocessing.process")
+    if process is not None:
+        try:
+            process.current_process().authkey = os.urandom(32)
+        except Exception:  # noqa: BLE001 - an unusual multiprocessing: leave it as it is
             pass
 
 
@@ -1105,6 +1284,9 @@ def become_worker(env, cmdline, run_path, is_module, target, args):
     # become exactly the worker's: clear() unsets each variable, assignment sets it.
     os.environ.clear()
     os.environ.update(env)
+    # What the imports changed in the environment, as a fresh worker's imports would. Not in
+    # /proc/self/environ (show_as): a fresh process's shows its start, not later changes.
+    apply_environment_changes(_IMPORTS_ENV)
     if cmdline is not None:
         # ps, pgrep -f and /proc/<pid>/environ see the worker as its fresh start would show it,
         # and so does sys.orig_argv.
@@ -1240,10 +1422,14 @@ def main():
     if sys.path and os.path.realpath(sys.path[0] or ".") == os.path.dirname(_BOOTSTRAP_FILE):
         del sys.path[0]
     fd = int(os.environ[ZYGOTE_FD_VARIABLE if zygote else STANDBY_FD_VARIABLE])
+    env_before = dict(os.environ)
+    if zygote:
+        _IMPORT_OUTPUT.start()  # a standby's own output goes to its rank's pipes already
     try:
         import torch  # noqa: F401
         import torch.distributed  # noqa: F401
     except Exception as e:  # noqa: BLE001
+        _IMPORT_OUTPUT.stop(echo=True)
         sys.stderr.write(f"ddprun standby: {sys.executable} cannot import torch: {e}\n")
         os._exit(EXIT_NO_TORCH)
     local_dir = os.getcwd() if is_module else os.path.dirname(os.path.realpath(target))
@@ -1267,6 +1453,8 @@ def main():
         preload(names, local_dir)
     finally:
         sys.argv = saved_argv
+        _IMPORT_OUTPUT.stop()
+    _IMPORTS_ENV.update(environment_changes(env_before, dict(os.environ)))
     if zygote:
         fd = serve_forks(fd, standby_title)  # returns in each forked standby
     helper = None
@@ -1290,6 +1478,7 @@ def main():
     become_worker(env, cmdline, run_path, is_module, target, args)
     wait_for_store(env)
     del env, handed
+    _IMPORT_OUTPUT.replay()  # empty but in a rank forked from the zygote
     try:
         run_script(run_path, is_module, target)
     except (SystemExit, KeyboardInterrupt):

@@ -430,29 +430,98 @@ TEST_CASE("SIGTERM while the zygote imports torch ends ddprun with 143 and leave
 }
 
 TEST_CASE(
-    "a zygote whose imports start a thread refuses to fork and the job runs without "
+    "a zygote with a thread of its own refuses to fork, naming it, and the job runs without "
     "standbys",
     "[python][integration][standby]") {
   require_torch();
   TempDir dir;
-  // An installed module (the user's site-packages under a temporary HOME) that starts a
-  // thread when it is imported, preloaded by the zygote.
+  // The user's usercustomize (the user's site-packages under a temporary HOME), which the
+  // interpreter runs as it starts, starts a thread before the zygote imports anything. (A
+  // module the script imports that starts one is left to the script: the next test.)
   const std::string home = dir.path() + "/home";
-  std::ofstream(user_site_packages(home) + "/starts_a_thread.py")
+  std::ofstream(user_site_packages(home) + "/usercustomize.py")
       << "import threading, time\n"
-         "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n";
+         "threading.Thread(target=time.sleep, args=(60,), daemon=True, name='site-watcher')"
+         ".start()\n";
   const std::string events = dir.path() + "/events.jsonl";
-  auto r = run_command_diagnosed(
-      {DDPRUN_BIN, "--standalone", "--nproc_per_node", "2", "--standby_preload", "starts_a_thread",
-       "--event_log", events, kScripts + "/standby_first_start.py"},
-      {{"PYTHON_EXEC", "/usr/bin/python3"}, {"HOME", home}}, kLimit);
+  auto r = run_command_diagnosed({DDPRUN_BIN, "--standalone", "--nproc_per_node", "2",
+                                  "--event_log", events, kScripts + "/standby_first_start.py"},
+                                 {{"PYTHON_EXEC", "/usr/bin/python3"}, {"HOME", home}}, kLimit);
   INFO(r.out << r.err);
   REQUIRE(r.exit_code == 0);
   CHECK(from_standby(events) == std::vector<int>{0});
   CHECK(contains(r.err, "no standbys: the Python zygote (pid "));
-  CHECK(contains(r.err, "2 threads run after the imports, and a fork would copy only one"));
+  CHECK(contains(r.err, "2 threads run after the imports (Python threads: site-watcher), and a "
+                        "fork would copy only one"));
   CHECK_FALSE(contains(r.err, "cannot import torch"));
   CHECK(contains(r.out, "[default1]:rank 1 of 2 joined"));
+}
+
+// What an installed module does at import, each forked rank sees as a fresh one does: its
+// changes to the environment, its output, and ids or threads of its own.
+TEST_CASE("an installed module's import is seen by each forked rank as by a fresh one",
+          "[python][integration][standby]") {
+  require_torch();
+  TempDir dir;
+  const std::string home = dir.path() + "/home";
+  const std::string user_site = user_site_packages(home);
+  // Preloaded, so forked ranks share its import: it changes the environment and prints.
+  std::ofstream(user_site + "/sets_env.py")
+      << "import os, sys, logging\n"
+         "os.environ.setdefault('SET_BY_IMPORT', 'from-import')\n"
+         "os.environ['TOKENIZERS_PARALLELISM'] = 'false'\n"
+         "os.environ.pop('REMOVED_BY_IMPORT', None)\n"
+         "print('printed at import')\n"
+         "print('printed at import on stderr', file=sys.stderr)\n"
+         "logging.warning('logged at import')\n"
+         "PID = os.getpid()\n";
+  // Left to each rank: an id drawn from the OS, a token, a thread.
+  std::ofstream(user_site + "/makes_ids.py")
+      << "import os, uuid\nRUN_ID = str(uuid.uuid4())\nPID = os.getpid()\n";
+  std::ofstream(user_site + "/makes_token.py")
+      << "import os, secrets\nTOKEN = secrets.token_hex(8)\nPID = os.getpid()\n";
+  std::ofstream(user_site + "/starts_a_thread.py")
+      << "import os, threading, time\n"
+         "threading.Thread(target=time.sleep, args=(60,), daemon=True, name='watcher').start()\n"
+         "PID = os.getpid()\n";
+  const std::string script = dir.path() + "/train.py";
+  std::ofstream(script)
+      << "import json, os, threading\nimport torch\n"
+         "import sets_env, makes_ids, makes_token, starts_a_thread\n"
+         "print('SEEN', json.dumps({'env': [os.environ.get('SET_BY_IMPORT'),\n"
+         "    os.environ.get('TOKENIZERS_PARALLELISM'), os.environ.get('REMOVED_BY_IMPORT'),\n"
+         "    os.getenv('SET_BY_IMPORT')],\n"
+         "    'preloaded': [m.PID != os.getpid() for m in\n"
+         "                  (sets_env, makes_ids, makes_token, starts_a_thread)],\n"
+         "    'ids': [makes_ids.RUN_ID, makes_token.TOKEN],\n"
+         "    'threads': sorted(t.name for t in threading.enumerate())}), flush=True)\n";
+  const std::string events = dir.path() + "/events.jsonl";
+  auto r = run_command_diagnosed(
+      {DDPRUN_BIN, "--standalone", "--nproc_per_node", "2", "--event_log", events, script},
+      {{"PYTHON_EXEC", "/usr/bin/python3"}, {"HOME", home}, {"REMOVED_BY_IMPORT", "x"}}, kLimit);
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  // Forked from the zygote, or this test compares nothing.
+  REQUIRE(from_standby(events) == std::vector<int>{2});
+  std::vector<nlohmann::json> seen;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string prefix = "[default" + std::to_string(rank) + "]:";
+    for (const std::string& line : lines_of(r.out))
+      if (line.rfind(prefix + "SEEN ", 0) == 0)
+        seen.push_back(nlohmann::json::parse(line.substr(prefix.size() + 5)));
+    REQUIRE(seen.size() == static_cast<std::size_t>(rank + 1));
+    const nlohmann::json& s = seen.back();
+    INFO("rank " << rank << ": " << s.dump());
+    CHECK(s["preloaded"] == nlohmann::json::array({true, false, false, false}));
+    CHECK(s["env"] == nlohmann::json::array({"from-import", "false", nullptr, "from-import"}));
+    CHECK(s["threads"] == nlohmann::json::array({"MainThread", "watcher"}));
+    // What the shared import printed, each rank prints, as a fresh one does at its import.
+    CHECK(contains(r.out, prefix + "printed at import\n"));
+    CHECK(contains(r.err, prefix + "printed at import on stderr\n"));
+    CHECK(contains(r.err, prefix + "WARNING:root:logged at import\n"));
+  }
+  CHECK(seen[0]["ids"][0] != seen[1]["ids"][0]);
+  CHECK(seen[0]["ids"][1] != seen[1]["ids"][1]);
 }
 
 TEST_CASE(
