@@ -316,11 +316,12 @@ class Stepper {
     const auto index = static_cast<size_t>(it - s_.workers.begin());
     if (!e.status.ok()) {
       // Healthy -> Failed for this worker, unless the agent itself was stopping the group. One
-      // that failed too while the group was stopped for another's failure and wrote an error
-      // file failed on its own (the stop signal writes none): it is reported with its
-      // traceback, as torchrun reports every rank failing together.
-      if (s_.stop_reason == StopReason::None ||
-          (s_.stop_reason == StopReason::WorkerFailed && e.wrote_error_file))
+      // that failed too while the group was stopped for another's failure failed on its own
+      // when it wrote an error file (the stop signal writes none) or had ended before the
+      // stop's signal was sent: it is reported too, as torchrun reports every rank failing
+      // together.
+      if (s_.stop_reason == StopReason::None || (s_.stop_reason == StopReason::WorkerFailed &&
+                                                 (e.wrote_error_file || e.ended_unsignalled)))
         record_failure(index);
     }
     evaluate();

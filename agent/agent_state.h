@@ -266,6 +266,10 @@ struct WorkerExited {
   std::string exception{};
   /// --progress_file changed since the group started (the executor compares its stamps).
   bool progress_file_changed = false;
+  /// It had ended before the agent sent its process group any signal (the executor reaped it
+  /// in the same pass as the failure that stopped the group, or earlier): a failure of its own,
+  /// not the stop's doing, even without an error file.
+  bool ended_unsignalled = false;
 };
 /// A worker's report (progress heartbeat or milestone) or, for the watchdog, a line of its
 /// output arrived; slot found by the executor. `step`: the report says training advanced.

@@ -12,6 +12,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <utility>
 
@@ -231,6 +232,7 @@ class LocalAgent::Impl {
   void execute(const SignalWorkers& e) {
     if (e.no_core_dump) forbid_core_dumps(e.pids);
     for (pid_t pid : e.pids) {
+      signalled_.insert(pid);
       launcher_.signal_group(pid, e.sig);
       if (e.then_continue) launcher_.signal_group(pid, SIGCONT);
     }
@@ -350,10 +352,15 @@ class LocalAgent::Impl {
       reap_deferred_ = true;
       return;
     }
+    // Every exit reaped here had ended before this pass began: one whose group the agent had
+    // not signalled by then ended on its own, whatever the pass's first exit makes it send.
+    const std::set<pid_t> signalled = signalled_;
     for (const ProcessExit& exit : launcher_.reap()) {
       if (standbys_.on_exit(exit.pid, exit.status)) continue;
       if (health_ && health_->on_exit(exit.pid, exit.status)) continue;
       WorkerExited exited{exit.pid, exit.status, false, {}, false};
+      exited.ended_unsignalled = signalled.count(exit.pid) == 0;
+      signalled_.erase(exit.pid);
       if (!exit.status.ok()) {
         read_error_file(exited);
         exited.progress_file_changed =
@@ -544,6 +551,8 @@ class LocalAgent::Impl {
   AttemptPlan attempt_;
   std::map<int, WorkerFiles> files_;  ///< by local rank
   std::vector<ProcessFailure> failures_;
+  /// Workers whose process group the agent has signalled, until they are reaped.
+  std::set<pid_t> signalled_;
   int cgroup_procs_fd_ = -1;
   bool handing_over_ = false;   ///< standbys' acknowledgements awaited (GroupPrepared to come)
   bool reap_deferred_ = false;  ///< SIGCHLD came meanwhile: reap once the hand-over is over

@@ -445,6 +445,26 @@ TEST_CASE("agent: a failure names the exception type the worker's error file giv
             ") on node-a failed with exit code 1 (RuntimeError)");
 }
 
+TEST_CASE(
+    "agent: a worker that ended before the stop's signal failed on its own, error file or not",
+    "[agent][unit]") {
+  Agent a(3, 2);
+  auto pids = a.running_group();
+  a.on(WorkerExited{pids[1], {1, 0}, false});
+  REQUIRE(a.state.stop_reason == StopReason::WorkerFailed);
+  CHECK(a.effects<RecordFailure>().at(0).pid == pids[1]);
+  // Ended before the stop was sent (reaped in the same pass): a failure too, as torchrun lists
+  // every rank that failed together.
+  WorkerExited together{pids[0], {1, 0}, false};
+  together.ended_unsignalled = true;
+  a.on(together);
+  REQUIRE(a.effects<RecordFailure>().size() == 1);
+  CHECK(a.effects<RecordFailure>().at(0).pid == pids[0]);
+  // Ended after it: the stop's doing, not listed.
+  a.on(WorkerExited{pids[2], {1, 0}, false});
+  CHECK_FALSE(a.has<RecordFailure>());
+}
+
 TEST_CASE("agent: with --restart_window the restart names the window's count, not N of M",
           "[agent][unit]") {
   // The job's count may pass --max_restarts: the budget holds only the window's restarts.

@@ -5,7 +5,9 @@
 // on_signal(); with fake time the deadlines fire when the test moves the clock on.
 #include "agent/local_agent.h"
 
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <boost/asio/io_context.hpp>
@@ -13,8 +15,10 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "common/exit_codes.h"
@@ -251,6 +255,57 @@ TEST_CASE("local agent: a failure stops the group and the restart starts a fresh
   for (pid_t pid : job.running()) job.launcher.end(pid, {0, 0});
   REQUIRE(job.finished());
   CHECK(job.agent->exit_code() == 0);
+}
+
+namespace {
+
+bool contains_text(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+/// What the agent wrote on stderr (its failure report) while `run` ran.
+std::string stderr_of(const std::function<void()>& run) {
+  const std::string path = (fs::temp_directory_path() / "ddprun-local-agent-stderr").string() +
+                           std::to_string(::getpid());
+  std::fflush(stderr);
+  const int saved = ::dup(STDERR_FILENO);
+  const int file = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  REQUIRE(saved >= 0);
+  REQUIRE(file >= 0);
+  ::dup2(file, STDERR_FILENO);
+  ::close(file);
+  run();
+  std::fflush(stderr);
+  ::dup2(saved, STDERR_FILENO);
+  ::close(saved);
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  fs::remove(path);
+  return text.str();
+}
+
+}  // namespace
+
+TEST_CASE("local agent: workers that failed together are all in the failure report",
+          "[agent][unit]") {
+  Job job(3, 0);
+  const std::string report = stderr_of([&] {
+    REQUIRE(job.agent->start());
+    REQUIRE(job.runs(3));
+    const auto pids = job.running();
+    // Both end before the agent hears of either (one pass reaps them), without error files.
+    job.launcher.end(pids[2], {1, 0});
+    job.launcher.end(pids[0], {1, 0});
+    REQUIRE(job.finished());
+  });
+  INFO(report);
+  CHECK(job.agent->exit_code() == 1);
+  CHECK_FALSE(contains_text(report, "<NO_OTHER_FAILURES>"));
+  CHECK(contains_text(report, "local_rank: 0"));
+  CHECK(contains_text(report, "local_rank: 2"));
+  // The third was stopped by the agent: not a failure of its own.
+  CHECK_FALSE(contains_text(report, "local_rank: 1"));
 }
 
 TEST_CASE("local agent: a spent restart budget exits 75 and no worker is left", "[agent][unit]") {
