@@ -82,11 +82,14 @@ void LocalRendezvous::server_step(const Event& event) {
   for (auto& out : r.messages)
     if (out.node_id == node_id_) post(FrameReceived{std::move(out.message)});
   deadline_timer_.cancel();
-  // Only a round that has not formed has a deadline that matters here: the join timeout while
-  // this node is kept out (one node forms its round at once). Keep-alive is moot, and a timer
+  // Only one deadline matters here: the join timeout while this node is kept out (one node
+  // forms its round as soon as it joins). Keep-alive is moot; a node between rounds (draining,
+  // pausing for --restart_backoff) rejoins when it is ready, as it always has; and a timer
   // armed for a running round, a node that left or a job that ended would hold the agent's
   // event loop (which runs until it has no work) until it expired.
-  if (!r.wake_at || r.erase || job_.phase != JobPhase::Joining || !job_.nodes.contains(node_id_))
+  const auto node = job_.nodes.find(node_id_);
+  if (!r.wake_at || r.erase || job_.phase != JobPhase::Joining || node == job_.nodes.end() ||
+      node->second.state != NodeState::KeptOut)
     return;
   deadline_timer_.expires_after(
       std::max(std::chrono::steady_clock::duration::zero(), *r.wake_at - now));

@@ -22,9 +22,8 @@ namespace ddprun::rdzv {
 ///   the server's replies, posted as frames --> rdzv_client_step --> done / notice callbacks
 ///
 /// The link cannot break or go silent: no heartbeat. A timer runs the server's deadlines only
-/// while the round has not formed (this node is kept out by its health check), so the join
-/// timeout holds here too: kept out that long, the node ends the job (exit 69) instead of
-/// checking forever. Everything the server says reaches the agent later on the event loop, as a
+/// while this node is kept out by its health check, so the join timeout holds here too: kept
+/// out that long, the node ends the job (exit 69) instead of checking forever. Everything the server says reaches the agent later on the event loop, as a
 /// networked server's frames would.
 class LocalRendezvous final : public ClientExecutor {
  public:
