@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -94,6 +95,19 @@ PythonZygote::State PythonZygote::on_readable() {
   if (!doc.is_object() || !doc.contains("ready")) {
     give_up("it sent " + got.text.substr(0, 200) + " instead of its ready message");
     return state_;
+  }
+  shared_os_draws_.clear();
+  if (auto names = doc.find("shared_os_draws"); names != doc.end() && names->is_array()) {
+    for (const auto& name : *names) {
+      // Module names only: anything else is not said.
+      if (!name.is_string() || shared_os_draws_.size() >= 16) continue;
+      const auto& text = name.get_ref<const std::string&>();
+      const bool module_name =
+          !text.empty() && text.size() <= 200 && std::all_of(text.begin(), text.end(), [](char c) {
+            return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.';
+          });
+      if (module_name) shared_os_draws_.push_back(text);
+    }
   }
   state_ = State::Ready;
   return state_;

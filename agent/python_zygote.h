@@ -27,7 +27,7 @@ inline constexpr std::chrono::milliseconds kZygoteForkTimeout{5000};
 ///   agent                                         zygote
 ///   SOCK_SEQPACKET pair, launch with
 ///   DDPRUN_ZYGOTE_FD=<its end>               ->   import torch, the script's imports
-///   control socket readable: on_readable()   <-   {"ready": pid}
+///   control socket readable: on_readable()   <-   {"ready": pid, "shared_os_draws": [...]}
 ///   request_fork(tag, spec): {"env": ...}    ->   fork, fork again (the middle process exits:
 ///   with the hand-over fd and two pipes            the standby becomes the agent's child)
 ///   attached; several may be out at once
@@ -90,6 +90,10 @@ class PythonZygote {
   pid_t pid() const { return process_.pid; }
   /// Why the zygote is Gone, for a warning: how it ended and the last line it wrote to stderr.
   const std::string& failure() const { return failure_; }
+  /// Once Ready: the modules it shares although their import drew bytes from the OS (an id or
+  /// key made at import, the same in every rank forked from it), as its ready message names
+  /// them: at most 16 module names.
+  const std::vector<std::string>& shared_os_draws() const { return shared_os_draws_; }
 
  private:
   void give_up(std::string why);
@@ -112,6 +116,7 @@ class PythonZygote {
   EnvMap start_env_;  ///< what the zygote started with: its forks' start-only variables
   bool reaped_ = false;
   std::string failure_;
+  std::vector<std::string> shared_os_draws_;
 };
 
 }  // namespace ddprun::agent

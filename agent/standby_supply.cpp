@@ -213,6 +213,16 @@ struct StandbySupply::Impl {
     zygote_timer->cancel();
     const bool ready = state == PythonZygote::State::Ready;
     if (ready) {
+      // What a fresh interpreter per rank would draw anew (--standby_workers=off), every rank
+      // forked from the zygote shares: said, not refused (a telemetry session id is common).
+      if (const auto& names = zygote->shared_os_draws(); !names.empty()) {
+        std::string list;
+        for (const std::string& name : names) list += (list.empty() ? "" : ", ") + name;
+        spdlog::info(
+            "the standbys share what {} drew from the OS as imported (an id or key: the same in "
+            "every rank); --standby_workers=off gives each rank its own",
+            list);
+      }
       // zygote_wait stays open: the answers to fork requests arrive on it.
       emit(EventName::ZygoteReady,
            {{"pid", zygote->pid()},

@@ -13,6 +13,7 @@
 #include "common/signals.h"
 #include "common/strings.h"
 #include "launcher/slurm.h"
+#include "rendezvous/admission.h"
 #include "rendezvous/auth.h"
 #include "rendezvous/local_host.h"
 
@@ -235,6 +236,15 @@ void Planner::agent_options() {
   opt.health_check_command = config.health_check == "builtin" ? "" : config.health_check;
   opt.health_check_timeout = ms(config.health_check_timeout);
   opt.health_check_interval = ms(config.health_check_interval);
+  // The join timeout covers the nodes' checks: a check allowed to run longer is a node the
+  // round may form without, or a job that ends with exit 69 if every node's does.
+  const rdzv::Millis join_timeout = plan.rendezvous.client.settings.join_timeout;
+  if (!opt.health_check_command.empty() && opt.health_check_timeout > join_timeout)
+    note(Level::Warn,
+         "--health_check_timeout " + rdzv::seconds_text(opt.health_check_timeout) +
+             " s is longer than the join timeout (" + rdzv::seconds_text(join_timeout) +
+             " s): a node whose check runs that long is not waited for, and a job whose every "
+             "node's check does ends with exit 69; raise --rdzv_conf join_timeout");
 }
 
 /// --standby_workers: which standbys the agent keeps. A Python script's run ddprun's bootstrap

@@ -39,6 +39,7 @@ void LocalRendezvous::post(ClientEvent event) {
 }
 
 void LocalRendezvous::connect() {
+  link_open_ = true;
   // Nothing to open and no secret to prove: the link is up at once, and the server in memory is
   // this build's (it holds nodes kept out by their health check).
   post(Connected{true});
@@ -64,7 +65,13 @@ void LocalRendezvous::send_join(Join join) {
 
 void LocalRendezvous::send(const AgentMessage& message) { to_server(message); }
 
-void LocalRendezvous::close_link(bool /*after_writes*/) {}  // nothing is queued in memory
+void LocalRendezvous::close_link(bool /*after_writes*/) {
+  // Nothing is queued in memory. The client gave up (a store port it could not find, a leave):
+  // no deadline of the server's is news to it, and a timer left armed would hold the agent's
+  // event loop after the agent has finished.
+  link_open_ = false;
+  deadline_timer_.cancel();
+}
 
 void LocalRendezvous::log_line(const ClientLog& line) {
   log_client_line(ClientLog{ClientLogLevel::Debug, line.text});
@@ -88,8 +95,8 @@ void LocalRendezvous::server_step(const Event& event) {
   // armed for a running round, a node that left or a job that ended would hold the agent's
   // event loop (which runs until it has no work) until it expired.
   const auto node = job_.nodes.find(node_id_);
-  if (!r.wake_at || r.erase || job_.phase != JobPhase::Joining || node == job_.nodes.end() ||
-      node->second.state != NodeState::KeptOut)
+  if (!link_open_ || !r.wake_at || r.erase || job_.phase != JobPhase::Joining ||
+      node == job_.nodes.end() || node->second.state != NodeState::KeptOut)
     return;
   deadline_timer_.expires_after(
       std::max(std::chrono::steady_clock::duration::zero(), *r.wake_at - now));

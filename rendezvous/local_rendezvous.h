@@ -23,8 +23,8 @@ namespace ddprun::rdzv {
 ///
 /// The link cannot break or go silent: no heartbeat. A timer runs the server's deadlines only
 /// while this node is kept out by its health check, so the join timeout holds here too: kept
-/// out that long, the node ends the job (exit 69) instead of checking forever. Everything the server says reaches the agent later on the event loop, as a
-/// networked server's frames would.
+/// out that long, the node ends the job (exit 69) instead of checking forever. Everything the
+/// server says reaches the agent later on the event loop, as a networked server's frames would.
 class LocalRendezvous final : public ClientExecutor {
  public:
   /// `settings`: --max_restarts and the failure policy (restart window, crash loops, fatal exit
@@ -59,6 +59,7 @@ class LocalRendezvous final : public ClientExecutor {
   std::optional<int> master_port_;
   JobState job_;
   boost::asio::steady_timer deadline_timer_;  ///< at the last step's wake_at
+  bool link_open_ = false;                    ///< from connect() to close_link()
 };
 
 }  // namespace ddprun::rdzv

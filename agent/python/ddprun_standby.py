@@ -336,16 +336,17 @@ def _fresh_numpy_generator(state):
 
 
 class _OsRandomTrace:
-    """os.urandom, os.getrandom and random's own reference to urandom (SystemRandom.randbytes,
-    secrets.token_*) while a trial import runs (why_not_shared with `installed`): notes whether
-    the import drew bytes from the OS for a value it keeps (uuid4, secrets.token_hex, an id or
-    key made at import), which every rank forked from the zygote would share. Not counted: the
-    draws that seed a generator, which the standbys reseed (numpy's seeding goes through
-    SystemRandom.getrandbits), and multiprocessing's authentication key (become_standby makes
-    a new one)."""
+    """os.urandom, os.getrandom and random's own reference to urandom (SystemRandom, secrets)
+    while a trial import runs (why_not_shared with `installed`): notes whether the import drew
+    bytes from the OS for a value it keeps (uuid4, secrets.token_hex, an id or key made at
+    import), which every rank forked from the zygote shares. Such a module is shared all the
+    same (transformers makes a telemetry session id at import, and importing it afresh in every
+    rank at every restart would cost seconds), and the agent names it. Not counted: the draws
+    that seed a generator, which the standbys reseed (numpy's seeding calls
+    SystemRandom.getrandbits from compiled code, as `secrets.randbits` called directly would),
+    and multiprocessing's authentication key (become_standby draws a new one)."""
 
     drawn = False
-    _EXEMPT_CALLERS = {"getrandbits"}  # SystemRandom's, as numpy's SeedSequence calls it
     _EXEMPT_MODULES = {"multiprocessing.process"}
 
     def __init__(self):
@@ -371,8 +372,12 @@ class _OsRandomTrace:
     def _traced(original):
         def draw(*args, **kwargs):
             caller = sys._getframe(1)
-            if (caller.f_code.co_name not in _OsRandomTrace._EXEMPT_CALLERS and
-                    caller.f_globals.get("__name__") not in _OsRandomTrace._EXEMPT_MODULES):
+            seeding = (caller.f_code.co_name == "getrandbits" and
+                       caller.f_globals.get("__name__") == "random" and
+                       (caller.f_back is None or
+                        caller.f_back.f_globals.get("__name__") != "random"))
+            exempt = caller.f_globals.get("__name__") in _OsRandomTrace._EXEMPT_MODULES
+            if not seeding and not exempt:
                 _OsRandomTrace.drawn = True
             return original(*args, **kwargs)
         return draw
@@ -391,9 +396,10 @@ def why_not_shared(name, installed=True):
     a number drawn from `random`, numpy's global generator or torch's default one (it would be
     the same in every rank), sys.path changed (but for torch's template directory, which
     own_template_dir() makes per worker), or the import failing. For an `installed` module
-    (not a part of torch, which is imported as torch itself is) also bytes drawn from the OS
-    (_OsRandomTrace) and a thread started (a fork copies only the thread that calls it: the
-    zygote could fork no standby). None when it is safe. Leaves the import behind: it runs in a
+    (not a part of torch, which is imported as torch itself is) also a thread started (a fork
+    copies only the thread that calls it: the zygote could fork no standby). None when it is
+    safe; then _OsRandomTrace.drawn says whether it drew bytes from the OS (shared all the
+    same: the zygote names it, see trial_import). Leaves the import behind: it runs in a
     throwaway fork (trial_import), or, for a part of torch, in this interpreter itself
     (preload_torch_part)."""
     import contextlib
@@ -433,8 +439,6 @@ def why_not_shared(name, installed=True):
         return "it drew random numbers"
     if _torch_drew(torch_state):
         return "it drew random numbers"
-    if installed and _OsRandomTrace.drawn:
-        return "it drew random bytes from the OS (an id or key made at import)"
     if installed and _thread_count() > threads_before:
         return "it started a thread"
     return None
@@ -556,6 +560,11 @@ def judged_in_fork(judge, seconds=None):
     return verdict
 
 
+# The modules shared although their import drew bytes from the OS (_OsRandomTrace): the ready
+# message names them, and the agent says so.
+SHARED_OS_DRAWS = []
+
+
 def trial_import(name):
     """why_not_shared(name), judged in a forked child (judged_in_fork), so that nothing of an
     import found unsafe stays in this interpreter: an extension module imported once keeps its
@@ -565,9 +574,14 @@ def trial_import(name):
         _, inherited = _template_dir()  # the parent's, when it has imported torch._dynamo
         why = why_not_shared(name)
         drop_template_dir(inherited)
-        return ("unsafe:" + why if why else "safe").encode()[:4000]
+        if why:
+            return ("unsafe:" + why).encode()[:4000]
+        return b"safe, drew from the OS" if _OsRandomTrace.drawn else b"safe"
 
     verdict = judged_in_fork(judge)
+    if verdict == b"safe, drew from the OS":
+        SHARED_OS_DRAWS.append(name)
+        return None
     if verdict == b"safe":
         return None
     text = verdict.decode("utf-8", "replace")
@@ -645,8 +659,9 @@ def apply_environment_changes(changes):
 class ImportOutput:
     """What the zygote's imports print on stdout and stderr: a fresh worker prints it as it
     imports them, so each rank forked from the zygote prints it as it starts (replay), where it
-    would otherwise be lost. While the imports run, descriptors 1 and 2 are memory files; the
-    first LIMIT bytes of each are kept."""
+    would otherwise be lost. While the imports run, descriptors 1 and 2 are memory files (and a
+    faulthandler dump goes to the real stderr, so a crash still leaves the zygote's last words
+    where the agent reads them); the first LIMIT bytes of each are kept."""
 
     LIMIT = 1 << 20
 
@@ -657,15 +672,20 @@ class ImportOutput:
 
     def start(self):
         _flush_all()
+        files, saved = [], []
         try:
-            files = [os.memfd_create(f"ddprun-imports-{name}", os.MFD_CLOEXEC)
-                     for name in ("stdout", "stderr")]
+            for name in ("stdout", "stderr"):
+                files.append(os.memfd_create(f"ddprun-imports-{name}", os.MFD_CLOEXEC))
+            for fd in (1, 2):
+                saved.append(os.dup(fd))
         except (AttributeError, OSError):
+            for fd in files + saved:
+                os.close(fd)
             return  # nothing kept: the output goes where it went before
-        self._files = files
-        self._saved = [os.dup(1), os.dup(2)]
+        self._files, self._saved = files, saved
         os.dup2(files[0], 1)
         os.dup2(files[1], 2)
+        _faulthandler_to(saved[1])
 
     def stop(self, echo=False):
         """Puts descriptors 1 and 2 back and keeps what was printed; with `echo`, writes it
@@ -677,15 +697,19 @@ class ImportOutput:
             os.dup2(saved, fd)
             os.close(saved)
         self._saved = None
+        _faulthandler_to(2)
+        notes = []
         for i, f in enumerate(self._files):
             size = os.lseek(f, 0, os.SEEK_END)
             os.lseek(f, 0, os.SEEK_SET)
             self.kept[i] = _read_up_to(f, min(size, self.LIMIT))
             if size > self.LIMIT:
-                note = (f"\n(ddprun: {size - self.LIMIT} more bytes the imports printed on "
-                        f"{('stdout', 'stderr')[i]} are not repeated)\n")
-                self.kept[1] += note.encode()
+                notes.append(f"(ddprun: {size - self.LIMIT} more bytes the imports printed on "
+                             f"{('stdout', 'stderr')[i]} are not repeated)\n")
             os.close(f)
+        self._files = None
+        if notes:
+            self.kept[1] += ("\n" + "".join(notes)).encode()
         if echo:
             self.replay()
 
@@ -696,6 +720,17 @@ class ImportOutput:
                     data = data[os.write(fd, data):]
             except OSError:
                 pass
+
+
+def _faulthandler_to(fd):
+    """Points faulthandler, when it is on (PYTHONFAULTHANDLER), at descriptor `fd`."""
+    import faulthandler
+
+    if faulthandler.is_enabled():
+        try:
+            faulthandler.enable(file=fd, all_threads=True)
+        except (TypeError, ValueError, OSError):
+            pass  # an interpreter that takes no descriptor: its dump stays where it was
 
 
 _IMPORT_OUTPUT = ImportOutput()
@@ -880,7 +915,8 @@ def serve_forks(control_fd, title):
     kinds = _generator_kinds()
     _OS_SEEDED[:] = [(g, kinds[type(g)][1]) for g in os_seeded(module_generators(kinds), kinds)]
     sock = socket.socket(fileno=control_fd)  # the agent's SOCK_SEQPACKET pair: one request each
-    sock.send(json.dumps({"ready": os.getpid()}).encode())
+    ready = {"ready": os.getpid(), "shared_os_draws": SHARED_OS_DRAWS[:16]}
+    sock.send(json.dumps(ready).encode())
     while True:
         msg, fds, _, _ = socket.recv_fds(sock, ZYGOTE_REQUEST_MAX, 3)
         if not msg and not fds:
@@ -1432,6 +1468,9 @@ def main():
         _IMPORT_OUTPUT.stop(echo=True)
         sys.stderr.write(f"ddprun standby: {sys.executable} cannot import torch: {e}\n")
         os._exit(EXIT_NO_TORCH)
+    except BaseException:  # SystemExit, KeyboardInterrupt: said as they would be
+        _IMPORT_OUTPUT.stop(echo=True)
+        raise
     local_dir = os.getcwd() if is_module else os.path.dirname(os.path.realpath(target))
     names = list(cmd.preload)
     # What the script's imports see in sys.argv: as `python script.py args` has it; `python -m`

@@ -132,6 +132,20 @@ void check_own_template_dirs(const CommandResult& run) {
   CHECK(probes_of(run.out, 1)["template_dir_exists"] == true);
 }
 
+/// For each of ranks 0 and 1, the JSON of its first output line "<tag> <json>" (null when
+/// none).
+std::vector<nlohmann::json> tagged_json(const std::string& out, const std::string& tag) {
+  std::vector<nlohmann::json> found(2);
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string prefix = "[default" + std::to_string(rank) + "]:" + tag + " ";
+    for (const std::string& line : lines_of(out))
+      if (line.rfind(prefix, 0) == 0 && found[static_cast<std::size_t>(rank)].is_null())
+        found[static_cast<std::size_t>(rank)] =
+            nlohmann::json::parse(line.substr(prefix.size()), nullptr, false);
+  }
+  return found;
+}
+
 /// The user's site-packages of /usr/bin/python3 with HOME=`home`, created: a place where a test
 /// installs a module as `pip install --user` would, which the zygote counts as installed.
 std::string user_site_packages(const std::string& home) {
@@ -451,14 +465,15 @@ TEST_CASE(
   REQUIRE(r.exit_code == 0);
   CHECK(from_standby(events) == std::vector<int>{0});
   CHECK(contains(r.err, "no standbys: the Python zygote (pid "));
-  CHECK(contains(r.err, "2 threads run after the imports (Python threads: site-watcher), and a "
-                        "fork would copy only one"));
+  CHECK(contains(r.err,
+                 "2 threads run after the imports (Python threads: site-watcher), and a "
+                 "fork would copy only one"));
   CHECK_FALSE(contains(r.err, "cannot import torch"));
   CHECK(contains(r.out, "[default1]:rank 1 of 2 joined"));
 }
 
 // What an installed module does at import, each forked rank sees as a fresh one does: its
-// changes to the environment, its output, and ids or threads of its own.
+// changes to the environment, its output, threads of its own; ids it drew are shared and named.
 TEST_CASE("an installed module's import is seen by each forked rank as by a fresh one",
           "[python][integration][standby]") {
   require_torch();
@@ -475,7 +490,7 @@ TEST_CASE("an installed module's import is seen by each forked rank as by a fres
          "print('printed at import on stderr', file=sys.stderr)\n"
          "logging.warning('logged at import')\n"
          "PID = os.getpid()\n";
-  // Left to each rank: an id drawn from the OS, a token, a thread.
+  // Shared, and named: an id and a token drawn from the OS. Left to each rank: a thread.
   std::ofstream(user_site + "/makes_ids.py")
       << "import os, uuid\nRUN_ID = str(uuid.uuid4())\nPID = os.getpid()\n";
   std::ofstream(user_site + "/makes_token.py")
@@ -503,16 +518,13 @@ TEST_CASE("an installed module's import is seen by each forked rank as by a fres
   REQUIRE(r.exit_code == 0);
   // Forked from the zygote, or this test compares nothing.
   REQUIRE(from_standby(events) == std::vector<int>{2});
-  std::vector<nlohmann::json> seen;
+  const std::vector<nlohmann::json> seen = tagged_json(r.out, "SEEN");
   for (int rank = 0; rank < 2; ++rank) {
     const std::string prefix = "[default" + std::to_string(rank) + "]:";
-    for (const std::string& line : lines_of(r.out))
-      if (line.rfind(prefix + "SEEN ", 0) == 0)
-        seen.push_back(nlohmann::json::parse(line.substr(prefix.size() + 5)));
-    REQUIRE(seen.size() == static_cast<std::size_t>(rank + 1));
-    const nlohmann::json& s = seen.back();
+    const nlohmann::json& s = seen[static_cast<std::size_t>(rank)];
     INFO("rank " << rank << ": " << s.dump());
-    CHECK(s["preloaded"] == nlohmann::json::array({true, false, false, false}));
+    REQUIRE(s.is_object());
+    CHECK(s["preloaded"] == nlohmann::json::array({true, true, true, false}));
     CHECK(s["env"] == nlohmann::json::array({"from-import", "false", nullptr, "from-import"}));
     CHECK(s["threads"] == nlohmann::json::array({"MainThread", "watcher"}));
     // What the shared import printed, each rank prints, as a fresh one does at its import.
@@ -520,8 +532,12 @@ TEST_CASE("an installed module's import is seen by each forked rank as by a fres
     CHECK(contains(r.err, prefix + "printed at import on stderr\n"));
     CHECK(contains(r.err, prefix + "WARNING:root:logged at import\n"));
   }
-  CHECK(seen[0]["ids"][0] != seen[1]["ids"][0]);
-  CHECK(seen[0]["ids"][1] != seen[1]["ids"][1]);
+  // The same in every rank, as the agent says (a fresh interpreter per rank draws its own).
+  CHECK(seen[0]["ids"] == seen[1]["ids"]);
+  CHECK(contains(r.err,
+                 "the standbys share what makes_ids, makes_token drew from the OS as "
+                 "imported (an id or key: the same in every rank)"));
+  CHECK_FALSE(contains(r.err, "sets_env drew"));
 }
 
 TEST_CASE(
@@ -569,15 +585,11 @@ TEST_CASE(
   REQUIRE(r.exit_code == 0);
   // Forked from the zygote, or this test compares nothing.
   REQUIRE(from_standby(events) == std::vector<int>{2});
-  std::vector<nlohmann::json> seen;
+  const std::vector<nlohmann::json> seen = tagged_json(r.out, "SEEN");
   for (int rank = 0; rank < 2; ++rank) {
-    const std::string prefix = "[default" + std::to_string(rank) + "]:SEEN ";
-    for (const std::string& line : lines_of(r.out))
-      if (line.rfind(prefix, 0) == 0)
-        seen.push_back(nlohmann::json::parse(line.substr(prefix.size())));
-    REQUIRE(seen.size() == static_cast<std::size_t>(rank + 1));
-    const nlohmann::json& s = seen.back();
+    const nlohmann::json& s = seen[static_cast<std::size_t>(rank)];
     INFO("rank " << rank << ": " << s.dump());
+    REQUIRE(s.is_object());
     CHECK(s["module"] == s["own"]);
     CHECK(s["path"] == std::to_string(rank));
     CHECK(s["argv"] == nlohmann::json::array({script, "x"}));
@@ -626,20 +638,18 @@ TEST_CASE(
   INFO(r.out << r.err);
   REQUIRE(r.exit_code == 0);
   REQUIRE(from_standby(events) == std::vector<int>{2});
-  std::vector<nlohmann::json> seen;
-  for (int rank = 0; rank < 2; ++rank) {
-    const std::string prefix = "[default" + std::to_string(rank) + "]:GEN ";
-    for (const std::string& line : lines_of(r.out))
-      if (line.rfind(prefix, 0) == 0)
-        seen.push_back(nlohmann::json::parse(line.substr(prefix.size())));
-    REQUIRE(seen.size() == static_cast<std::size_t>(rank + 1));
+  const std::vector<nlohmann::json> seen = tagged_json(r.out, "GEN");
+  for (const nlohmann::json& s : seen) {
+    REQUIRE(s.is_object());
     // Still shared: the zygote imported it, so the ranks compared are forked copies.
-    CHECK(seen.back()["preloaded"] == true);
+    CHECK(s["preloaded"] == true);
   }
   INFO(seen[0].dump() << "\n" << seen[1].dump());
   REQUIRE(seen[0]["os"].size() == 6);
   for (std::size_t i = 0; i < 6; ++i) CHECK(seen[0]["os"][i] != seen[1]["os"][i]);
   CHECK(seen[0]["fixed"] == seen[1]["fixed"]);
+  // Seeding a generator from the OS is no id drawn: the standbys reseed it, and say nothing.
+  CHECK_FALSE(contains(r.err, "drew from the OS"));
 }
 
 namespace {

@@ -205,7 +205,7 @@ TEST_CASE("a single node kept out by its health check ends after the join timeou
   CHECK(r.exit_code == 69);
   CHECK_FALSE(contains(r.out, "trained"));
   CHECK(contains(r.err, "the job ended while this node was kept out by its health check ("));
-  CHECK(contains(r.err, "join timeout: waited 1 s"));
+  CHECK(contains(r.err, "join timeout: waited "));
   CHECK(contains(r.err, "gpu0: ECC errors"));
   CHECK(contains(r.err, "checks again in 0.2 s"));
   CHECK_FALSE(contains(r.err, "rendezvous failed"));  // said once, not twice

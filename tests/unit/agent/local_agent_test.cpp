@@ -27,6 +27,7 @@
 #include "tests/support/fake_clock.h"
 #include "tests/support/fake_deadline_timers.h"
 #include "tests/support/fake_process_launcher.h"
+#include "tests/support/subprocess.h"
 
 using namespace ddprun::agent;
 namespace fs = std::filesystem;
@@ -263,26 +264,28 @@ bool contains_text(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-/// What the agent wrote on stderr (its failure report) while `run` ran.
+/// What the agent wrote on stderr (its failure report) while `run` ran. Descriptor 2 is put
+/// back however `run` ends (a failed REQUIRE throws).
 std::string stderr_of(const std::function<void()>& run) {
-  const std::string path = (fs::temp_directory_path() / "ddprun-local-agent-stderr").string() +
-                           std::to_string(::getpid());
+  ddprun::testing::TempDir dir;
+  const std::string path = dir.path() + "/stderr";
   std::fflush(stderr);
-  const int saved = ::dup(STDERR_FILENO);
-  const int file = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  REQUIRE(saved >= 0);
+  struct Restore {
+    int saved = ::dup(STDERR_FILENO);
+    ~Restore() {
+      std::fflush(stderr);
+      ::dup2(saved, STDERR_FILENO);
+      ::close(saved);
+    }
+  } restore;
+  REQUIRE(restore.saved >= 0);
+  const int file = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   REQUIRE(file >= 0);
   ::dup2(file, STDERR_FILENO);
   ::close(file);
   run();
   std::fflush(stderr);
-  ::dup2(saved, STDERR_FILENO);
-  ::close(saved);
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  fs::remove(path);
-  return text.str();
+  return ddprun::testing::read_file(path);
 }
 
 }  // namespace

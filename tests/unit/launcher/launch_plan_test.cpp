@@ -166,6 +166,27 @@ TEST_CASE(
   CHECK(plan_of(standalone(1), machine).agent.spec.argv.front() == "python3");
 }
 
+TEST_CASE("a health check allowed to run longer than the join timeout is warned of",
+          "[launcher][unit][health]") {
+  FakeMachine machine;
+  LaunchConfig config = standalone(1);
+  config.health_check = "dcgmi diag -r 3";
+  config.health_check_timeout = 60;
+  CHECK(notes_with(plan_of(config, machine), LaunchNote::Level::Warn, "--health_check_timeout") ==
+        0);
+  config.health_check_timeout = 1800;
+  CHECK(notes_with(plan_of(config, machine), LaunchNote::Level::Warn,
+                   "--health_check_timeout 1800 s is longer than the join timeout (600 s)") == 1);
+  config.rdzv_conf = {{"join_timeout", "3600"}};
+  CHECK(notes_with(plan_of(config, machine), LaunchNote::Level::Warn, "--health_check_timeout") ==
+        0);
+  // The builtin check takes milliseconds, whatever the timeout.
+  config.rdzv_conf.clear();
+  config.health_check = "builtin";
+  CHECK(notes_with(plan_of(config, machine), LaunchNote::Level::Warn, "--health_check_timeout") ==
+        0);
+}
+
 TEST_CASE("a --local_ranks_filter that names a local rank this node does not run is warned of",
           "[launcher][unit]") {
   FakeMachine machine;

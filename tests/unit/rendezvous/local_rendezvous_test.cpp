@@ -10,7 +10,7 @@ namespace {
 struct Loop {
   boost::asio::io_context io;
   ddprun::common::SteadyClock clock;
-  /// Runs what is ready (the test arms no timer; bounded all the same).
+  /// Runs what is ready, and a timer that is due (a kept-out node's join timeout); bounded.
   void run() {
     io.restart();
     io.run_for(std::chrono::seconds(5));
