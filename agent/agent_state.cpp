@@ -477,8 +477,8 @@ class Stepper {
     }
     // HealthCheck -> HealthCheck: the node is kept out of rounds and checks again later.
     ++s_.health_failures;
-    const long long retry_s =
-        std::chrono::duration_cast<std::chrono::seconds>(spec_.health_retry).count();
+    // As --health_check_interval was given: 0.2, not 0.
+    const double retry_s = std::chrono::duration<double>(spec_.health_retry).count();
     out_.push_back(EmitEvent{EventName::HealthCheckFailed,
                              {{"why", e.why},
                               {"output", e.output},
@@ -488,8 +488,7 @@ class Stepper {
     log(LogLevel::Warn,
         fmt::format("health check failed ({} in a row): {}; this node is kept out of the job's "
                     "rounds and checks again in {:g} s (--health_check_interval)",
-                    s_.health_failures, e.why,
-                    std::chrono::duration<double>(spec_.health_retry).count()));
+                    s_.health_failures, e.why, retry_s));
     // The rendezvous lists it as kept out and tells it when the job ends (a Closed notice).
     out_.push_back(ReportKeptOut{kept_out_reason(e.why, e.output)});
     out_.push_back(ArmTimer{AgentTimer::HealthRetry, now_ + spec_.health_retry});
