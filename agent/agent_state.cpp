@@ -446,9 +446,11 @@ class Stepper {
                         std::chrono::duration<double>(spec_.health_timeout).count()));
         // A node that holds no place yet is listed by the rendezvous (ddprun status, a join
         // timeout's message) until its check ends, rather than missing without a word.
-        if (!s_.placed_before && s_.health_failures == 0)
+        if (!s_.placed_before && s_.health_failures == 0) {
+          s_.first_check_listed = true;
           out_.push_back(ReportKeptOut{
               fmt::format("first check still running after {} s", kHealthCheckNotice.count())});
+        }
         return;
       case AgentTimer::Backoff:
         if (!s_.backing_off) return;
@@ -461,6 +463,7 @@ class Stepper {
   void on(const HealthChecked& e) {
     if (s_.phase != AgentPhase::HealthCheck || !s_.checking) return;
     s_.checking = false;
+    s_.first_check_listed = false;
     if (spec_.health_timeout > kHealthCheckNotice)
       out_.push_back(CancelTimer{AgentTimer::HealthSlow});
     if (e.ok) {
@@ -866,13 +869,14 @@ class Stepper {
 
   /// The job is over: exit as the rendezvous says, the same on every node.
   void conclude(const rdzv::Closed& closed) {
-    const std::string kept_out =
-        s_.phase == AgentPhase::HealthCheck && s_.health_failures > 0
-            ? fmt::format(
-                  "the job ended while this node was kept out by its health check ({} "
-                  "failed check(s) in a row): ",
-                  s_.health_failures)
-            : std::string();
+    std::string kept_out;
+    if (s_.phase == AgentPhase::HealthCheck && s_.health_failures > 0)
+      kept_out = fmt::format(
+          "the job ended while this node was kept out by its health check ({} failed check(s) "
+          "in a row): ",
+          s_.health_failures);
+    else if (s_.phase == AgentPhase::HealthCheck && s_.first_check_listed)
+      kept_out = "the job ended while this node's first health check was still running: ";
     // A join timeout says it once, as the error; any other end, as a warning before its own.
     if (!kept_out.empty() && closed.outcome != rdzv::JobOutcomeKind::TimedOut)
       log(LogLevel::Warn, kept_out + closed.message);

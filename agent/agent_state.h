@@ -196,6 +196,8 @@ struct AgentState {
   /// A round has placed this node (RoundReady) since it started: a check from then on may run
   /// while the next round waits for it, and a slow one does not give up its place.
   bool placed_before = false;
+  /// Its first check, still running after kHealthCheckNotice, had it listed as kept out.
+  bool first_check_listed = false;
   int exit_code = 0;  ///< valid once Finished
 };
 

@@ -232,7 +232,8 @@ class LocalAgent::Impl {
   void execute(const SignalWorkers& e) {
     if (e.no_core_dump) forbid_core_dumps(e.pids);
     for (pid_t pid : e.pids) {
-      signalled_.insert(pid);
+      // One that has ended already (not reaped yet) ended on its own, before this signal.
+      if (!launcher_.has_ended(pid)) signalled_.insert(pid);
       launcher_.signal_group(pid, e.sig);
       if (e.then_continue) launcher_.signal_group(pid, SIGCONT);
     }
@@ -353,7 +354,8 @@ class LocalAgent::Impl {
       return;
     }
     // Every exit reaped here had ended before this pass began: one whose group the agent had
-    // not signalled by then ended on its own, whatever the pass's first exit makes it send.
+    // not signalled by then (or had found ended when it signalled it) ended on its own,
+    // whatever the pass's first exit makes it send.
     const std::set<pid_t> signalled = signalled_;
     for (const ProcessExit& exit : launcher_.reap()) {
       if (standbys_.on_exit(exit.pid, exit.status)) continue;

@@ -218,6 +218,15 @@ bool PosixProcessLauncher::signal_group(pid_t pgid, int sig) {
   return ::kill(-pgid, sig) == 0;
 }
 
+bool PosixProcessLauncher::has_ended(pid_t pid) {
+  if (pid <= 0) return false;
+  siginfo_t info{};
+  // WNOWAIT: looked at, left for reap().
+  while (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) < 0)
+    if (errno != EINTR) return false;
+  return info.si_pid == pid;
+}
+
 std::vector<ProcessExit> PosixProcessLauncher::reap() {
   std::vector<ProcessExit> ended;
   while (true) {

@@ -57,6 +57,8 @@ class ProcessLauncher {
   virtual common::Result<LaunchedProcess> launch(const ProcessSpec& spec) = 0;
   /// Sends `sig` to every process in group `pgid`; true if any process received it.
   virtual bool signal_group(pid_t pgid, int sig) = 0;
+  /// Whether child `pid` has ended and waits to be reaped (reap() collects it).
+  virtual bool has_ended(pid_t pid) = 0;
   /// Reaps every child that has ended, without blocking (as a child subreaper the agent's
   /// children include its workers' orphans).
   virtual std::vector<ProcessExit> reap() = 0;
@@ -77,6 +79,7 @@ class PosixProcessLauncher final : public ProcessLauncher {
  public:
   common::Result<LaunchedProcess> launch(const ProcessSpec& spec) override;
   bool signal_group(pid_t pgid, int sig) override;
+  bool has_ended(pid_t pid) override;
   std::vector<ProcessExit> reap() override;
   void wait(pid_t pid) override;
 };

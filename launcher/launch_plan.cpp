@@ -233,13 +233,15 @@ void Planner::agent_options() {
   opt.restart_backoff_reset = ms(config.restart_backoff_reset);
   opt.progress_file = config.progress_file;
   opt.health_gate = config.health_check != "off";
-  opt.health_check_command = config.health_check == "builtin" ? "" : config.health_check;
+  opt.health_check_command =
+      config.health_check == "builtin" || !opt.health_gate ? "" : config.health_check;
   opt.health_check_timeout = ms(config.health_check_timeout);
   opt.health_check_interval = ms(config.health_check_interval);
   // The join timeout covers the nodes' checks: a check allowed to run longer is a node the
   // round may form without, or a job that ends with exit 69 if every node's does.
   const rdzv::Millis join_timeout = plan.rendezvous.client.settings.join_timeout;
-  if (!opt.health_check_command.empty() && opt.health_check_timeout > join_timeout)
+  if (opt.health_gate && !opt.health_check_command.empty() &&
+      opt.health_check_timeout > join_timeout)
     note(Level::Warn,
          "--health_check_timeout " + rdzv::seconds_text(opt.health_check_timeout) +
              " s is longer than the join timeout (" + rdzv::seconds_text(join_timeout) +

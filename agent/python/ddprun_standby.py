@@ -661,9 +661,9 @@ class ImportOutput:
     imports them, so each rank forked from the zygote prints it as it starts (replay), where it
     would otherwise be lost. While the imports run, descriptors 1 and 2 are memory files (and a
     faulthandler dump goes to the real stderr, so a crash still leaves the zygote's last words
-    where the agent reads them); the first LIMIT bytes of each are kept."""
+    where the agent reads them); the whole lines in the first LIMIT bytes of each are kept."""
 
-    LIMIT = 1 << 20
+    LIMIT = 4 << 20
 
     def __init__(self):
         self.kept = [b"", b""]
@@ -698,18 +698,23 @@ class ImportOutput:
             os.close(saved)
         self._saved = None
         _faulthandler_to(2)
-        notes = []
         for i, f in enumerate(self._files):
             size = os.lseek(f, 0, os.SEEK_END)
             os.lseek(f, 0, os.SEEK_SET)
-            self.kept[i] = _read_up_to(f, min(size, self.LIMIT))
-            if size > self.LIMIT:
-                notes.append(f"(ddprun: {size - self.LIMIT} more bytes the imports printed on "
-                             f"{('stdout', 'stderr')[i]} are not repeated)\n")
+            kept = _read_up_to(f, min(size, self.LIMIT))
             os.close(f)
+            if size > len(kept):
+                # Whole lines, then a line that says so on the same stream: what follows (the
+                # script's own output) starts a line of its own.
+                cut = kept.rfind(b"\n") + 1
+                kept = kept[:cut] if cut > 0 else kept
+                dropped = size - len(kept)
+                stream = ("stdout", "stderr")[i]
+                note = (f"(ddprun: the last {dropped} bytes the imports printed on {stream} "
+                        "are not repeated)\n")
+                kept += (b"" if kept.endswith(b"\n") else b"\n") + note.encode()
+            self.kept[i] = kept
         self._files = None
-        if notes:
-            self.kept[1] += ("\n" + "".join(notes)).encode()
         if echo:
             self.replay()
 

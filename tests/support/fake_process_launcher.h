@@ -7,6 +7,7 @@
 // output pipes to write to.
 #include <fcntl.h>
 #include <unistd.h>
+#include <algorithm>
 
 #include <csignal>
 #include <functional>
@@ -55,6 +56,11 @@ class FakeProcessLauncher final : public agent::ProcessLauncher {
     if (running.count(pgid) == 0) return false;
     if (ends_on.count(sig) > 0) end(pgid, agent::ExitStatus{0, sig});
     return true;
+  }
+
+  bool has_ended(pid_t pid) override {
+    return std::any_of(ended_.begin(), ended_.end(),
+                       [pid](const agent::ProcessExit& exit) { return exit.pid == pid; });
   }
 
   std::vector<agent::ProcessExit> reap() override {

@@ -1103,6 +1103,16 @@ TEST_CASE("health gate: a check still running after a few seconds is said, once"
                "once it passes, and it fails at 60 s (--health_check_timeout)"));
   // Its first: the rendezvous lists it meanwhile.
   CHECK(a.effects<ReportKeptOut>().at(0).why == "first check still running after 5 s");
+  // A job that ends meanwhile (all nodes' checks past the join timeout) says so.
+  {
+    Agent ended = a;
+    ended.on(NoticeReceived{
+        rdzv::Closed{rdzv::JobOutcomeKind::TimedOut, "join timeout: waited 600 s", 0, 0, false}});
+    CHECK(
+        ended.logged("the job ended while this node's first health check was still running: "
+                     "join timeout: waited 600 s"));
+    CHECK(ended.state.phase == AgentPhase::Finished);
+  }
   CHECK(a.state.phase == AgentPhase::HealthCheck);
   a.on(HealthChecked{true, "", "", 6000});
   CHECK(a.effects<CancelTimer>().at(0).timer == AgentTimer::HealthSlow);

@@ -111,3 +111,29 @@ TEST_CASE("a process whose watcher is gone still starts, with SIGPIPE's default 
   close_fd(p.stdout_fd);
   close_fd(p.stderr_fd);
 }
+
+TEST_CASE("has_ended sees a child that ended, and leaves it for reap", "[agent][unit]") {
+  PosixProcessLauncher launcher;
+  auto running = launcher.launch(ProcessSpec{"/bin/sleep", {"sleep", "30"}, {}});
+  REQUIRE(running);
+  LaunchedProcess sleeper = *running;
+  CHECK_FALSE(launcher.has_ended(sleeper.pid));
+  end(launcher, sleeper);
+  auto started = launcher.launch(ProcessSpec{"/bin/sh", {"sh", "-c", "exit 3"}, {}});
+  REQUIRE(started);
+  LaunchedProcess p = *started;
+  bool ended = false;
+  for (int i = 0; i < 1000 && !ended; ++i) {
+    ended = launcher.has_ended(p.pid);
+    if (!ended) ::usleep(5'000);
+  }
+  CHECK(ended);
+  CHECK(launcher.has_ended(p.pid));  // looked at, not reaped
+  int status = 0;
+  REQUIRE(::waitpid(p.pid, &status, 0) == p.pid);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 3);
+  CHECK_FALSE(launcher.has_ended(p.pid));  // reaped: no child of that pid
+  close_fd(p.stdout_fd);
+  close_fd(p.stderr_fd);
+}

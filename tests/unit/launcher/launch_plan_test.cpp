@@ -180,11 +180,14 @@ TEST_CASE("a health check allowed to run longer than the join timeout is warned 
   config.rdzv_conf = {{"join_timeout", "3600"}};
   CHECK(notes_with(plan_of(config, machine), LaunchNote::Level::Warn, "--health_check_timeout") ==
         0);
-  // The builtin check takes milliseconds, whatever the timeout.
+  // The builtin check takes milliseconds, whatever the timeout; no check, no timeout.
   config.rdzv_conf.clear();
-  config.health_check = "builtin";
-  CHECK(notes_with(plan_of(config, machine), LaunchNote::Level::Warn, "--health_check_timeout") ==
-        0);
+  for (const char* check : {"builtin", "off"}) {
+    config.health_check = check;
+    const LaunchPlan plan = plan_of(config, machine);
+    CHECK(notes_with(plan, LaunchNote::Level::Warn, "--health_check_timeout") == 0);
+    CHECK(plan.agent.health_check_command.empty());
+  }
 }
 
 TEST_CASE("a --local_ranks_filter that names a local rank this node does not run is warned of",
