@@ -31,6 +31,18 @@ std::string duration_text(Millis ms) {
   return std::to_string(ms.count()) + " ms";
 }
 
+/// A time measured, as users read it: "600 s" from 10 s on (rounded), "3.0 s" from 1 s on,
+/// "250 ms" below (a timer's lateness is no news: "3001 ms" for a 3 s timeout read as more).
+std::string elapsed_text(Millis ms) {
+  const long long n = ms.count();
+  if (n >= 10'000) return std::to_string((n + 500) / 1000) + " s";
+  if (n >= 1'000) {
+    const long long tenths = (n + 50) / 100;
+    return std::to_string(tenths / 10) + "." + std::to_string(tenths % 10) + " s";
+  }
+  return std::to_string(n) + " ms";
+}
+
 Millis since(TimePoint from, TimePoint now) { return duration_cast<Millis>(now - from); }
 
 std::string join_names(const std::vector<std::string>& names) {
@@ -1232,16 +1244,16 @@ void run_deadlines(Step& st) {
   const std::vector<std::string> names = names_of(s, joined);
   // Joining -> Closed: the join timeout passed with fewer than min nodes
   close_job(
-      st, Closed{JobOutcomeKind::TimedOut,
-                 "join timeout: waited " + duration_text(since(s.round_started, st.now)) +
-                     " for job '" + s.run_id + "'" +
-                     (s.round > 0 ? " (round " + std::to_string(s.round) + ")" : "") + ": " +
-                     std::to_string(count) + " of min " + std::to_string(s.settings.min_nodes) +
-                     " nodes joined (" +
-                     (names.empty() ? "none"
-                                    : few_of(names, [](const std::string& name) { return name; })) +
-                     "); missing: " + missing_text + kept_out_text(s),
-                 0, 0, false});
+      st,
+      Closed{JobOutcomeKind::TimedOut,
+             "join timeout: waited " + elapsed_text(since(s.round_started, st.now)) + " for job '" +
+                 s.run_id + "'" + (s.round > 0 ? " (round " + std::to_string(s.round) + ")" : "") +
+                 ": " + std::to_string(count) + " of min " + std::to_string(s.settings.min_nodes) +
+                 " nodes joined (" +
+                 (names.empty() ? "none"
+                                : few_of(names, [](const std::string& name) { return name; })) +
+                 "); missing: " + missing_text + kept_out_text(s),
+             0, 0, false});
 }
 
 /// The earliest time at which run_deadlines() has something to do.

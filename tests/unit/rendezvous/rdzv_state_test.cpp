@@ -865,6 +865,16 @@ TEST_CASE("the join timeout closes the job naming the joined nodes, the missing 
           "join timeout: waited 600 s for job 'my_job': 2 of min 3 nodes joined (127.0.0.2, "
           "127.0.0.3); missing: node_rank 2");
   }
+  SECTION("the wait as measured, rounded: a late timer is no news") {
+    RdzvSettings settings = nnodes(2, 2);
+    settings.join_timeout = 3s;
+    Job job;
+    job.join(join_of("127.0.0.2", settings));
+    job.now += 3001ms;  // the timer a little late
+    const auto& out = job.tick();
+    CHECK_THAT(to<Closed>(out, "127.0.0.2").at(0).message,
+               Catch::StartsWith("join timeout: waited 3.0 s for job 'my_job'"));
+  }
 }
 
 // ---- refusals ------------------------------------------------------------------------------
