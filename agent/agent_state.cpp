@@ -464,8 +464,7 @@ class Stepper {
     if (s_.phase != AgentPhase::HealthCheck || !s_.checking) return;
     s_.checking = false;
     s_.first_check_listed = false;
-    if (spec_.health_timeout > kHealthCheckNotice)
-      out_.push_back(CancelTimer{AgentTimer::HealthSlow});
+    if (slow_check_noticed()) out_.push_back(CancelTimer{AgentTimer::HealthSlow});
     if (e.ok) {
       // Said only after failed checks: a healthy node's every join stays quiet.
       if (s_.health_failures > 0) {
@@ -522,11 +521,14 @@ class Stepper {
     join_now();
   }
 
+  /// Whether a check is timed for the "still running" notice (HealthSlow): one that may run
+  /// longer than kHealthCheckNotice (the builtin checks take milliseconds).
+  bool slow_check_noticed() const { return spec_.health_timeout > kHealthCheckNotice; }
+
   void run_health_check() {
     s_.checking = true;
     out_.push_back(RunHealthCheck{});
-    // One that may run longer than that is said when it does (the builtin checks take ms).
-    if (spec_.health_timeout > kHealthCheckNotice)
+    if (slow_check_noticed())
       out_.push_back(ArmTimer{AgentTimer::HealthSlow, now_ + kHealthCheckNotice});
   }
 
@@ -919,8 +921,7 @@ class Stepper {
     // During a health check (or its wait): the check is stopped with the rest at Finish.
     if (s_.phase == AgentPhase::HealthCheck && !s_.checking)
       out_.push_back(CancelTimer{AgentTimer::HealthRetry});
-    if (s_.phase == AgentPhase::HealthCheck && s_.checking &&
-        spec_.health_timeout > kHealthCheckNotice)
+    if (s_.phase == AgentPhase::HealthCheck && s_.checking && slow_check_noticed())
       out_.push_back(CancelTimer{AgentTimer::HealthSlow});
     s_.checking = false;
     s_.phase = AgentPhase::Finished;

@@ -13,6 +13,7 @@
 #include "agent/worker_command.h"
 #include "common/log.h"
 #include "common/standby_protocol.h"
+#include "common/strings.h"
 
 namespace ddprun::agent {
 namespace asio = boost::asio;
@@ -215,14 +216,11 @@ struct StandbySupply::Impl {
     if (ready) {
       // What a fresh interpreter per rank would draw anew (--standby_workers=off), every rank
       // forked from the zygote shares: said, not refused (a telemetry session id is common).
-      if (const auto& names = zygote->shared_os_draws(); !names.empty()) {
-        std::string list;
-        for (const std::string& name : names) list += (list.empty() ? "" : ", ") + name;
+      if (const auto& names = zygote->shared_os_draws(); !names.empty())
         spdlog::info(
             "the standbys share what {} drew from the OS as imported (an id or key: the same in "
             "every rank); --standby_workers=off gives each rank its own",
-            list);
-      }
+            common::join(names, ", "));
       // zygote_wait stays open: the answers to fork requests arrive on it.
       emit(EventName::ZygoteReady,
            {{"pid", zygote->pid()},

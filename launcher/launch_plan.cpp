@@ -240,8 +240,7 @@ void Planner::agent_options() {
   // The join timeout covers the nodes' checks: a check allowed to run longer is a node the
   // round may form without, or a job that ends with exit 69 if every node's does.
   const rdzv::Millis join_timeout = plan.rendezvous.client.settings.join_timeout;
-  if (opt.health_gate && !opt.health_check_command.empty() &&
-      opt.health_check_timeout > join_timeout)
+  if (!opt.health_check_command.empty() && opt.health_check_timeout > join_timeout)
     note(Level::Warn,
          "--health_check_timeout " + rdzv::seconds_text(opt.health_check_timeout) +
              " s is longer than the join timeout (" + rdzv::seconds_text(join_timeout) +
