@@ -172,3 +172,31 @@ TEST_CASE("zygote: its end, or an unasked message, while requests are out answer
   }
   for (int fd : pair) ::close(fd);
 }
+
+TEST_CASE("zygote: the modules its ready message names are module names only, at most 16",
+          "[agent][unit]") {
+  FakeProcessLauncher launcher;
+  PythonZygote zygote{launcher};
+  REQUIRE(
+      zygote
+          .start(ProcessSpec{
+              "/usr/bin/python3", {"python3", "ddprun_standby.py", "--zygote"}, {"LOCAL_RANK=0"}})
+          .empty());
+  const int theirs = launcher.inherited.at(zygote.pid());
+  nlohmann::json names = nlohmann::json::array({"transformers.utils.hub", "\x1b[31mred",
+                                                "a; rm -rf /", std::string(201, 'x'), "", 5,
+                                                nlohmann::json::object({{"nested", "x"}})});
+  for (int i = 0; i < 30; ++i) names.push_back("mod" + std::to_string(i));
+  say(theirs, {{"ready", zygote.pid()}, {"shared_os_draws", names}});
+  REQUIRE(zygote.on_readable() == PythonZygote::State::Ready);
+  const std::vector<std::string>& said = zygote.shared_os_draws();
+  REQUIRE(said.size() == 16);
+  CHECK(said.front() == "transformers.utils.hub");
+  CHECK(said[1] == "mod0");
+  CHECK(said.back() == "mod14");
+}
+
+TEST_CASE("zygote: a ready message without shared_os_draws names none", "[agent][unit]") {
+  ReadyZygote ready;
+  CHECK(ready.zygote.shared_os_draws().empty());
+}
