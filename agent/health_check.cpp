@@ -99,9 +99,7 @@ std::set<std::string> ib_ports_active(const fs::path& sysfs) {
 }
 
 std::string join_names(const std::set<std::string>& names) {
-  std::string out;
-  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
-  return out;
+  return common::join({names.begin(), names.end()}, ", ");
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "common/log.h"
+#include "common/strings.h"
 
 namespace ddprun::agent {
 namespace {}  // namespace
@@ -37,9 +38,7 @@ std::string start_only_differences(const EnvMap& a, const EnvMap& b) {
     if (is_start_only_variable(name) && (!b.count(name) || b.at(name) != value)) names.insert(name);
   for (const auto& [name, value] : b)
     if (is_start_only_variable(name) && !a.count(name)) names.insert(name);
-  std::string out;
-  for (const auto& name : names) out += (out.empty() ? "" : ", ") + name;
-  return out;
+  return common::join({names.begin(), names.end()}, ", ");
 }
 
 std::string standby_memory_shortfall(const std::string& meminfo, int local_world_size) {

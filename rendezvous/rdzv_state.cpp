@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "common/check.h"
+#include "common/strings.h"
 #include "rendezvous/admission.h"
 #include "rendezvous/rank_assignment.h"
 
@@ -44,12 +45,6 @@ std::string elapsed_text(Millis ms) {
 }
 
 Millis since(TimePoint from, TimePoint now) { return duration_cast<Millis>(now - from); }
-
-std::string join_names(const std::vector<std::string>& names) {
-  std::string text;
-  for (const std::string& name : names) text += (text.empty() ? "" : ", ") + name;
-  return text;
-}
 
 bool is_participant(NodeState state) {
   return state == NodeState::Running || state == NodeState::Succeeded;
@@ -553,7 +548,7 @@ bool maybe_scale_up(Step& st) {
   const int next = std::min(s.settings.max_nodes, participants + static_cast<int>(waiting.size()));
   // Running -> Joining (not counted): newcomers while the round runs under max nodes
   restart_round(st,
-                join_names(names_of(s, waiting)) + " joined: scaling up from " +
+                common::join(names_of(s, waiting), ", ") + " joined: scaling up from " +
                     std::to_string(participants) + " to " + std::to_string(next) + " nodes",
                 false, Closed{});
   return true;
@@ -823,7 +818,7 @@ void quarantine_and_restart(Step& st, const std::string& identity, const std::st
     return node.state != NodeState::Quarantined && node.state != NodeState::KeptOut &&
            node_identity(id, node.request) == identity;
   });
-  const std::string names = join_names(names_of(s, ids));
+  const std::string names = common::join(names_of(s, ids), ", ");
   standing.why = "its workers caused " + std::to_string(standing.failures_in_a_row) +
                  " group failures in a row (--quarantine_after " +
                  std::to_string(s.settings.quarantine_after) + "), the last: " + reason;
