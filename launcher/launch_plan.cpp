@@ -246,6 +246,16 @@ void Planner::agent_options() {
              " s is longer than the join timeout (" + rdzv::seconds_text(join_timeout) +
              " s): a node whose check runs that long is not waited for, and a job whose every "
              "node's check does ends with exit 69; raise --rdzv_conf join_timeout");
+  // A node is quarantined at its --quarantine_after'th failure in a row; a crash loop of those
+  // failures ends the job at the --crash_loop_stop'th, so the later of the two never comes.
+  if (!plan.rendezvous.single_node && config.crash_loop_stop > 0 &&
+      config.quarantine_after > config.crash_loop_stop)
+    note(Level::Warn, "--quarantine_after " + std::to_string(config.quarantine_after) +
+                          " is more than --crash_loop_stop " +
+                          std::to_string(config.crash_loop_stop) +
+                          ": a node whose workers fail the same way at every start ends the job "
+                          "(exit 78) before it is quarantined, and no spare takes its place; "
+                          "lower --quarantine_after or raise --crash_loop_stop");
 }
 
 /// --standby_workers: which standbys the agent keeps. A Python script's run ddprun's bootstrap

@@ -546,7 +546,10 @@ bool maybe_scale_up(Step& st) {
   if (waiting.empty() || participants >= s.settings.max_nodes) return false;
   if (count_in(s, NodeState::Succeeded) > 0) return false;  // the job is finishing
   const int next = std::min(s.settings.max_nodes, participants + static_cast<int>(waiting.size()));
-  // Running -> Joining (not counted): newcomers while the round runs under max nodes
+  // Running -> Joining (not counted): newcomers while the round runs under max nodes. The round
+  // ended without a failure: a crash loop's failures are no longer in a row.
+  s.repeated_failure.clear();
+  s.failure_repeats = 0;
   restart_round(st,
                 common::join(names_of(s, waiting), ", ") + " joined: scaling up from " +
                     std::to_string(participants) + " to " + std::to_string(next) + " nodes",
@@ -1049,6 +1052,15 @@ bool is_fatal(const RdzvSettings& settings, const WorkersFailed& failed) {
                             failed.exit_code);
 }
 
+/// Why a node that caused every failure of a crash loop was not quarantined, for its message.
+std::string not_quarantined_because(const RdzvSettings& settings, bool spare_can_replace) {
+  if (!spare_can_replace) return "no spare could take its place";
+  if (settings.quarantine_after == 0) return "--quarantine_after 0: no node is quarantined";
+  return "--crash_loop_stop " + std::to_string(settings.crash_loop_limit) +
+         " came before --quarantine_after " + std::to_string(settings.quarantine_after) +
+         ", which would have let a spare take its place";
+}
+
 void on_workers_failed(Step& st, const std::string& id, const WorkersFailed& failed) {
   JobState& s = st.s;
   const NodeRecord& node = node_at(s, id);
@@ -1076,6 +1088,20 @@ void on_workers_failed(Step& st, const std::string& id, const WorkersFailed& fai
   } else {
     ++s.failure_repeats;
   }
+  // A blamed node's failure counts against it first: a node that keeps failing is quarantined
+  // before its failures add up to a crash loop of the whole job (a spare that came late, or
+  // --quarantine_after equal to --crash_loop_stop, takes its place rather than the job ending).
+  const std::string culprit = failed.culprit ? node_identity(id, node.request) : std::string();
+  const int in_a_row = failed.culprit ? count_failure(s, culprit) : 0;
+  const bool spare_can_replace = failed.culprit && can_go_on_without(s, culprit);
+  if (s.settings.quarantine_after > 0 && in_a_row >= s.settings.quarantine_after &&
+      spare_can_replace) {
+    // Running -> Joining (counted), the failing node Quarantined: its workers failed again. The
+    // group that runs next is another one: a crash loop counts afresh.
+    s.repeated_failure.clear();
+    s.failure_repeats = 0;
+    return quarantine_and_restart(st, culprit, reason, ends);
+  }
   if (s.settings.crash_loop_limit > 0 && s.failure_repeats >= s.settings.crash_loop_limit) {
     // Running -> Closed (do not requeue): the same failure again and again, no progress between
     ends.message = reason + "; a crash loop: the same failure " +
@@ -1087,12 +1113,11 @@ void on_workers_failed(Step& st, const std::string& id, const WorkersFailed& fai
                    "restarts such a job up to --max_restarts";
     // Every one of them on one machine of several: a broken machine looks the same as a broken
     // script. (On a job of one node every failure is on it: nothing to tell.)
-    const auto standing = s.standing.find(node_identity(id, node.request));
-    if (failed.culprit && count_participants(s) > 1 && standing != s.standing.end() &&
-        standing->second.failures_in_a_row + 1 >= s.failure_repeats)
-      ends.message += "; each time on node " + node.request.name +
-                      " (no spare could take its place): if that machine is at fault, leave it "
-                      "out (sbatch --exclude, a node selector) when the job runs again";
+    if (failed.culprit && count_participants(s) > 1 && in_a_row >= s.failure_repeats)
+      ends.message += "; each time on node " + node.request.name + " (" +
+                      not_quarantined_because(s.settings, spare_can_replace) +
+                      "): if that machine is at fault, leave it out (sbatch --exclude, a node "
+                      "selector) when the job runs again";
     ends.do_not_requeue = true;
     return close_job(st, ends);
   }
@@ -1106,13 +1131,6 @@ void on_workers_failed(Step& st, const std::string& id, const WorkersFailed& fai
                              " (no node is blamed: its worker was waiting for a peer, "
                              "or failed while its node had lost the rendezvous)",
                          true, ends, {}, s.failure_repeats >= 2);
-  }
-  const std::string culprit = node_identity(id, node.request);
-  const int in_a_row = count_failure(s, culprit);
-  if (s.settings.quarantine_after > 0 && in_a_row >= s.settings.quarantine_after &&
-      can_go_on_without(s, culprit)) {
-    // Running -> Joining (counted), the failing node Quarantined: its workers failed again
-    return quarantine_and_restart(st, culprit, reason, ends);
   }
   // Running -> Joining (counted): a worker failed; the same failure again makes the nodes'
   // pause before the next round grow (--restart_backoff)

@@ -190,6 +190,28 @@ TEST_CASE("a health check allowed to run longer than the join timeout is warned 
   }
 }
 
+TEST_CASE("a --quarantine_after the crash-loop stop comes before is warned of",
+          "[launcher][unit][health]") {
+  FakeMachine machine;
+  LaunchConfig config = standalone(1);
+  config.quarantine_after = 5;
+  config.crash_loop_stop = 3;
+  // One node: no quarantine, nothing to warn of.
+  CHECK(notes_with(plan_of(config, machine), LaunchNote::Level::Warn, "--quarantine_after") == 0);
+  config.standalone = false;
+  config.min_nodes = config.max_nodes = 2;
+  config.rdzv_backend = "c10d";
+  config.rdzv_endpoint = "head:29400";
+  CHECK(notes_with(plan_of(config, machine), LaunchNote::Level::Warn,
+                   "--quarantine_after 5 is more than --crash_loop_stop 3") == 1);
+  // Equal: the quarantine comes first. Either off: nothing to warn of.
+  for (const auto& [after, stop] : {std::pair{3, 3}, std::pair{5, 0}, std::pair{0, 3}}) {
+    config.quarantine_after = after;
+    config.crash_loop_stop = stop;
+    CHECK(notes_with(plan_of(config, machine), LaunchNote::Level::Warn, "--quarantine_after") == 0);
+  }
+}
+
 TEST_CASE("a --local_ranks_filter that names a local rank this node does not run is warned of",
           "[launcher][unit]") {
   FakeMachine machine;

@@ -1756,6 +1756,81 @@ TEST_CASE("a node whose workers fail twice in a row is quarantined and a spare t
   CHECK(listed);
 }
 
+TEST_CASE("a node that keeps failing is quarantined before its failures make a crash loop",
+          "[rdzv][unit][spares]") {
+  RdzvSettings settings = quarantining(2, 2);
+  settings.crash_loop_limit = 3;
+  Job job = running_job({"a", "b"}, settings);
+  SECTION("a spare that came after its second failure takes its place at the third") {
+    b_fails_twice(job, settings);
+    CHECK(job.node("b").state == NodeState::Stopping);  // no spare yet: no quarantine
+    rejoin_all(job, {"a", "b"}, settings);
+  }
+  SECTION("--quarantine_after equal to --crash_loop_stop, a spare there from the start") {
+    settings.quarantine_after = 3;
+    job = with_spare(settings);
+    b_fails_twice(job, settings);
+    rejoin_all(job, {"a", "b"}, settings);
+  }
+  if (job.state.nodes.count(id_of("c")) == 0) job.join(join_of("c", settings));
+  REQUIRE(job.node("c").state == NodeState::WaitListed);
+  REQUIRE(job.state.failure_repeats == 2);
+  // The third failure in a row of the same kind, each on b: b sits out, c takes its place.
+  const auto& out = job.send("b", failure(job.state.round, 1, 1));
+  CHECK(job.state.phase == JobPhase::Joining);
+  CHECK(job.node("b").state == NodeState::Quarantined);
+  CHECK(job.node("c").state == NodeState::Joined);
+  CHECK(to<Closed>(out, "a").empty());
+  CHECK(to<Restart>(out, "b").at(0).quarantine == 30s);
+  // Another group runs next: its failures are counted afresh.
+  CHECK(job.state.failure_repeats == 0);
+}
+
+TEST_CASE("a crash loop on one node says why no spare took its place", "[rdzv][unit][spares]") {
+  RdzvSettings settings = quarantining(2, 2);
+  settings.crash_loop_limit = 3;
+  settings.quarantine_after = 5;
+  Job job = with_spare(settings);
+  b_fails_twice(job, settings);
+  rejoin_all(job, {"a", "b"}, settings);
+  const auto& out = job.send("b", failure(2, 1, 1));
+  REQUIRE(job.state.phase == JobPhase::Closed);
+  const std::string message = to<Closed>(out, "a").at(0).message;
+  CHECK_THAT(message, Catch::Contains("each time on node b (--crash_loop_stop 3 came before "
+                                      "--quarantine_after 5, which would have let a spare"));
+  CHECK_THAT(message, !Catch::Contains("no spare could take its place"));
+}
+
+TEST_CASE("a quarantined node back in an elastic job is quarantined again, not a crash loop",
+          "[rdzv][unit][spares]") {
+  RdzvSettings settings = quarantining(2, 3);
+  settings.crash_loop_limit = 3;
+  settings.last_call_timeout = 1s;
+  Job job = running_job({"a", "b", "c"}, settings);
+  job.send("b", failure(0, 1, 1));
+  rejoin_all(job, {"a", "b", "c"}, settings);
+  job.send("b", failure(1, 1, 1));
+  REQUIRE(job.node("b").state == NodeState::Quarantined);
+  // The job goes on with a and c (the last call) until b's cooldown is over.
+  job.join(join_of("b", settings));
+  job.join(join_of("a", settings));
+  job.join(join_of("c", settings));
+  job.pass(1s);
+  REQUIRE(job.state.phase == JobPhase::Running);
+  job.pass(29s);
+  REQUIRE(job.state.nodes.count(id_of("b")) == 0);
+  // b comes back: the job scales up to three and b fails twice more.
+  job.join(join_of("b", settings));
+  CHECK(job.node("b").state == NodeState::Joined);
+  rejoin_all(job, {"a", "c"}, settings);
+  const auto& first = job.send("b", failure(job.state.round, 1, 1));
+  CHECK(to<Closed>(first, "a").empty());
+  rejoin_all(job, {"a", "b", "c"}, settings);
+  const auto& second = job.send("b", failure(job.state.round, 1, 1));
+  CHECK(job.state.phase == JobPhase::Joining);
+  CHECK(to<Restart>(second, "b").at(0).quarantine == 60s);
+}
+
 TEST_CASE(
     "a watchdog kill of a worker that was only waiting blames no node: counted as a restart, "
     "no node's run of failures changes",
