@@ -228,19 +228,17 @@ class Stepper {
     const ClientPhase was = s_.phase;
     // any -> Done: the job is over
     s_.phase = ClientPhase::Done;
-    if (was == ClientPhase::Joining && closed.outcome == JobOutcomeKind::Succeeded) {
-      // A spare (or a node rejoining) of a job that succeeded without it: the job's end, not a
-      // failed rendezvous
+    if (was == ClientPhase::Joining && closed.outcome != JobOutcomeKind::TimedOut) {
+      // A spare (or a node rejoining, or one quarantined) of a job that ended without it: the
+      // job's end, with the job's exit status (the agent says why), not a failed rendezvous
       out_.push_back(DisarmClientTimer{ClientTimer::Status});
       log(ClientLogLevel::Info,
-          "the job ended while this node waited for a round: " + closed.message);
+          "the job ended while this node waited for a round" +
+              (closed.outcome == JobOutcomeKind::Succeeded ? ": " + closed.message : ""));
       return out_.push_back(Notify{closed});
     }
     if (was == ClientPhase::Joining)
-      return fail_round(RendezvousError{closed.outcome == JobOutcomeKind::TimedOut
-                                            ? RendezvousErrorKind::Timeout
-                                            : RendezvousErrorKind::Closed,
-                                        closed.message});
+      return fail_round(RendezvousError{RendezvousErrorKind::Timeout, closed.message});
     out_.push_back(Notify{closed});
   }
 

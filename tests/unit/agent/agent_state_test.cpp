@@ -1198,6 +1198,18 @@ TEST_CASE("health gate: the kept-out reason is one printable line of valid UTF-8
   CHECK(second == "\xef\xbf\xbd \\x1b[31mgpu0 bad (no GPU)");
 }
 
+TEST_CASE("agent: a spare ends with the job's exit status when the job fails without it",
+          "[agent][unit][spares]") {
+  Agent a(1);
+  a.on(AgentStarted{});
+  REQUIRE(a.state.phase == AgentPhase::Rendezvous);
+  a.on(NoticeReceived{rdzv::Closed{rdzv::JobOutcomeKind::Failed, "a crash loop", 3, 0, true}});
+  CHECK(a.state.phase == AgentPhase::Finished);
+  CHECK(a.effects<Finish>().at(0).code == 78);  // kExitDoNotRequeue
+  CHECK(a.logged("the job ends, not to be requeued (exit 78): a crash loop"));
+  CHECK(a.has<ReportJobFailure>());
+}
+
 TEST_CASE("health gate: a job that ends while the node is kept out ends it as on every node",
           "[agent][unit][health]") {
   Agent a(1);

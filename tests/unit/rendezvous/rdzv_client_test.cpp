@@ -190,6 +190,19 @@ TEST_CASE("a job that succeeded while this node waited (a spare) ends it as the 
   CHECK(std::get<Closed>(c.all<Notify>()[0].notice).outcome == JobOutcomeKind::Succeeded);
 }
 
+TEST_CASE("a job that failed while this node waited (a spare) ends it as the job ended",
+          "[rdzv][client][unit][spares]") {
+  Client c;
+  c.join();
+  c.on(FrameReceived{Closed{JobOutcomeKind::Failed, "a crash loop", 3, 0, true}});
+  CHECK(c.s.phase == ClientPhase::Done);
+  CHECK_FALSE(c.has<Deliver>());
+  REQUIRE(c.all<Notify>().size() == 1);
+  const auto closed = std::get<Closed>(c.all<Notify>()[0].notice);
+  CHECK(closed.exit_code == 3);
+  CHECK(closed.do_not_requeue);
+}
+
 TEST_CASE("a job that timed out while joining fails the round as a timeout",
           "[rdzv][client][unit]") {
   Client c;
