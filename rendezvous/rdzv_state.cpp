@@ -1102,7 +1102,10 @@ void on_workers_failed(Step& st, const std::string& id, const WorkersFailed& fai
     s.failure_repeats = 0;
     return quarantine_and_restart(st, culprit, reason, ends);
   }
-  if (s.settings.crash_loop_limit > 0 && s.failure_repeats >= s.settings.crash_loop_limit) {
+  // A budget no larger than the stop ends a loop about as soon: such a job (torchrun's usual
+  // --max_restarts 3) gets every restart it asked for, as under torchrun.
+  if (s.settings.crash_loop_limit > 0 && s.settings.max_restarts > s.settings.crash_loop_limit &&
+      s.failure_repeats >= s.settings.crash_loop_limit) {
     // Running -> Closed (do not requeue): the same failure again and again, no progress between
     ends.message = reason + "; a crash loop: the same failure " +
                    std::to_string(s.failure_repeats) + " times in a row (--crash_loop_stop " +

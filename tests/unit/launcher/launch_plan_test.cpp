@@ -196,6 +196,7 @@ TEST_CASE("a --quarantine_after the crash-loop stop comes before is warned of",
   LaunchConfig config = standalone(1);
   config.quarantine_after = 5;
   config.crash_loop_stop = 3;
+  config.max_restarts = 10;
   // One node: no quarantine, nothing to warn of.
   CHECK(notes_with(plan_of(config, machine), LaunchNote::Level::Warn, "--quarantine_after") == 0);
   config.standalone = false;
@@ -204,6 +205,10 @@ TEST_CASE("a --quarantine_after the crash-loop stop comes before is warned of",
   config.rdzv_endpoint = "head:29400";
   CHECK(notes_with(plan_of(config, machine), LaunchNote::Level::Warn,
                    "--quarantine_after 5 is more than --crash_loop_stop 3") == 1);
+  // A budget no larger than the stop: no crash-loop stop either.
+  config.max_restarts = 3;
+  CHECK(notes_with(plan_of(config, machine), LaunchNote::Level::Warn, "--quarantine_after") == 0);
+  config.max_restarts = 10;
   // Equal: the quarantine comes first. Either off: nothing to warn of.
   for (const auto& [after, stop] : {std::pair{3, 3}, std::pair{5, 0}, std::pair{0, 3}}) {
     config.quarantine_after = after;

@@ -639,6 +639,22 @@ TEST_CASE("the same failure --crash_loop_stop times in a row without progress en
              Catch::Contains("--progress_file") && Catch::Contains("--crash_loop_stop 0"));
 }
 
+TEST_CASE("a budget no larger than --crash_loop_stop is spent whole, as under torchrun",
+          "[rdzv][unit][policy]") {
+  RdzvSettings settings = nnodes(2, 2, 3);
+  settings.crash_loop_limit = 3;
+  Job job = running_job({"a", "b"}, settings);
+  for (int round = 0; round < 3; ++round) {
+    CHECK(count_of<Restart>(job.send("b", failure(round, 1, 7))) == 2);
+    rejoin(job, settings);
+  }
+  const auto& out = job.send("b", failure(3, 1, 7));
+  REQUIRE(job.state.phase == JobPhase::Closed);
+  const auto closed = to<Closed>(out, "a").at(0);
+  CHECK_FALSE(closed.do_not_requeue);
+  CHECK_THAT(closed.message, Catch::Contains("no restart left") && !Catch::Contains("crash loop"));
+}
+
 namespace {
 
 /// A job of `names` (--crash_loop_stop 3) whose workers fail the same way three times in a row,
