@@ -938,10 +938,7 @@ class Stepper {
 }  // namespace
 
 Duration restart_backoff(int failures_in_a_row, Duration base, Duration max) {
-  if (failures_in_a_row < 2 || base <= Duration{0}) return Duration{0};
-  Duration pause = base;
-  for (int i = 2; i < failures_in_a_row && pause < max; ++i) pause *= 2;
-  return std::min(pause, std::max(max, base));
+  return rdzv::restart_pause(failures_in_a_row, base, max);
 }
 
 void check_invariants(const AgentState& s) {

@@ -153,6 +153,9 @@ rdzv::RdzvSettings settings_from_json(Fields f) {
     s.quarantine_cooldown = milliseconds(f.int32("quarantine_cooldown_ms"));
   if (f.has("quarantine_cooldown_max_ms"))
     s.quarantine_cooldown_max = milliseconds(f.int32("quarantine_cooldown_max_ms"));
+  if (f.has("restart_backoff_ms")) s.restart_backoff = milliseconds(f.int32("restart_backoff_ms"));
+  if (f.has("restart_backoff_max_ms"))
+    s.restart_backoff_max = milliseconds(f.int32("restart_backoff_max_ms"));
   return s;
 }
 
@@ -194,6 +197,7 @@ json job_to_json(const JobState& s, const TimeAnchor& a) {
     j["repeated_failure"] = s.repeated_failure;
     j["failure_repeats"] = s.failure_repeats;
   }
+  if (s.pause_count > 0) j["pause_count"] = s.pause_count;
   if (!s.standing.empty()) {
     json standing = json::object();
     for (const auto& [identity, st] : s.standing) {
@@ -277,6 +281,7 @@ JobState job_from_json(const json& j, const TimeAnchor& a, common::TimePoint now
   }
   s.repeated_failure = f.text("repeated_failure", false);
   if (f.has("failure_repeats")) s.failure_repeats = f.int32("failure_repeats");
+  if (f.has("pause_count")) s.pause_count = f.int32("pause_count");
   if (const json* standing = f.container("standing", true, kMaxNodesInState)) {
     for (const auto& [identity, entry] : standing->items()) {
       if (!f.ok()) break;

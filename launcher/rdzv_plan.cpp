@@ -42,6 +42,9 @@ common::Result<RendezvousPlan> plan_rendezvous(
       std::chrono::milliseconds(std::llround(config.quarantine_cooldown * 1000.0));
   s.quarantine_cooldown_max =
       std::chrono::milliseconds(std::llround(config.quarantine_cooldown_max * 1000.0));
+  s.restart_backoff = std::chrono::milliseconds(std::llround(config.restart_backoff * 1000.0));
+  s.restart_backoff_max =
+      std::chrono::milliseconds(std::llround(config.restart_backoff_max * 1000.0));
   // One node's too: a node kept out by its health check that long ends the job.
   s.join_timeout = seconds_conf(config, "join_timeout", s.join_timeout);
   const bool is_static = config.rdzv_backend == "static" && !config.standalone;

@@ -113,6 +113,14 @@ std::optional<common::Error> check_settings(const RdzvSettings& settings,
                          ": it must be SECONDS[:MAX] with 0 <= SECONDS <= MAX <= " +
                          seconds_text(kMaxQuarantineCooldown)};
   }
+  if (settings.restart_backoff.count() < 0 ||
+      settings.restart_backoff_max < settings.restart_backoff ||
+      settings.restart_backoff_max > kMaxRestartBackoff) {
+    return common::Error{node + "--restart_backoff " + seconds_text(settings.restart_backoff) +
+                         ":" + seconds_text(settings.restart_backoff_max) +
+                         ": it must be SECONDS[:MAX] with 0 <= SECONDS <= MAX <= " +
+                         seconds_text(kMaxRestartBackoff)};
+  }
   if (settings.fatal_exit_codes.size() > 255) {
     return common::Error{node + "--fatal_exit_codes with " +
                          std::to_string(settings.fatal_exit_codes.size()) +

@@ -23,7 +23,9 @@ json settings_json(const RdzvSettings& s) {
           {"fatal_exit_codes", s.fatal_exit_codes},
           {"quarantine_after", s.quarantine_after},
           {"quarantine_cooldown_ms", s.quarantine_cooldown.count()},
-          {"quarantine_cooldown_max_ms", s.quarantine_cooldown_max.count()}};
+          {"quarantine_cooldown_max_ms", s.quarantine_cooldown_max.count()},
+          {"restart_backoff_ms", s.restart_backoff.count()},
+          {"restart_backoff_max_ms", s.restart_backoff_max.count()}};
 }
 
 namespace {
@@ -165,6 +167,9 @@ RdzvSettings read_settings(Reader& r) {
   if (r.has("quarantine_cooldown_ms")) s.quarantine_cooldown = r.millis("quarantine_cooldown_ms");
   if (r.has("quarantine_cooldown_max_ms"))
     s.quarantine_cooldown_max = r.millis("quarantine_cooldown_max_ms");
+  // The back-off came last: a peer without it pauses as the flag's defaults say.
+  if (r.has("restart_backoff_ms")) s.restart_backoff = r.millis("restart_backoff_ms");
+  if (r.has("restart_backoff_max_ms")) s.restart_backoff_max = r.millis("restart_backoff_max_ms");
   // Only the types: which settings a job may run with is admission's (admission.h).
   return s;
 }

@@ -64,6 +64,11 @@ struct RdzvSettings {
   /// the same node doubles it, up to quarantine_cooldown_max.
   Millis quarantine_cooldown{30'000};
   Millis quarantine_cooldown_max{600'000};
+  /// --restart_backoff BASE:MAX: the agents' pause before they rejoin after repeated failures
+  /// (restart_pause()). The rendezvous starts a round's join timeout after the longest pause
+  /// its nodes may take.
+  Millis restart_backoff{1'000};
+  Millis restart_backoff_max{30'000};
 
   /// How long a node may stay silent before it is declared lost.
   Millis keep_alive_window() const { return keep_alive_interval * keep_alive_max_attempt; }
@@ -77,6 +82,17 @@ struct RdzvSettings {
 /// The longest a client waits between two attempts to reach a lost server (its back-off doubles
 /// from 100 ms up to this).
 constexpr Millis kMaxReconnectBackoff{2'000};
+
+/// --restart_backoff: the pause before the next round after `failures_in_a_row` counted
+/// failures in a row (each a repeat of the last): none after the first, then `base`, doubling
+/// up to `max`. The agent pauses so long; the rendezvous waits for it before the join timeout.
+template <typename Duration>
+Duration restart_pause(int failures_in_a_row, Duration base, Duration max) {
+  if (failures_in_a_row < 2 || base <= Duration{0}) return Duration{0};
+  Duration pause = base;
+  for (int i = 2; i < failures_in_a_row && pause < max; ++i) pause *= 2;
+  return std::min(pause, std::max(max, base));
+}
 
 inline Millis RdzvSettings::adoption_window() const {
   return std::max(keep_alive_window(), 2 * kMaxReconnectBackoff);

@@ -340,7 +340,7 @@ void send_waiting(Step& st, const std::string& trigger = "") {
                    s.settings.min_nodes,
                    s.settings.max_nodes,
                    missing,
-                   since(s.round_started, st.now),
+                   std::max(Millis{0}, since(s.round_started, st.now)),
                    s.settings.join_timeout,
                    listed};
   };
@@ -482,6 +482,11 @@ std::string budget_used_up(const JobState& s, const std::string& reason) {
          std::to_string(s.settings.max_restarts) + " used";
 }
 
+/// The longest pause the nodes take before they rejoin the round now forming.
+Millis pause_before_round(const JobState& s) {
+  return restart_pause(s.pause_count, s.settings.restart_backoff, s.settings.restart_backoff_max);
+}
+
 /// Stops the running round and forms the next one. `rejoiner` (if any) already asked to join
 /// and goes straight to Joined instead of being told to restart.
 void restart_round(Step& st, const std::string& reason, bool counted, Closed if_no_budget,
@@ -496,6 +501,9 @@ void restart_round(Step& st, const std::string& reason, bool counted, Closed if_
     close_job(st, if_no_budget);
     return;
   }
+  // The agents' pause before they rejoin (--restart_backoff) grows as they count: a counted
+  // repeat adds one, any other counted restart starts afresh, an uncounted one keeps the count.
+  if (counted) s.pause_count = repeat ? s.pause_count + 1 : 1;
   if (counted) {
     ++s.restart_count;
     if (s.settings.restart_window.count() > 0) s.window_restarts.push_back(st.now);
@@ -527,7 +535,8 @@ void restart_round(Step& st, const std::string& reason, bool counted, Closed if_
   }
   ++s.round;
   s.phase = JobPhase::Joining;
-  s.round_started = st.now;
+  // The round forms once the nodes' pause is over: its join timeout starts then.
+  s.round_started = st.now + pause_before_round(s);
   s.last_call.reset();
   s.adopt_deadline.reset();
   s.waiting_quiet_until.reset();  // a new round: everyone hears of it at once
@@ -1188,6 +1197,14 @@ std::string kept_out_text(const JobState& s) {
          });
 }
 
+/// ", after the nodes' pause of up to 12.0 s (--restart_backoff)" for the join timeout's
+/// message when its round formed after one: the wait it names began then.
+std::string round_pause_text(const JobState& s) {
+  const Millis pause = pause_before_round(s);
+  if (pause <= Millis{0}) return "";
+  return ", after the nodes' pause of up to " + elapsed_text(pause) + " (--restart_backoff)";
+}
+
 /// Deadlines that are due at `now`: tombstone, keep-alive, adoption, last call, join timeout.
 void run_deadlines(Step& st) {
   JobState& s = st.s;
@@ -1260,16 +1277,17 @@ void run_deadlines(Step& st) {
   const std::vector<std::string> names = names_of(s, joined);
   // Joining -> Closed: the join timeout passed with fewer than min nodes
   close_job(
-      st,
-      Closed{JobOutcomeKind::TimedOut,
-             "join timeout: waited " + elapsed_text(since(s.round_started, st.now)) + " for job '" +
-                 s.run_id + "'" + (s.round > 0 ? " (round " + std::to_string(s.round) + ")" : "") +
-                 ": " + std::to_string(count) + " of min " + std::to_string(s.settings.min_nodes) +
-                 " nodes joined (" +
-                 (names.empty() ? "none"
-                                : few_of(names, [](const std::string& name) { return name; })) +
-                 "); missing: " + missing_text + kept_out_text(s),
-             0, 0, false});
+      st, Closed{JobOutcomeKind::TimedOut,
+                 "join timeout: waited " + elapsed_text(since(s.round_started, st.now)) +
+                     " for job '" + s.run_id + "'" +
+                     (s.round > 0 ? " (round " + std::to_string(s.round) + round_pause_text(s) + ")"
+                                  : "") +
+                     ": " + std::to_string(count) + " of min " +
+                     std::to_string(s.settings.min_nodes) + " nodes joined (" +
+                     (names.empty() ? "none"
+                                    : few_of(names, [](const std::string& name) { return name; })) +
+                     "); missing: " + missing_text + kept_out_text(s),
+                 0, 0, false});
 }
 
 /// The earliest time at which run_deadlines() has something to do.

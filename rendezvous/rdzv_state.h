@@ -244,6 +244,10 @@ struct JobFields {
   /// rdzv_state.cpp; "" after progress or a lost node) and how often it came in a row.
   std::string repeated_failure;
   int failure_repeats = 0;
+  /// --restart_backoff: counted restarts in a row, each a repeat, as the agents count them
+  /// (AgentState::failures_in_a_row, which can only be lower): the pause before the round now
+  /// forming is restart_pause() of it, and its join timeout starts after that pause.
+  int pause_count = 0;
   /// --quarantine_after: by node identity, those that caused a failure or were quarantined
   /// (at most one entry per counted restart; entries with nothing to remember are dropped).
   std::map<std::string, NodeStanding> standing;

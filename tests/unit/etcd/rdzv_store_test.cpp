@@ -234,6 +234,9 @@ TEST_CASE("the failure policy's state round-trips through the etcd value", "[etc
   state.job.window_restarts = {k.now - seconds(30), k.now - seconds(2)};
   state.job.repeated_failure = "3/1/0/ValueError";
   state.job.failure_repeats = 2;
+  state.job.pause_count = 4;
+  state.job.settings.restart_backoff = milliseconds(2'000);
+  state.job.settings.restart_backoff_max = milliseconds(90'000);
   auto back = decode_state(encode_state(state, k.anchor), "/ddprun/job/state", k.anchor, k.now);
   REQUIRE(back.ok());
   CHECK(back->job.settings.restart_window == milliseconds(600'000));
@@ -242,6 +245,9 @@ TEST_CASE("the failure policy's state round-trips through the etcd value", "[etc
   CHECK(back->job.window_restarts == state.job.window_restarts);
   CHECK(back->job.repeated_failure == "3/1/0/ValueError");
   CHECK(back->job.failure_repeats == 2);
+  CHECK(back->job.pause_count == 4);
+  CHECK(back->job.settings.restart_backoff == milliseconds(2'000));
+  CHECK(back->job.settings.restart_backoff_max == milliseconds(90'000));
 }
 
 TEST_CASE("quarantine's settings and standing round-trip through the etcd value",

@@ -76,6 +76,18 @@ TEST_CASE("the --rdzv_conf settings set the timeouts and force hosting either wa
   CHECK(plan_of(config).hosting == Hosting::Never);
 }
 
+TEST_CASE("--restart_backoff travels to the rendezvous, which waits out the pause",
+          "[launcher][unit][policy]") {
+  LaunchConfig config = c10d(2, 2, "head:1234");
+  CHECK(plan_of(config).client.settings.restart_backoff == 1s);  // the flag's default, 1:30
+  CHECK(plan_of(config).client.settings.restart_backoff_max == 30s);
+  config.restart_backoff = 2.5;
+  config.restart_backoff_max = 120;
+  const auto plan = plan_of(config);
+  CHECK(plan.client.settings.restart_backoff == 2500ms);
+  CHECK(plan.client.settings.restart_backoff_max == 120s);
+}
+
 TEST_CASE("the static backend keeps --master_port for workers and meets one port above",
           "[launcher][unit]") {
   LaunchConfig config = default_launch_config();

@@ -655,6 +655,58 @@ TEST_CASE("a budget no larger than --crash_loop_stop is spent whole, as under to
   CHECK_THAT(closed.message, Catch::Contains("no restart left") && !Catch::Contains("crash loop"));
 }
 
+TEST_CASE("a round after repeated failures starts its join timeout after the nodes' pause",
+          "[rdzv][unit][policy]") {
+  RdzvSettings settings = nnodes(2, 2, 50);
+  settings.crash_loop_limit = 0;
+  settings.join_timeout = 10s;
+  settings.restart_backoff = 12s;
+  settings.restart_backoff_max = 60s;
+  Job job = running_job({"a", "b"}, settings);
+  // The first failure: no pause, the join timeout runs at once.
+  job.send("b", failure(0, 1, 7));
+  CHECK(job.state.pause_count == 1);
+  rejoin(job, settings);
+  // The same failure again: the agents pause 12 s, then rejoin; 15 s is no join timeout.
+  CHECK(to<Restart>(job.send("b", failure(1, 1, 7)), "a").at(0).repeat);
+  CHECK(job.state.pause_count == 2);
+  job.pass(15s);
+  REQUIRE(job.state.phase == JobPhase::Joining);
+  const Waiting w = to<Waiting>(job.join(join_of("a", settings)), "a").at(0);
+  CHECK(w.waited == 3s);  // since the pause ended
+  job.join(join_of("b", settings));
+  REQUIRE(job.state.phase == JobPhase::Running);
+  // Once more: a 24 s pause, and nobody comes back after it. The join timeout counts from there.
+  job.send("b", failure(2, 1, 7));
+  job.pass(33s);
+  REQUIRE(job.state.phase == JobPhase::Joining);
+  const auto out = job.pass(2s);
+  REQUIRE(job.state.phase == JobPhase::Closed);
+  const auto closed = to<Closed>(out, "a").at(0);
+  CHECK(closed.outcome == JobOutcomeKind::TimedOut);
+  CHECK_THAT(closed.message, Catch::Contains("waited 10 s") &&
+                                 Catch::Contains("(round 3, after the nodes' pause of up to 24 s "
+                                                 "(--restart_backoff))"));
+  // Another kind of failure starts the count afresh: no pause.
+  Job fresh = running_job({"a", "b"}, settings);
+  fresh.send("b", failure(0, 1, 7));
+  rejoin(fresh, settings);
+  fresh.send("b", failure(1, 1, 9));
+  CHECK(fresh.state.pause_count == 1);
+}
+
+TEST_CASE("a node's --restart_backoff must be a range of a day at most", "[rdzv][unit][policy]") {
+  RdzvSettings settings = nnodes(2, 2);
+  settings.restart_backoff = 30s;
+  settings.restart_backoff_max = 10s;
+  CHECK_THAT(check_settings(settings, "b")->message, Catch::Contains("--restart_backoff 30:10"));
+  settings.restart_backoff_max = 100'000s;
+  CHECK(check_settings(settings, "b"));
+  settings.restart_backoff = 0s;
+  settings.restart_backoff_max = 0s;
+  CHECK_FALSE(check_settings(settings, "b"));
+}
+
 namespace {
 
 /// A job of `names` (--crash_loop_stop 3) whose workers fail the same way three times in a row,
