@@ -12,6 +12,8 @@ namespace {
 
 constexpr Millis kFirstBackoff{100};
 constexpr Millis kMaxBackoff = kMaxReconnectBackoff;
+/// How long a first contact may fail before the node says it waits for the server.
+constexpr Millis kUnreachableNotice{5'000};
 
 long long seconds(Millis m) { return static_cast<long long>(m.count() / 1000); }
 
@@ -69,6 +71,7 @@ class Stepper {
     if (s_.lost_since && s_.round)
       log(ClientLogLevel::Info, fmt::format("reconnected to the rendezvous at {}", spec_.endpoint));
     s_.lost_since.reset();
+    s_.greeted = true;
     s_.backoff = kFirstBackoff;
     if (s_.link == ClientLink::Handshaking) {
       s_.link = ClientLink::Ready;
@@ -94,6 +97,15 @@ class Stepper {
     }
     // any -> Done: the server stayed unreachable for connect_timeout
     if (now_ - *s_.lost_since >= spec_.connect_timeout) return give_up_unreachable(e.why);
+    // First contact that takes a while (the host node starts later, or the endpoint is wrong):
+    // said once, so the wait up to connect_timeout is no silence.
+    if (!s_.greeted && !s_.unreachable_said && now_ - *s_.lost_since >= kUnreachableNotice) {
+      s_.unreachable_said = true;
+      log(ClientLogLevel::Warn,
+          fmt::format("the {} at {} is not reachable yet ({}); retrying for up to {} s "
+                      "(--rdzv_conf connect_timeout)",
+                      spec_.server, spec_.endpoint, e.why, seconds(spec_.connect_timeout)));
+    }
     out_.push_back(ArmClientTimer{ClientTimer::Retry, s_.backoff});
     s_.backoff = std::min(s_.backoff * 2, kMaxBackoff);
   }

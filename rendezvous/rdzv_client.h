@@ -61,7 +61,9 @@ struct ClientState {
   /// Since when the server has been unreachable (first contact counts too); cleared once it
   /// greets.
   std::optional<TimePoint> lost_since;
-  Millis backoff{100};  ///< the next retry's delay
+  bool greeted = false;           ///< a server greeted this node once (first contact is over)
+  bool unreachable_said = false;  ///< the first contact's "not reachable yet" line was logged
+  Millis backoff{100};            ///< the next retry's delay
   std::optional<Waiting> last_waiting;
   TimePoint last_waiting_at;
   std::string last_status_line;  ///< the waiting line without its time, as last printed

@@ -314,6 +314,28 @@ TEST_CASE("a lost connection warns once and retries with a back-off doubling to 
   CHECK(c.s.phase == ClientPhase::Running);
 }
 
+TEST_CASE("a first contact failing for 5 s says so once, with how long it retries",
+          "[rdzv][client][unit]") {
+  Client c;
+  c.spec.connect_timeout = 60s;
+  c.on(NextRound{});
+  c.now += 4s;
+  c.on(ConnectionLost{"connection refused"});
+  CHECK_FALSE(c.logged("not reachable yet"));
+  c.now += 2s;
+  c.on(RetryDue{});
+  c.on(ConnectionLost{"connection refused"});
+  CHECK(
+      c.logged("the rendezvous server at rdzv.example:29400 is not reachable yet (connection "
+               "refused); retrying for up to 60 s (--rdzv_conf connect_timeout)"));
+  // Once only.
+  c.now += 2s;
+  c.on(RetryDue{});
+  c.on(ConnectionLost{"connection refused"});
+  CHECK_FALSE(c.logged("not reachable yet"));
+  CHECK(c.s.phase == ClientPhase::Joining);
+}
+
 TEST_CASE("a server unreachable for connect_timeout fails the round naming the endpoint",
           "[rdzv][client][unit]") {
   Client c;
