@@ -224,9 +224,13 @@ std::variant<StatusRequest, InfoRequest, UsageError> parse_status_args(
 }
 
 /// A node's state as the table shows it: a wait-listed node of a running job is a spare; a
-/// quarantined one says how long it sits out; one kept out by its health check says why.
+/// quarantined one says how long it sits out; one kept out by its health check says why; in a
+/// closed job, each says it ended.
 std::string state_text(const json& job, const json& node) {
   const std::string state = text_of(node, "state");
+  // A closed job's table is how the job ended: no node of it runs or waits any more.
+  if (text_of(job, "phase") == "closed")
+    return "ended (" + (state == "wait_listed" ? std::string("spare") : state) + ")";
   if (state == "wait_listed" && text_of(job, "phase") == "running") return "spare";
   if (state == "kept_out") {
     // The check's reason, cut to keep the table readable.

@@ -79,6 +79,27 @@ TEST_CASE("the status table shows each job's round and each node's rank, state a
         std::string::npos);
 }
 
+TEST_CASE("a closed job's table says each node ended, in the state it ended in",
+          "[launcher][unit]") {
+  json jobs = json::array(
+      {{{"run_id", "j"},
+        {"phase", "closed"},
+        {"round", 2},
+        {"restart_count", 2},
+        {"message", "worker failure on node1: ...; no restart left"},
+        {"settings", {{"min_nodes", 2}, {"max_nodes", 2}, {"max_restarts", 2}}},
+        {"nodes",
+         {{{"name", "node1"}, {"state", "running"}, {"group_rank", 0}, {"last_seen_s", 7.0}},
+          {{"name", "node3"},
+           {"state", "wait_listed"},
+           {"group_rank", -1},
+           {"last_seen_s", 7.0}}}}}});
+  const std::string table = format_status(jobs);
+  INFO(table);
+  CHECK(table.find("node1 ended (running) ") != std::string::npos);
+  CHECK(table.find("node3 ended (spare) ") != std::string::npos);
+}
+
 TEST_CASE("while a round forms the status table says who joined and who is awaited",
           "[launcher][unit]") {
   json jobs = json::array(
