@@ -297,9 +297,10 @@ class Stepper {
     // Idle -> Idle: a Restart already came; the join that follows it uses the new id.
     s_.phase = ClientPhase::Idle;
     if (was == ClientPhase::Running)
-      out_.push_back(
-          Notify{Restart{next_round, "this node was dropped by the rendezvous and joins again",
-                         counted, s_.known_restart_count + (counted ? 1 : 0)}});
+      out_.push_back(Notify{Restart{next_round,
+                                    "this node was dropped by the rendezvous and joins again as a "
+                                    "new node (a spare if the job went on without it)",
+                                    counted, s_.known_restart_count + (counted ? 1 : 0)}});
   }
 
   bool ready() const { return s_.link == ClientLink::Ready; }

@@ -271,7 +271,9 @@ TEST_CASE("a node dropped while running stops its workers with a counted restart
   CHECK(restart.next_round == 3);
   CHECK(restart.counted);
   CHECK(restart.restart_count == 2);
-  CHECK(restart.reason == "this node was dropped by the rendezvous and joins again");
+  CHECK(restart.reason ==
+        "this node was dropped by the rendezvous and joins again as a new node (a spare if the job "
+        "went on without it)");
   // The next round is asked for as a newcomer: a new connection and no claim.
   c.on(NextRound{});
   CHECK(c.has<Connect>());

@@ -408,7 +408,8 @@ TEST_CASE("loopback: a node dropped during a partition stops its workers and rej
   // ... so it stopped its workers (a counted restart) and joined as a new node.
   REQUIRE(c.notices_of<Restart>().size() == 1);
   CHECK(c.notices_of<Restart>()[0].reason ==
-        "this node was dropped by the rendezvous and joins again");
+        "this node was dropped by the rendezvous and joins again as a new node (a spare if the job "
+        "went on without it)");
   CHECK(c.notices_of<Restart>()[0].counted);
   CHECK(c.id == "c#1");
   CHECK_FALSE(c.joins_sent.back().resume);
