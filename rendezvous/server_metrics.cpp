@@ -1,5 +1,7 @@
 #include "rendezvous/server_metrics.h"
 
+#include <algorithm>
+
 namespace ddprun::rdzv {
 
 namespace {
@@ -108,7 +110,10 @@ void ServerMetrics::stepped(const Before& before, const Event& event, const Step
         ready && ready->group_rank == 0) {
       // One RoundReady per participant: group rank 0's counts the round once.
       rounds_.Increment();
-      round_latency_.Observe(std::chrono::duration<double>(now - before.round_started).count());
+      // From the end of the nodes' --restart_backoff pause; a round whose nodes paused less
+      // than the longest pause allowed completes before it (0).
+      round_latency_.Observe(
+          std::max(0.0, std::chrono::duration<double>(now - before.round_started).count()));
     } else if (const auto* restart = std::get_if<Restart>(&out.message);
                restart && restart->quarantine.count() > 0) {
       quarantines_.Increment();
