@@ -881,7 +881,8 @@ constexpr OptionSpec kOptions[] = {
      "crash_loop_stop", "", false, "N", "3", kSupervision,
      "End the job with exit 78 (do not requeue) when the same failure (exit code or signal, "
      "exception type) comes N times in a row with no progress in between: no training "
-     "step reported, no group that ran --restart_backoff_reset (default {default}; 0: off)."},
+     "step reported, no group that ran --restart_backoff_reset (default {default}; 0: off). "
+     "With --max_restarts N or less and no --restart_window, after the whole budget."},
     {Flag::QuarantineAfter, parse_quarantine_after,
      "quarantine_after", "", false, "N", "2", kSupervision,
      "Leave a node out of the job for a while when its workers caused N group failures in a "

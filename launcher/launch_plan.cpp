@@ -249,7 +249,7 @@ void Planner::agent_options() {
   // A node is quarantined at its --quarantine_after'th failure in a row; a crash loop of those
   // failures ends the job at the --crash_loop_stop'th, so the later of the two never comes.
   if (!plan.rendezvous.single_node && config.crash_loop_stop > 0 &&
-      config.max_restarts > config.crash_loop_stop &&
+      (config.max_restarts > config.crash_loop_stop || config.restart_window > 0) &&
       config.quarantine_after > config.crash_loop_stop)
     note(Level::Warn, "--quarantine_after " + std::to_string(config.quarantine_after) +
                           " is more than --crash_loop_stop " +

@@ -497,7 +497,8 @@ void restart_round(Step& st, const std::string& reason, bool counted, Closed if_
   if (counted && restarts_used(s) >= s.settings.max_restarts) {
     // Running -> Closed: a restart is needed and the budget (of the window) is used up
     if_no_budget.outcome = JobOutcomeKind::Failed;
-    if_no_budget.message = budget_used_up(s, reason);
+    // What the caller adds (a crash loop's account) follows the budget's.
+    if_no_budget.message = budget_used_up(s, reason) + if_no_budget.message;
     close_job(st, if_no_budget);
     return;
   }
@@ -1067,7 +1068,7 @@ std::string not_quarantined_because(const RdzvSettings& settings, bool spare_can
   if (settings.quarantine_after == 0) return "--quarantine_after 0: no node is quarantined";
   return "--crash_loop_stop " + std::to_string(settings.crash_loop_limit) +
          " came before --quarantine_after " + std::to_string(settings.quarantine_after) +
-         ", which would have let a spare take its place";
+         ", which would have let the job go on without it";
 }
 
 void on_workers_failed(Step& st, const std::string& id, const WorkersFailed& failed) {
@@ -1103,34 +1104,48 @@ void on_workers_failed(Step& st, const std::string& id, const WorkersFailed& fai
   const std::string culprit = failed.culprit ? node_identity(id, node.request) : std::string();
   const int in_a_row = failed.culprit ? count_failure(s, culprit) : 0;
   const bool spare_can_replace = failed.culprit && can_go_on_without(s, culprit);
-  if (s.settings.quarantine_after > 0 && in_a_row >= s.settings.quarantine_after &&
-      spare_can_replace) {
-    // Running -> Joining (counted), the failing node Quarantined: its workers failed again. The
-    // group that runs next is another one: a crash loop counts afresh.
-    s.repeated_failure.clear();
-    s.failure_repeats = 0;
+  // Every repeat of the failure came from this node: its machine is suspect rather than the
+  // script (which fails on whichever node reports first).
+  const bool all_on_culprit = failed.culprit && in_a_row >= s.failure_repeats;
+  const RdzvSettings& settings = s.settings;
+  const bool looping =
+      settings.crash_loop_limit > 0 && s.failure_repeats >= settings.crash_loop_limit;
+  // A budget no larger than the stop (torchrun's usual --max_restarts 3) ends a loop about as
+  // soon, so it is spent whole, as under torchrun; unless --restart_window makes it a rate,
+  // which a loop spaced out by --restart_backoff may never use up.
+  const bool stop_early = looping && (settings.max_restarts > settings.crash_loop_limit ||
+                                      settings.restart_window.count() > 0);
+  if (settings.quarantine_after > 0 && in_a_row >= settings.quarantine_after && spare_can_replace &&
+      (all_on_culprit || !stop_early)) {
+    // Running -> Joining (counted), the failing node Quarantined: its workers failed again.
+    // When every repeat was its own, another group runs next: a crash loop counts afresh.
+    if (all_on_culprit) {
+      s.repeated_failure.clear();
+      s.failure_repeats = 0;
+    }
     return quarantine_and_restart(st, culprit, reason, ends);
   }
-  // A budget no larger than the stop ends a loop about as soon: such a job (torchrun's usual
-  // --max_restarts 3) gets every restart it asked for, as under torchrun.
-  if (s.settings.crash_loop_limit > 0 && s.settings.max_restarts > s.settings.crash_loop_limit &&
-      s.failure_repeats >= s.settings.crash_loop_limit) {
-    // Running -> Closed (do not requeue): the same failure again and again, no progress between
-    ends.message = reason + "; a crash loop: the same failure " +
-                   std::to_string(s.failure_repeats) + " times in a row (--crash_loop_stop " +
-                   std::to_string(s.settings.crash_loop_limit) +
+  if (looping) {
+    ends.message = "; a crash loop: the same failure " + std::to_string(s.failure_repeats) +
+                   " times in a row (--crash_loop_stop " +
+                   std::to_string(settings.crash_loop_limit) +
                    ") with no progress in between that ddprun could see: no training step was "
                    "reported (the SDK, or a file named by --progress_file that the script "
                    "updates) and no group ran for --restart_backoff_reset; --crash_loop_stop 0 "
                    "restarts such a job up to --max_restarts";
     // Every one of them on one machine of several: a broken machine looks the same as a broken
     // script. (On a job of one node every failure is on it: nothing to tell.)
-    if (failed.culprit && count_participants(s) > 1 && in_a_row >= s.failure_repeats)
+    if (all_on_culprit && count_participants(s) > 1)
       ends.message += "; each time on node " + node.request.name + " (" +
-                      not_quarantined_because(s.settings, spare_can_replace) +
+                      not_quarantined_because(settings, spare_can_replace) +
                       "): if that machine is at fault, leave it out (sbatch --exclude, a node "
                       "selector) when the job runs again";
+    // Not to be requeued, whether now or once the budget is spent: a new run would loop too.
     ends.do_not_requeue = true;
+  }
+  if (stop_early) {
+    // Running -> Closed (do not requeue): the same failure again and again, no progress between
+    ends.message = reason + ends.message;
     return close_job(st, ends);
   }
   if (!failed.culprit) {

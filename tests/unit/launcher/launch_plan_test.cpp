@@ -205,9 +205,12 @@ TEST_CASE("a --quarantine_after the crash-loop stop comes before is warned of",
   config.rdzv_endpoint = "head:29400";
   CHECK(notes_with(plan_of(config, machine), LaunchNote::Level::Warn,
                    "--quarantine_after 5 is more than --crash_loop_stop 3") == 1);
-  // A budget no larger than the stop: no crash-loop stop either.
+  // A budget no larger than the stop ends first, unless --restart_window makes it a rate.
   config.max_restarts = 3;
   CHECK(notes_with(plan_of(config, machine), LaunchNote::Level::Warn, "--quarantine_after") == 0);
+  config.restart_window = 3600;
+  CHECK(notes_with(plan_of(config, machine), LaunchNote::Level::Warn, "--quarantine_after") == 1);
+  config.restart_window = 0;
   config.max_restarts = 10;
   // Equal: the quarantine comes first. Either off: nothing to warn of.
   for (const auto& [after, stop] : {std::pair{3, 3}, std::pair{5, 0}, std::pair{0, 3}}) {

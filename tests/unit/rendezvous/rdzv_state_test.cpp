@@ -651,8 +651,35 @@ TEST_CASE("a budget no larger than --crash_loop_stop is spent whole, as under to
   const auto& out = job.send("b", failure(3, 1, 7));
   REQUIRE(job.state.phase == JobPhase::Closed);
   const auto closed = to<Closed>(out, "a").at(0);
-  CHECK_FALSE(closed.do_not_requeue);
-  CHECK_THAT(closed.message, Catch::Contains("no restart left") && !Catch::Contains("crash loop"));
+  // Spent whole, and still a loop a requeue would meet again.
+  CHECK(closed.do_not_requeue);
+  CHECK_THAT(closed.message, Catch::Contains("no restart left: 3 of --max_restarts 3 used; a "
+                                             "crash loop: the same failure 4 times in a row"));
+  // A failure that breaks the run before the budget ends: the budget's end alone.
+  Job other = running_job({"a", "b"}, settings);
+  for (int round = 0; round < 3; ++round) {
+    other.send("b", failure(round, 1, round == 2 ? 9 : 7));
+    rejoin(other, settings);
+  }
+  const auto& last = other.send("b", failure(3, 1, 7));
+  CHECK_FALSE(to<Closed>(last, "a").at(0).do_not_requeue);
+  CHECK_THAT(to<Closed>(last, "a").at(0).message, !Catch::Contains("crash loop"));
+}
+
+TEST_CASE("with --restart_window the crash-loop stop holds whatever the budget",
+          "[rdzv][unit][policy]") {
+  RdzvSettings settings = nnodes(2, 2, 3);
+  settings.crash_loop_limit = 3;
+  settings.restart_window = 3600s;
+  Job job = running_job({"a", "b"}, settings);
+  for (int round = 0; round < 2; ++round) {
+    job.send("b", failure(round, 1, 7));
+    rejoin(job, settings);
+  }
+  const auto& out = job.send("b", failure(2, 1, 7));
+  REQUIRE(job.state.phase == JobPhase::Closed);
+  CHECK(to<Closed>(out, "a").at(0).do_not_requeue);
+  CHECK(job.state.restart_count == 2);
 }
 
 TEST_CASE("a round after repeated failures starts its join timeout after the nodes' pause",
@@ -1865,7 +1892,7 @@ TEST_CASE("a crash loop on one node says why no spare took its place", "[rdzv][u
   REQUIRE(job.state.phase == JobPhase::Closed);
   const std::string message = to<Closed>(out, "a").at(0).message;
   CHECK_THAT(message, Catch::Contains("each time on node b (--crash_loop_stop 3 came before "
-                                      "--quarantine_after 5, which would have let a spare"));
+                                      "--quarantine_after 5, which would have let the job go on"));
   CHECK_THAT(message, !Catch::Contains("no spare could take its place"));
 }
 
