@@ -232,6 +232,10 @@ class Stepper {
             s_.group_started && now_ - *s_.group_started >= spec_.restart_backoff_reset;
         s_.failures_in_a_row = ran_long || !restart->repeat ? 1 : s_.failures_in_a_row + 1;
       }
+      // The rendezvous's count, where it sends one: every node of the round pauses alike, as
+      // long as the rendezvous waits before the join timeout (a count of this node's own can
+      // be stale: it sat out rounds as a spare, or the server restarted).
+      if (restart->failures_in_a_row) s_.failures_in_a_row = *restart->failures_in_a_row;
       if (restart->quarantine.count() > 0) {
         out_.push_back(EmitEvent{
             EventName::Quarantined,
@@ -841,8 +845,9 @@ class Stepper {
     if (s_.phase == AgentPhase::HealthCheck) return s_.restart.reset();
     if (s_.restart) {
       if (s_.backing_off) return;  // the Backoff timer rejoins
-      const Duration pause = s_.backoff_over
-                                 ? Duration{0}
+      const Duration pause = s_.backoff_over ? Duration{0}
+                             : s_.restart->failures_in_a_row
+                                 ? Duration{s_.restart->pause}
                                  : restart_backoff(s_.failures_in_a_row, spec_.restart_backoff,
                                                    spec_.restart_backoff_max);
       if (pause > Duration{0}) {

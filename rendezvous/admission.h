@@ -26,8 +26,6 @@ std::string cooldown_text(const RdzvSettings& settings);
 
 /// The longest quarantine: a day (the wire's 32-bit milliseconds would allow 24 days).
 inline constexpr Millis kMaxQuarantineCooldown{86'400'000};
-/// The longest --restart_backoff pause (a day), as the command line allows.
-inline constexpr Millis kMaxRestartBackoff{86'400'000};
 
 /// --fatal_exit_codes as a list: "3,42", or "(none)".
 std::string codes_text(const std::vector<int>& codes);

@@ -262,15 +262,20 @@ struct ServerToJson {
             {"participants", m.participants.get()}};
   }
   json operator()(const Restart& m) const {
-    return {{"type", "restart"},
-            {"next_round", m.next_round},
-            {"reason", m.reason.get()},
-            {"counted", m.counted},
-            {"restart_count", m.restart_count},
-            {"quarantine_ms", m.quarantine.count()},
-            {"repeat", m.repeat},
-            {"window_restarts", m.window_restarts},
-            {"window_ms", m.window.count()}};
+    json j = {{"type", "restart"},
+              {"next_round", m.next_round},
+              {"reason", m.reason.get()},
+              {"counted", m.counted},
+              {"restart_count", m.restart_count},
+              {"quarantine_ms", m.quarantine.count()},
+              {"repeat", m.repeat},
+              {"window_restarts", m.window_restarts},
+              {"window_ms", m.window.count()}};
+    if (m.failures_in_a_row) {
+      j["failures_in_a_row"] = *m.failures_in_a_row;
+      j["pause_ms"] = m.pause.count();
+    }
+    return j;
   }
   json operator()(const Closed& m) const {
     return {{"type", "closed"},     {"outcome", std::string(name_of(m.outcome, kJobOutcomeNames))},
@@ -413,6 +418,14 @@ common::Result<ServerMessage> read_server(const std::string& type, Reader& r, co
     if (r.has("window_ms")) {
       m.window = r.millis("window_ms");
       m.window_restarts = r.integer("window_restarts");
+    }
+    if (r.has("failures_in_a_row")) {
+      m.failures_in_a_row = r.integer("failures_in_a_row");
+      m.pause = r.millis("pause_ms");
+      if (!r.error() && *m.failures_in_a_row < 0)
+        r.fail_value("failures_in_a_row", "must be 0 or more");
+      if (!r.error() && (m.pause < Millis{0} || m.pause > kMaxRestartBackoff))
+        r.fail_value("pause_ms", "must lie in 0..86400000");
     }
     if (r.error()) return common::Error{*r.error()};
     return ServerMessage{std::move(m)};

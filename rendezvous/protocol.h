@@ -83,6 +83,9 @@ struct RdzvSettings {
 /// from 100 ms up to this).
 constexpr Millis kMaxReconnectBackoff{2'000};
 
+/// The longest --restart_backoff pause (a day), as the command line allows.
+inline constexpr Millis kMaxRestartBackoff{86'400'000};
+
 /// --restart_backoff: the pause before the next round after `failures_in_a_row` counted
 /// failures in a row (each a repeat of the last): none after the first, then `base`, doubling
 /// up to `max`. The agent pauses so long; the rendezvous waits for it before the join timeout.
@@ -260,6 +263,12 @@ struct Restart {
   /// which --max_restarts is held against; restart_count counts every restart of the job.
   int window_restarts = 0;
   Millis window{0};
+  /// --restart_backoff as the rendezvous counts the job's failures (JobState::pause_count), so
+  /// that every node of the round pauses alike and the join timeout starts after it: the
+  /// failures in a row, and the pause before this node joins again. An older server sends
+  /// neither: the agent counts for itself.
+  std::optional<int> failures_in_a_row{};
+  Millis pause{0};
 };
 
 /// How a job ended.

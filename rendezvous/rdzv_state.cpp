@@ -308,6 +308,11 @@ TimePoint quiet_end(const JobState& s) {
 /// whose join or return changed things) hears at once, and a broadcast is owed at the period's end.
 int round_world_size(const JobState& s);
 
+/// The longest pause the nodes take before they rejoin the round now forming.
+Millis pause_before_round(const JobState& s) {
+  return restart_pause(s.pause_count, s.settings.restart_backoff, s.settings.restart_backoff_max);
+}
+
 void send_waiting(Step& st, const std::string& trigger = "") {
   JobState& s = st.s;
   const bool quiet = s.waiting_quiet_until && st.now < quiet_end(s);
@@ -324,6 +329,7 @@ void send_waiting(Step& st, const std::string& trigger = "") {
   // places taken, by the nodes joined and those restarting into it. Once per broadcast.
   const int running = s.phase == JobPhase::Running ? round_world_size(s) : 0;
   const int taken = count + count_in(s, NodeState::Stopping);
+  const Millis pause = pause_before_round(s);
   const auto waiting_for = [&](const NodeRecord& node) {
     // While a round runs, the wait list is who would join the next round; it has no deadline
     // (join_timeout 0): a place opens when the round loses a node or scales up.
@@ -334,15 +340,10 @@ void send_waiting(Step& st, const std::string& trigger = "") {
       return spare;
     }
     const bool listed = node.state == NodeState::WaitListed;
-    return Waiting{s.round,
-                   names,
-                   listed ? taken : count,
-                   s.settings.min_nodes,
-                   s.settings.max_nodes,
-                   missing,
-                   std::max(Millis{0}, since(s.round_started, st.now)),
-                   s.settings.join_timeout,
-                   listed};
+    return Waiting{s.round, names, listed ? taken : count, s.settings.min_nodes,
+                   s.settings.max_nodes, missing,
+                   // Counted from the restart: the nodes' pause, then the join timeout.
+                   since(s.round_started - pause, st.now), s.settings.join_timeout + pause, listed};
   };
   const auto hears = [&](const NodeRecord& node) {
     return node.state == NodeState::WaitListed ||
@@ -482,11 +483,6 @@ std::string budget_used_up(const JobState& s, const std::string& reason) {
          std::to_string(s.settings.max_restarts) + " used";
 }
 
-/// The longest pause the nodes take before they rejoin the round now forming.
-Millis pause_before_round(const JobState& s) {
-  return restart_pause(s.pause_count, s.settings.restart_backoff, s.settings.restart_backoff_max);
-}
-
 /// Stops the running round and forms the next one. `rejoiner` (if any) already asked to join
 /// and goes straight to Joined instead of being told to restart.
 void restart_round(Step& st, const std::string& reason, bool counted, Closed if_no_budget,
@@ -502,13 +498,15 @@ void restart_round(Step& st, const std::string& reason, bool counted, Closed if_
     close_job(st, if_no_budget);
     return;
   }
-  // The agents' pause before they rejoin (--restart_backoff) grows as they count: a counted
-  // repeat adds one, any other counted restart starts afresh, an uncounted one keeps the count.
-  if (counted) s.pause_count = repeat ? s.pause_count + 1 : 1;
   if (counted) {
+    // The nodes' pause before they rejoin (--restart_backoff) grows with a counted repeat; any
+    // other counted restart starts it afresh, an uncounted one keeps it.
+    s.pause_count = repeat ? s.pause_count + 1 : 1;
     ++s.restart_count;
     if (s.settings.restart_window.count() > 0) s.window_restarts.push_back(st.now);
   }
+  // Every node pauses as long (its Restart says), and the next round forms after that.
+  const Millis pause = pause_before_round(s);
   clear_previous_ranks(s);
   // The loop changes the participants' states, never their keys: the keys stay valid.
   const std::vector<NodeKey> participants = keys_in(s, {NodeState::Running, NodeState::Succeeded});
@@ -528,6 +526,8 @@ void restart_round(Step& st, const std::string& reason, bool counted, Closed if_
     set_state(s, id, NodeState::Stopping);
     Restart restart{s.round + 1, shared_reason, counted, s.restart_count};
     restart.repeat = repeat;
+    restart.failures_in_a_row = s.pause_count;
+    restart.pause = pause;
     if (s.settings.restart_window.count() > 0) {
       restart.window_restarts = static_cast<int>(s.window_restarts.size());
       restart.window = s.settings.restart_window;
@@ -537,7 +537,7 @@ void restart_round(Step& st, const std::string& reason, bool counted, Closed if_
   ++s.round;
   s.phase = JobPhase::Joining;
   // The round forms once the nodes' pause is over: its join timeout starts then.
-  s.round_started = st.now + pause_before_round(s);
+  s.round_started = st.now + pause;
   s.last_call.reset();
   s.adopt_deadline.reset();
   s.waiting_quiet_until.reset();  // a new round: everyone hears of it at once
@@ -1212,12 +1212,12 @@ std::string kept_out_text(const JobState& s) {
          });
 }
 
-/// ", after the nodes' pause of up to 12.0 s (--restart_backoff)" for the join timeout's
+/// ", after the nodes' --restart_backoff pause of up to 12 s" for the join timeout's
 /// message when its round formed after one: the wait it names began then.
 std::string round_pause_text(const JobState& s) {
   const Millis pause = pause_before_round(s);
   if (pause <= Millis{0}) return "";
-  return ", after the nodes' pause of up to " + elapsed_text(pause) + " (--restart_backoff)";
+  return ", after the nodes' --restart_backoff pause of up to " + elapsed_text(pause);
 }
 
 /// Deadlines that are due at `now`: tombstone, keep-alive, adoption, last call, join timeout.

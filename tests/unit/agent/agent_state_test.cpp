@@ -980,6 +980,23 @@ TEST_CASE("back-off: the first failure rejoins at once, the second after the bas
   CHECK(a.event("restart_delayed")["delay_ms"] == 2000);
 }
 
+TEST_CASE("back-off: the rendezvous's count and pause win over the node's own", "[agent][unit]") {
+  Agent a(1, 10);
+  fail_and_restart(a, 1, 100ms);
+  REQUIRE(a.has<JoinRound>());
+  // A node that sat out the job's earlier failures (a spare): its own count is 1, the job's 4.
+  auto pids = a.running_group(1);
+  a.on(WorkerExited{pids[0], {1, 0}, true});
+  rdzv::Restart restart{2, "worker failed", true, 2};
+  restart.failures_in_a_row = 4;
+  restart.pause = 8s;
+  a.on(NoticeReceived{restart});
+  a.on(OutputDrained{});
+  CHECK(a.state.failures_in_a_row == 4);
+  CHECK(a.event("restart_delayed")["delay_ms"] == 8000);
+  CHECK(a.effects<ArmTimer>().at(0).at == a.now + 8s);
+}
+
 TEST_CASE("back-off: a group that ran past the reset period starts the schedule afresh",
           "[agent][unit]") {
   Agent a(1, 10);

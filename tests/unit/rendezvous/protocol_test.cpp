@@ -74,6 +74,20 @@ TEST_CASE("a join survives the trip through JSON with its settings and resume cl
   CHECK(policy.restart_window == Millis(600'000));
   CHECK(policy.crash_loop_limit == 0);
   CHECK(policy.fatal_exit_codes == std::vector<int>{3, 42});
+  // --restart_backoff: the flag's defaults from a peer that does not send it.
+  CHECK(back.settings.restart_backoff == Millis(1'000));
+  CHECK(back.settings.restart_backoff_max == Millis(30'000));
+  j.settings.restart_backoff = Millis(2'500);
+  j.settings.restart_backoff_max = Millis(120'000);
+  const RdzvSettings backoff = agent_round_trip(j).settings;
+  CHECK(backoff.restart_backoff == Millis(2'500));
+  CHECK(backoff.restart_backoff_max == Millis(120'000));
+  auto older = to_json(AgentMessage{j});
+  older["settings"].erase("restart_backoff_ms");
+  older["settings"].erase("restart_backoff_max_ms");
+  const RdzvSettings from_older = std::get<Join>(*parse_agent_message(older)).settings;
+  CHECK(from_older.restart_backoff == Millis(1'000));
+  CHECK(from_older.restart_backoff_max == Millis(30'000));
   REQUIRE(back.resume);
   CHECK(back.resume->round == 3);
   CHECK(back.resume->master_port == 29501);
@@ -151,6 +165,20 @@ TEST_CASE("every server message survives the trip through JSON", "[rdzv][unit]")
   Restart w2 = server_round_trip(windowed);
   CHECK(w2.window_restarts == 2);
   CHECK(w2.window == Millis(3600000));
+  // The rendezvous's back-off count and pause travel together, only when set.
+  CHECK_FALSE(s.failures_in_a_row);
+  CHECK_FALSE(to_json(ServerMessage{Restart{3, "crash", true, 2}}).contains("pause_ms"));
+  Restart paused{5, "crash", true, 4};
+  paused.failures_in_a_row = 3;
+  paused.pause = Millis(2'000);
+  Restart p2 = server_round_trip(paused);
+  CHECK(p2.failures_in_a_row == 3);
+  CHECK(p2.pause == Millis(2'000));
+  auto too_long = to_json(ServerMessage{paused});
+  too_long["pause_ms"] = 86'400'001;
+  CHECK_FALSE(parse_server_message(too_long).ok());
+  too_long["pause_ms"] = -1;
+  CHECK_FALSE(parse_server_message(too_long).ok());
   Closed c = server_round_trip(Closed{JobOutcomeKind::TimedOut, "join timeout", 0, 0});
   CHECK(c.outcome == JobOutcomeKind::TimedOut);
   CHECK_FALSE(c.do_not_requeue);

@@ -695,12 +695,18 @@ TEST_CASE("a round after repeated failures starts its join timeout after the nod
   CHECK(job.state.pause_count == 1);
   rejoin(job, settings);
   // The same failure again: the agents pause 12 s, then rejoin; 15 s is no join timeout.
-  CHECK(to<Restart>(job.send("b", failure(1, 1, 7)), "a").at(0).repeat);
+  const Restart told = to<Restart>(job.send("b", failure(1, 1, 7)), "a").at(0);
+  CHECK(told.repeat);
   CHECK(job.state.pause_count == 2);
+  // Every node hears the count and the pause: they pause alike, as long as the server waits.
+  CHECK(told.failures_in_a_row == 2);
+  CHECK(told.pause == 12s);
   job.pass(15s);
   REQUIRE(job.state.phase == JobPhase::Joining);
   const Waiting w = to<Waiting>(job.join(join_of("a", settings)), "a").at(0);
-  CHECK(w.waited == 3s);  // since the pause ended
+  // Counted from the restart, the pause included in the limit: 15 s of 22 s.
+  CHECK(w.waited == 15s);
+  CHECK(w.join_timeout == 22s);
   job.join(join_of("b", settings));
   REQUIRE(job.state.phase == JobPhase::Running);
   // Once more: a 24 s pause, and nobody comes back after it. The join timeout counts from there.
@@ -711,9 +717,10 @@ TEST_CASE("a round after repeated failures starts its join timeout after the nod
   REQUIRE(job.state.phase == JobPhase::Closed);
   const auto closed = to<Closed>(out, "a").at(0);
   CHECK(closed.outcome == JobOutcomeKind::TimedOut);
-  CHECK_THAT(closed.message, Catch::Contains("waited 10 s") &&
-                                 Catch::Contains("(round 3, after the nodes' pause of up to 24 s "
-                                                 "(--restart_backoff))"));
+  CHECK_THAT(closed.message,
+             Catch::Contains("waited 10 s") &&
+                 Catch::Contains("(round 3, after the nodes' --restart_backoff pause "
+                                 "of up to 24 s)"));
   // Another kind of failure starts the count afresh: no pause.
   Job fresh = running_job({"a", "b"}, settings);
   fresh.send("b", failure(0, 1, 7));
