@@ -3,6 +3,7 @@
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 
 #include "common/log.h"
 #include "common/strings.h"
@@ -12,6 +13,15 @@
 namespace ddprun::rdzv {
 
 namespace asio = boost::asio;
+
+namespace {
+
+/// How long one connection attempt may go unanswered: a host that drops the SYN (a firewall, a
+/// wrong address) would otherwise hold it for the kernel's two minutes, past connect_timeout
+/// and without the client's notice that the server is not reachable yet.
+constexpr std::chrono::seconds kConnectAttemptLimit{5};
+
+}  // namespace
 using asio::ip::tcp;
 using boost::system::error_code;
 
@@ -71,14 +81,26 @@ void NetworkRendezvous::try_endpoint(size_t index, const std::string& last_error
                           "cannot bind --local_addr " + opt_.local_addr + ": " + ec.message());
   }
   if (ec) return try_endpoint(index + 1, ec.message());
-  socket->async_connect(target, [this, alive = alive_, socket, index](error_code ec) {
-    if (!*alive) return;
-    if (ec) return try_endpoint(index + 1, ec.message());
-    tune_socket(*socket, opt_.settings.keep_alive_window());
-    std::optional<TlsRole> tls;
-    if (opt_.tls) tls = TlsRole{opt_.tls, false, opt_.endpoint_host};
-    on_connected(std::make_shared<FramedConnection>(std::move(*socket), std::move(tls)));
+  auto limit = std::make_shared<asio::steady_timer>(io_, kConnectAttemptLimit);
+  auto unanswered = std::make_shared<bool>(false);
+  limit->async_wait([socket, unanswered](error_code ec) {
+    if (ec) return;  // cancelled: the attempt ended first
+    *unanswered = true;
+    socket->close(ec);  // ends the attempt with operation_aborted
   });
+  socket->async_connect(
+      target, [this, alive = alive_, socket, index, limit, unanswered](error_code ec) {
+        limit->cancel();
+        if (!*alive) return;
+        if (*unanswered)
+          return try_endpoint(
+              index + 1, "no answer within " + std::to_string(kConnectAttemptLimit.count()) + " s");
+        if (ec) return try_endpoint(index + 1, ec.message());
+        tune_socket(*socket, opt_.settings.keep_alive_window());
+        std::optional<TlsRole> tls;
+        if (opt_.tls) tls = TlsRole{opt_.tls, false, opt_.endpoint_host};
+        on_connected(std::make_shared<FramedConnection>(std::move(*socket), std::move(tls)));
+      });
 }
 
 void NetworkRendezvous::on_connected(std::shared_ptr<FramedConnection> conn) {

@@ -102,7 +102,7 @@ class Stepper {
     if (!s_.greeted && !s_.unreachable_said && now_ - *s_.lost_since >= kUnreachableNotice) {
       s_.unreachable_said = true;
       log(ClientLogLevel::Warn,
-          fmt::format("the {} at {} is not reachable yet ({}); retrying for up to {} s "
+          fmt::format("the {} at {} is not reachable yet ({}); retrying until it has waited {} s "
                       "(--rdzv_conf connect_timeout)",
                       spec_.server, spec_.endpoint, e.why, seconds(spec_.connect_timeout)));
     }
@@ -367,11 +367,18 @@ class Stepper {
     out_.push_back(SendJoin{std::move(join)});
   }
 
+  /// How long the server has been unreachable: connect_timeout, or more when the attempt that
+  /// ended past it waited for an answer.
+  Millis unreachable_for() const {
+    return std::max(spec_.connect_timeout,
+                    std::chrono::duration_cast<Millis>(now_ - s_.lost_since.value_or(now_)));
+  }
+
   void give_up_unreachable(const std::string& why) {
     give_up(RendezvousError{RendezvousErrorKind::Connection,
                             "cannot reach the " + spec_.server + " at " + spec_.endpoint + " for " +
-                                std::to_string(seconds(spec_.connect_timeout)) + " s (" + why +
-                                "); " + spec_.unreachable_advice});
+                                std::to_string(seconds(unreachable_for())) + " s (" + why + "); " +
+                                spec_.unreachable_advice});
   }
 
   void give_up(RendezvousError error) {

@@ -1,6 +1,10 @@
 // Several ddprun agents on one machine, each advertising its own 127.0.0.x address, meeting at
 // an embedded server or at ddprun-rdzvd.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <fstream>
@@ -308,6 +312,39 @@ TEST_CASE("an endpoint nobody serves is retried, then named in the error",
   CHECK(r.exit_code == 69);
   CHECK(contains(r.err, "cannot reach the rendezvous server at " + endpoint));
   CHECK(contains(r.err, "Connection refused"));
+}
+
+TEST_CASE("an endpoint that never answers is given up on: each attempt waits 5 s at most",
+          "[integration][multinode]") {
+  // A listener whose accept queue is full: the kernel drops further SYNs, as a firewall or a
+  // wrong address would, and a connect would wait for the kernel's two minutes.
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(listener >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::listen(listener, 0) == 0);
+  socklen_t len = sizeof addr;
+  REQUIRE(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  std::vector<int> fillers;
+  for (int i = 0; i < 3; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    REQUIRE(fd >= 0);
+    (void)::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    fillers.push_back(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const std::string endpoint = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  auto r = start_node(endpoint, node_addr(0),
+                      {"--nnodes", "2", "--rdzv_conf", "is_host=0,connect_timeout=6"}, {"exit=0"})
+               ->wait(kJobLimit);
+  for (const int fd : fillers) ::close(fd);
+  ::close(listener);
+  INFO(r.err);
+  CHECK(r.exit_code == 69);
+  CHECK(contains(r.err, "is not reachable yet (no answer within 5 s)"));
+  CHECK(contains(r.err, "cannot reach the rendezvous server at " + endpoint + " for 10 s"));
 }
 
 TEST_CASE("ddprun status shows a running job's nodes with their ranks",

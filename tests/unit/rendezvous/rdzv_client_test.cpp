@@ -329,7 +329,7 @@ TEST_CASE("a first contact failing for 5 s says so once, with how long it retrie
   c.on(ConnectionLost{"connection refused"});
   CHECK(
       c.logged("the rendezvous server at rdzv.example:29400 is not reachable yet (connection "
-               "refused); retrying for up to 60 s (--rdzv_conf connect_timeout)"));
+               "refused); retrying until it has waited 60 s (--rdzv_conf connect_timeout)"));
   // Once only.
   c.now += 2s;
   c.on(RetryDue{});
