@@ -52,6 +52,7 @@ class Stepper {
       return;
     }
     s_.link = e.can_send ? ClientLink::Ready : ClientLink::Handshaking;
+    s_.joined_on_link = false;         // a new link: its server has heard nothing of this node yet
     s_.server_holds_kept_out.reset();  // a new link: its server has not greeted yet
     // Without a secret the join follows the hello at once (one round trip saved); with one,
     // nothing is sent before the server has proved that it holds the secret.
@@ -165,7 +166,9 @@ class Stepper {
     if (s_.link == ClientLink::Down || s_.link == ClientLink::Connecting ||
         s_.phase == ClientPhase::Done)
       return;
-    if (ready()) out_.push_back(Send{Heartbeat{}});
+    // Only once this link joined: a server knows the node by its join, and one restarted while
+    // this node paused between rounds refuses a connection whose first message is no join.
+    if (ready() && s_.joined_on_link) out_.push_back(Send{Heartbeat{}});
     out_.push_back(ArmClientTimer{ClientTimer::Heartbeat, spec_.settings.keep_alive_interval});
   }
 
@@ -341,6 +344,7 @@ class Stepper {
       join.resume = RoundClaim{r.round,       r.group_rank,  r.group_world_size, r.restart_count,
                                r.master_addr, r.master_port, s_.succeeded};
     }
+    s_.joined_on_link = true;
     out_.push_back(SendJoin{std::move(join)});
   }
 
@@ -364,6 +368,7 @@ class Stepper {
     }
     Join join = this_node_join();
     join.kept_out = s_.kept_out.empty() ? "its health check failed" : s_.kept_out;
+    s_.joined_on_link = true;
     out_.push_back(SendJoin{std::move(join)});
   }
 

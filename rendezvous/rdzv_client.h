@@ -61,6 +61,8 @@ struct ClientState {
   /// Since when the server has been unreachable (first contact counts too); cleared once it
   /// greets.
   std::optional<TimePoint> lost_since;
+  /// This link sent a join (or a kept-out join): heartbeats may follow it.
+  bool joined_on_link = false;
   bool greeted = false;           ///< a server greeted this node once (first contact is over)
   bool unreachable_said = false;  ///< the first contact's "not reachable yet" line was logged
   Millis backoff{100};            ///< the next retry's delay

@@ -477,6 +477,32 @@ TEST_CASE("heartbeats go out on a ready link and stop when it is down", "[rdzv][
   CHECK(c.out.empty());
 }
 
+TEST_CASE("a link that reconnects between rounds sends no heartbeat before its join",
+          "[rdzv][client][unit]") {
+  Client c;
+  c.run_round();
+  c.on(FrameReceived{Restart{1, "worker failed", true, 1}});
+  REQUIRE(c.s.phase == ClientPhase::Idle);
+  // The agent pauses (--restart_backoff); the old link still heartbeats: the server knows it.
+  c.on(HeartbeatDue{});
+  CHECK(c.sent<Heartbeat>().size() == 1);
+  // The server restarts meanwhile: the new one has heard nothing of this node, and would
+  // refuse a connection whose first message is no join.
+  c.on(ConnectionLost{"the server closed the connection"});
+  c.now += 100ms;
+  c.on(RetryDue{});
+  c.on(Connected{true});
+  c.on(Greeted{});
+  c.on(HeartbeatDue{});
+  CHECK(c.sent<Heartbeat>().empty());
+  CHECK(c.armed(ClientTimer::Heartbeat));
+  // The pause ends: the join goes first, heartbeats after it.
+  c.on(NextRound{});
+  CHECK(c.has<SendJoin>());
+  c.on(HeartbeatDue{});
+  CHECK(c.sent<Heartbeat>().size() == 1);
+}
+
 TEST_CASE("the waiting line is printed on a change and repeated with the time waited",
           "[rdzv][client][unit]") {
   Client c;
