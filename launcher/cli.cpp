@@ -389,8 +389,10 @@ Check parse_quarantine_after(const RawValue& v, LaunchConfig& config) {
 }
 
 Check parse_quarantine_cooldown(const RawValue& v, LaunchConfig& config) {
+  // SECONDS alone keeps the default maximum, as --restart_backoff's does: each quarantine of
+  // the same node still doubles.
   auto range = parse_seconds_range(v, ": expected SECONDS or SECONDS:MAX, e.g. 30:600",
-                                   "first cooldown", std::nullopt);
+                                   "first cooldown", 600.0);
   if (!range.ok()) return range.error();
   std::tie(config.quarantine_cooldown, config.quarantine_cooldown_max) = *range;
   return std::nullopt;
@@ -890,8 +892,9 @@ constexpr OptionSpec kOptions[] = {
      "or the round is smaller within --nnodes (default {default}; 0: off)."},
     {Flag::QuarantineCooldown, parse_quarantine_cooldown,
      "quarantine_cooldown", "", false, "SECONDS[:MAX]", "30:600", kSupervision,
-     "How long a node's first quarantine lasts; each further one doubles it, up to MAX. The "
-     "node then checks itself and joins again as a spare (default {default})."},
+     "How long a node's first quarantine lasts; each further one doubles it, up to MAX (600 "
+     "when not given). The node then checks itself and joins again as a spare (default "
+     "{default})."},
     {Flag::ProgressFile, set_text<&LaunchConfig::progress_file>,
      "progress_file", "", false, "PATH", "", kSupervision,
      "A file the training program rewrites as it gets somewhere (a checkpoint's iteration "

@@ -825,6 +825,10 @@ Waiting quarantine_waiting(const JobState& s, const NodeStanding& standing, Time
 void quarantine_and_restart(Step& st, const std::string& identity, const std::string& reason,
                             Closed if_no_budget) {
   JobState& s = st.s;
+  // No restart left: the job ends, and no quarantine is announced in its last message.
+  forget_old_restarts(s, st.now);
+  if (restarts_used(s) >= s.settings.max_restarts)
+    return restart_round(st, reason, true, std::move(if_no_budget));
   NodeStanding& standing = s.standing[identity];
   const Millis cooldown = cooldown_after(s.settings, standing.quarantines);
   const std::vector<std::string> ids = ids_where(s, [&](const NodeId& id, const NodeRecord& node) {
@@ -832,9 +836,12 @@ void quarantine_and_restart(Step& st, const std::string& identity, const std::st
            node_identity(id, node.request) == identity;
   });
   const std::string names = common::join(names_of(s, ids), ", ");
-  standing.why = "its workers caused " + std::to_string(standing.failures_in_a_row) +
-                 " group failures in a row (--quarantine_after " +
-                 std::to_string(s.settings.quarantine_after) + "), the last: " + reason;
+  standing.why =
+      standing.quarantines > 0 && standing.failures_in_a_row < s.settings.quarantine_after
+          ? "its workers failed again, with no progress, after its last quarantine: " + reason
+          : "its workers caused " + std::to_string(standing.failures_in_a_row) +
+                " group failures in a row (--quarantine_after " +
+                std::to_string(s.settings.quarantine_after) + "), the last: " + reason;
   ++standing.quarantines;
   standing.failures_in_a_row = 0;
   standing.until = st.now + cooldown;
@@ -1115,14 +1122,15 @@ void on_workers_failed(Step& st, const std::string& id, const WorkersFailed& fai
   // which a loop spaced out by --restart_backoff may never use up.
   const bool stop_early = looping && (settings.max_restarts > settings.crash_loop_limit ||
                                       settings.restart_window.count() > 0);
-  if (settings.quarantine_after > 0 && in_a_row >= settings.quarantine_after && spare_can_replace &&
-      (all_on_culprit || !stop_early)) {
+  // A node back from a quarantine whose workers fail again before any progress is quarantined
+  // again at once: it would cost the job --quarantine_after restarts each time it came back.
+  const bool relapsed =
+      failed.culprit && !failed.progress && in_a_row >= 1 && s.standing.at(culprit).quarantines > 0;
+  if (settings.quarantine_after > 0 && (in_a_row >= settings.quarantine_after || relapsed) &&
+      spare_can_replace && (all_on_culprit || !stop_early)) {
     // Running -> Joining (counted), the failing node Quarantined: its workers failed again.
-    // When every repeat was its own, another group runs next: a crash loop counts afresh.
-    if (all_on_culprit) {
-      s.repeated_failure.clear();
-      s.failure_repeats = 0;
-    }
+    // The crash-loop count goes on: a node that takes its place and fails the same way points
+    // at the script, not at the machines.
     return quarantine_and_restart(st, culprit, reason, ends);
   }
   if (looping) {

@@ -1001,6 +1001,13 @@ TEST_CASE(
   CHECK(parsed.signals_to_handle == defaults.signals_to_handle);
   CHECK(parsed.standby_workers == defaults.standby_workers);
   CHECK(parsed.health_check_interval == defaults.health_check_interval);
+  // A bare --quarantine_cooldown keeps the default maximum, as --restart_backoff does.
+  const LaunchConfig bare =
+      parse_ok({"--quarantine_cooldown", "10", "--restart_backoff", "12", "train.py"});
+  CHECK(bare.quarantine_cooldown == 10.0);
+  CHECK(bare.quarantine_cooldown_max == 600.0);
+  CHECK(bare.restart_backoff_max == 30.0);
+  CHECK(parse_ok({"--quarantine_cooldown", "900", "train.py"}).quarantine_cooldown_max == 900.0);
 
   const std::string help = parse_info({"--help"});
   CHECK_THAT(help, Contains("SIGKILL (default 30)."));

@@ -1884,8 +1884,29 @@ TEST_CASE("a node that keeps failing is quarantined before its failures make a c
   CHECK(job.node("c").state == NodeState::Joined);
   CHECK(to<Closed>(out, "a").empty());
   CHECK(to<Restart>(out, "b").at(0).quarantine == 30s);
-  // Another group runs next: its failures are counted afresh.
-  CHECK(job.state.failure_repeats == 0);
+  // The crash-loop count goes on: the spare failing the same way points at the script, and
+  // ends the job without blaming a machine.
+  CHECK(job.state.failure_repeats == 3);
+  rejoin_all(job, {"a"}, settings);
+  const auto& next = job.send("c", failure(job.state.round, 1, 1));
+  REQUIRE(job.state.phase == JobPhase::Closed);
+  const auto closed = to<Closed>(next, "a").at(0);
+  CHECK(closed.do_not_requeue);
+  CHECK_THAT(closed.message, Catch::Contains("the same failure 4 times in a row") &&
+                                 !Catch::Contains("each time on node"));
+}
+
+TEST_CASE("a quarantine the budget has no restart for is not announced as the job ends",
+          "[rdzv][unit][spares]") {
+  const RdzvSettings settings = quarantining(2, 2, 1);
+  Job job = with_spare(settings);
+  job.send("b", failure(0, 1, 1));
+  rejoin_all(job, {"a", "b"}, settings);
+  const auto& out = job.send("b", failure(1, 1, 1));
+  REQUIRE(job.state.phase == JobPhase::Closed);
+  CHECK(job.node("b").state != NodeState::Quarantined);
+  CHECK_THAT(to<Closed>(out, "a").at(0).message,
+             Catch::Contains("no restart left") && !Catch::Contains("quarantined"));
 }
 
 TEST_CASE("a crash loop on one node says why no spare took its place", "[rdzv][unit][spares]") {
@@ -1921,16 +1942,24 @@ TEST_CASE("a quarantined node back in an elastic job is quarantined again, not a
   REQUIRE(job.state.phase == JobPhase::Running);
   job.pass(29s);
   REQUIRE(job.state.nodes.count(id_of("b")) == 0);
-  // b comes back: the job scales up to three and b fails twice more.
+  // b comes back: the job scales up to three (a crash loop counts afresh), and b's first
+  // failure with no progress puts it back at once, for twice as long.
   job.join(join_of("b", settings));
   CHECK(job.node("b").state == NodeState::Joined);
   rejoin_all(job, {"a", "c"}, settings);
-  const auto& first = job.send("b", failure(job.state.round, 1, 1));
-  CHECK(to<Closed>(first, "a").empty());
-  rejoin_all(job, {"a", "b", "c"}, settings);
-  const auto& second = job.send("b", failure(job.state.round, 1, 1));
+  CHECK(job.state.failure_repeats == 0);
+  const auto& again = job.send("b", failure(job.state.round, 1, 1));
   CHECK(job.state.phase == JobPhase::Joining);
-  CHECK(to<Restart>(second, "b").at(0).quarantine == 60s);
+  const Restart told = to<Restart>(again, "b").at(0);
+  CHECK(told.quarantine == 60s);
+  CHECK_THAT(told.reason, Catch::Contains("failed again, with no progress, after its last"));
+  // A failure after progress is a failure like any other: no quarantine at once.
+  rejoin_all(job, {"a", "c"}, settings);
+  job.pass(60s);
+  job.join(join_of("b", settings));
+  rejoin_all(job, {"a", "c"}, settings);
+  job.send("b", failure(job.state.round, 1, 1, "", true));
+  CHECK(job.node("b").state == NodeState::Stopping);
 }
 
 TEST_CASE(
@@ -1985,14 +2014,12 @@ TEST_CASE(
   // It joins as a newcomer: a spare, the round being full.
   job.join(join_of("b", settings));
   CHECK(job.node("b").state == NodeState::WaitListed);
-  // c is lost: b takes its place; b fails twice more: quarantined for 60 s, then 100 s.
+  // c is lost: b takes its place; b fails again with no progress: quarantined at once for
+  // 60 s, then 100 s.
   job.apply(Disconnected{id_of("c")});
   rejoin_all(job, {"a"}, settings);
   job.join(join_of("c", settings));  // c's agent, restarted, is the spare now
   int round = job.state.round;
-  job.send("b", failure(round, 1, 1));
-  rejoin_all(job, {"a", "b"}, settings);
-  round = job.state.round;
   CHECK(to<Restart>(job.send("b", failure(round, 1, 1)), "b").at(0).quarantine == 60s);
   CHECK(job.state.standing.at("b/b").quarantines == 2);
   job.join(join_of("b", settings));
