@@ -88,6 +88,7 @@ std::string forming_line(const json& job, const json& forming) {
     text << std::fixed << std::setprecision(1) << std::max(0.0, it->get<double>());
     line += std::string("; ") + what + " in " + text.str() + " s";
   };
+  seconds("pause_ends_in_s", "the nodes' --restart_backoff pause ends");
   seconds("last_call_in_s", "last call ends");
   seconds("join_timeout_in_s", "join timeout");
   return line + "\n";

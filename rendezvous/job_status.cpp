@@ -115,6 +115,8 @@ nlohmann::json describe_job(const JobState& state, TimePoint now) {
     if (joined < settings.min_nodes)
       forming["join_timeout_in_s"] = seconds_until(state.round_started + settings.join_timeout);
     if (state.last_call) forming["last_call_in_s"] = seconds_until(*state.last_call);
+    // The nodes' --restart_backoff pause: the round forms after it.
+    if (state.round_started > now) forming["pause_ends_in_s"] = seconds_until(state.round_started);
     job["forming"] = std::move(forming);
   }
   if (state.closed) {

@@ -79,6 +79,26 @@ TEST_CASE("the status table shows each job's round and each node's rank, state a
         std::string::npos);
 }
 
+TEST_CASE("while the nodes pause before a round the status line says so", "[launcher][unit]") {
+  json jobs = json::array({{{"run_id", "j"},
+                            {"phase", "joining"},
+                            {"round", 2},
+                            {"restart_count", 2},
+                            {"settings", {{"min_nodes", 2}, {"max_nodes", 2}, {"max_restarts", 5}}},
+                            {"forming",
+                             {{"joined", 0},
+                              {"awaited", {"node1", "node2"}},
+                              {"awaited_count", 2},
+                              {"more_needed", 2},
+                              {"pause_ends_in_s", 8.04},
+                              {"join_timeout_in_s", 18.04}}},
+                            {"nodes", json::array()}}});
+  const std::string table = format_status(jobs);
+  INFO(table);
+  CHECK(table.find("2 more needed; the nodes' --restart_backoff pause ends in 8.0 s; join "
+                   "timeout in 18.0 s") != std::string::npos);
+}
+
 TEST_CASE("a closed job's table says each node ended, in the state it ended in",
           "[launcher][unit]") {
   json jobs = json::array(

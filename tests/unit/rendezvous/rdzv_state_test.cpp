@@ -701,7 +701,12 @@ TEST_CASE("a round after repeated failures starts its join timeout after the nod
   // Every node hears the count and the pause: they pause alike, as long as the server waits.
   CHECK(told.failures_in_a_row == 2);
   CHECK(told.pause == 12s);
-  job.pass(15s);
+  job.pass(5s);
+  // Status says when the pause ends, and the join timeout after it.
+  const auto forming = describe_job(job.state, job.now)["forming"];
+  CHECK(forming["pause_ends_in_s"].get<double>() == Approx(7.0));
+  CHECK(forming["join_timeout_in_s"].get<double>() == Approx(17.0));
+  job.pass(10s);
   REQUIRE(job.state.phase == JobPhase::Joining);
   const Waiting w = to<Waiting>(job.join(join_of("a", settings)), "a").at(0);
   // Counted from the restart, the pause included in the limit: 15 s of 22 s.
