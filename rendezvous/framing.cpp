@@ -40,6 +40,14 @@ DecodeResult FrameDecoder::next() {
   }
   // Refuse from the header alone, so a bogus length never makes us wait for (or buffer) its body.
   if (size > kMaxFrameBytes) {
+    // A peer that speaks HTTP (a metrics or status page port given for the rendezvous's, or a
+    // proxy) starts with "HTTP" or a method; a length spelled in letters says which it is.
+    const std::string_view head(buffer.data(), kFrameHeaderBytes);
+    for (const std::string_view word : {"HTTP", "GET ", "POST", "PUT ", "HEAD"})
+      if (head == word)
+        return fail(
+            "the peer speaks HTTP, not the rendezvous protocol (is the port a metrics or "
+            "status page, or a proxy?)");
     return fail("frame of " + std::to_string(size) + " bytes is over the " +
                 std::to_string(kMaxFrameBytes) + "-byte limit");
   }

@@ -81,6 +81,16 @@ TEST_CASE("an oversized length is refused from the header alone", "[rdzv][unit]"
   CHECK(got.error == "frame of 5000000 bytes is over the 1048576-byte limit");
 }
 
+TEST_CASE("an HTTP peer is named as one, not as an oversized frame", "[rdzv][unit]") {
+  for (const char* start : {"HTTP/1.1 200 OK\r\n", "GET / HTTP/1.1\r\n"}) {
+    FrameDecoder decoder;
+    decoder.feed(start);
+    DecodeResult got = decoder.next();
+    REQUIRE(got.status == DecodeStatus::Bad);
+    CHECK_THAT(got.error, Catch::StartsWith("the peer speaks HTTP, not the rendezvous protocol"));
+  }
+}
+
 TEST_CASE("a body of exactly the limit is accepted", "[rdzv][unit]") {
   const std::string prefix = R"({"pad":")";
   const std::string body = prefix + std::string(kMaxFrameBytes - prefix.size() - 2, 'x') + "\"}";
