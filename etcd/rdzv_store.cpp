@@ -205,6 +205,7 @@ json job_to_json(const JobState& s, const TimeAnchor& a) {
                     {"quarantines", st.quarantines},
                     {"why", st.why}};
       if (st.until) entry["until_ms"] = a.to_wall(*st.until);
+      if (st.relapse_armed) entry["relapse_armed"] = true;
       standing[identity] = std::move(entry);
     }
     j["standing"] = std::move(standing);
@@ -291,6 +292,7 @@ JobState job_from_json(const json& j, const TimeAnchor& a, common::TimePoint now
       st.quarantines = n.int32("quarantines");
       st.why = n.text("why", false);
       st.until = n.time("until_ms", a, false);
+      st.relapse_armed = n.has("relapse_armed") && n.boolean("relapse_armed");
       s.standing.emplace(identity, std::move(st));
     }
   }

@@ -1,5 +1,7 @@
 #include "rendezvous/network_rendezvous.h"
 
+#include <chrono>
+
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
@@ -13,6 +15,8 @@
 namespace ddprun::rdzv {
 
 namespace asio = boost::asio;
+using asio::ip::tcp;
+using boost::system::error_code;
 
 namespace {
 
@@ -22,8 +26,6 @@ namespace {
 constexpr std::chrono::seconds kConnectAttemptLimit{5};
 
 }  // namespace
-using asio::ip::tcp;
-using boost::system::error_code;
 
 NetworkRendezvous::NetworkRendezvous(asio::io_context& io, const common::Clock& clock,
                                      NetworkRendezvousOptions options)

@@ -103,7 +103,7 @@ class Stepper {
     if (!s_.greeted && !s_.unreachable_said && now_ - *s_.lost_since >= kUnreachableNotice) {
       s_.unreachable_said = true;
       log(ClientLogLevel::Warn,
-          fmt::format("the {} at {} is not reachable yet ({}); retrying until it has waited {} s "
+          fmt::format("the {} at {} is not reachable yet ({}); retrying for {} s in all "
                       "(--rdzv_conf connect_timeout)",
                       spec_.server, spec_.endpoint, e.why, seconds(spec_.connect_timeout)));
     }
@@ -151,7 +151,8 @@ class Stepper {
 
   void on(const LeaveJob& e) {
     if (s_.link != ClientLink::Down && s_.phase != ClientPhase::Done) {
-      if (ready()) out_.push_back(Send{Leave{e.reason}});
+      // A link that never joined: its server knows nothing of this node to forget.
+      if (ready() && s_.joined_on_link) out_.push_back(Send{Leave{e.reason}});
       out_.push_back(CloseConnection{true});
     }
     // any -> Done: this node leaves the job

@@ -343,7 +343,8 @@ void send_waiting(Step& st, const std::string& trigger = "") {
     return Waiting{s.round, names, listed ? taken : count, s.settings.min_nodes,
                    s.settings.max_nodes, missing,
                    // Counted from the restart: the nodes' pause, then the join timeout.
-                   since(s.round_started - pause, st.now), s.settings.join_timeout + pause, listed};
+                   std::max(Millis{0}, since(s.round_started - pause, st.now)),
+                   s.settings.join_timeout + pause, listed};
   };
   const auto hears = [&](const NodeRecord& node) {
     return node.state == NodeState::WaitListed ||
@@ -502,6 +503,8 @@ void restart_round(Step& st, const std::string& reason, bool counted, Closed if_
     // The nodes' pause before they rejoin (--restart_backoff) grows with a counted repeat; any
     // other counted restart starts it afresh, an uncounted one keeps it.
     s.pause_count = repeat ? s.pause_count + 1 : 1;
+    // A node back from a quarantine is watched until the next counted restart only.
+    for (auto& [identity, standing] : s.standing) standing.relapse_armed = false;
     ++s.restart_count;
     if (s.settings.restart_window.count() > 0) s.window_restarts.push_back(st.now);
   }
@@ -823,12 +826,8 @@ Waiting quarantine_waiting(const JobState& s, const NodeStanding& standing, Time
 /// Running -> Joining (counted), with the failing node quarantined: every node of `identity`
 /// leaves the job before the restart, so a spare (or the elastic minimum) takes its place.
 void quarantine_and_restart(Step& st, const std::string& identity, const std::string& reason,
-                            Closed if_no_budget) {
+                            Closed if_no_budget, bool relapsed) {
   JobState& s = st.s;
-  // No restart left: the job ends, and no quarantine is announced in its last message.
-  forget_old_restarts(s, st.now);
-  if (restarts_used(s) >= s.settings.max_restarts)
-    return restart_round(st, reason, true, std::move(if_no_budget));
   NodeStanding& standing = s.standing[identity];
   const Millis cooldown = cooldown_after(s.settings, standing.quarantines);
   const std::vector<std::string> ids = ids_where(s, [&](const NodeId& id, const NodeRecord& node) {
@@ -837,11 +836,10 @@ void quarantine_and_restart(Step& st, const std::string& identity, const std::st
   });
   const std::string names = common::join(names_of(s, ids), ", ");
   standing.why =
-      standing.quarantines > 0 && standing.failures_in_a_row < s.settings.quarantine_after
-          ? "its workers failed again, with no progress, after its last quarantine: " + reason
-          : "its workers caused " + std::to_string(standing.failures_in_a_row) +
-                " group failures in a row (--quarantine_after " +
-                std::to_string(s.settings.quarantine_after) + "), the last: " + reason;
+      relapsed ? "its workers failed again, with no progress, after its last quarantine: " + reason
+               : "its workers caused " + std::to_string(standing.failures_in_a_row) +
+                     " group failures in a row (--quarantine_after " +
+                     std::to_string(s.settings.quarantine_after) + "), the last: " + reason;
   ++standing.quarantines;
   standing.failures_in_a_row = 0;
   standing.until = st.now + cooldown;
@@ -849,10 +847,12 @@ void quarantine_and_restart(Step& st, const std::string& identity, const std::st
     // Running -> Quarantined: its workers stop like everyone's, but it sits out the next rounds
     set_state(s, id, NodeState::Quarantined).group_rank = -1;
   }
-  restart_round(st,
-                reason + "; node " + names + " is quarantined for " + duration_text(cooldown) +
-                    " (--quarantine_after " + std::to_string(s.settings.quarantine_after) + ")",
-                true, std::move(if_no_budget));
+  restart_round(
+      st,
+      reason + "; node " + names + " is quarantined for " + duration_text(cooldown) +
+          (relapsed ? " (it failed again after its last quarantine, with no progress)"
+                    : " (--quarantine_after " + std::to_string(s.settings.quarantine_after) + ")"),
+      true, std::move(if_no_budget));
   if (s.phase == JobPhase::Closed) return;  // the budget was used up: everyone heard the end
   for (const std::string& id : ids) {
     Restart restart{
@@ -883,6 +883,7 @@ void release_quarantines(Step& st) {
     const bool over = st.now >= *standing.until;
     if (!over && !short_of_nodes) continue;
     standing.until.reset();
+    standing.relapse_armed = true;
     const std::string why = over ? "its quarantine is over"
                                  : "the job needs it: the round it forms is short of min_nodes";
     const std::string id_of = identity;
@@ -1124,14 +1125,18 @@ void on_workers_failed(Step& st, const std::string& id, const WorkersFailed& fai
                                       settings.restart_window.count() > 0);
   // A node back from a quarantine whose workers fail again before any progress is quarantined
   // again at once: it would cost the job --quarantine_after restarts each time it came back.
-  const bool relapsed =
-      failed.culprit && !failed.progress && in_a_row >= 1 && s.standing.at(culprit).quarantines > 0;
+  const bool relapsed = failed.culprit && !failed.progress && s.standing.at(culprit).relapse_armed;
+  // With no restart left there is no round to keep the node out of: the budget ends the job
+  // (a crash loop's account and do_not_requeue included), and no quarantine is announced.
+  forget_old_restarts(s, st.now);
+  const bool restart_left = restarts_used(s) < settings.max_restarts;
   if (settings.quarantine_after > 0 && (in_a_row >= settings.quarantine_after || relapsed) &&
-      spare_can_replace && (all_on_culprit || !stop_early)) {
+      spare_can_replace && restart_left && (all_on_culprit || !stop_early)) {
     // Running -> Joining (counted), the failing node Quarantined: its workers failed again.
-    // The crash-loop count goes on: a node that takes its place and fails the same way points
-    // at the script, not at the machines.
-    return quarantine_and_restart(st, culprit, reason, ends);
+    // Its failures count as one repeat of a crash loop: a node that takes its place and fails
+    // the same way twice more points at the script, not at the machines.
+    s.failure_repeats = std::min(s.failure_repeats, 1);
+    return quarantine_and_restart(st, culprit, reason, ends, relapsed);
   }
   if (looping) {
     ends.message = "; a crash loop: the same failure " + std::to_string(s.failure_repeats) +

@@ -126,6 +126,9 @@ struct NodeStanding {
   int quarantines = 0;        ///< how often it was quarantined (each doubles the cooldown)
   std::optional<TimePoint> until;  ///< set while it is quarantined
   std::string why{};               ///< why it was quarantined last
+  /// Its quarantine ended and no counted restart came since: its next failure with no
+  /// progress quarantines it again at once (relapsed).
+  bool relapse_armed = false;
 };
 
 /// A node as --quarantine_after counts it: "host/addr" (the host of its node id, the address it

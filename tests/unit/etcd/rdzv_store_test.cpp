@@ -262,6 +262,7 @@ TEST_CASE("quarantine's settings and standing round-trip through the etcd value"
   state.job.nodes.begin()->second.state = ddprun::rdzv::NodeState::Quarantined;
   state.job.standing["host-b/10.0.0.2"] = {0, 2, k.now + seconds(45), "its workers failed"};
   state.job.standing["host-c/10.0.0.3"] = {1, 0, std::nullopt, ""};
+  state.job.standing["host-c/10.0.0.3"].relapse_armed = true;
   auto back = decode_state(encode_state(state, k.anchor), "/ddprun/job/state", k.anchor, k.now);
   REQUIRE(back.ok());
   CHECK(back->job.settings.quarantine_after == 2);
@@ -275,6 +276,8 @@ TEST_CASE("quarantine's settings and standing round-trip through the etcd value"
   CHECK(b.why == "its workers failed");
   CHECK(back->job.standing.at("host-c/10.0.0.3").failures_in_a_row == 1);
   CHECK_FALSE(back->job.standing.at("host-c/10.0.0.3").until);
+  CHECK(back->job.standing.at("host-c/10.0.0.3").relapse_armed);
+  CHECK_FALSE(b.relapse_armed);
 }
 
 TEST_CASE("a malformed state value is an error naming the key", "[etcd][unit]") {

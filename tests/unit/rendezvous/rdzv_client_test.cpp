@@ -329,7 +329,7 @@ TEST_CASE("a first contact failing for 5 s says so once, with how long it retrie
   c.on(ConnectionLost{"connection refused"});
   CHECK(
       c.logged("the rendezvous server at rdzv.example:29400 is not reachable yet (connection "
-               "refused); retrying until it has waited 60 s (--rdzv_conf connect_timeout)"));
+               "refused); retrying for 60 s in all (--rdzv_conf connect_timeout)"));
   // Once only.
   c.now += 2s;
   c.on(RetryDue{});
@@ -496,6 +496,13 @@ TEST_CASE("a link that reconnects between rounds sends no heartbeat before its j
   c.on(HeartbeatDue{});
   CHECK(c.sent<Heartbeat>().empty());
   CHECK(c.armed(ClientTimer::Heartbeat));
+  // Leaving now says nothing to a server that never heard of this node.
+  {
+    Client left = c;
+    left.on(LeaveJob{"received SIGINT"});
+    CHECK(left.sent<Leave>().empty());
+    CHECK(left.has<CloseConnection>());
+  }
   // The pause ends: the join goes first, heartbeats after it.
   c.on(NextRound{});
   CHECK(c.has<SendJoin>());

@@ -1889,16 +1889,41 @@ TEST_CASE("a node that keeps failing is quarantined before its failures make a c
   CHECK(job.node("c").state == NodeState::Joined);
   CHECK(to<Closed>(out, "a").empty());
   CHECK(to<Restart>(out, "b").at(0).quarantine == 30s);
-  // The crash-loop count goes on: the spare failing the same way points at the script, and
-  // ends the job without blaming a machine.
-  CHECK(job.state.failure_repeats == 3);
+  // b's failures count as one repeat: the spare failing the same way twice more points at the
+  // script, and ends the job without blaming a machine.
+  CHECK(job.state.failure_repeats == 1);
   rejoin_all(job, {"a"}, settings);
+  job.send("c", failure(job.state.round, 1, 1));
+  REQUIRE(job.state.phase == JobPhase::Joining);
+  rejoin_all(job, {"a", "c"}, settings);
   const auto& next = job.send("c", failure(job.state.round, 1, 1));
   REQUIRE(job.state.phase == JobPhase::Closed);
   const auto closed = to<Closed>(next, "a").at(0);
   CHECK(closed.do_not_requeue);
-  CHECK_THAT(closed.message, Catch::Contains("the same failure 4 times in a row") &&
+  CHECK_THAT(closed.message, Catch::Contains("the same failure 3 times in a row") &&
                                  !Catch::Contains("each time on node"));
+}
+
+TEST_CASE("a crash loop the budget ends during a quarantine still says not to requeue",
+          "[rdzv][unit][spares]") {
+  RdzvSettings settings = quarantining(2, 2, 3);
+  settings.crash_loop_limit = 3;
+  Job job = with_spare(settings);
+  job.join(join_of("d", settings));  // a second spare
+  b_fails_twice(job, settings);      // b quarantined: restart 2 of 3
+  REQUIRE(job.node("b").state == NodeState::Quarantined);
+  rejoin_all(job, {"a"}, settings);
+  job.send("c", failure(job.state.round, 1, 1));  // restart 3 of 3
+  rejoin_all(job, {"a", "c"}, settings);
+  // c's second failure would quarantine it, but no restart is left: the budget ends the job.
+  const auto& out = job.send("c", failure(job.state.round, 1, 1));
+  REQUIRE(job.state.phase == JobPhase::Closed);
+  CHECK(job.node("c").state != NodeState::Quarantined);
+  const auto closed = to<Closed>(out, "a").at(0);
+  CHECK(closed.do_not_requeue);
+  CHECK_THAT(closed.message, Catch::Contains("no restart left: 3 of --max_restarts 3 used; a "
+                                             "crash loop") &&
+                                 !Catch::Contains("quarantined"));
 }
 
 TEST_CASE("a quarantine the budget has no restart for is not announced as the job ends",
@@ -1958,6 +1983,8 @@ TEST_CASE("a quarantined node back in an elastic job is quarantined again, not a
   const Restart told = to<Restart>(again, "b").at(0);
   CHECK(told.quarantine == 60s);
   CHECK_THAT(told.reason, Catch::Contains("failed again, with no progress, after its last"));
+  CHECK_THAT(to<Restart>(again, "a").at(0).reason,
+             Catch::Contains("(it failed again after its last quarantine, with no progress)"));
   // A failure after progress is a failure like any other: no quarantine at once.
   rejoin_all(job, {"a", "c"}, settings);
   job.pass(60s);
@@ -2019,12 +2046,15 @@ TEST_CASE(
   // It joins as a newcomer: a spare, the round being full.
   job.join(join_of("b", settings));
   CHECK(job.node("b").state == NodeState::WaitListed);
-  // c is lost: b takes its place; b fails again with no progress: quarantined at once for
-  // 60 s, then 100 s.
+  // c is lost: b takes its place (the loss's restart ends b's watch after its quarantine); b
+  // fails twice more: quarantined for 60 s, then 100 s.
   job.apply(Disconnected{id_of("c")});
   rejoin_all(job, {"a"}, settings);
   job.join(join_of("c", settings));  // c's agent, restarted, is the spare now
   int round = job.state.round;
+  CHECK(to<Restart>(job.send("b", failure(round, 1, 1)), "b").at(0).quarantine == 0s);
+  rejoin_all(job, {"a", "b"}, settings);
+  round = job.state.round;
   CHECK(to<Restart>(job.send("b", failure(round, 1, 1)), "b").at(0).quarantine == 60s);
   CHECK(job.state.standing.at("b/b").quarantines == 2);
   job.join(join_of("b", settings));
