@@ -1071,9 +1071,11 @@ bool is_fatal(const RdzvSettings& settings, const WorkersFailed& failed) {
 }
 
 /// Why a node that caused every failure of a crash loop was not quarantined, for its message.
-std::string not_quarantined_because(const RdzvSettings& settings, bool spare_can_replace) {
+std::string not_quarantined_because(const RdzvSettings& settings, bool spare_can_replace,
+                                    int in_a_row) {
   if (!spare_can_replace) return "no spare could take its place";
   if (settings.quarantine_after == 0) return "--quarantine_after 0: no node is quarantined";
+  if (in_a_row >= settings.quarantine_after) return "no restart was left to quarantine it";
   return "--crash_loop_stop " + std::to_string(settings.crash_loop_limit) +
          " came before --quarantine_after " + std::to_string(settings.quarantine_after) +
          ", which would have let the job go on without it";
@@ -1150,7 +1152,7 @@ void on_workers_failed(Step& st, const std::string& id, const WorkersFailed& fai
     // script. (On a job of one node every failure is on it: nothing to tell.)
     if (all_on_culprit && count_participants(s) > 1)
       ends.message += "; each time on node " + node.request.name + " (" +
-                      not_quarantined_because(settings, spare_can_replace) +
+                      not_quarantined_because(settings, spare_can_replace, in_a_row) +
                       "): if that machine is at fault, leave it out (sbatch --exclude, a node "
                       "selector) when the job runs again";
     // Not to be requeued, whether now or once the budget is spent: a new run would loop too.

@@ -1924,6 +1924,18 @@ TEST_CASE("a crash loop the budget ends during a quarantine still says not to re
   CHECK_THAT(closed.message, Catch::Contains("no restart left: 3 of --max_restarts 3 used; a "
                                              "crash loop") &&
                                  !Catch::Contains("quarantined"));
+  // Every failure on b, a spare that came after the second, no restart left for a quarantine:
+  // the message says why the spare did not take b's place.
+  RdzvSettings small = quarantining(2, 2, 2);
+  small.crash_loop_limit = 3;
+  Job one = running_job({"a", "b"}, small);
+  b_fails_twice(one, small);
+  rejoin_all(one, {"a", "b"}, small);
+  one.join(join_of("c", small));
+  const auto& last = one.send("b", failure(2, 1, 1));
+  REQUIRE(one.state.phase == JobPhase::Closed);
+  CHECK_THAT(to<Closed>(last, "a").at(0).message,
+             Catch::Contains("each time on node b (no restart was left to quarantine it)"));
 }
 
 TEST_CASE("a quarantine the budget has no restart for is not announced as the job ends",
