@@ -76,7 +76,7 @@ TEST_CASE("the --rdzv_conf settings set the timeouts and force hosting either wa
   CHECK(plan_of(config).hosting == Hosting::Never);
 }
 
-TEST_CASE("--restart_backoff travels to the rendezvous, which waits out the pause",
+TEST_CASE("the restart back-off travels to the rendezvous, which waits out the pause",
           "[launcher][unit][policy]") {
   LaunchConfig config = c10d(2, 2, "head:1234");
   CHECK(plan_of(config).client.settings.restart_backoff == 1s);  // the flag's default, 1:30
