@@ -848,8 +848,8 @@ class Stepper {
       const Duration pause = s_.backoff_over ? Duration{0}
                              : s_.restart->failures_in_a_row
                                  ? Duration{s_.restart->pause}
-                                 : restart_backoff(s_.failures_in_a_row, spec_.restart_backoff,
-                                                   spec_.restart_backoff_max);
+                                 : rdzv::restart_pause(s_.failures_in_a_row, spec_.restart_backoff,
+                                                       spec_.restart_backoff_max);
       if (pause > Duration{0}) {
         // BetweenRounds (backing off): failures in a row; wait before the next round.
         s_.backing_off = true;
@@ -941,10 +941,6 @@ class Stepper {
 };
 
 }  // namespace
-
-Duration restart_backoff(int failures_in_a_row, Duration base, Duration max) {
-  return rdzv::restart_pause(failures_in_a_row, base, max);
-}
 
 void check_invariants(const AgentState& s) {
   DDPRUN_CHECK(!s.preparing || s.phase == AgentPhase::Launching,

@@ -201,10 +201,6 @@ struct AgentState {
   int exit_code = 0;  ///< valid once Finished
 };
 
-/// --restart_backoff: the pause before the next round after `failures_in_a_row` counted
-/// failures in a row: none after the first, then `base`, doubling up to `max`.
-Duration restart_backoff(int failures_in_a_row, Duration base, Duration max);
-
 /// What agent_step needs besides the state: the job's fixed settings.
 struct AgentSpec {
   int local_world_size = 1;
@@ -217,7 +213,7 @@ struct AgentSpec {
   bool python_tracebacks = false;
   Duration traceback_grace = std::chrono::seconds(2);
   /// --restart_backoff BASE:MAX and --restart_backoff_reset: the pause between repeated
-  /// failures and the next round (restart_backoff()), and how long a group must have run for
+  /// failures and the next round (rdzv::restart_pause()), and how long a group must have run for
   /// its failure to start the schedule afresh. A zero base: no pause.
   Duration restart_backoff = std::chrono::seconds(1);
   Duration restart_backoff_max = std::chrono::seconds(30);

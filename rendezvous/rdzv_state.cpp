@@ -484,14 +484,20 @@ std::string budget_used_up(const JobState& s, const std::string& reason) {
          std::to_string(s.settings.max_restarts) + " used";
 }
 
+/// Whether the budget (of the window, after forgetting the restarts that fell out of it) has a
+/// counted restart left.
+bool restart_left(JobState& s, TimePoint now) {
+  forget_old_restarts(s, now);
+  return restarts_used(s) < s.settings.max_restarts;
+}
+
 /// Stops the running round and forms the next one. `rejoiner` (if any) already asked to join
 /// and goes straight to Joined instead of being told to restart.
 void restart_round(Step& st, const std::string& reason, bool counted, Closed if_no_budget,
                    const std::string& rejoiner = {}, bool repeat = false) {
   JobState& s = st.s;
   DDPRUN_CHECK(s.phase == JobPhase::Running, "restart_round: no round is running");
-  forget_old_restarts(s, st.now);
-  if (counted && restarts_used(s) >= s.settings.max_restarts) {
+  if (counted && !restart_left(s, st.now)) {
     // Running -> Closed: a restart is needed and the budget (of the window) is used up
     if_no_budget.outcome = JobOutcomeKind::Failed;
     // What the caller adds (a crash loop's account) follows the budget's.
@@ -1130,10 +1136,8 @@ void on_workers_failed(Step& st, const std::string& id, const WorkersFailed& fai
   const bool relapsed = failed.culprit && !failed.progress && s.standing.at(culprit).relapse_armed;
   // With no restart left there is no round to keep the node out of: the budget ends the job
   // (a crash loop's account and do_not_requeue included), and no quarantine is announced.
-  forget_old_restarts(s, st.now);
-  const bool restart_left = restarts_used(s) < settings.max_restarts;
   if (settings.quarantine_after > 0 && (in_a_row >= settings.quarantine_after || relapsed) &&
-      spare_can_replace && restart_left && (all_on_culprit || !stop_early)) {
+      spare_can_replace && restart_left(s, st.now) && (all_on_culprit || !stop_early)) {
     // Running -> Joining (counted), the failing node Quarantined: its workers failed again.
     // Its failures count as one repeat of a crash loop: a node that takes its place and fails
     // the same way twice more points at the script, not at the machines.

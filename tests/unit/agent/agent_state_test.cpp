@@ -942,16 +942,16 @@ void fail_and_restart(Agent& a, int count, std::chrono::milliseconds ran, bool r
 }  // namespace
 
 TEST_CASE("back-off: the pause doubles from the base up to the maximum", "[agent][unit]") {
-  CHECK(restart_backoff(0, 1s, 30s) == 0s);
-  CHECK(restart_backoff(1, 1s, 30s) == 0s);  // the first failure restarts at once
-  CHECK(restart_backoff(2, 1s, 30s) == 1s);
-  CHECK(restart_backoff(3, 1s, 30s) == 2s);
-  CHECK(restart_backoff(4, 1s, 30s) == 4s);
-  CHECK(restart_backoff(6, 1s, 30s) == 16s);
-  CHECK(restart_backoff(7, 1s, 30s) == 30s);
-  CHECK(restart_backoff(1000, 1s, 30s) == 30s);
-  CHECK(restart_backoff(5, 0s, 30s) == 0s);  // 0: never
-  CHECK(restart_backoff(3, 5s, 2s) == 5s);   // a maximum under the base is the base
+  CHECK(rdzv::restart_pause(0, 1s, 30s) == 0s);
+  CHECK(rdzv::restart_pause(1, 1s, 30s) == 0s);  // the first failure restarts at once
+  CHECK(rdzv::restart_pause(2, 1s, 30s) == 1s);
+  CHECK(rdzv::restart_pause(3, 1s, 30s) == 2s);
+  CHECK(rdzv::restart_pause(4, 1s, 30s) == 4s);
+  CHECK(rdzv::restart_pause(6, 1s, 30s) == 16s);
+  CHECK(rdzv::restart_pause(7, 1s, 30s) == 30s);
+  CHECK(rdzv::restart_pause(1000, 1s, 30s) == 30s);
+  CHECK(rdzv::restart_pause(5, 0s, 30s) == 0s);  // 0: never
+  CHECK(rdzv::restart_pause(3, 5s, 2s) == 5s);   // a maximum under the base is the base
 }
 
 TEST_CASE("back-off: the first failure rejoins at once, the second after the base pause",
