@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "common/enum_names.h"
+#include "rendezvous/admission.h"
 #include "rendezvous/limits.h"
 #include "rendezvous/protocol.h"
 
@@ -60,22 +61,6 @@ class Fields {
   }
   bool has(const char* key) const {
     return o_.is_object() && o_.contains(key) && !o_.at(key).is_null();
-  }
-  /// An array of at most `max` integers in 0..INT32_MAX.
-  std::vector<int> int32s(const char* key, std::size_t max) {
-    std::vector<int> out;
-    const json* v = container(key, false, max);
-    if (!v) return out;
-    for (const json& n : *v) {
-      if (!n.is_number_integer() || n.get<std::int64_t>() < 0 ||
-          n.get<std::int64_t>() > std::numeric_limits<int>::max()) {
-        fail(where(key) + " must hold integers from 0 to " +
-             std::to_string(std::numeric_limits<int>::max()));
-        break;
-      }
-      out.push_back(n.get<int>());
-    }
-    return out;
   }
   std::string text(const char* key, bool required = true) {
     const json* v = get(key, required);
@@ -132,32 +117,6 @@ class Fields {
   std::string path_;
   std::optional<std::string>& error_;
 };
-
-rdzv::RdzvSettings settings_from_json(Fields f) {
-  rdzv::RdzvSettings s;
-  s.min_nodes = f.int32("min_nodes");
-  s.max_nodes = f.int32("max_nodes");
-  s.nproc_per_node = f.int32("nproc_per_node");
-  s.max_restarts = f.int32("max_restarts");
-  s.join_timeout = milliseconds(f.int32("join_timeout_ms"));
-  s.last_call_timeout = milliseconds(f.int32("last_call_timeout_ms"));
-  s.close_timeout = milliseconds(f.int32("close_timeout_ms"));
-  s.keep_alive_interval = milliseconds(f.int32("keep_alive_interval_ms"));
-  s.keep_alive_max_attempt = f.int32("keep_alive_max_attempt");
-  // The failure policy's settings: a state written before them has the defaults.
-  if (f.has("restart_window_ms")) s.restart_window = milliseconds(f.int32("restart_window_ms"));
-  if (f.has("crash_loop_limit")) s.crash_loop_limit = f.int32("crash_loop_limit");
-  if (f.has("fatal_exit_codes")) s.fatal_exit_codes = f.int32s("fatal_exit_codes", 255);
-  if (f.has("quarantine_after")) s.quarantine_after = f.int32("quarantine_after");
-  if (f.has("quarantine_cooldown_ms"))
-    s.quarantine_cooldown = milliseconds(f.int32("quarantine_cooldown_ms"));
-  if (f.has("quarantine_cooldown_max_ms"))
-    s.quarantine_cooldown_max = milliseconds(f.int32("quarantine_cooldown_max_ms"));
-  if (f.has("restart_backoff_ms")) s.restart_backoff = milliseconds(f.int32("restart_backoff_ms"));
-  if (f.has("restart_backoff_max_ms"))
-    s.restart_backoff_max = milliseconds(f.int32("restart_backoff_max_ms"));
-  return s;
-}
 
 json job_to_json(const JobState& s, const TimeAnchor& a) {
   json nodes = json::object();
@@ -218,9 +177,18 @@ JobState job_from_json(const json& j, const TimeAnchor& a, common::TimePoint now
   JobState s;
   Fields f(j, "job", error);
   s.run_id = f.text("run_id");
-  if (const json* settings = f.get("settings"))
-    s.settings = settings_from_json(Fields(*settings, "job.settings", error));
   s.settings_from = f.text("settings_from");
+  if (const json* settings = f.get("settings")) {
+    // Read as a join's settings are, and held to the same rules: a job cannot run with others.
+    auto parsed = rdzv::parse_settings(*settings, "job.settings");
+    if (!parsed) {
+      f.fail(parsed.error().message);
+    } else if (auto bad = rdzv::check_settings(*parsed, s.settings_from)) {
+      f.fail("job.settings are no job's: " + bad->message);
+    } else {
+      s.settings = std::move(*parsed);
+    }
+  }
   s.phase = f.name("phase", rdzv::kJobPhaseNames);
   s.round = f.int32("round");
   s.restart_count = f.int32("restart_count");

@@ -479,6 +479,14 @@ common::Result<AgentMessage> parse_agent_message(const json& body) {
   return read_agent(*type, r);
 }
 
+common::Result<RdzvSettings> parse_settings(const json& body, const std::string& what) {
+  if (!body.is_object()) return common::Error{what + " must be an object"};
+  Reader r(body, what);
+  RdzvSettings settings = read_settings(r);
+  if (r.error()) return common::Error{*r.error()};
+  return settings;
+}
+
 common::Result<ServerMessage> parse_server_message(const json& body) {
   auto type = type_of(body);
   if (!type) return type.error();

@@ -335,10 +335,13 @@ using ServerMessage = std::variant<Waiting, RoundReady, Restart, Closed, Refused
 
 // ---- JSON ---------------------------------------------------------------------------------
 
-/// The message as a JSON object with a "type" field.
 /// A job's settings as every node sends them with its join (and etcd keeps them in `state`).
 nlohmann::json settings_json(const RdzvSettings& settings);
+/// settings_json read back, as a join's settings are: the types only (which values a job may
+/// run with is check_settings's, admission.h); the error names the field under `what`.
+common::Result<RdzvSettings> parse_settings(const nlohmann::json& body, const std::string& what);
 
+/// The message as a JSON object with a "type" field.
 nlohmann::json to_json(const AgentMessage& message);
 nlohmann::json to_json(const ServerMessage& message);
 

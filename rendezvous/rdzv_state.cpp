@@ -1087,6 +1087,22 @@ std::string not_quarantined_because(const RdzvSettings& settings, bool spare_can
          ", which would have let the job go on without it";
 }
 
+/// What a job's end says of its crash loop, after the failure; `on_node` names the one node
+/// every failure of the loop was on, with why it was not quarantined (empty: none).
+std::string crash_loop_account(const JobState& s, const std::string& on_node) {
+  std::string account =
+      "; a crash loop: the same failure " + std::to_string(s.failure_repeats) +
+      " times in a row (--crash_loop_stop " + std::to_string(s.settings.crash_loop_limit) +
+      ") with no progress in between that ddprun could see: no training step was reported (the "
+      "SDK, or a file named by --progress_file that the script updates) and no group ran for "
+      "--restart_backoff_reset; --crash_loop_stop 0 restarts such a job up to --max_restarts";
+  if (!on_node.empty())
+    account += "; each time on node " + on_node +
+               ": if that machine is at fault, leave it out (sbatch --exclude, a node selector) "
+               "when the job runs again";
+  return account;
+}
+
 void on_workers_failed(Step& st, const std::string& id, const WorkersFailed& failed) {
   JobState& s = st.s;
   const NodeRecord& node = node_at(s, id);
@@ -1145,20 +1161,13 @@ void on_workers_failed(Step& st, const std::string& id, const WorkersFailed& fai
     return quarantine_and_restart(st, culprit, reason, ends, relapsed);
   }
   if (looping) {
-    ends.message = "; a crash loop: the same failure " + std::to_string(s.failure_repeats) +
-                   " times in a row (--crash_loop_stop " +
-                   std::to_string(settings.crash_loop_limit) +
-                   ") with no progress in between that ddprun could see: no training step was "
-                   "reported (the SDK, or a file named by --progress_file that the script "
-                   "updates) and no group ran for --restart_backoff_reset; --crash_loop_stop 0 "
-                   "restarts such a job up to --max_restarts";
     // Every one of them on one machine of several: a broken machine looks the same as a broken
     // script. (On a job of one node every failure is on it: nothing to tell.)
-    if (all_on_culprit && count_participants(s) > 1)
-      ends.message += "; each time on node " + node.request.name + " (" +
-                      not_quarantined_because(settings, spare_can_replace, in_a_row) +
-                      "): if that machine is at fault, leave it out (sbatch --exclude, a node "
-                      "selector) when the job runs again";
+    const bool one_machine = all_on_culprit && count_participants(s) > 1;
+    ends.message = crash_loop_account(
+        s, one_machine ? node.request.name + " (" +
+                             not_quarantined_because(settings, spare_can_replace, in_a_row) + ")"
+                       : std::string());
     // Not to be requeued, whether now or once the budget is spent: a new run would loop too.
     ends.do_not_requeue = true;
   }

@@ -304,6 +304,13 @@ TEST_CASE("a malformed state value is an error naming the key", "[etcd][unit]") 
   j["job"]["round"] = "7";
   CHECK_THAT(error(j.dump()), Contains("job.round must be an integer"));
   j = nlohmann::json::parse(k.view.state->value);
+  j["job"]["settings"]["crash_loop_limit"] = "3";
+  CHECK_THAT(error(j.dump()),
+             Contains("job.settings field \"crash_loop_limit\" must be an integer"));
+  j["job"]["settings"]["crash_loop_limit"] = 1;
+  CHECK_THAT(error(j.dump()), Contains("job.settings are no job's: node host-1 was started with "
+                                       "--crash_loop_stop 1: it must be 0 (off) or 2 or more"));
+  j = nlohmann::json::parse(k.view.state->value);
   j["job"]["round_started_ms"] = 1;
   CHECK_THAT(error(j.dump()), Contains("more than ten years from now"));
   j = nlohmann::json::parse(k.view.state->value);
