@@ -6,7 +6,7 @@ namespace ddprun::rdzv {
 
 ClientTimers::ClientTimers(boost::asio::io_context& io)
     : timers_{boost::asio::steady_timer(io), boost::asio::steady_timer(io),
-              boost::asio::steady_timer(io)} {}
+              boost::asio::steady_timer(io), boost::asio::steady_timer(io)} {}
 
 boost::asio::steady_timer& ClientTimers::timer(ClientTimer which) {
   return timers_[static_cast<size_t>(which)];
@@ -24,6 +24,8 @@ void ClientTimers::arm(const ArmClientTimer& effect, std::function<void(const Cl
         return due(HeartbeatDue{});
       case ClientTimer::Status:
         return due(StatusDue{});
+      case ClientTimer::Greeting:
+        return due(GreetingDue{});
     }
   });
 }

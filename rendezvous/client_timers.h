@@ -22,7 +22,7 @@ class ClientTimers {
 
  private:
   boost::asio::steady_timer& timer(ClientTimer which);
-  std::array<boost::asio::steady_timer, 3> timers_;  ///< by ClientTimer
+  std::array<boost::asio::steady_timer, 4> timers_;  ///< by ClientTimer
 };
 
 /// Writes the client's log line at its level.

@@ -14,6 +14,10 @@ constexpr Millis kFirstBackoff{100};
 constexpr Millis kMaxBackoff = kMaxReconnectBackoff;
 /// How long a first contact may fail before the node says it waits for the server.
 constexpr Millis kUnreachableNotice{5'000};
+/// How long a server may take to greet (TLS, its hello, the secret's proof) once it took the
+/// connection: a port that takes connections and says nothing (another service, a stalled
+/// server) would otherwise hold the node for good. The daemon's --hello_timeout default.
+constexpr Millis kGreetingLimit{10'000};
 
 long long seconds(Millis m) { return static_cast<long long>(m.count() / 1000); }
 
@@ -52,6 +56,14 @@ class Stepper {
       return;
     }
     s_.link = e.can_send ? ClientLink::Ready : ClientLink::Handshaking;
+    s_.link_greeted = false;
+    s_.link_opened = now_;
+    // No longer than what is left of connect_timeout, when the server was already unreachable
+    const Millis left =
+        spec_.connect_timeout -
+        (s_.lost_since ? std::chrono::duration_cast<Millis>(now_ - *s_.lost_since) : Millis{0});
+    out_.push_back(ArmClientTimer{ClientTimer::Greeting,
+                                  std::max(Millis{1'000}, std::min(kGreetingLimit, left))});
     s_.joined_on_link = false;         // a new link: its server has heard nothing of this node yet
     s_.server_holds_kept_out.reset();  // a new link: its server has not greeted yet
     // Without a secret the join follows the hello at once (one round trip saved); with one,
@@ -73,6 +85,8 @@ class Stepper {
       log(ClientLogLevel::Info, fmt::format("reconnected to the rendezvous at {}", spec_.endpoint));
     s_.lost_since.reset();
     s_.greeted = true;
+    s_.link_greeted = true;
+    out_.push_back(DisarmClientTimer{ClientTimer::Greeting});
     s_.backoff = kFirstBackoff;
     if (s_.link == ClientLink::Handshaking) {
       s_.link = ClientLink::Ready;
@@ -85,6 +99,7 @@ class Stepper {
     s_.link = ClientLink::Down;
     if (had_link) out_.push_back(CloseConnection{});
     out_.push_back(DisarmClientTimer{ClientTimer::Heartbeat});
+    out_.push_back(DisarmClientTimer{ClientTimer::Greeting});
     if (s_.phase == ClientPhase::Done) return;
     // A certificate refused, or TLS on one side only: no retry cures that.
     if (e.tls_failed)
@@ -162,6 +177,17 @@ class Stepper {
   }
 
   void on(const RetryDue&) { connect(); }
+
+  void on(const GreetingDue&) {
+    if (s_.link == ClientLink::Down || s_.link == ClientLink::Connecting || s_.link_greeted) return;
+    // Handshaking/Ready -> Down: the port took the connection and said nothing; the time since
+    // counts towards connect_timeout, as an unreachable server's does
+    if (!s_.lost_since) s_.lost_since = s_.link_opened;
+    on(ConnectionLost{fmt::format(
+        "it took the connection but sent no greeting within {} s: a port of another service, "
+        "such as torchrun's store, or a server that has stalled",
+        seconds(std::chrono::duration_cast<Millis>(now_ - s_.link_opened) + Millis{500}))});
+  }
 
   void on(const HeartbeatDue&) {
     if (s_.link == ClientLink::Down || s_.link == ClientLink::Connecting ||
@@ -406,6 +432,7 @@ class Stepper {
     out_.push_back(DisarmClientTimer{ClientTimer::Retry});
     out_.push_back(DisarmClientTimer{ClientTimer::Heartbeat});
     out_.push_back(DisarmClientTimer{ClientTimer::Status});
+    out_.push_back(DisarmClientTimer{ClientTimer::Greeting});
   }
 
   void log(ClientLogLevel level, std::string text) {

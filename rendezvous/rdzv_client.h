@@ -64,6 +64,8 @@ struct ClientState {
   /// This link sent a join (or a kept-out join): heartbeats may follow it.
   bool joined_on_link = false;
   bool greeted = false;           ///< a server greeted this node once (first contact is over)
+  bool link_greeted = false;      ///< the current link's server greeted
+  TimePoint link_opened;          ///< when the current link opened (Connected)
   bool unreachable_said = false;  ///< the first contact's "not reachable yet" line was logged
   Millis backoff{100};            ///< the next retry's delay
   std::optional<Waiting> last_waiting;
@@ -138,10 +140,13 @@ struct LeaveJob {
 struct RetryDue {};
 struct HeartbeatDue {};
 struct StatusDue {};
+/// The link opened kGreetingLimit ago (or connect_timeout, if shorter) and the server has not
+/// greeted on it.
+struct GreetingDue {};
 
 using ClientEvent = std::variant<NextRound, Connected, Greeted, ConnectionLost, ServerUnusable,
                                  FrameReceived, ReportFailure, ReportSuccess, KeepOut, LeaveJob,
-                                 RetryDue, HeartbeatDue, StatusDue>;
+                                 RetryDue, HeartbeatDue, StatusDue, GreetingDue>;
 
 // ---- effects ------------------------------------------------------------------------------
 
@@ -175,7 +180,7 @@ struct RenewNodeId {};
 /// The agent left: drop its callbacks, nothing reaches it any more.
 struct Detach {};
 
-enum class ClientTimer { Retry, Heartbeat, Status };
+enum class ClientTimer { Retry, Heartbeat, Status, Greeting };
 struct ArmClientTimer {
   ClientTimer timer = ClientTimer::Retry;
   Millis after{0};
@@ -204,6 +209,9 @@ using ClientEffect =
 ///   Running tells the agent to restart (counted) and goes Idle. Other refusals -> Done.
 /// - ConnectionLost: retry with back-off doubling to 2 s; unreachable for connect_timeout ->
 ///   Done with a Connection error naming the endpoint; a TLS failure -> Done at once.
+/// - GreetingDue (a link whose server took the connection but has not greeted, TLS and the
+///   secret's proof included, within kGreetingLimit): as ConnectionLost, counted from the
+///   connection.
 /// - Greeted after a loss: the Running round is claimed again in the join (RoundClaim).
 /// - KeepOut while Idle (or KeptOut): KeptOut, and a join with kept_out goes out (again after a
 ///   loss or a drop); a server that does not hold kept-out nodes gets no join (the link closes).

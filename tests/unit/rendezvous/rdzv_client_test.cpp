@@ -338,6 +338,60 @@ TEST_CASE("a first contact failing for 5 s says so once, with how long it retrie
   CHECK(c.s.phase == ClientPhase::Joining);
 }
 
+TEST_CASE("a port that takes the connection and never greets counts as unreachable",
+          "[rdzv][client][unit]") {
+  Client c;
+  c.spec.connect_timeout = 25s;
+  c.on(NextRound{});
+  c.on(Connected{true});  // no secret: the join goes out before the server's hello
+  CHECK(c.armed(ClientTimer::Greeting) == 10s);
+  c.now += 10s;
+  c.on(GreetingDue{});
+  CHECK(c.has<CloseConnection>());
+  CHECK(c.s.link == ClientLink::Down);
+  CHECK(
+      c.logged("the rendezvous server at rdzv.example:29400 is not reachable yet (it took the "
+               "connection but sent no greeting within 10 s: a port of another service, such as "
+               "torchrun's store, or a server that has stalled); retrying for 25 s in all"));
+  CHECK(c.armed(ClientTimer::Retry));
+  // The silence counts from the connection: two more such links spend connect_timeout, the
+  // last one waiting only for what is left of it.
+  std::vector<Millis> limits;
+  for (int i = 0; i < 2 && c.s.phase != ClientPhase::Done; ++i) {
+    c.now += 100ms;
+    c.on(RetryDue{});
+    c.on(Connected{false});
+    limits.push_back(*c.armed(ClientTimer::Greeting));
+    c.now += limits.back();
+    c.on(GreetingDue{});
+  }
+  CHECK(limits == std::vector<Millis>{10s, 4800ms});
+  CHECK(c.s.phase == ClientPhase::Done);
+  const auto error = std::get<RendezvousError>(c.all<Deliver>().at(0).result);
+  CHECK(error.kind == RendezvousErrorKind::Connection);
+  CHECK_THAT(error.message, Catch::Contains("cannot reach the rendezvous server at "
+                                            "rdzv.example:29400 for 25 s (it took the connection "
+                                            "but sent no greeting within 5 s"));
+}
+
+TEST_CASE("a server that greets in time disarms the greeting limit; a late timer does nothing",
+          "[rdzv][client][unit]") {
+  Client c;
+  c.spec.connect_timeout = 4s;  // shorter than the limit: the limit follows it
+  c.on(NextRound{});
+  c.on(Connected{false});
+  CHECK(c.armed(ClientTimer::Greeting) == 4s);
+  c.on(Greeted{});
+  bool disarmed = false;
+  for (const auto& d : c.all<DisarmClientTimer>()) disarmed |= d.timer == ClientTimer::Greeting;
+  CHECK(disarmed);
+  CHECK(c.has<SendJoin>());
+  c.now += 4s;
+  c.on(GreetingDue{});
+  CHECK(c.out.empty());
+  CHECK(c.s.link == ClientLink::Ready);
+}
+
 TEST_CASE("a server unreachable for connect_timeout fails the round naming the endpoint",
           "[rdzv][client][unit]") {
   Client c;

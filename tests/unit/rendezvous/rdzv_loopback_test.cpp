@@ -39,7 +39,7 @@ struct Node {
   bool reset_on_heal = false;  ///< the server closed the connection during the partition
   bool dead = false;           ///< the agent process is gone
   int connection = 0;          ///< counts connections opened and closed by the client
-  std::optional<TimePoint> retry_at, heartbeat_at, status_at;
+  std::optional<TimePoint> retry_at, heartbeat_at, status_at, greeting_at;
   std::vector<RendezvousResult> results;
   std::vector<Notice> notices;
   std::vector<Join> joins_sent;
@@ -149,6 +149,7 @@ struct Loopback {
     n.retry_at.reset();
     n.heartbeat_at.reset();
     n.status_at.reset();
+    n.greeting_at.reset();
     if (n.open && !n.partitioned) server_step(Disconnected{n.id});
     n.open = false;
     settle();
@@ -161,7 +162,7 @@ struct Loopback {
       TimePoint next = end;
       if (server_wake) next = std::min(next, *server_wake);
       for (const auto& n : nodes) {
-        for (const auto& at : {n.retry_at, n.heartbeat_at, n.status_at})
+        for (const auto& at : {n.retry_at, n.heartbeat_at, n.status_at, n.greeting_at})
           if (at) next = std::min(next, *at);
       }
       now = std::max(now, next);
@@ -176,6 +177,7 @@ struct Loopback {
         fire(n.retry_at, RetryDue{});
         fire(n.heartbeat_at, HeartbeatDue{});
         fire(n.status_at, StatusDue{});
+        fire(n.greeting_at, GreetingDue{});
       }
       settle();
       if (now >= end) return;
@@ -246,6 +248,7 @@ struct Loopback {
   static std::optional<TimePoint>& timer(Node& n, ClientTimer t) {
     if (t == ClientTimer::Retry) return n.retry_at;
     if (t == ClientTimer::Heartbeat) return n.heartbeat_at;
+    if (t == ClientTimer::Greeting) return n.greeting_at;
     return n.status_at;
   }
 
