@@ -265,14 +265,28 @@ Check parse_rdzv_conf(const RawValue& v, LaunchConfig& config) {
   return std::nullopt;
 }
 
+/// A host name or address: no spaces or control characters (it goes into MASTER_ADDR, logs
+/// and the status table).
+Check check_host(const RawValue& v, const std::string& addr) {
+  if (common::has_control_characters(addr) || addr.find(' ') != std::string::npos)
+    return common::Error{describe(v) +
+                         ": a host name or address has no spaces or control characters"};
+  return std::nullopt;
+}
+
 Check parse_master_addr(const RawValue& v, LaunchConfig& config) {
   const std::string addr = trim(v.text);
   if (addr.empty())
     return common::Error{describe(v) + ": needs a host name or address, e.g. 10.0.0.1"};
-  if (common::has_control_characters(addr) || addr.find(' ') != std::string::npos)
-    return common::Error{describe(v) +
-                         ": a host name or address has no spaces or control characters"};
+  if (auto bad = check_host(v, addr)) return bad;
   config.master_addr = addr;
+  return std::nullopt;
+}
+
+Check parse_local_addr(const RawValue& v, LaunchConfig& config) {
+  const std::string addr = trim(v.text);
+  if (auto bad = check_host(v, addr)) return bad;
+  config.local_addr = addr;  // empty: the address the connection leaves from
   return std::nullopt;
 }
 
@@ -657,12 +671,6 @@ Check set_text(const RawValue& v, LaunchConfig& config) {
 }
 
 template <auto Field>
-Check set_trimmed(const RawValue& v, LaunchConfig& config) {
-  config.*Field = trim(v.text);
-  return std::nullopt;
-}
-
-template <auto Field>
 Check set_switch(const RawValue& v, LaunchConfig& config) {
   config.*Field = v.on;
   return std::nullopt;
@@ -840,7 +848,7 @@ constexpr OptionSpec kOptions[] = {
      "on: the agent hosts the workers' TCPStore at MASTER_ADDR:MASTER_PORT, bound before they "
      "start (TORCHELASTIC_USE_AGENT_STORE=True); off: worker rank 0 hosts it, as torchrun "
      "1.13 does for c10d (default {default})."},
-    {Flag::LocalAddr, set_trimmed<&LaunchConfig::local_addr>,
+    {Flag::LocalAddr, parse_local_addr,
      "local_addr", "", false, "HOST", "", kRendezvous,
      "This node's address as the other nodes see it: the rendezvous connection leaves from it "
      "and it is MASTER_ADDR when this node is group rank 0 (default: the address the "

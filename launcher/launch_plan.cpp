@@ -8,6 +8,8 @@
 #include <sstream>
 #include <utility>
 
+#include <boost/asio/ip/address.hpp>
+
 #include "agent/standby_pool.h"
 #include "agent/worker_env.h"
 #include "common/signals.h"
@@ -44,6 +46,7 @@ struct Planner {
   std::optional<common::Error> read_tls();
   std::optional<common::Error> read_etcd_credentials();
   std::optional<common::Error> check_script() const;
+  std::optional<common::Error> check_local_addr() const;
   std::optional<common::Error> bind_numa();
   void choose_python(agent::CommandRequest& req);
   void worker_command(const agent::CommandRequest& req);
@@ -62,6 +65,18 @@ struct Planner {
 };
 
 /// The shared secret of the rendezvous: --rdzv_conf secret_file, else the environment.
+/// A --local_addr that is an address must be one of this machine's: the rendezvous connection
+/// and the workers' store are bound to it (a host name only names the node, as torchrun's).
+std::optional<common::Error> Planner::check_local_addr() const {
+  boost::system::error_code not_address;
+  (void)boost::asio::ip::make_address(config.local_addr, not_address);
+  if (config.local_addr.empty() || not_address || probes.is_local_host(config.local_addr))
+    return std::nullopt;
+  return common::Error{"--local_addr " + config.local_addr +
+                       " is not an address of this machine (ip -brief address lists them): "
+                       "give one of them, or this machine's host name"};
+}
+
 std::optional<common::Error> Planner::read_secret() {
   if (plan.kind != RendezvousKind::Network) return std::nullopt;
   std::string secret_file = env_or(env, rdzv::kSecretFileVariable, "");
@@ -450,6 +465,7 @@ common::Result<LaunchPlan> plan_launch(const LaunchConfig& config, const agent::
   plan.kind = !plan.rendezvous.etcd_members.empty() ? RendezvousKind::Etcd
               : plan.rendezvous.single_node         ? RendezvousKind::Local
                                                     : RendezvousKind::Network;
+  if (auto why = planner.check_local_addr()) return *why;
   if (auto why = planner.read_secret()) return *why;
   if (auto why = planner.read_tls()) return *why;
   if (auto why = planner.read_etcd_credentials()) return *why;

@@ -75,9 +75,13 @@ void NetworkRendezvous::try_endpoint(size_t index, const std::string& last_error
   error_code ec;
   socket->open(target.protocol(), ec);
   if (!ec && !opt_.local_addr.empty()) {
-    auto local = asio::ip::make_address(opt_.local_addr, ec);
-    // A --local_addr of the other family: connect without binding.
-    if (!ec && local.is_v6() == target.address().is_v6()) socket->bind(tcp::endpoint(local, 0), ec);
+    error_code not_address;
+    auto local = asio::ip::make_address(opt_.local_addr, not_address);
+    // A --local_addr that is a host name (torchrun's takes one: it only names the node) or of
+    // the other family: connect without binding. The launch plan checked that an address
+    // belongs to this machine.
+    if (!not_address && local.is_v6() == target.address().is_v6())
+      socket->bind(tcp::endpoint(local, 0), ec);
     if (ec)
       return try_endpoint(index + 1,
                           "cannot bind --local_addr " + opt_.local_addr + ": " + ec.message());

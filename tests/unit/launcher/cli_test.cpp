@@ -951,7 +951,7 @@ TEST_CASE("a job id that would leave --log_dir or carries control characters is 
   CHECK(parse_ok(fine).rdzv_id == "my_job-1.2:3");
 }
 
-TEST_CASE("a master address with control characters or spaces is refused, escaped",
+TEST_CASE("a master or local address with control characters or spaces is refused, escaped",
           "[launcher][unit][security]") {
   const std::string message =
       parse_error({"train.py"}, {{"PET_MASTER_ADDR", "10.0.0.1\x1b]0;x\x07"}});
@@ -959,6 +959,9 @@ TEST_CASE("a master address with control characters or spaces is refused, escape
         "PET_MASTER_ADDR=10.0.0.1\\x1b]0;x\\x07: a host name or address has no spaces or control "
         "characters");
   CHECK(parse_error({"--master_addr", "a b", "train.py"}).find("no spaces") != std::string::npos);
+  CHECK(parse_error({"--local_addr", "\x1b[2Jnode", "train.py"}) ==
+        "--local_addr \\x1b[2Jnode: a host name or address has no spaces or control characters");
+  CHECK(parse_ok({"--local_addr", " 10.0.0.2 ", "train.py"}).local_addr == "10.0.0.2");
 }
 
 TEST_CASE(

@@ -32,7 +32,9 @@ struct FakeMachine {
     LaunchProbes p;
     p.node_resources = [this] { return node; };
     p.host_name = [] { return std::string("node7"); };
-    p.is_local_host = [](const std::string& host) { return host == "node7"; };
+    p.is_local_host = [](const std::string& host) {
+      return host == "node7" || host == "10.0.0.7";  // this machine's name and address
+    };
     p.working_directory = [] { return std::string("/home/user/job"); };
     p.file_exists = [this](const std::string& path) { return files.count(path) > 0; };
     p.is_program_file = [this](const std::string& path) { return executables.count(path) > 0; };
@@ -144,6 +146,20 @@ TEST_CASE("the plan converts the configuration's seconds and signals for the age
   CHECK(plan.agent.health_gate);
   CHECK(plan.agent.health_check_command == "nvidia-smi -L");
   CHECK(plan.agent.node_name == "10.0.0.7");
+}
+
+TEST_CASE("a --local_addr address must be this machine's; a host name only names the node",
+          "[launcher][unit]") {
+  FakeMachine machine;
+  LaunchConfig config = standalone(1);
+  config.local_addr = "10.9.9.9";
+  CHECK(refusal_of(config, machine) ==
+        "--local_addr 10.9.9.9 is not an address of this machine (ip -brief address lists "
+        "them): give one of them, or this machine's host name");
+  config.local_addr = "fe80::99";
+  CHECK_THAT(refusal_of(config, machine), Catch::Contains("--local_addr fe80::99 is not"));
+  config.local_addr = "trainer-3.example";  // as torchrun: the name the other nodes use
+  CHECK(plan_of(config, machine).agent.node_name == "trainer-3.example");
 }
 
 TEST_CASE(
