@@ -39,9 +39,6 @@ constexpr std::chrono::seconds kResourceLogInterval{10};
 /// Replies a connection may leave unread (a few status pages) before it is closed.
 constexpr std::size_t kSessionWriteLimit = 4 * kMaxFrameBytes;
 
-/// Warnings about peers logged per kResourceLogInterval before they are only counted.
-constexpr int kPeerWarningBurst = 20;
-
 long long ms_of(common::Duration d) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
 }
@@ -74,7 +71,8 @@ RendezvousServer::RendezvousServer(asio::io_context& io, const common::Clock& cl
       shutdown_timer_(io),
       limits_(limits),
       secret_(std::move(secret)),
-      tls_(std::move(tls)) {
+      tls_(std::move(tls)),
+      peer_warnings_(io, "rendezvous connections", 20, kResourceLogInterval) {
   input_budget_.limit = limits_.max_buffered_bytes;
   input_budget_.over_limit = [this] { shed_largest_inputs(); };
   // One descriptor held back: when the process runs out, closing it lets the server accept
@@ -293,20 +291,7 @@ void RendezvousServer::housekeeping() {
 }
 
 void RendezvousServer::warn_peer(const std::string& peer, const std::string& message) {
-  const TimePoint now = clock_.now();
-  if (!peer_warnings_since_ || now - *peer_warnings_since_ >= kResourceLogInterval) {
-    if (peer_warnings_dropped_ > 0)
-      spdlog::warn("{} more warning(s) about rendezvous connections were not logged",
-                   peer_warnings_dropped_);
-    peer_warnings_since_ = now;
-    peer_warnings_ = 0;
-    peer_warnings_dropped_ = 0;
-  }
-  if (++peer_warnings_ > kPeerWarningBurst) {
-    ++peer_warnings_dropped_;
-    return;
-  }
-  spdlog::warn("rendezvous connection from {}: {}", peer, message);
+  peer_warnings_.warn("rendezvous connection from " + peer + ": " + message);
 }
 
 void RendezvousServer::refuse(std::uint64_t id, Session& session, const std::string& message,
@@ -528,6 +513,7 @@ void RendezvousServer::shutdown(std::chrono::milliseconds deadline, std::functio
   timer_.cancel();
   accepts_.stop();
   housekeeping_timer_.cancel();
+  peer_warnings_.stop();
   drained_ = std::move(drained);
   draining_ = 0;
   // Every open session ends once its replies (a "closed" for the other nodes) are written and

@@ -18,6 +18,7 @@
 #include "common/clock.h"
 #include "common/result.h"
 #include "common/shared_string.h"
+#include "common/warning_limiter.h"
 #include "rendezvous/auth.h"
 #include "rendezvous/connection.h"
 #include "rendezvous/job_history.h"
@@ -164,9 +165,7 @@ class RendezvousServer : private FramedConnection::Listener {
   /// Warnings about peers (refusals, bad frames, time-outs): at most kPeerWarningBurst per
   /// interval, the rest counted, so a hostile peer cannot flood the log.
   void warn_peer(const std::string& peer, const std::string& message);
-  std::optional<TimePoint> peer_warnings_since_;
-  int peer_warnings_ = 0;
-  std::uint64_t peer_warnings_dropped_ = 0;
+  common::WarningLimiter peer_warnings_;
   int port_ = 0;
   std::uint64_t next_session_ = 1;
   using Sessions = std::unordered_map<std::uint64_t, Session>;

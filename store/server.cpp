@@ -41,7 +41,8 @@ StoreServer::StoreServer(asio::io_context& io, StoreLimits limits)
                              ? " (the open-file limit: raise ddprun's hard limit, ulimit -Hn)"
                              : "");
           }),
-      state_(limits.max_parked_bytes) {}
+      state_(limits.max_parked_bytes),
+      close_warnings_(io, "store connections") {}
 
 StoreServer::~StoreServer() { shutdown(); }
 
@@ -103,6 +104,7 @@ void StoreServer::shutdown() {
   error_code ec;
   acceptor_.close(ec);
   accepts_.stop();
+  close_warnings_.stop();
   for (auto& [id, session] : sessions_) session->socket.close(ec);
   // The handlers still queued find their session gone (or stopped_) and return.
   sessions_.clear();
@@ -286,7 +288,7 @@ void StoreServer::close(ConnId id, const std::string& why) {
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return;
   if (!why.empty())
-    spdlog::warn("store: closing the connection from {}: {}", it->second->peer, why);
+    close_warnings_.warn("store: closing the connection from " + it->second->peer + ": " + why);
   error_code ignored;
   it->second->socket.close(ignored);
   queued_total_ -= it->second->queued_bytes;

@@ -13,6 +13,7 @@
 
 #include "common/accept_loop.h"
 #include "common/result.h"
+#include "common/warning_limiter.h"
 #include "store/codec.h"
 #include "store/store_state.h"
 
@@ -115,6 +116,9 @@ class StoreServer {
   bool stopped_ = false;
   bool full_logged_ = false;
   bool idle_closed_logged_ = false;
+  /// Connections closed for what they sent (close's `why`): a stranger's flood of garbage
+  /// must not flood the job's console.
+  common::WarningLimiter close_warnings_;
 };
 
 }  // namespace ddprun::store
