@@ -60,7 +60,13 @@ class HttpServer::Session : public std::enable_shared_from_this<Session> {
     }
     if (ec == http::error::header_limit || ec == http::error::buffer_overflow)
       return respond(431, "request header fields too large\n", false);
-    if (ec) return respond(400, "bad request\n", false);  // garbage, or a body
+    if (ec == http::error::body_limit) {
+      // A request with a body: a POST or PUT is told what this server takes, as one without.
+      const http::verb method = parser_->get().method();
+      if (method != http::verb::get && method != http::verb::head)
+        return respond(405, "only GET and HEAD\n", false);
+    }
+    if (ec) return respond(400, "bad request\n", false);  // garbage, or a GET with a body
     const auto& req = parser_->get();
     const HttpRequest request{std::string(req.method_string()), std::string(req.target()),
                               std::string(req[http::field::authorization])};

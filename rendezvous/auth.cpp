@@ -82,11 +82,16 @@ common::Result<Secret> read_secret_file(const std::string& path) {
   std::ostringstream content;
   content << in.rdbuf();
   std::string bytes = content.str();
+  const std::size_t in_all = bytes.size();
+  // Trailing whitespace (the newline an editor or echo adds) is not part of the secret.
   while (!bytes.empty() && std::isspace(static_cast<unsigned char>(bytes.back()))) bytes.pop_back();
   if (bytes.size() < kMinSecretBytes)
-    return common::Error{"secret file " + path + " holds " + std::to_string(bytes.size()) +
-                         " bytes; at least " + std::to_string(kMinSecretBytes) +
-                         " are needed: " + kHowToCreate};
+    return common::Error{
+        "secret file " + path + " holds " + std::to_string(bytes.size()) + " bytes" +
+        (bytes.size() < in_all
+             ? " before its trailing whitespace (" + std::to_string(in_all) + " in all)"
+             : std::string()) +
+        "; at least " + std::to_string(kMinSecretBytes) + " are needed: " + kHowToCreate};
   return Secret{std::move(bytes)};
 }
 

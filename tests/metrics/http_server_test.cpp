@@ -70,6 +70,13 @@ TEST_CASE("another path is 404 and another method 405", "[metrics][http]") {
   HttpPeer peer(e.server.port());
   REQUIRE(peer.send_bytes("POST /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"));
   CHECK(testing::parse_reply(peer.read_to_end(10s)).status == 405);
+  // With a body too; a GET with one is a bad request.
+  HttpPeer post(e.server.port());
+  REQUIRE(post.send_bytes("POST /metrics HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello"));
+  CHECK(testing::parse_reply(post.read_to_end(10s)).status == 405);
+  HttpPeer get(e.server.port());
+  REQUIRE(get.send_bytes("GET /metrics HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello"));
+  CHECK(testing::parse_reply(get.read_to_end(10s)).status == 400);
   CHECK(e.answers());
 }
 

@@ -149,6 +149,11 @@ TEST_CASE("a secret file readable by others, missing or short is refused with th
   const std::string shorty = write_secret(dir.path() + "/short", "abc", 0600);
   CHECK_THAT(read_secret_file(shorty).error().message,
              Catch::Contains("holds 3 bytes; at least 16") && Catch::Contains("openssl rand"));
+  // Trailing whitespace is not part of the secret: a file of spaces holds none.
+  const std::string blank = write_secret(dir.path() + "/blank", std::string(40, ' ') + "\n", 0600);
+  CHECK_THAT(read_secret_file(blank).error().message,
+             Catch::Contains("holds 0 bytes before its trailing whitespace (41 in all); at least "
+                             "16 are needed"));
   CHECK_THAT(read_secret_file(dir.path() + "/none").error().message,
              Catch::Contains("No such file"));
 }
