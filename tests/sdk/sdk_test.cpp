@@ -423,6 +423,9 @@ TEST_CASE("a one-rank group forms buckets in reverse parameter order up to the c
   CHECK(group->rank() == 0);
   CHECK(group->world_size() == 1);
   CHECK(group->backend() == sdk::Backend::Gloo);
+  // A second group of the same rank is refused by name, before it touches the store.
+  CHECK_THROWS_WITH(sdk::ProcessGroup::create(local_context(0, 1, port)),
+                    Catch::Contains("rank 0 already has a process group (one per rank"));
   Net net;
   // fc2.bias 4 B, fc2.weight 256 B, fc1.bias 256 B, fc1.weight 5120 B; buffers are not synced
   // as gradients.

@@ -412,6 +412,21 @@ TEST_CASE("a C++ worker's exception appears in ddprun's failure report", "[sdk][
   CHECK(has(text, "error.json"));
 }
 
+TEST_CASE("ranks whose models differ stop at GradientSync, the differing one naming the tensor",
+          "[sdk][integration]") {
+  // Rank 1 builds a wider hidden layer than rank 0, as DDP's construction check would catch.
+  auto r = run_command(
+      {DDPRUN_BIN, "--standalone", "--nproc_per_node", "2", "--no_python", "/bin/sh", "-c",
+       std::string("exec ") + DDP_TRAIN_BIN + " 1 1 --hidden $((16 + 8 * LOCAL_RANK))"},
+      {}, kLimit);
+  INFO(why(r));
+  CHECK(r.exit_code == 1);
+  CHECK(has(r.err,
+            "GradientSync: rank 1's model does not match rank 0's: 'fc1.weight' is [24, 20] "
+            "Float here, and the tensor in its place on rank 0 is [16, 20] Float: every rank "
+            "must build the same model"));
+}
+
 TEST_CASE("outside a launcher a worker names the missing variable", "[sdk][integration]") {
   auto r =
       run_command({"/usr/bin/env", "-i", DDP_TRAIN_BIN, "1", "1"}, {}, std::chrono::seconds(60));

@@ -2,6 +2,8 @@
 // translation units (the other is training.cpp).
 #include <cstdio>
 #include <exception>
+#include <mutex>
+#include <set>
 #include <stdexcept>
 
 #include "ddprun/sdk.h"
@@ -41,6 +43,21 @@ struct ProcessGroup::Impl {
 
 namespace {
 
+/// The ranks that have a ProcessGroup alive (or being created) in this process, by store
+/// address and rank: a second group of the same rank would meet the first one's keys in the
+/// store. (Tests run several ranks as threads of one process.)
+std::mutex groups_mu;
+std::set<std::string> groups_alive;
+
+std::string group_key(const WorkerContext& ctx) {
+  return ctx.master_addr + ":" + std::to_string(ctx.master_port) + "/" + std::to_string(ctx.rank);
+}
+
+void forget_group(const std::string& key) {
+  std::lock_guard<std::mutex> lock(groups_mu);
+  groups_alive.erase(key);
+}
+
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum:
@@ -65,6 +82,24 @@ void check_rank(int peer, int world_size, const char* what) {
 
 std::shared_ptr<ProcessGroup> ProcessGroup::create(const WorkerContext& ctx,
                                                    const ProcessGroupOptions& options) {
+  // One group per rank, as torch.distributed's default group: a second one would meet the
+  // first's keys in the store and fail with a socket error that names nothing.
+  const std::string key = group_key(ctx);
+  {
+    std::lock_guard<std::mutex> lock(groups_mu);
+    if (!groups_alive.insert(key).second)
+      throw std::logic_error(
+          "ProcessGroup::create: rank " + std::to_string(ctx.rank) +
+          " already has a process group (one per rank, as torch.distributed's default "
+          "group): share the std::shared_ptr the first create returned");
+  }
+  struct ForgetOnFailure {
+    const std::string& key;
+    bool created = false;
+    ~ForgetOnFailure() {
+      if (!created) forget_group(key);
+    }
+  } forget_on_failure{key};
   auto impl = std::make_unique<Impl>();
   impl->ctx = ctx;
   impl->timeout = options.timeout;
@@ -109,7 +144,9 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const WorkerContext& ctx,
 #endif
   }
   report_to_agent("pg_ready", {{"world_size", impl->ctx.world_size}});
-  return std::make_shared<ProcessGroup>(std::move(impl));
+  auto group = std::make_shared<ProcessGroup>(std::move(impl));
+  forget_on_failure.created = true;
+  return group;
 }
 
 ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -135,6 +172,7 @@ ProcessGroup::~ProcessGroup() {
     std::fprintf(stderr, "[ddprun sdk] rank %d: not every rank checked out of the group: %s\n",
                  impl_->ctx.rank, e.what());
   }
+  forget_group(group_key(impl_->ctx));
   impl_->pg.reset();
 }
 

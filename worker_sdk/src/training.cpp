@@ -151,6 +151,94 @@ struct GradientSync::Impl {
   }
 };
 
+namespace {
+
+/// A module's parameters and buffers, in broadcast_state's order, with their names.
+std::vector<std::pair<std::string, torch::Tensor>> named_state(torch::nn::Module& module) {
+  std::vector<std::pair<std::string, torch::Tensor>> state;
+  for (const auto& p : module.named_parameters(true)) state.emplace_back(p.key(), p.value());
+  for (const auto& b : module.named_buffers(true)) state.emplace_back(b.key(), b.value());
+  return state;
+}
+
+/// The state's layout as numbers: per tensor its dtype, rank and sizes.
+std::vector<int64_t> layout_of(const std::vector<std::pair<std::string, torch::Tensor>>& state) {
+  std::vector<int64_t> layout;
+  for (const auto& [name, t] : state) {
+    layout.push_back(static_cast<int64_t>(t.scalar_type()));
+    layout.push_back(t.dim());
+    for (const int64_t size : t.sizes()) layout.push_back(size);
+  }
+  return layout;
+}
+
+std::string shape_text(const std::vector<int64_t>& layout, size_t at) {
+  std::string text = "[";
+  for (int64_t d = 0; d < layout[at + 1]; ++d)
+    text += (d ? ", " : "") + std::to_string(layout[at + 2 + static_cast<size_t>(d)]);
+  return text + "] " + std::string(c10::toString(static_cast<c10::ScalarType>(layout[at])));
+}
+
+/// Where this rank's layout first parts from rank 0's (`theirs`, padded with -1 to at least
+/// this rank's length), in words.
+std::string first_difference(const std::vector<std::pair<std::string, torch::Tensor>>& state,
+                             const std::vector<int64_t>& mine, const std::vector<int64_t>& theirs) {
+  size_t at = 0;
+  for (const auto& [name, t] : state) {
+    const size_t width = 2 + static_cast<size_t>(mine[at + 1]);
+    const auto from = [at](const std::vector<int64_t>& v) {
+      return v.begin() + static_cast<std::ptrdiff_t>(at);
+    };
+    if (!std::equal(from(mine), from(mine) + static_cast<std::ptrdiff_t>(width), from(theirs))) {
+      const bool known = theirs[at] >= 0 && theirs[at + 1] >= 0 &&
+                         at + 2 + static_cast<size_t>(theirs[at + 1]) <= theirs.size();
+      return "'" + name + "' is " + shape_text(mine, at) + " here, and " +
+             (known ? "the tensor in its place on rank 0 is " + shape_text(theirs, at)
+                    : std::string("rank 0 has no tensor in its place"));
+    }
+    at += width;
+  }
+  return "rank 0 has more parameters and buffers than this rank's " + std::to_string(state.size());
+}
+
+}  // namespace
+
+void GradientSync::check_same_model() {
+  ProcessGroup& group = *impl_->group;
+  if (group.world_size() == 1) return;
+  const auto state = named_state(*impl_->module);
+  const std::vector<int64_t> mine = layout_of(state);
+  const auto on_device = [&](std::vector<int64_t> values) {
+    return torch::tensor(values, torch::kInt64).to(group.device());
+  };
+  // The longest layout, then rank 0's padded to it: every rank compares its own.
+  torch::Tensor longest = on_device({static_cast<int64_t>(mine.size())});
+  group.all_reduce(longest, ReduceOp::Max);
+  std::vector<int64_t> padded = mine;
+  padded.resize(static_cast<size_t>(longest.cpu().item<int64_t>()), -1);
+  torch::Tensor theirs = on_device(padded);
+  group.broadcast(theirs, 0);
+  const torch::Tensor theirs_cpu = theirs.cpu();
+  const std::vector<int64_t> rank0(theirs_cpu.data_ptr<int64_t>(),
+                                   theirs_cpu.data_ptr<int64_t>() + theirs_cpu.numel());
+  const bool differs = rank0 != padded;
+  torch::Tensor any = on_device({differs ? 1 : 0});
+  group.all_reduce(any, ReduceOp::Max);
+  if (any.cpu().item<int64_t>() == 0) return;
+  // Every rank stops, the one that differs naming what: DDP's check, as torch.nn.parallel does.
+  const std::string fix =
+      ": every rank must build the same model (the same layers, sizes and dtypes) before "
+      "GradientSync";
+  if (differs)
+    throw std::runtime_error(
+        "GradientSync: rank " + std::to_string(group.rank()) +
+        "'s model does not match rank 0's: " + first_difference(state, mine, rank0) + fix);
+  throw std::runtime_error(
+      "GradientSync: another rank's model does not match rank 0's (that "
+      "rank's error names the parameter)" +
+      fix);
+}
+
 GradientSync::GradientSync(std::shared_ptr<ProcessGroup> group, torch::nn::Module& module,
                            GradientSyncOptions options)
     : impl_(std::make_unique<Impl>()) {
@@ -158,6 +246,7 @@ GradientSync::GradientSync(std::shared_ptr<ProcessGroup> group, torch::nn::Modul
   impl_->module = &module;
   impl_->options = options;
   impl_->build_buckets();
+  check_same_model();
   broadcast_state();
   if (options.overlap_with_backward) {
     Impl* impl = impl_.get();

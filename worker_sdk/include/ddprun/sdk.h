@@ -125,7 +125,8 @@ struct GradientSyncOptions {
 };
 
 /// DistributedDataParallel's gradient averaging for a torch::nn::Module, without
-/// c10d::Reducer: rank 0's parameters and buffers are broadcast at construction, and
+/// c10d::Reducer: every rank's model is checked against rank 0's (shapes and dtypes) and rank
+/// 0's parameters and buffers are broadcast at construction, and
 /// synchronize() (after backward, before the optimizer step) sets every gradient to the mean
 /// over ranks. Buckets are formed and reduced in the same order on every rank.
 class GradientSync {
@@ -147,6 +148,9 @@ class GradientSync {
   struct Impl;
 
  private:
+  /// Every rank's parameters and buffers have rank 0's names' shapes and dtypes, or every rank
+  /// throws (the one that differs naming the first tensor), as DDP checks at construction.
+  void check_same_model();
   std::unique_ptr<Impl> impl_;
 };
 
