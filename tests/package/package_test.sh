@@ -192,8 +192,11 @@ sdk)
   libs=$(pkg-config --libs ddprun-sdk)
   echo "pkg-config --cflags: $cflags"
   echo "pkg-config --libs: $libs"
+  previous=
   for word in $cflags $libs; do
     case $word in -I* | -L*) [ -d "${word:2}" ] || fail "$word: no such directory" ;; esac
+    [ "$previous" != -isystem ] || [ -d "$word" ] || fail "-isystem $word: no such directory"
+    previous=$word
   done
   [ -f "$(pkg-config --variable=includedir ddprun-sdk)/ddprun/sdk.h" ] ||
     fail "pkg-config's includedir has no ddprun/sdk.h"
@@ -203,9 +206,11 @@ sdk)
   g++ "$object" $libs -o "$trainer/trainer-pc"
   "$root/usr/bin/ddprun" --standalone --nproc_per_node 1 --no_python "$trainer/trainer-pc" |
     grep 'sum of ranks 0 (ok)'
-  # The headers compile with pkg-config's flags alone (one syntax-only pass over libtorch's).
+  # The headers compile with pkg-config's flags alone (one syntax-only pass over libtorch's),
+  # under the warnings users turn on: libtorch's headers are system headers.
   # shellcheck disable=SC2086
-  g++ $cflags -fsyntax-only "$source/examples/out_of_tree/main.cpp"
+  g++ $cflags -Wall -Wextra -Werror -fsyntax-only "$source/examples/out_of_tree/main.cpp" ||
+    fail "examples/out_of_tree/main.cpp does not compile with pkg-config's --cflags and -Wextra"
   echo "the pkg-config flags compile and link the trainer"
   ;;
 
