@@ -363,6 +363,29 @@ TEST_CASE("Python's torch.load reads a snapshot as a dict of tensors", "[sdk][sn
   CHECK(r.out == expect.str());
 }
 
+TEST_CASE("a file torch.save wrote for something else is not a snapshot, not a corrupt one",
+          "[sdk][snapshot][python]") {
+  TempDir dir;
+  auto r = ddprun::testing::run_command(
+      {"/usr/bin/python3", "-c",
+       "import sys, torch\n"
+       "torch.save({'a': torch.ones(3)}, sys.argv[1] + '/dict.pt')\n"
+       "torch.save(torch.nn.Linear(2, 2).state_dict(), sys.argv[1] + '/state_dict.pt')\n",
+       dir.path()},
+      {}, std::chrono::seconds(120));
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  for (const std::string name : {"dict.pt", "state_dict.pt"}) {
+    auto read = sdk::read_snapshot_file(dir.path() + "/" + name);
+    REQUIRE(std::holds_alternative<std::string>(read));
+    INFO(std::get<std::string>(read));
+    CHECK(std::get<std::string>(read).rfind(
+              "not a ddprun snapshot: a whole archive without the format \"ddprun-snapshot\" "
+              "(another torch.save file?): ",
+              0) == 0);
+  }
+}
+
 TEST_CASE("the sampler gives the same index lists as python3-torch's DistributedSampler",
           "[sdk][sampler][python]") {
   // Grid: dataset size x replicas x shuffle x seed x epoch x drop_last, every rank.

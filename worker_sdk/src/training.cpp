@@ -687,9 +687,18 @@ std::variant<Snapshot, std::string> read_snapshot_file(const std::string& path) 
   if (bytes.empty()) return std::string("empty file (torn write)");
   // libtorch trusts the zip directory and data.pkl's tensor views: a damaged or crafted file
   // (a storage record emptied) would make it read outside a storage. Refused here instead.
+  // A whole archive whose pickle is not a snapshot's and holds no snapshot's format marker is
+  // most likely another torch.save file (a state_dict, a tensor), not a damaged snapshot.
+  const auto unreadable = [&](const std::string& why, bool whole_archive) {
+    const std::string_view all(bytes.data(), bytes.size());
+    if (whole_archive && all.find(kFormat) == std::string_view::npos)
+      return std::string("not a ddprun snapshot: a whole archive without the format \"") + kFormat +
+             "\" (another torch.save file?): " + why;
+    return "unreadable (torn or corrupt): " + why;
+  };
   auto structure = check_snapshot_structure(std::string_view(bytes.data(), bytes.size()));
   if (auto* err = std::get_if<std::string>(&structure))
-    return "unreadable (torn or corrupt): " + *err;
+    return unreadable(*err, err->rfind("data.pkl at byte ", 0) == 0);
   Snapshot s;
   std::string actual;
   try {
@@ -724,7 +733,7 @@ std::variant<Snapshot, std::string> read_snapshot_file(const std::string& path) 
   } catch (const std::exception& e) {
     std::string what = e.what();
     what = what.substr(0, what.find('\n'));
-    return "unreadable (torn or corrupt): " + what;
+    return unreadable(what, true);
   }
   if (actual != s.meta.checksum)
     return "checksum mismatch (corrupt): recorded " + s.meta.checksum + ", content " + actual;
