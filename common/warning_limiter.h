@@ -7,6 +7,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -26,6 +27,16 @@ class WarningLimiter {
 
   /// Logs `text` as a warning, or counts it when `burst` were logged in this interval.
   void warn(const std::string& text) {
+    if (stopped_) {
+      // Draining after stop(): no timer is armed again; the destructor tells the count.
+      if (logged_ < burst_) {
+        ++logged_;
+        spdlog::warn("{}", text);
+      } else {
+        ++dropped_;
+      }
+      return;
+    }
     const auto now = std::chrono::steady_clock::now();
     if (!started_ || now - since_ >= interval_) {
       log_dropped();
@@ -37,9 +48,10 @@ class WarningLimiter {
       if (dropped_++ == 0) {
         // The first one held back: its count is told when this interval ends.
         timer_.expires_at(since_ + interval_);
-        timer_.async_wait([this](boost::system::error_code ec) {
-          if (!ec) log_dropped();
-        });
+        timer_.async_wait(
+            [this, alive = std::weak_ptr<bool>(alive_)](boost::system::error_code ec) {
+              if (!ec && alive.lock()) log_dropped();
+            });
       }
       return;
     }
@@ -49,6 +61,7 @@ class WarningLimiter {
 
   /// The owner stops: the count is told now, and nothing stays pending on the io_context.
   void stop() {
+    stopped_ = true;
     timer_.cancel();
     log_dropped();
   }
@@ -69,6 +82,9 @@ class WarningLimiter {
   std::chrono::steady_clock::time_point since_{};
   int logged_ = 0;
   std::uint64_t dropped_ = 0;
+  bool stopped_ = false;
+  /// Gone with the limiter: a timer completion already queued then does nothing.
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 
 }  // namespace ddprun::common

@@ -183,7 +183,8 @@ JobState job_from_json(const json& j, const TimeAnchor& a, common::TimePoint now
     auto parsed = rdzv::parse_settings(*settings, "job.settings");
     if (!parsed) {
       f.fail(parsed.error().message);
-    } else if (auto bad = rdzv::check_settings(*parsed, s.settings_from)) {
+    } else if (auto bad = rdzv::check_settings(
+                   *parsed, s.settings_from.empty() ? "(unnamed)" : s.settings_from)) {
       f.fail("job.settings are no job's: " + bad->message);
     } else {
       s.settings = std::move(*parsed);

@@ -286,6 +286,11 @@ Check parse_master_addr(const RawValue& v, LaunchConfig& config) {
 Check parse_local_addr(const RawValue& v, LaunchConfig& config) {
   const std::string addr = trim(v.text);
   if (auto bad = check_host(v, addr)) return bad;
+  // It becomes MASTER_ADDR as it is: an address in brackets ([::1]) or a URL is none.
+  if (!addr.empty() && !valid_host(addr))
+    return common::Error{describe(v) +
+                         ": expected a host name or an address without brackets (letters, "
+                         "digits and . - _ : %), e.g. 10.0.0.2 or fe80::1%eth0"};
   config.local_addr = addr;  // empty: the address the connection leaves from
   return std::nullopt;
 }

@@ -64,10 +64,11 @@ struct Planner {
   std::string python_origin;  ///< where the workers' interpreter comes from, in words
 };
 
-/// The shared secret of the rendezvous: --rdzv_conf secret_file, else the environment.
-/// A --local_addr that is an address must be one of this machine's: the rendezvous connection
-/// and the workers' store are bound to it (a host name only names the node, as torchrun's).
+/// A --local_addr that is an address must be one of this machine's where ddprun binds it: the
+/// c10d rendezvous connection, and a single node's store. (With etcd it only names the node, as
+/// a host name always does, as torchrun's: an address behind NAT is fine there.)
 std::optional<common::Error> Planner::check_local_addr() const {
+  if (plan.kind == RendezvousKind::Etcd) return std::nullopt;
   boost::system::error_code not_address;
   (void)boost::asio::ip::make_address(config.local_addr, not_address);
   if (config.local_addr.empty() || not_address || probes.is_local_host(config.local_addr))
@@ -77,6 +78,7 @@ std::optional<common::Error> Planner::check_local_addr() const {
                        "give one of them, or this machine's host name"};
 }
 
+/// The shared secret of the rendezvous: --rdzv_conf secret_file, else the environment.
 std::optional<common::Error> Planner::read_secret() {
   if (plan.kind != RendezvousKind::Network) return std::nullopt;
   std::string secret_file = env_or(env, rdzv::kSecretFileVariable, "");

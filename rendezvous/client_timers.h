@@ -1,7 +1,7 @@
 #pragma once
 // What every executor of the rendezvous client's state machine (rdzv_client.h) carries out the
 // same way, whatever its transport (NetworkRendezvous for c10d, etcd's EtcdRendezvous): its
-// three timers and its log lines.
+// four timers and its log lines.
 #include <array>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -15,8 +15,8 @@ class ClientTimers {
  public:
   explicit ClientTimers(boost::asio::io_context& io);
 
-  /// Arms `effect.timer` (again); when it expires, `due` gets its event (RetryDue, HeartbeatDue
-  /// or StatusDue). `due` must check that its executor is still there.
+  /// Arms `effect.timer` (again); when it expires, `due` gets its event (RetryDue, HeartbeatDue,
+  /// StatusDue or GreetingDue). `due` must check that its executor is still there.
   void arm(const ArmClientTimer& effect, std::function<void(const ClientEvent&)> due);
   void disarm(ClientTimer timer);
 

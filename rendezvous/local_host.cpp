@@ -43,8 +43,8 @@ bool is_local_host(const std::string& host) {
   boost::system::error_code ec;
   auto addr = boost::asio::ip::make_address(host, ec);
   if (!ec && addr.is_loopback()) return true;
-  if (host == local_host_name() || host == fully_qualified_host_name()) return true;
-  if (ec) return false;
+  // A name is this machine's own; an address is looked for among the interfaces (no lookup).
+  if (ec) return host == local_host_name() || host == fully_qualified_host_name();
   ifaddrs* list = nullptr;
   if (::getifaddrs(&list) != 0) return false;
   bool found = false;
@@ -60,7 +60,10 @@ bool is_local_host(const std::string& host) {
     else
       continue;
     auto local = boost::asio::ip::make_address(text, ec);
-    found = !ec && local == addr;
+    // An IPv6 address matches whatever its scope (fe80::1%eth0 is fe80::1 on eth0).
+    found =
+        !ec && (addr.is_v6() && local.is_v6() ? local.to_v6().to_bytes() == addr.to_v6().to_bytes()
+                                              : local == addr);
   }
   ::freeifaddrs(list);
   return found;

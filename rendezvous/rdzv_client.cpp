@@ -179,10 +179,11 @@ class Stepper {
   void on(const RetryDue&) { connect(); }
 
   void on(const GreetingDue&) {
-    if (s_.link == ClientLink::Down || s_.link == ClientLink::Connecting || s_.link_greeted) return;
-    // Handshaking/Ready -> Down: the port took the connection and said nothing; the time since
-    // counts towards connect_timeout, as an unreachable server's does
-    if (!s_.lost_since) s_.lost_since = s_.link_opened;
+    if (s_.link == ClientLink::Down || s_.link == ClientLink::Connecting || s_.link_greeted ||
+        s_.phase == ClientPhase::Done)
+      return;
+    // Handshaking/Ready -> Down: the port took the connection and said nothing; like an
+    // unreachable server's, the time counts towards connect_timeout from the first attempt
     on(ConnectionLost{fmt::format(
         "it took the connection but sent no greeting within {} s: a port of another service, "
         "such as torchrun's store, or a server that has stalled",

@@ -140,8 +140,8 @@ struct LeaveJob {
 struct RetryDue {};
 struct HeartbeatDue {};
 struct StatusDue {};
-/// The link opened kGreetingLimit ago (or connect_timeout, if shorter) and the server has not
-/// greeted on it.
+/// The link opened kGreetingLimit ago (or what was left of connect_timeout, if less) and the
+/// server has not greeted on it.
 struct GreetingDue {};
 
 using ClientEvent = std::variant<NextRound, Connected, Greeted, ConnectionLost, ServerUnusable,
@@ -210,8 +210,8 @@ using ClientEffect =
 /// - ConnectionLost: retry with back-off doubling to 2 s; unreachable for connect_timeout ->
 ///   Done with a Connection error naming the endpoint; a TLS failure -> Done at once.
 /// - GreetingDue (a link whose server took the connection but has not greeted, TLS and the
-///   secret's proof included, within kGreetingLimit): as ConnectionLost, counted from the
-///   connection.
+///   secret's proof included, within kGreetingLimit): as ConnectionLost, counted towards
+///   connect_timeout from the first attempt.
 /// - Greeted after a loss: the Running round is claimed again in the join (RoundClaim).
 /// - KeepOut while Idle (or KeptOut): KeptOut, and a join with kept_out goes out (again after a
 ///   loss or a drop); a server that does not hold kept-out nodes gets no join (the link closes).

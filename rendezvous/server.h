@@ -162,8 +162,8 @@ class RendezvousServer : private FramedConnection::Listener {
   int reserve_fd_ = -1;                ///< kept open to accept-and-close when out of descriptors
   std::uint64_t shed_count_ = 0;       ///< connections closed for lack of descriptors, unlogged
   std::optional<TimePoint> shed_logged_at_;
-  /// Warnings about peers (refusals, bad frames, time-outs): at most kPeerWarningBurst per
-  /// interval, the rest counted, so a hostile peer cannot flood the log.
+  /// Warnings about peers (refusals, bad frames, time-outs): at most 20 per 10 s, the rest
+  /// counted, so a hostile peer cannot flood the log.
   void warn_peer(const std::string& peer, const std::string& message);
   common::WarningLimiter peer_warnings_;
   int port_ = 0;

@@ -152,7 +152,9 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const WorkerContext& ctx,
 ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 ProcessGroup::~ProcessGroup() {
-  if (!impl_ || !impl_->store) return;
+  if (!impl_) return;
+  forget_group(group_key(impl_->ctx));  // on every path: a later create may try again
+  if (!impl_->store) return;
   if (std::uncaught_exceptions() > 0) {
     // Unwinding towards record(): keep the connections open until the process exits, so peers
     // notice this rank only after its error file is written, and skip the check-out, which
@@ -172,7 +174,6 @@ ProcessGroup::~ProcessGroup() {
     std::fprintf(stderr, "[ddprun sdk] rank %d: not every rank checked out of the group: %s\n",
                  impl_->ctx.rank, e.what());
   }
-  forget_group(group_key(impl_->ctx));
   impl_->pg.reset();
 }
 

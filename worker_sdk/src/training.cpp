@@ -82,6 +82,7 @@ struct GradientSync::Impl {
   std::mutex mu;
   size_t next_launch = 0;
   bool stepped = false;  // a synchronize() completed in this process (reported as first_step)
+  bool said_no_gradient = false;  // overlap mode: a synchronize() without a backward was told
 
   void build_buckets() {
     for (auto& p : module->parameters(/*recurse=*/true))
@@ -214,8 +215,10 @@ void GradientSync::check_same_model() {
   // The longest layout, then rank 0's padded to it: every rank compares its own.
   torch::Tensor longest = on_device({static_cast<int64_t>(mine.size())});
   group.all_reduce(longest, ReduceOp::Max);
+  const auto length = static_cast<size_t>(longest.cpu().item<int64_t>());
+  if (length == 0) return;  // no rank has a tensor (every rank sees the same maximum)
   std::vector<int64_t> padded = mine;
-  padded.resize(static_cast<size_t>(longest.cpu().item<int64_t>()), -1);
+  padded.resize(length, -1);
   torch::Tensor theirs = on_device(padded);
   group.broadcast(theirs, 0);
   const torch::Tensor theirs_cpu = theirs.cpu();
@@ -233,6 +236,8 @@ void GradientSync::check_same_model() {
     throw std::runtime_error(
         "GradientSync: rank " + std::to_string(group.rank()) +
         "'s model does not match rank 0's: " + first_difference(state, mine, rank0) + fix);
+  // The ranks that can name the tensor fail first, so the launcher's root cause is theirs.
+  std::this_thread::sleep_for(std::chrono::seconds(2));
   throw std::runtime_error(
       "GradientSync: another rank's model does not match rank 0's (that "
       "rank's error names the parameter)" +
@@ -289,6 +294,16 @@ void GradientSync::synchronize() {
     torch::NoGradGuard no_grad;
     std::lock_guard<std::mutex> lock(s.mu);
     if (s.options.overlap_with_backward) {
+      // No gradient at all since the last call: synchronize() came before backward(), and the
+      // replicas would part. Said once; the step still goes on with zeros, on every rank alike.
+      if (!s.said_no_gradient && !s.params.empty() &&
+          std::none_of(s.seen.begin(), s.seen.end(), [](bool seen) { return seen; })) {
+        s.said_no_gradient = true;
+        std::fprintf(stderr,
+                     "[ddprun sdk] warning: GradientSync::synchronize() found no gradient from a "
+                     "backward since its last call: call it after loss.backward() and before the "
+                     "optimizer's step\n");
+      }
       // Parameters that got no gradient in this backward contribute zeros, as in DDP with
       // find_unused_parameters; their buckets start now, still in index order.
       for (Bucket& b : s.buckets) {
@@ -330,7 +345,11 @@ std::vector<size_t> GradientSync::bucket_bytes() const {
 // DistributedSampler
 
 DistributedSampler::DistributedSampler(SamplerOptions options) : options_(options) {
-  if (options_.num_replicas < 1 || options_.rank < 0 || options_.rank >= options_.num_replicas)
+  if (options_.num_replicas < 1)
+    throw std::invalid_argument("DistributedSampler: num_replicas " +
+                                std::to_string(options_.num_replicas) +
+                                " must be at least 1 (the world size)");
+  if (options_.rank < 0 || options_.rank >= options_.num_replicas)
     throw std::invalid_argument("DistributedSampler: rank " + std::to_string(options_.rank) +
                                 " is not in [0, " + std::to_string(options_.num_replicas) + ")");
   if (options_.dataset_size < 0)

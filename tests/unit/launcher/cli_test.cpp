@@ -962,6 +962,8 @@ TEST_CASE("a master or local address with control characters or spaces is refuse
   CHECK(parse_error({"--local_addr", "\x1b[2Jnode", "train.py"}) ==
         "--local_addr \\x1b[2Jnode: a host name or address has no spaces or control characters");
   CHECK(parse_ok({"--local_addr", " 10.0.0.2 ", "train.py"}).local_addr == "10.0.0.2");
+  CHECK(parse_error({"--local_addr", "[::1]", "train.py"}).find("without brackets") !=
+        std::string::npos);
 }
 
 TEST_CASE(
