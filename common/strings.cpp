@@ -41,6 +41,26 @@ int json_nesting_over(std::string_view text, int limit) {
   return 0;
 }
 
+namespace {
+
+/// The code point of a bidirectional formatting character that starts at `text[i]` (UTF-8),
+/// or 0: U+061C, U+200E, U+200F, U+202A..U+202E and U+2066..U+2069. They reorder what a
+/// terminal shows after them, so a name holding one can make a line read differently.
+unsigned bidi_control_at(std::string_view text, std::size_t i) {
+  const auto byte = [&](std::size_t k) {
+    return i + k < text.size() ? static_cast<unsigned char>(text[i + k]) : 0U;
+  };
+  if (byte(0) == 0xd8 && byte(1) == 0x9c) return 0x061c;
+  if (byte(0) != 0xe2) return 0;
+  const unsigned code = 0x2000U + ((byte(1) & 0x3fU) << 6U) + (byte(2) & 0x3fU);
+  if (byte(1) == 0x80 && (byte(2) == 0x8e || byte(2) == 0x8f)) return code;
+  if (byte(1) == 0x80 && byte(2) >= 0xaa && byte(2) <= 0xae) return code;
+  if (byte(1) == 0x81 && byte(2) >= 0xa6 && byte(2) <= 0xa9) return code;
+  return 0;
+}
+
+}  // namespace
+
 std::string printable(std::string_view text) {
   static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
@@ -48,7 +68,11 @@ std::string printable(std::string_view text) {
   for (std::size_t i = 0; i < text.size(); ++i) {
     const auto c = static_cast<unsigned char>(text[i]);
     const auto next = i + 1 < text.size() ? static_cast<unsigned char>(text[i + 1]) : 0;
-    if (c < 0x20 || c == 0x7f) {
+    if (const unsigned bidi = bidi_control_at(text, i); bidi != 0) {
+      out += "\\u";
+      for (const unsigned shift : {12U, 8U, 4U, 0U}) out += kHex[(bidi >> shift) & 15U];
+      i += bidi == 0x061c ? 1 : 2;
+    } else if (c < 0x20 || c == 0x7f) {
       out += "\\x";
       out += kHex[c >> 4];
       out += kHex[c & 15];

@@ -24,7 +24,9 @@ std::optional<bool> parse_bool(std::string_view text);
 /// objects, or 0 when it never does: checked before parsing input that may come from anyone.
 int json_nesting_over(std::string_view text, int limit);
 /// `text` safe to print on a terminal: control characters (C0, DEL, and C1 as UTF-8) become
-/// "\xNN" or "\u00NN", so a name cannot move the cursor or recolour the screen.
+/// "\xNN" or "\u00NN", so a name cannot move the cursor or recolour the screen, and
+/// bidirectional formatting characters (U+202E and the like) become "\uNNNN", so it cannot
+/// reorder the rest of the line.
 std::string printable(std::string_view text);
 /// Shortens `text` to at most `max_bytes`, never inside a UTF-8 character (continuation bytes
 /// before the cut go with it). Returns whether it cut anything.

@@ -8,6 +8,8 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <unistd.h>
 
 #include <boost/asio/post.hpp>
@@ -42,11 +44,28 @@ struct FramedConnection::TlsStream {
 
 namespace {
 
+/// What a plain connection answers a TLS hello with, before it closes (on_read).
+constexpr std::string_view kNoTlsHere = "ddprun: this side has no TLS\n";
+
+/// What a TLS server answers a hello without TLS with, before it closes (start): a TLS alert
+/// record (fatal, protocol_version), which the plain client recognises as TLS (looks_like_tls)
+/// and reports at once, where a bare close would be retried until connect_timeout.
+constexpr std::array<char, 7> kTlsAlert = {21, 3, 3, 0, 2, 2, 70};
+
+/// True when a handshake failed because the peer's bytes were not TLS.
+bool not_tls(const error_code& ec) {
+  return ec.category() == asio::error::get_ssl_category() &&
+         ERR_GET_REASON(static_cast<unsigned long>(ec.value())) == SSL_R_WRONG_VERSION_NUMBER;
+}
+
 /// Why a TLS handshake failed, in OpenSSL's words where it gives them.
 std::string handshake_error(const error_code& ec) {
   if (ec == asio::error::eof || ec == ssl::error::stream_truncated)
     return "the peer closed the connection during the TLS handshake (does it speak TLS, and "
            "does it accept this side's certificate?)";
+  if (not_tls(ec))
+    return "the peer answered without TLS (wrong version number): it has no TLS configured; "
+           "configure TLS on both sides (docs/operations.md#tls)";
   std::string text = ec.message();
   if (ec.category() == asio::error::get_ssl_category()) {
     // "certificate verify failed (SSL routines)" reads better without the library's name.
@@ -154,6 +173,10 @@ void FramedConnection::start(Listener& listener, std::uint64_t tag) {
           const long verified = ::SSL_get_verify_result(self->tls_->stream.native_handle());
           if (tls_failed && verified != X509_V_OK)
             why += " (" + std::string(::X509_verify_cert_error_string(verified)) + ")";
+          if (self->tls_->server && not_tls(ec)) {
+            error_code ignored;
+            self->socket_.write_some(asio::buffer(kTlsAlert), ignored);
+          }
           return self->end({tls_failed ? CloseKind::Tls : CloseKind::Io,
                             "TLS handshake with " + self->peer_ + " failed: " + why},
                            self->tls_->server);
@@ -195,9 +218,16 @@ void FramedConnection::on_read(error_code ec, std::string_view data) {
     const bool first = bytes_received_ == 0;
     bytes_received_ += n;
     // A TLS record on a plain connection: the other side has TLS configured and this one not.
+    // A line of plain text tells it so: its TLS reads it as a record of no TLS version
+    // ("wrong version number"), a configuration error it reports at once, where a bare close
+    // would look like a server that is restarting, retried until connect_timeout. The linger
+    // keeps the unread rest of its hello from resetting the connection before the line is read.
     if (first && !tls_ && looks_like_tls(std::string(data.substr(0, 3)))) {
+      error_code ignored;
+      socket_.write_some(asio::buffer(kNoTlsHere), ignored);
       return end({CloseKind::Tls, peer_ + " speaks TLS and this side does not: configure TLS on "
-                                          "both sides (docs/operations.md#tls)"});
+                                          "both sides (docs/operations.md#tls)"},
+                 true);
     }
     const std::size_t before = decoder_.buffered_bytes();
     decoder_.feed(data);

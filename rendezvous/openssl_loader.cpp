@@ -84,6 +84,7 @@ std::optional<common::Error> load_openssl(const std::string& what) {
   }
 
 // libcrypto
+DDPRUN_OPENSSL(int, ASN1_TIME_to_tm, (const ASN1_TIME* s, struct tm* tm), (s, tm))
 DDPRUN_OPENSSL(long, BIO_ctrl, (BIO * b, int cmd, long larg, void* parg), (b, cmd, larg, parg))
 DDPRUN_OPENSSL(size_t, BIO_ctrl_pending, (BIO * b), (b))
 DDPRUN_OPENSSL(int, BIO_free, (BIO * a), (a))
@@ -107,6 +108,9 @@ DDPRUN_OPENSSL(unsigned char*, HMAC,
                (evp_md, key, key_len, data, data_len, md, md_len))
 DDPRUN_OPENSSL(unsigned char*, SHA256, (const unsigned char* d, size_t n, unsigned char* md),
                (d, n, md))
+DDPRUN_OPENSSL(int, X509_cmp_current_time, (const ASN1_TIME* s), (s))
+DDPRUN_OPENSSL(const ASN1_TIME*, X509_get0_notAfter, (const X509* x), (x))
+DDPRUN_OPENSSL(const ASN1_TIME*, X509_get0_notBefore, (const X509* x), (x))
 DDPRUN_OPENSSL(int, X509_VERIFY_PARAM_set1_ip_asc, (X509_VERIFY_PARAM * param, const char* ipasc),
                (param, ipasc))
 DDPRUN_OPENSSL(const char*, X509_verify_cert_error_string, (long n), (n))
@@ -116,6 +120,7 @@ DDPRUN_OPENSSL(int, SSL_CTX_check_private_key, (const SSL_CTX* ctx), (ctx))
 DDPRUN_OPENSSL(long, SSL_CTX_ctrl, (SSL_CTX * ctx, int cmd, long larg, void* parg),
                (ctx, cmd, larg, parg))
 DDPRUN_OPENSSL(void, SSL_CTX_free, (SSL_CTX * ctx), (ctx))
+DDPRUN_OPENSSL(X509*, SSL_CTX_get0_certificate, (const SSL_CTX* ctx), (ctx))
 DDPRUN_OPENSSL(void*, SSL_CTX_get_default_passwd_cb_userdata, (SSL_CTX * ctx), (ctx))
 DDPRUN_OPENSSL(void*, SSL_CTX_get_ex_data, (const SSL_CTX* ssl, int idx), (ssl, idx))
 DDPRUN_OPENSSL(SSL_verify_cb, SSL_CTX_get_verify_callback, (const SSL_CTX* ctx), (ctx))

@@ -11,6 +11,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
+
+#include "common/log.h"
 
 namespace ddprun::rdzv {
 
@@ -71,6 +74,37 @@ std::optional<std::string> load_ca(ssl::context& context, const std::string& fla
   return std::nullopt;
 }
 
+/// An ASN.1 time as "2026-01-02 03:04 UTC", or "?" when OpenSSL cannot read it.
+std::string utc(const ASN1_TIME* time) {
+  std::tm tm{};
+  if (time == nullptr || ::ASN1_TIME_to_tm(time, &tm) != 1) return "?";
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%d %H:%M UTC", &tm);
+  return text;
+}
+
+/// A certificate past its end is refused: every peer would refuse it at each handshake, which
+/// they report as a failed connection, far from the file at fault. One not valid yet is only a
+/// warning, since this machine's clock may be the one that is wrong.
+std::optional<std::string> check_dates(ssl::context& context, const std::string& flag,
+                                       const std::string& path) {
+  const X509* leaf = ::SSL_CTX_get0_certificate(context.native_handle());
+  if (leaf == nullptr) return std::nullopt;
+  const ASN1_TIME* not_after = ::X509_get0_notAfter(leaf);
+  if (not_after != nullptr && ::X509_cmp_current_time(not_after) < 0)
+    return flag + "cert " + path + " expired on " + utc(not_after) +
+           ": peers refuse it; renew it (openssl x509 -noout -dates -in " + path +
+           " shows its dates)";
+  const ASN1_TIME* not_before = ::X509_get0_notBefore(leaf);
+  if (not_before != nullptr && ::X509_cmp_current_time(not_before) > 0)
+    spdlog::warn(
+        "{}cert {} is valid only from {}, later than this machine's clock: peers whose clock "
+        "agrees "
+        "refuse it until then (a certificate made on a machine whose clock is ahead?)",
+        flag, path, utc(not_before));
+  return std::nullopt;
+}
+
 std::optional<std::string> load_identity(ssl::context& context, const std::string& flag,
                                          const TlsFiles& files) {
   const std::string cert = flag + "cert";
@@ -94,7 +128,7 @@ std::optional<std::string> load_identity(ssl::context& context, const std::strin
   }
   if (ec)
     return key + " " + files.key + ": cannot load it as a PEM private key: " + openssl_reason(ec);
-  return std::nullopt;
+  return check_dates(context, flag, files.cert);
 }
 
 }  // namespace

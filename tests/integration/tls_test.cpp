@@ -111,9 +111,8 @@ TEST_CASE("peers without TLS or with the wrong certificates are refused saying w
   INFO("no TLS: " << plain.err << "\nanother CA: " << other_ca.err
                   << "\nno certificate: " << no_cert.err);
   CHECK(plain.exit_code == 69);
-  CHECK(contains(plain.err,
-                 "without a hello (a server with TLS does so to a client without: "
-                 "give --tls_ca)"));
+  // The server answers a client without TLS with a TLS alert, so it is told at once.
+  CHECK(contains(plain.err, endpoint + " speaks TLS and this side does not"));
   CHECK(other_ca.exit_code == 69);
   CHECK(contains(other_ca.err, "certificate verify failed"));
   CHECK(contains(other_ca.err, "check --tls_ca, --tls_cert and --tls_key"));
@@ -165,8 +164,31 @@ TEST_CASE("a TLS client of a server without TLS is told so and the server says w
   const std::string endpoint = "127.0.0.1:" + std::to_string(daemon.port);
   auto r = status_at(endpoint, {"--tls_ca", pki.ca});
   CHECK(r.exit_code == 69);
-  CHECK(contains(r.err, "closed the connection during the TLS handshake"));
+  CHECK(contains(r.err,
+                 "the peer answered without TLS (wrong version number): it has no TLS "
+                 "configured"));
   CHECK(contains(daemon.process->err_so_far(), "speaks TLS and this side does not"));
+  // An agent stops at once too (exit 69), where a bare close would be retried for the whole
+  // connect_timeout: 600 s here, past the command's limit.
+  auto agent =
+      run_command(ddprun_fake({"--nnodes", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint",
+                               endpoint, "--rdzv_conf", "connect_timeout=600,tls_ca=" + pki.ca},
+                              {"print=should-not-run"}),
+                  {}, kJobLimit);
+  INFO(agent.out << agent.err);
+  CHECK(agent.exit_code == 69);
+  CHECK(contains(agent.err, "the peer answered without TLS"));
+  // And an agent without TLS facing a daemon with TLS.
+  Daemon tls_daemon(pki.daemon_flags(false));
+  auto plain_agent =
+      run_command(ddprun_fake({"--nnodes", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint",
+                               "127.0.0.1:" + std::to_string(tls_daemon.port), "--rdzv_conf",
+                               "connect_timeout=600"},
+                              {"print=should-not-run"}),
+                  {}, kJobLimit);
+  INFO(plain_agent.out << plain_agent.err);
+  CHECK(plain_agent.exit_code == 69);
+  CHECK(contains(plain_agent.err, "speaks TLS and this side does not"));
 }
 
 TEST_CASE("an agent hosting the rendezvous over TLS with a secret trains and refuses others",
@@ -232,6 +254,50 @@ TEST_CASE("bad TLS files are refused before anything starts naming the file and 
   auto status = status_at("127.0.0.1:1", {"--tls_cert", pki.client_cert});
   CHECK(status.exit_code == 64);
   CHECK(contains(status.err, "TLS needs --tls_ca"));
+}
+
+TEST_CASE("a certificate past its end is refused at start, one not valid yet is a warning",
+          "[integration][security][tls]") {
+  TempDir dir;
+  // openssl ca, unlike openssl x509, takes a start and end date of our choosing.
+  const std::string script = R"(set -e
+umask 077
+openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out node.key 2>/dev/null
+openssl req -new -key node.key -subj "/CN=node" -out node.csr
+mkdir db; touch db/index; echo 01 > db/serial; echo unique_subject=no > db/index.attr
+printf '[ca]\ndefault_ca=d\n[d]\ndatabase=db/index\nserial=db/serial\nnew_certs_dir=db\n'\
+'default_md=sha256\npolicy=p\n[p]\ncommonName=supplied\n' > ca.cnf
+sign() { openssl ca -batch -config ca.cnf -selfsign -keyfile node.key -in node.csr \
+  -startdate "$1" -enddate "$2" -out "$3" 2>/dev/null; }
+sign 20200101000000Z 20200102000000Z old.pem
+sign 20990101000000Z 20990102000000Z future.pem
+)";
+  auto made = run_command({"/bin/bash", "-c", "cd '" + dir.path() + "' && " + script});
+  INFO(made.out << made.err);
+  REQUIRE(made.exit_code == 0);
+  const std::string key = dir.path() + "/node.key";
+  const std::string old_cert = dir.path() + "/old.pem";
+  auto daemon = run_command(
+      {RDZVD_BIN, "--port", std::to_string(free_port()), "--tls_cert", old_cert, "--tls_key", key});
+  CHECK(daemon.exit_code == 64);
+  CHECK(contains(daemon.err, "--tls_cert " + old_cert + " expired on 2020-01-02 00:00 UTC"));
+  auto agent = run_command(ddprun_fake(
+      {"--nnodes", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", "127.0.0.1:1", "--rdzv_conf",
+       "tls_ca=" + old_cert + ",tls_cert=" + old_cert + ",tls_key=" + key},
+      {"print=x"}));
+  CHECK(agent.exit_code == 64);
+  CHECK(contains(agent.err, "--rdzv_conf tls_cert " + old_cert + " expired on"));
+  // Not valid until 2099: the daemon starts (this machine's clock may be the wrong one), warning.
+  const std::string future_cert = dir.path() + "/future.pem";
+  Subprocess future({RDZVD_BIN, "--port", std::to_string(free_port()), "--tls_cert", future_cert,
+                     "--tls_key", key});
+  REQUIRE(wait_until([&] { return contains(future.err_so_far(), "listening on"); }, 20s));
+  CHECK(
+      contains(future.err_so_far(), "--tls_cert " + future_cert +
+                                        " is valid only from 2099-01-01 00:00 UTC, later than this "
+                                        "machine's clock"));
+  future.send(SIGTERM);
+  CHECK(future.wait(20s).exit_code == 0);
 }
 
 namespace {

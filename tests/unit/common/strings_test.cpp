@@ -53,6 +53,23 @@ TEST_CASE("parse_bool takes 1, 0, true and false in any case and nothing else", 
   CHECK_FALSE(parse_bool(""));
 }
 
+TEST_CASE("printable escapes what a terminal would obey and keeps other text", "[common][unit]") {
+  CHECK(printable("job-1") == "job-1");
+  CHECK(printable("a\x1b[2Jb\x7f") == "a\\x1b[2Jb\\x7f");
+  CHECK(printable("\xc2\x9b"
+                  "31m") == "\\u009b31m");                                     // C1 CSI
+  CHECK(printable("caf\xc3\xa9 \xe2\x82\xac") == "caf\xc3\xa9 \xe2\x82\xac");  // é, €: kept
+  // Bidirectional controls: RLO (U+202E), LRI (U+2066), PDI (U+2069), RLM (U+200F), ALM.
+  CHECK(printable("job\xe2\x80\xaegpj.exe") == "job\\u202egpj.exe");
+  CHECK(printable("\xe2\x81\xa6x\xe2\x81\xa9") == "\\u2066x\\u2069");
+  CHECK(printable("a\xe2\x80\x8f"
+                  "b\xd8\x9c") == "a\\u200fb\\u061c");
+  // Neighbours that are not controls stay: U+2029 (paragraph separator is e2 80 a9), U+2070.
+  CHECK(printable("\xe2\x80\xa9\xe2\x81\xb0") == "\xe2\x80\xa9\xe2\x81\xb0");
+  // A cut-off sequence at the end is left as it is.
+  CHECK(printable("x\xe2\x80") == "x\xe2\x80");
+}
+
 TEST_CASE("cut_utf8 shortens text, never inside a character", "[common][unit]") {
   std::string ascii = "abcdef";
   CHECK(ddprun::common::cut_utf8(ascii, 4));
