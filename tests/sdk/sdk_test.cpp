@@ -161,6 +161,63 @@ TEST_CASE("a snapshot round trip restores model, buffers, optimizer state and RN
   CHECK(same_parameters(a, b));
 }
 
+namespace {
+
+/// Net with fc1 wider, fc2 gone and fc3 added: a snapshot of Net does not fit it.
+struct OtherNetImpl : torch::nn::Module {
+  OtherNetImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(20, 32))),
+        fc3(register_module("fc3", torch::nn::Linear(32, 1))) {
+    register_buffer("seen", torch::zeros({3}, torch::kLong));
+  }
+  torch::nn::Linear fc1, fc3;
+};
+TORCH_MODULE(OtherNet);
+
+}  // namespace
+
+TEST_CASE("a snapshot of another model is refused naming the file and every difference",
+          "[sdk][snapshot]") {
+  TempDir dir;
+  Net net;
+  auto opt = make_sgd(net);
+  sdk::SnapshotStore store(dir.path() + "/s.pt");
+  const std::string path = store.save(*net, opt, 1, 10, 1);
+  OtherNet other;
+  torch::optim::SGD other_opt(other->parameters(), torch::optim::SGDOptions(0.1));
+  const torch::Tensor before = other->fc1->weight.clone();
+  std::string error;
+  try {
+    store.load_latest(*other, other_opt);
+  } catch (const std::runtime_error& e) {
+    error = e.what();
+  }
+  CHECK(error ==
+        "cannot resume from snapshot " + path +
+            ": the snapshot does not fit this model: 'fc1.weight' is [64, 20] in it and [32, 20] "
+            "in the model; 'fc1.bias' is [64] in it and [32] in the model; the model's "
+            "'fc3.weight' is not in it; the model's 'fc3.bias' is not in it; its 'fc2.bias' is "
+            "not in the model; and 1 more (saved by another model: resume it with the model "
+            "that saved it, or give this model a snapshot series of its own)");
+  // Nothing was copied.
+  CHECK(torch::equal(other->fc1->weight, before));
+
+  // The same model with another optimizer: libtorch's reason in one line, with the file.
+  Net same;
+  torch::optim::Adam adam(same->parameters(), torch::optim::AdamOptions(0.1));
+  error.clear();
+  try {
+    store.load_latest(*same, adam);
+  } catch (const std::runtime_error& e) {
+    error = e.what();
+  }
+  INFO(error);
+  CHECK(error.rfind("cannot resume from snapshot " + path +
+                        ": the snapshot's optimizer state does not fit this optimizer",
+                    0) == 0);
+  CHECK(error.find('\n') == std::string::npos);
+}
+
 TEST_CASE("only the newest snapshots are kept", "[sdk][snapshot]") {
   TempDir dir;
   Net net;

@@ -1,6 +1,9 @@
 #include "ddprun/sdk/snapshot_files.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -50,6 +53,32 @@ bool is_snapshot_temporary(const std::string& base, const std::string& file_name
 std::string snapshot_directory(const std::string& path) {
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   return parent.empty() ? std::string(".") : parent.string();
+}
+
+std::optional<std::string> snapshot_directory_problem(const std::string& base) {
+  namespace fs = std::filesystem;
+  const fs::path directory = snapshot_directory(base);
+  // The directory, or the nearest ancestor that exists, in which save() would create it.
+  fs::path existing = directory;
+  std::error_code ec;
+  while (!fs::exists(existing, ec) && !ec) {
+    fs::path parent = existing.parent_path();
+    if (parent.empty()) parent = ".";
+    if (parent == existing) break;
+    existing = parent;
+  }
+  const std::string where = "snapshot series " + base + ": ";
+  if (ec)  // not even looked at: a directory above it may not be entered
+    return where + "cannot look at " + existing.string() + ": " + ec.message() +
+           "; give a path this user can write";
+  if (!fs::is_directory(existing, ec))
+    return where + existing.string() + " is not a directory, so no snapshot can be saved there";
+  if (::access(existing.c_str(), W_OK | X_OK) != 0)
+    return where + "cannot " +
+           (existing == directory ? "write in " + existing.string()
+                                  : "create " + directory.string() + " in " + existing.string()) +
+           ": " + std::strerror(errno) + "; give a path this user can write";
+  return std::nullopt;
 }
 
 SnapshotListing list_snapshots(const std::string& base) {

@@ -9,13 +9,16 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
+#include <string_view>
 #include <system_error>
 #include <thread>
 
@@ -469,22 +472,51 @@ void restore_snapshot(const Snapshot& snapshot, torch::nn::Module& module,
                       torch::optim::Optimizer& optimizer) {
   torch::NoGradGuard no_grad;
   std::map<std::string, torch::Tensor> saved(snapshot.model.begin(), snapshot.model.end());
-  auto load_into = [&](const std::string& name, torch::Tensor& target) {
+  // Every difference is found before anything is copied, as load_state_dict(strict=True)
+  // does: a snapshot of another model changes nothing, and the error lists what differs.
+  std::vector<std::pair<std::string, torch::Tensor>> targets;
+  for (auto& item : module.named_parameters(true)) targets.emplace_back(item.key(), item.value());
+  for (auto& item : module.named_buffers(true)) targets.emplace_back(item.key(), item.value());
+  std::vector<std::string> differences;
+  for (const auto& [name, target] : targets) {
     auto it = saved.find(name);
-    if (it == saved.end())
-      throw std::runtime_error("snapshot has no tensor \"" + name + "\" of the model");
-    if (it->second.sizes() != target.sizes())
-      throw std::runtime_error("snapshot tensor \"" + name + "\" has shape " +
-                               c10::str(it->second.sizes()) + ", the model's has " +
-                               c10::str(target.sizes()));
-    target.copy_(it->second);
-  };
-  for (auto& item : module.named_parameters(true)) load_into(item.key(), item.value());
-  for (auto& item : module.named_buffers(true)) load_into(item.key(), item.value());
+    if (it == saved.end()) {
+      differences.push_back("the model's '" + name + "' is not in it");
+    } else {
+      if (it->second.sizes() != target.sizes())
+        differences.push_back("'" + name + "' is " + c10::str(it->second.sizes()) + " in it and " +
+                              c10::str(target.sizes()) + " in the model");
+      saved.erase(it);
+    }
+  }
+  for (const auto& [name, tensor] : saved)
+    differences.push_back("its '" + name + "' is not in the model");
+  if (!differences.empty()) {
+    const std::size_t shown = std::min<std::size_t>(differences.size(), 5);
+    std::string why;
+    for (std::size_t i = 0; i < shown; ++i) why += (i > 0 ? "; " : "") + differences[i];
+    if (shown < differences.size())
+      why += "; and " + std::to_string(differences.size() - shown) + " more";
+    throw std::runtime_error("the snapshot does not fit this model: " + why +
+                             " (saved by another model: resume it with the model that saved "
+                             "it, or give this model a snapshot series of its own)");
+  }
+  std::map<std::string, torch::Tensor> by_name(snapshot.model.begin(), snapshot.model.end());
+  for (auto& [name, target] : targets) target.copy_(by_name.at(name));
   torch::serialize::InputArchive archive;
   const torch::Tensor opt = snapshot.optimizer.contiguous();
-  archive.load_from(static_cast<const char*>(opt.data_ptr()), static_cast<size_t>(opt.numel()));
-  optimizer.load(archive);
+  try {
+    archive.load_from(static_cast<const char*>(opt.data_ptr()), static_cast<size_t>(opt.numel()));
+    optimizer.load(archive);
+  } catch (const c10::Error& e) {
+    // libtorch's own text runs to dozens of lines of its stack: its first line says what.
+    std::string first = e.what_without_backtrace();
+    first.resize(std::min(first.find('\n'), first.size()));
+    throw std::runtime_error(
+        "the snapshot's optimizer state does not fit this optimizer (another kind of optimizer, "
+        "or other parameter groups?): " +
+        first);
+  }
   if (snapshot.rng_state.defined()) compat::set_default_rng_state(snapshot.rng_state);
 }
 
@@ -760,7 +792,13 @@ std::variant<Snapshot, std::string> read_snapshot_file(const std::string& path) 
 }
 
 SnapshotStore::SnapshotStore(std::string base_path, int keep_last)
-    : base_(std::move(base_path)), keep_last_(keep_last < 1 ? 1 : keep_last) {}
+    : base_(std::move(base_path)), keep_last_(keep_last < 1 ? 1 : keep_last) {
+  // Global rank 0 saves: a path it cannot write stops the job now, not after its first epoch.
+  const char* rank = std::getenv("RANK");
+  if (rank == nullptr || std::string_view(rank) == "0") {
+    if (auto why = snapshot_directory_problem(base_)) throw std::runtime_error(*why);
+  }
+}
 
 std::vector<std::string> SnapshotStore::files() const {
   std::vector<std::string> out;
@@ -799,7 +837,11 @@ std::optional<SnapshotMeta> SnapshotStore::load_latest(torch::nn::Module& module
       continue;
     }
     const Snapshot& s = std::get<Snapshot>(read);
-    restore_snapshot(s, module, optimizer);
+    try {
+      restore_snapshot(s, module, optimizer);
+    } catch (const std::exception& e) {
+      throw std::runtime_error("cannot resume from snapshot " + path + ": " + e.what());
+    }
     report_to_agent("snapshot_loaded", {{"epoch", s.meta.epoch}, {"step", s.meta.step}});
     return s.meta;
   }

@@ -1,6 +1,10 @@
 #include "ddprun/sdk/snapshot_files.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <fstream>
 
 #include "tests/support/subprocess.h"
@@ -73,4 +77,68 @@ TEST_CASE("one listing finds the series' snapshots and a killed writer's tempora
   const SnapshotListing none = list_snapshots(dir.path() + "/missing/snapshot.pt");
   CHECK(none.seqs.empty());
   CHECK(none.temporaries.empty());
+}
+
+namespace {
+
+/// snapshot_directory_problem(base) as a user who may not write where root may: run as
+/// nobody in a child when this test runs as root (root writes anywhere).
+std::string problem_as_nobody(const std::string& base) {
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::close(fds[0]);
+    if (::geteuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) ::_exit(2);
+    const std::string why = snapshot_directory_problem(base).value_or("none");
+    const bool written =
+        ::write(fds[1], why.data(), why.size()) == static_cast<ssize_t>(why.size());
+    ::_exit(written ? 0 : 3);
+  }
+  ::close(fds[1]);
+  std::string out;
+  char buffer[512];
+  for (ssize_t n; (n = ::read(fds[0], buffer, sizeof buffer)) > 0;) out.append(buffer, n);
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a snapshot series that could not be saved is told at once, naming the directory",
+          "[sdk][unit]") {
+  ddprun::testing::TempDir dir;
+  // Missing directories that save() would create are fine; so is a bare name.
+  CHECK_FALSE(snapshot_directory_problem(dir.path() + "/a/b/snapshot.pt"));
+  CHECK_FALSE(snapshot_directory_problem("snapshot.pt"));
+  // A file where a directory should be.
+  const std::string file = dir.path() + "/file";
+  std::ofstream(file) << "x";
+  CHECK(snapshot_directory_problem(file + "/ckpt/snapshot.pt") ==
+        "snapshot series " + file + "/ckpt/snapshot.pt: " + file +
+            " is not a directory, so no snapshot can be saved there");
+  // A directory this user may not write in, and one it could not create.
+  const std::string locked = dir.path() + "/locked";
+  std::filesystem::create_directory(locked);
+  std::filesystem::permissions(
+      locked, std::filesystem::perms::owner_all | std::filesystem::perms::group_read |
+                  std::filesystem::perms::group_exec | std::filesystem::perms::others_read |
+                  std::filesystem::perms::others_exec);
+  std::filesystem::permissions(dir.path(), std::filesystem::perms::others_exec,
+                               std::filesystem::perm_options::add);
+  CHECK(problem_as_nobody(locked + "/snapshot.pt") ==
+        "snapshot series " + locked + "/snapshot.pt: cannot write in " + locked +
+            ": Permission denied; give a path this user can write");
+  CHECK(problem_as_nobody(locked + "/run/snapshot.pt") ==
+        "snapshot series " + locked + "/run/snapshot.pt: cannot create " + locked + "/run in " +
+            locked + ": Permission denied; give a path this user can write");
+  CHECK(problem_as_nobody(dir.path() + "/snapshot.pt") ==
+        "snapshot series " + dir.path() + "/snapshot.pt: cannot write in " + dir.path() +
+            ": Permission denied; give a path "
+            "this user can write");
 }

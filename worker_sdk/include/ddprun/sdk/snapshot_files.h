@@ -27,6 +27,12 @@ bool is_snapshot_temporary(const std::string& base, const std::string& file_name
 /// The directory that holds `path` ("." for a bare name).
 std::string snapshot_directory(const std::string& path);
 
+/// Why no snapshot of the series `base` could be saved, or nullopt: its directory, or the
+/// nearest ancestor of it that exists, is not a directory or not writable by this process.
+/// Checked when a series is opened, so a wrong path stops a job at start, not after its first
+/// epoch.
+std::optional<std::string> snapshot_directory_problem(const std::string& base);
+
 /// What one listing of the series' directory finds: its snapshots' sequence numbers (in no
 /// order) and the paths of temporary files of the series (see is_snapshot_temporary).
 struct SnapshotListing {
