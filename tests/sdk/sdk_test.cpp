@@ -218,6 +218,37 @@ TEST_CASE("a snapshot of another model is refused naming the file and every diff
   CHECK(error.find('\n') == std::string::npos);
 }
 
+TEST_CASE("resuming inside an epoch at another world size says so on rank 0 only",
+          "[sdk][snapshot]") {
+  TempDir dir;
+  Net net;
+  auto opt = make_sgd(net);
+  sdk::SnapshotStore store(dir.path() + "/s.pt");
+  store.save(*net, opt, /*epoch=*/3, /*step=*/40, /*world_size=*/4);
+  const std::string inside = store.save(*net, opt, 3, 56, 4, /*epoch_step=*/16);
+  // What each load printed, in a job of the given world size, as the given rank.
+  auto notes = [&](const char* world, const char* rank) {
+    ::setenv("WORLD_SIZE", world, 1);
+    ::setenv("RANK", rank, 1);
+    std::string text;
+    {
+      StderrCapture capture(dir.path() + "/stderr");
+      REQUIRE(store.load_latest(*net, opt));
+      text = capture.text();
+    }
+    ::unsetenv("WORLD_SIZE");
+    ::unsetenv("RANK");
+    return text;
+  };
+  CHECK(notes("2", "0") ==
+        "[ddprun sdk] note: snapshot " + inside +
+            " was saved inside epoch 3 by a job of 4 ranks and this job has 2: the rest of that "
+            "epoch is split anew, so some of its samples are seen twice or not at all "
+            "(docs/sdk.md#preemption)\n");
+  CHECK(notes("2", "1").empty());  // one line per job, not per rank
+  CHECK(notes("4", "0").empty());  // the same world size continues exactly
+}
+
 TEST_CASE("only the newest snapshots are kept", "[sdk][snapshot]") {
   TempDir dir;
   Net net;

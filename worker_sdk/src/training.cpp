@@ -842,6 +842,18 @@ std::optional<SnapshotMeta> SnapshotStore::load_latest(torch::nn::Module& module
     } catch (const std::exception& e) {
       throw std::runtime_error("cannot resume from snapshot " + path + ": " + e.what());
     }
+    // Inside an epoch, the position carries over as a count of batches, which another world
+    // size splits differently (docs/sdk.md#preemption): said once, by global rank 0.
+    const char* rank = std::getenv("RANK");
+    const char* world = std::getenv("WORLD_SIZE");
+    if (s.meta.epoch_step > 0 && world != nullptr && std::to_string(s.meta.world_size) != world &&
+        (rank == nullptr || std::string_view(rank) == "0"))
+      std::fprintf(stderr,
+                   "[ddprun sdk] note: snapshot %s was saved inside epoch %lld by a job of %lld "
+                   "ranks and this job has %s: the rest of that epoch is split anew, so some of "
+                   "its samples are seen twice or not at all (docs/sdk.md#preemption)\n",
+                   path.c_str(), static_cast<long long>(s.meta.epoch),
+                   static_cast<long long>(s.meta.world_size), world);
     report_to_agent("snapshot_loaded", {{"epoch", s.meta.epoch}, {"step", s.meta.step}});
     return s.meta;
   }
