@@ -1474,7 +1474,9 @@ ParseResult parse_command_line(const std::vector<std::string>& args_as_typed,
       config->slurm.values.push_back("--" + item.option + " " + item.value + " (" + item.source +
                                      ")");
     }
+    config->slurm.values.insert(config->slurm.values.end(), fill.notes.begin(), fill.notes.end());
   }
+  config->slurm.warnings = fill.warnings;
 
   const bool single_node =
       config->standalone || (raw[Flag::Nnodes].given && config->max_nodes == 1);

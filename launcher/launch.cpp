@@ -76,6 +76,7 @@ void log_notes(const std::vector<LaunchNote>& notes) {
 /// Under srun: the endpoint host is the first node of the job, by name when DNS knows it,
 /// else by the NodeAddr SLURM has for it (a look-up, so not part of the plan).
 common::Result<LaunchConfig> with_slurm_endpoint(LaunchConfig config) {
+  for (const std::string& warning : config.slurm.warnings) spdlog::warn("{}", warning);
   if (config.slurm.values.empty() && config.slurm.endpoint_node.empty()) return config;
   std::vector<std::string> derived = config.slurm.values;
   if (!config.slurm.endpoint_node.empty()) {

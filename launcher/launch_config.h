@@ -26,7 +26,8 @@ using agent::StdStreams;
 struct SlurmDerived {
   std::string job_id;
   std::string step_id;
-  std::vector<std::string> values;  ///< "--nnodes 2 (SLURM_NNODES)", for the notice line
+  std::vector<std::string> values;    ///< "--nnodes 2 (SLURM_NNODES)", for the notice line
+  std::vector<std::string> warnings;  ///< one line each (SlurmFill::warnings)
   /// The node whose address launch() resolves for --rdzv_endpoint (the nodelist's first);
   /// "" when the endpoint was given by the user or not needed.
   std::string endpoint_node;

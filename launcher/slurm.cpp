@@ -140,6 +140,17 @@ bool asks_several_nodes(const std::string& nnodes) {
   return text != "1" && text != "1:1";
 }
 
+/// --nnodes "N" or "MIN:MAX" as (min, max); nullopt for anything else (the flag's own check
+/// reports that later).
+std::optional<std::pair<long long, long long>> nnodes_range(const std::string& nnodes) {
+  const std::string text = common::trim(nnodes);
+  const auto colon = text.find(':');
+  const auto min = common::parse_int(text.substr(0, colon));
+  const auto max = colon == std::string::npos ? min : common::parse_int(text.substr(colon + 1));
+  if (!min || !max) return std::nullopt;
+  return std::make_pair(*min, *max);
+}
+
 bool is_shell_safe(char c) {
   return std::isalnum(static_cast<unsigned char>(c)) != 0 ||
          std::string_view("_@%+=:,./-").find(c) != std::string_view::npos;
@@ -191,6 +202,8 @@ common::Result<SlurmJob> read_slurm_job(const SlurmEnvLookup& env) {
   std::string ignored;
   if (auto why = read_count(env, {"SLURM_NODEID"}, job.node_id, ignored))
     return common::Error{*why};
+  if (auto why = read_count(env, {"SLURM_PROCID"}, job.proc_id, ignored))
+    return common::Error{*why};
   if (job.context == SlurmContext::Step) {
     if (auto why = read_count(env, {"SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"},
                               job.num_nodes, job.num_nodes_var))
@@ -227,25 +240,65 @@ std::optional<int> slurm_gpus_on_node(const SlurmEnvLookup& env) {
 
 common::Result<SlurmFill> slurm_defaults(const SlurmJob& job, const UserChoices& user) {
   SlurmFill fill;
-  if (job.context != SlurmContext::Step || user.standalone) return fill;
+  if (job.context != SlurmContext::Step) return fill;
+  const std::string step_nodes =
+      job.num_nodes ? std::to_string(*job.num_nodes) + " nodes (" + job.num_nodes_var + ")" : "";
+  if (user.standalone) {
+    if (job.num_nodes && *job.num_nodes > 1)
+      fill.warnings.push_back("--standalone under srun on " + step_nodes +
+                              ": every node runs a job of its own, whose WORLD_SIZE counts "
+                              "that node's workers only; leave out --standalone to run one job "
+                              "across the nodes");
+    return fill;
+  }
   if (job.num_tasks && job.num_nodes && *job.num_tasks > *job.num_nodes) {
-    return common::Error{"srun started " + std::to_string(*job.num_tasks) +
-                         " copies of ddprun on " + std::to_string(*job.num_nodes) + " node(s) (" +
-                         job.num_tasks_var + "=" + std::to_string(*job.num_tasks) +
-                         "); ddprun starts the workers itself, so run one per node: srun "
-                         "--ntasks-per-node=1 ddprun ..."};
+    const std::string copies = "srun started " + std::to_string(*job.num_tasks) +
+                               " copies of ddprun on " + std::to_string(*job.num_nodes) +
+                               " node(s) (" + job.num_tasks_var + "=" +
+                               std::to_string(*job.num_tasks) + ")";
+    // Each copy fails alike: the first says what to run, the others only which they are.
+    if (job.proc_id && *job.proc_id > 0)
+      return common::Error{copies + "; this is copy " + std::to_string(*job.proc_id) +
+                           ", and copy 0 says what to run instead"};
+    const std::string n = std::to_string(*job.num_nodes);
+    // --nodes and --ntasks too: srun takes SLURM_NTASKS from the allocation otherwise, and
+    // then ignores --ntasks-per-node=1.
+    return common::Error{copies +
+                         "; ddprun starts the workers itself, so run one per node: srun "
+                         "--nodes=" +
+                         n + " --ntasks=" + n + " --ntasks-per-node=1 ddprun ..."};
   }
   auto add = [&fill, &user](const std::string& option, const std::string& value,
                             const std::string& source) {
     if (!user.given(option)) fill.values.push_back({option, value, source});
   };
   if (job.num_nodes) add("nnodes", std::to_string(*job.num_nodes), job.num_nodes_var);
-  if (job.node_id) add("node_rank", std::to_string(*job.node_id), "SLURM_NODEID");
+  const auto range = user.nnodes ? nnodes_range(*user.nnodes) : std::nullopt;
+  const bool spares = range && job.num_nodes && range->second < *job.num_nodes;
+  if (job.node_id && spares && !user.given("node_rank")) {
+    // A node numbered past the job's last place is one of the spares: the rendezvous numbers
+    // the nodes (docs/usage.md#spares-and-quarantine).
+    fill.notes.push_back("--node_rank left to the rendezvous (this step has " + step_nodes +
+                         " for --nnodes " + common::trim(*user.nnodes) +
+                         ": the nodes past it wait as spares)");
+  } else if (job.node_id) {
+    add("node_rank", std::to_string(*job.node_id), "SLURM_NODEID");
+  }
+  if (range && job.num_nodes && range->first > *job.num_nodes && !user.given("rdzv_id"))
+    fill.warnings.push_back("--nnodes " + common::trim(*user.nnodes) +
+                            " asks for more nodes than this step has (" + step_nodes +
+                            "): the rendezvous waits for nodes this step does not start, until "
+                            "its join_timeout; give --nnodes " +
+                            std::to_string(*job.num_nodes) +
+                            " or run the step on more nodes (srun --nodes)");
   add("rdzv_id", job.job_id, "SLURM_JOB_ID");
 
   const bool several =
       user.nnodes ? asks_several_nodes(*user.nnodes) : job.num_nodes && *job.num_nodes > 1;
   if (!several) return fill;
+  // --master_addr configures torchrun's static rendezvous: a script that gives it keeps that
+  // (as torchrun would), with --node_rank from SLURM.
+  if (!user.rdzv_backend && user.given("master_addr")) return fill;
   add("rdzv_backend", "c10d", "SLURM");
   const std::string backend = common::to_lower(common::trim(user.rdzv_backend.value_or("c10d")));
   if (backend != "c10d" || user.given("rdzv_endpoint") || job.nodelist.empty()) return fill;

@@ -38,6 +38,7 @@ struct SlurmJob {
   std::string num_nodes_var;     ///< which variable num_nodes came from
   std::optional<int> num_tasks;  ///< tasks of the step (SLURM_STEP_NUM_TASKS or SLURM_NTASKS)
   std::string num_tasks_var;
+  std::optional<int> proc_id;  ///< SLURM_PROCID: this task's index in the step
   /// Outside srun: the fewest CPUs the job has on any of its nodes (SLURM_JOB_CPUS_PER_NODE,
   /// "72(x2),36" gives 36); nullopt when unset or unreadable.
   std::optional<int> min_cpus_per_node;
@@ -70,6 +71,12 @@ struct SlurmDefault {
 /// The values SLURM supplies for the options the user left out, under srun.
 struct SlurmFill {
   std::vector<SlurmDefault> values;
+  /// What else SLURM's job decided, for the same info line ("--node_rank left to the
+  /// rendezvous ...").
+  std::vector<std::string> notes;
+  /// Settings that fit the step badly but may be meant (--standalone on several nodes, more
+  /// nodes asked for than the step has), one warning each.
+  std::vector<std::string> warnings;
   /// The first node of the nodelist when the rendezvous endpoint is derived from it; its address
   /// is resolved at launch (resolve_node_address). "" when the endpoint is not derived.
   std::string endpoint_node;
@@ -77,6 +84,9 @@ struct SlurmFill {
 
 /// Under srun (one task per node) fills --nnodes, --node_rank, --rdzv_id and, for a multi-node
 /// c10d job, --rdzv_backend and --rdzv_endpoint <first node>:29400 where the user gave none.
+/// --node_rank is left to the rendezvous when the step has more nodes than --nnodes allows
+/// (the rest are spares), and c10d is not chosen when --master_addr was given (torchrun's static
+/// rendezvous, which it configures).
 /// Nothing outside a step or under --standalone. An error when srun started more than one
 /// ddprun per node (each would claim the same node rank) or the nodelist is malformed.
 common::Result<SlurmFill> slurm_defaults(const SlurmJob& job, const UserChoices& user);

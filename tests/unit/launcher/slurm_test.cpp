@@ -213,7 +213,77 @@ TEST_CASE("srun with several ddprun tasks per node is refused with the one-per-n
   auto result = slurm_defaults(job_from(env), nothing_given());
   REQUIRE_FALSE(result.ok());
   CHECK_THAT(result.error().message, Contains("srun started 8 copies of ddprun on 2 node"));
-  CHECK_THAT(result.error().message, Contains("srun --ntasks-per-node=1 ddprun"));
+  // --nodes and --ntasks too: srun would take SLURM_NTASKS=8 from the allocation otherwise.
+  CHECK_THAT(result.error().message,
+             Contains("srun --nodes=2 --ntasks=2 --ntasks-per-node=1 ddprun ..."));
+  // The other copies fail too, saying only which they are: one copy prints the fix.
+  env["SLURM_PROCID"] = "5";
+  auto other = slurm_defaults(job_from(env), nothing_given());
+  REQUIRE_FALSE(other.ok());
+  CHECK(other.error().message ==
+        "srun started 8 copies of ddprun on 2 node(s) (SLURM_STEP_NUM_TASKS=8); this is copy 5, "
+        "and copy 0 says what to run instead");
+}
+
+TEST_CASE("a step with more nodes than --nnodes allows leaves the node rank to the rendezvous",
+          "[launcher][slurm][unit]") {
+  // The spare recipe: three nodes for --nnodes 2 (docs/usage.md#spares-and-quarantine).
+  Env env = srun_task(2, "n[1-3]");
+  env["SLURM_NNODES"] = env["SLURM_STEP_NUM_NODES"] = env["SLURM_JOB_NUM_NODES"] = "3";
+  env["SLURM_STEP_NUM_TASKS"] = env["SLURM_NTASKS"] = "3";
+  UserChoices user;
+  user.given = [](std::string_view name) { return name == "nnodes"; };
+  user.nnodes = "2";
+  const SlurmFill fill = fill_ok(job_from(env), user);
+  auto values = values_of(fill);
+  CHECK(values.count("node_rank") == 0);
+  CHECK(values["rdzv_backend"] == "c10d");
+  CHECK(values["rdzv_endpoint"] == "n1:29400");
+  CHECK(fill.notes ==
+        std::vector<std::string>{"--node_rank left to the rendezvous (this step has 3 nodes "
+                                 "(SLURM_STEP_NUM_NODES) for --nnodes 2: the nodes past it wait as "
+                                 "spares)"});
+  CHECK(fill.warnings.empty());
+  // An elastic range whose maximum covers the step keeps SLURM's node rank.
+  user.nnodes = "2:3";
+  CHECK(values_of(fill_ok(job_from(env), user))["node_rank"] == "2");
+}
+
+TEST_CASE("settings that fit the step badly are warned of, not refused",
+          "[launcher][slurm][unit]") {
+  UserChoices user;
+  user.given = [](std::string_view name) { return name == "nnodes"; };
+  user.nnodes = "4";
+  const SlurmFill more = fill_ok(job_from(srun_task(0)), user);
+  CHECK(more.warnings ==
+        std::vector<std::string>{
+            "--nnodes 4 asks for more nodes than this step has (2 nodes (SLURM_STEP_NUM_NODES)): "
+            "the rendezvous waits for nodes this step does not start, until its join_timeout; "
+            "give --nnodes 2 or run the step on more nodes (srun --nodes)"});
+  // With its own --rdzv_id the job may gather nodes of other steps or jobs: no warning.
+  user.given = [](std::string_view name) { return name == "nnodes" || name == "rdzv_id"; };
+  CHECK(fill_ok(job_from(srun_task(0)), user).warnings.empty());
+
+  UserChoices standalone = nothing_given();
+  standalone.standalone = true;
+  const SlurmFill alone = fill_ok(job_from(srun_task(0)), standalone);
+  CHECK(alone.values.empty());
+  CHECK(alone.warnings ==
+        std::vector<std::string>{"--standalone under srun on 2 nodes (SLURM_STEP_NUM_NODES): every "
+                                 "node runs a job of its own, whose WORLD_SIZE counts that node's "
+                                 "workers only; leave out --standalone to run one job across the "
+                                 "nodes"});
+}
+
+TEST_CASE("under srun --master_addr keeps torchrun's static rendezvous with SLURM's node rank",
+          "[launcher][slurm][unit]") {
+  UserChoices user;
+  user.given = [](std::string_view name) { return name == "master_addr"; };
+  auto values = values_of(fill_ok(job_from(srun_task(1)), user));
+  CHECK(values.count("rdzv_backend") == 0);
+  CHECK(values.count("rdzv_endpoint") == 0);
+  CHECK(values["node_rank"] == "1");
+  CHECK(values["nnodes"] == "2");
 }
 
 TEST_CASE("a malformed SLURM node list is named when the endpoint depends on it",
