@@ -218,7 +218,16 @@ class Stepper {
   void on(const NoticeReceived& e) {
     s_.waiting_round.reset();  // that round is over for this node
     if (s_.phase == AgentPhase::AwaitingZygote) s_.phase = AgentPhase::BetweenRounds;
-    if (const auto* restart = std::get_if<rdzv::Restart>(&e.notice)) {
+    const auto* restart = std::get_if<rdzv::Restart>(&e.notice);
+    if (restart != nullptr && s_.pending_signal != 0) {
+      // This node stops on a signal and leaves: the restart is the others' (when SLURM cancels
+      // a job, every node's signal arrives with the others' leaving), not a restart of its own
+      // to count in its events and metrics.
+      log(LogLevel::Info, "the rendezvous restarts the group without this node, which stops on " +
+                              common::signal_name(s_.pending_signal) + " (" +
+                              restart->reason.get() + ")");
+      s_.restart = *restart;
+    } else if (restart != nullptr) {
       out_.push_back(EmitEvent{EventName::Restart,
                                {{"reason", restart->reason.get()},
                                 {"counted", restart->counted},
@@ -385,16 +394,31 @@ class Stepper {
       return;
     }
     if (s_.pending_signal != 0) {
+      // One Ctrl-C can arrive twice within microseconds: from the terminal and from a wrapper
+      // that forwards it (timeout, a shell script's trap). Only a later one is a second.
+      if (sig == s_.pending_signal && now_ - s_.signal_at < kSameSignalWindow) {
+        log(LogLevel::Info, "received " + common::signal_name(sig) +
+                                " twice at once (the terminal's and a wrapper's): taken as one");
+        return;
+      }
       log(LogLevel::Warn,
           "received " + common::signal_name(sig) + " again: killing the workers now");
       kill_remaining();
       return;
     }
     s_.pending_signal = sig;
+    s_.signal_at = now_;
     out_.push_back(EmitEvent{EventName::Signal, {{"signal", common::signal_name(sig)}}});
     // Between rounds (or in a rendezvous) nothing runs: it leaves the job at once.
+    const long long grace =
+        std::chrono::duration_cast<std::chrono::seconds>(spec_.shutdown_timeout).count();
     log(LogLevel::Warn, "received " + common::signal_name(sig) +
-                            (idle(s_.phase) ? ": leaving the job" : ": stopping the workers"));
+                            (idle(s_.phase) ? ": leaving the job"
+                                            : ": stopping the workers (SIGKILL for what still "
+                                              "runs after " +
+                                                  std::to_string(grace) +
+                                                  " s, --shutdown_timeout; a second signal "
+                                                  "kills at once)"));
     // Between rounds (or in a rendezvous): leave now. Draining: the end of the drain leaves.
     if (idle(s_.phase)) return advance();
     if (s_.phase == AgentPhase::Draining) return;

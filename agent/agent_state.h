@@ -145,6 +145,11 @@ inline constexpr size_t kAgentTimers = 6;
 /// says why looks hung.
 inline constexpr std::chrono::seconds kHealthCheckNotice{5};
 
+/// A stop signal repeated within this is the same one delivered twice (a terminal's Ctrl-C and
+/// a wrapper's forwarded copy), not a second signal that kills at once: no person presses
+/// Ctrl-C twice so fast.
+inline constexpr std::chrono::milliseconds kSameSignalWindow{100};
+
 struct AgentState {
   AgentPhase phase = AgentPhase::Rendezvous;
   /// The round the group runs in (valid from Launching on).
@@ -172,6 +177,7 @@ struct AgentState {
   int from_standby = 0;
   /// A stop signal received (SIGTERM...); the job ends once the group is down.
   int pending_signal = 0;
+  TimePoint signal_at;  ///< when pending_signal came
   /// SIGUSR1 arrived: workers started from now on get DDPRUN_CHECKPOINT_REQUESTED=1.
   bool checkpoint_requested = false;
   /// Hung Python workers sent SIGABRT (their tracebacks), SIGKILLed at TracebackDeadline.

@@ -100,10 +100,12 @@ class LocalAgent::Impl {
   /// A caught signal, or one a test hands over (LocalAgent::on_signal).
   void on_signal(int sig) {
     if (finished_) return;
-    if (sig == SIGCHLD)
+    if (sig == SIGCHLD) {
       reap_children();
-    else
-      apply(SignalReceived{sig});
+      return;
+    }
+    apply(SignalReceived{sig});
+    if (state_.pending_signal != 0) standbys_.quiet();
   }
 
   bool start() {

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "common/log.h"
+#include "common/signals.h"
 #include "common/strings.h"
 
 namespace ddprun::agent {
@@ -201,13 +202,18 @@ bool StandbyPool::on_exit(pid_t pid, const ExitStatus& status) {
   if (discarded_.erase(pid) > 0) return true;
   for (auto it = standbys_.begin(); it != standbys_.end(); ++it) {
     if (it->second.process.pid != pid) continue;
-    spdlog::warn(
-        "the standby for local rank {} (pid {}) ended on its own ({}) before it was needed: "
-        "{}; starting workers afresh from now on",
-        it->first, pid,
-        status.signal != 0 ? "signal " + std::to_string(status.signal)
-                           : "exit code " + std::to_string(status.code),
-        exit_hint_);
+    // Ended by a signal: someone else's (the program's own failures exit), so the hint about
+    // exit codes does not apply, and the caller may find it the job's own stop signal.
+    warning_ =
+        status.signal != 0
+            ? fmt::format(
+                  "the standby for local rank {} (pid {}) was killed by {} from outside ddprun "
+                  "before it was needed; starting workers afresh from now on",
+                  it->first, pid, common::signal_name(status.signal))
+            : fmt::format(
+                  "the standby for local rank {} (pid {}) ended on its own (exit code {}) before "
+                  "it was needed: {}; starting workers afresh from now on",
+                  it->first, pid, status.code, exit_hint_);
     // The other standbys run the same program: end them too, without more warnings.
     enabled_ = false;
     for (auto& [local, other] : standbys_) discard(other);

@@ -123,9 +123,11 @@ class StandbyPool {
   size_t awaiting_acks() const { return sent_.size(); }
 
   /// Called for every reaped child: true when `pid` was a standby. A standby that ends on its
-  /// own (the program does not wait in the SDK) disables the pool, with a warning that ends
-  /// with `hint` (set_exit_hint).
+  /// own (the program does not wait in the SDK) disables the pool, and leaves a warning for
+  /// take_warning() that, for an exit code, ends with the hint (set_exit_hint).
   bool on_exit(pid_t pid, const ExitStatus& status);
+  /// The warning the last on_exit left ("" when none), once.
+  std::string take_warning() { return std::exchange(warning_, std::string()); }
 
   /// Disables the pool for the rest of the job and ends every standby.
   void disable() {
@@ -163,6 +165,7 @@ class StandbyPool {
   std::map<int, LaunchedProcess> taken_;
   std::set<pid_t> discarded_;  ///< killed by us, not yet reaped
   bool enabled_ = true;
+  std::string warning_;
   std::string exit_hint_ =
       "--standby_workers needs a program that calls the ddprun worker SDK's "
       "WorkerContext::from_env";

@@ -23,6 +23,9 @@ namespace {
 /// How long a group waits for the Python zygote to import torch before it starts without it
 /// (a fresh interpreter per worker would spend as long importing the same modules).
 constexpr std::chrono::seconds kZygoteReadyTimeout{60};
+/// How long a standby's or the zygote's death by a stop signal waits to be told, in case the
+/// agent's own copy of that signal comes (warn_unless_stopping).
+constexpr std::chrono::seconds kSignalledWarningDelay{1};
 
 }  // namespace
 
@@ -40,7 +43,8 @@ struct StandbySupply::Impl {
         zygote_wait(io_),
         pool(launcher_),
         fork_timer(timers.make()),
-        ack_timer(timers.make()) {
+        ack_timer(timers.make()),
+        quiet_timer(timers.make()) {
     if (!settings.python_bootstrap.empty())
       pool.set_exit_hint("a Python standby imports torch and waits in ddprun's bootstrap (" +
                          settings.python_bootstrap + "); " + zygote_hint());
@@ -276,6 +280,30 @@ struct StandbySupply::Impl {
 
   uint64_t handover_generation = 0;  ///< a wait's completion for an earlier hand-over is stale
 
+  /// The agent stops on a signal (quiet()): what ends with it says nothing.
+  bool quiet = false;
+  std::unique_ptr<DeadlineTimer> quiet_timer;
+  std::vector<std::string> held_warnings;
+
+  /// A standby or the zygote killed by a stop signal most often got the job's own (SLURM, a
+  /// terminal or a container runtime signals every process of the job), which may reach the
+  /// agent a moment later: its warning waits kSignalledWarningDelay, and is dropped if the
+  /// agent stops by then. Anything else is said at once.
+  void warn_unless_stopping(std::string warning, const ExitStatus& status) {
+    if (warning.empty() || quiet) return;
+    const int sig = status.signal;
+    if (sig != SIGTERM && sig != SIGINT && sig != SIGHUP && sig != SIGQUIT) {
+      spdlog::warn("{}", warning);
+      return;
+    }
+    held_warnings.push_back(std::move(warning));
+    quiet_timer->arm(clock.now() + kSignalledWarningDelay, [this] {
+      if (!quiet)
+        for (const std::string& held : held_warnings) spdlog::warn("{}", held);
+      held_warnings.clear();
+    });
+  }
+
   void await_ack(int local_rank) {
     auto it = ack_waits.find(local_rank);
     if (it == ack_waits.end()) return;
@@ -381,7 +409,10 @@ void StandbySupply::prewarm() {
 
 bool StandbySupply::on_exit(pid_t pid, const ExitStatus& status) {
   Impl& s = *impl_;
-  if (s.pool.on_exit(pid, status)) return true;
+  if (s.pool.on_exit(pid, status)) {
+    s.warn_unless_stopping(s.pool.take_warning(), status);
+    return true;
+  }
   if (s.zygote == nullptr || !s.zygote->on_exit(pid, status)) return false;
   // The zygote was reaped: while it starts, as a failure; once it ran, standbys start one
   // interpreter each from now on.
@@ -390,10 +421,11 @@ bool StandbySupply::on_exit(pid_t pid, const ExitStatus& status) {
     s.settle(PythonZygote::State::Gone);
   } else {
     if (s.pool.enabled())
-      spdlog::warn(
-          "the Python zygote (pid {}) ended: {}; standbys start one interpreter each from now "
-          "on",
-          s.zygote->pid(), s.zygote->failure());
+      s.warn_unless_stopping(
+          fmt::format("the Python zygote (pid {}) ended: {}; standbys start one interpreter "
+                      "each from now on",
+                      s.zygote->pid(), s.zygote->failure()),
+          status);
     boost::system::error_code ignored;
     s.zygote_wait.close(ignored);
     if (!s.forking.empty()) s.settle_forks(s.zygote->on_replies());
@@ -411,8 +443,16 @@ std::set<pid_t> StandbySupply::pids() const {
   return pids;
 }
 
+void StandbySupply::quiet() {
+  Impl& s = *impl_;
+  s.quiet = true;
+  s.held_warnings.clear();
+  s.quiet_timer->cancel();
+}
+
 void StandbySupply::stop() {
   Impl& s = *impl_;
+  quiet();
   if (s.stopped) return;
   s.stopped = true;
   s.standby_timer->cancel();

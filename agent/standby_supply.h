@@ -87,6 +87,9 @@ class StandbySupply {
   std::set<pid_t> pids() const;
   /// Ends every standby and the zygote (the job is over).
   void stop();
+  /// The agent stops on a signal: the standbys and the zygote ending now (the same signal
+  /// reached them) are not warned of.
+  void quiet();
 
  private:
   struct Impl;

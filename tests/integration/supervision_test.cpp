@@ -309,6 +309,55 @@ TEST_CASE("a standby that never acknowledges its hand-over is killed and its ran
   for (const std::string& pid : pids) CHECK(wait_gone(static_cast<pid_t>(std::stol(pid))));
 }
 
+TEST_CASE("a stop signal sent to every process of the job is not warned of as a standby's death",
+          "[agent][integration][standby]") {
+  // SLURM (and a terminal, or a container runtime) signals every process of a job: the
+  // standbys get the SIGTERM with ddprun. Alone, a standby killed from outside is warned of,
+  // a second later.
+  TempDir dir;
+  const std::string pidfile = dir.path() + "/standbys";
+  const std::string script = "if [ -n \"$DDPRUN_STANDBY_FD\" ]; then echo $$$$ >> " + pidfile +
+                             "; exec sleep 60; fi; exec sleep 60";
+  auto standbys_up = [&] { return lines_of(read_file(pidfile)).size() >= 2; };
+  const std::vector<std::string> argv{DDPRUN_BIN,
+                                      "--standalone",
+                                      "--nproc_per_node",
+                                      "2",
+                                      "--standby_workers",
+                                      "--no_python",
+                                      "/bin/sh",
+                                      "-c",
+                                      script};
+  {
+    Subprocess job(argv);
+    REQUIRE(wait_until(standbys_up, kJobLimit));
+    for (const std::string& pid : lines_of(read_file(pidfile)))
+      ::kill(static_cast<pid_t>(std::stol(pid)), SIGTERM);
+    job.send(SIGTERM);  // its own copy comes a moment after the standbys'
+    auto r = job.wait(kJobLimit);
+    INFO(r.out << r.err);
+    CHECK(r.exit_code == 128 + SIGTERM);
+    CHECK_FALSE(contains(r.err, "before it was needed"));
+  }
+  std::filesystem::remove(pidfile);
+  {
+    Subprocess job(argv);
+    REQUIRE(wait_until(standbys_up, kJobLimit));
+    ::kill(static_cast<pid_t>(std::stol(lines_of(read_file(pidfile)).front())), SIGTERM);
+    CHECK(wait_until(
+        [&] {
+          return contains(job.err_so_far(),
+                          "was killed by SIGTERM from outside ddprun before it "
+                          "was needed; starting workers afresh from now on");
+        },
+        kJobLimit));
+    job.send(SIGTERM);
+    auto r = job.wait(kJobLimit);
+    INFO(r.out << r.err);
+    CHECK(r.exit_code == 128 + SIGTERM);
+  }
+}
+
 TEST_CASE("without --log_dir the error file the failure report names is still there to read",
           "[agent][integration]") {
   auto r = run_command(ddprun_fake({}, {"error_file=ValueError: kept", "exit=1"}), {}, kJobLimit);

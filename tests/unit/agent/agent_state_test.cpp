@@ -367,6 +367,7 @@ TEST_CASE("agent: a restart notice or a second signal during the hand-over acts 
     Agent a(2);
     a.round();
     a.on(SignalReceived{SIGINT});
+    a.now += 1s;  // a second Ctrl-C, not the same one delivered twice
     a.on(SignalReceived{SIGINT});
     a.on(GroupPrepared{true, {{0, 500}, {1, 501}}});
     REQUIRE(a.has<SignalWorkers>());
@@ -556,6 +557,36 @@ TEST_CASE("agent: a signal stops the group and leaves once it is down", "[agent]
   a.on(OutputDrained{});
   CHECK(a.effects<Leave>().at(0).reason == "received SIGTERM");
   CHECK(a.effects<Finish>().at(0).code == 128 + SIGTERM);
+}
+
+TEST_CASE("agent: one signal delivered twice at once is taken as one, a later one kills",
+          "[agent][unit]") {
+  Agent a(1);
+  a.running_group();
+  a.on(SignalReceived{SIGINT});
+  CHECK(a.logged("received SIGINT: stopping the workers (SIGKILL for what still runs after"));
+  CHECK(a.effects<SignalWorkers>().at(0).sig == SIGINT);
+  a.now += std::chrono::milliseconds(1);
+  a.on(SignalReceived{SIGINT});  // the wrapper's copy
+  CHECK(a.logged("received SIGINT twice at once (the terminal's and a wrapper's): taken as one"));
+  CHECK_FALSE(a.has<SignalWorkers>());
+  a.now += std::chrono::milliseconds(500);
+  a.on(SignalReceived{SIGINT});  // a person's second Ctrl-C
+  CHECK(a.logged("received SIGINT again: killing the workers now"));
+  CHECK(a.effects<SignalWorkers>().at(0).sig == SIGKILL);
+}
+
+TEST_CASE("agent: a restart the rendezvous sends a node stopping on a signal is not its own",
+          "[agent][unit]") {
+  Agent a(1);
+  a.running_group();
+  a.on(SignalReceived{SIGTERM});
+  a.on(NoticeReceived{rdzv::Restart{1, "node b left (received SIGTERM)", true, 1}});
+  CHECK_FALSE(a.emitted("restart"));
+  CHECK(
+      a.logged("the rendezvous restarts the group without this node, which stops on SIGTERM "
+               "(node b left (received SIGTERM))"));
+  CHECK_FALSE(a.logged("restarting workers"));
 }
 
 TEST_CASE("agent: a signal while the output drains leaves after the drain", "[agent][unit]") {
