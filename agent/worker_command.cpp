@@ -124,6 +124,39 @@ bool source_imports_torch(const std::string& source) {
   return false;
 }
 
+std::vector<std::string> imported_modules(const std::string& source, size_t limit) {
+  std::vector<std::string> out;
+  auto add = [&out, limit](const std::string& name) {
+    if (name.empty() || name[0] == '.' || out.size() >= limit) return;
+    if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(name);
+  };
+  std::istringstream lines(source);
+  for (std::string line; std::getline(lines, line);) {
+    line = line.substr(0, line.find('#'));
+    std::replace(line.begin(), line.end(), ',', ' ');
+    std::replace(line.begin(), line.end(), '(', ' ');
+    std::replace(line.begin(), line.end(), ')', ' ');
+    std::istringstream words(line.substr(0, line.find(';')));
+    std::string keyword;
+    words >> keyword;
+    if (keyword == "import") {
+      std::string previous;
+      for (std::string word; words >> word; previous = word)
+        if (word != "as" && previous != "as") add(word);
+    } else if (keyword == "from") {
+      std::string package;
+      std::string word;
+      if (!(words >> package) || !(words >> word) || word != "import") continue;
+      add(package);
+      if (package[0] == '.') continue;
+      std::string previous;
+      for (; words >> word; previous = word)
+        if (word != "as" && previous != "as" && word != "*") add(package + "." + word);
+    }
+  }
+  return out;
+}
+
 std::string python_source_of(const CommandRequest& req, const std::string& cwd) {
   namespace fs = std::filesystem;
   std::vector<fs::path> candidates;

@@ -83,6 +83,11 @@ std::vector<std::string> build_python_standby_command(const std::vector<std::str
 /// --standby_workers=auto looks for before it has a script's interpreter import torch ahead.
 bool source_imports_torch(const std::string& source);
 
+/// The modules Python source imports by absolute name, in order, each once and at most
+/// `limit`: `import a.b as x, c` gives "a.b" and "c"; `from a.b import c, d` gives "a.b",
+/// "a.b.c" and "a.b.d" (c and d may be submodules). Relative imports are left out.
+std::vector<std::string> imported_modules(const std::string& source, size_t limit = 64);
+
 /// The Python source --standby_workers=auto reads for a request: the script, or for -m the
 /// module's file (or its package's __main__.py) under `cwd`. "" when there is none.
 std::string python_source_of(const CommandRequest& req, const std::string& cwd);

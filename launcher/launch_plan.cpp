@@ -54,6 +54,8 @@ struct Planner {
   void standbys(const agent::CommandRequest& req);
   void standby_cuda();
   void adapt_to_torch(const agent::CommandRequest& req);
+  /// A module of the job's own that the script imports imports torch.
+  bool local_module_imports_torch(const agent::CommandRequest& req, const std::string& text);
 
   /// The workers' Python source, read once for the standby decision and the libuv check.
   const std::string& python_source(const agent::CommandRequest& req) {
@@ -342,12 +344,37 @@ void Planner::standby_cuda() {
 /// USE_LIBUV=0 (launcher/torch_libuv.h). Python workers only: a script that imports torch or
 /// whose source was not found (a -m module on PYTHONPATH), or a --no_python command that runs
 /// a Python interpreter.
+bool Planner::local_module_imports_torch(const agent::CommandRequest& req,
+                                         const std::string& text) {
+  // Python looks for a script's imports in its directory first (for -m, in the working
+  // directory): a module of the job's own found there that imports torch, anywhere in it,
+  // has the script import torch too (`from proj.trainer import run`).
+  const std::string cwd = probes.working_directory();
+  std::string where = cwd;
+  if (!req.module) {
+    const std::filesystem::path script(req.script);
+    where = (script.is_absolute() ? script : std::filesystem::path(cwd) / script)
+                .parent_path()
+                .string();
+  }
+  for (const std::string& name : agent::imported_modules(text)) {
+    for (const std::string& module : {name, name + ".__init__"}) {
+      agent::CommandRequest local;
+      local.module = true;
+      local.script = module;
+      if (agent::source_imports_torch(probes.python_source(local, where))) return true;
+    }
+  }
+  return false;
+}
+
 void Planner::adapt_to_torch(const agent::CommandRequest& req) {
   agent::AgentOptions& opt = plan.agent;
   std::string workers_python;
   if (!opt.interpreter_origin.empty()) {
     const std::string& text = python_source(req);
-    if (text.empty() || agent::source_imports_torch(text)) workers_python = opt.interpreter;
+    if (text.empty() || agent::source_imports_torch(text) || local_module_imports_torch(req, text))
+      workers_python = opt.interpreter;
   } else if (names_python_interpreter(opt.spec.argv.front())) {
     workers_python = opt.spec.argv.front();
   }

@@ -159,6 +159,20 @@ TEST_CASE("automatic standbys find a script's top-level torch imports in its sou
   CHECK_FALSE(source_imports_torch("# import torch\n"));
 }
 
+TEST_CASE("a script's imports are listed by absolute name, submodules of from-imports too",
+          "[agent][unit]") {
+  CHECK(imported_modules("import os, sys\nimport a.b as x, c  # d\n") ==
+        std::vector<std::string>{"os", "sys", "a.b", "c"});
+  CHECK(imported_modules("from proj.trainer import run, Model as M\n") ==
+        std::vector<std::string>{"proj.trainer", "proj.trainer.run", "proj.trainer.Model"});
+  CHECK(imported_modules("from p import (a,\nfrom q import *\n    def f():\n        import r\n") ==
+        std::vector<std::string>{"p", "p.a", "q", "r"});
+  CHECK(imported_modules("from . import x\nfrom .y import z\nimport os; import sys\n") ==
+        std::vector<std::string>{"os"});
+  CHECK(imported_modules("print('import x')\nfrom\nimport\n").empty());
+  CHECK(imported_modules("import a, b, c", 2) == std::vector<std::string>{"a", "b"});
+}
+
 TEST_CASE("automatic standbys read the script, or the module's file under the directory",
           "[agent][unit][standby]") {
   const std::string dir = std::string(DDPRUN_UNIT_SOURCE_DIR) + "/tests/compat/scripts";

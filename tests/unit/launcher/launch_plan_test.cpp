@@ -433,6 +433,25 @@ TEST_CASE("a torch built without libuv: the agent store off and USE_LIBUV=0 for 
     CHECK(machine.libuv_probes == 0);
     CHECK(notes_with(plan, LaunchNote::Level::Info, "libuv") == 0);
   }
+  SECTION("a script whose own module imports torch is adapted too") {
+    // trial/indirect.py: `from proj.trainer import run`; proj/trainer.py imports torch in a
+    // function.
+    machine.files.insert("indirect.py");
+    machine.sources["indirect.py"] = "from proj.trainer import run\nrun()\n";
+    machine.sources["proj.trainer"] = "def run():\n    import torch.distributed as dist\n";
+    const LaunchPlan plan = plan_of(standalone(2, "indirect.py"), machine);
+    CHECK(machine.libuv_probes == 1);
+    CHECK_FALSE(plan.config.agent_store);
+    CHECK(plan.agent.agent_env.at("USE_LIBUV") == "0");
+  }
+  SECTION("a script that imports nothing of torch's, nor do its modules: torch is not asked") {
+    machine.files.insert("indirect.py");
+    machine.sources["indirect.py"] = "from proj.tools import run\nimport os\n";
+    machine.sources["proj.tools"] = "import json\n";
+    const LaunchPlan plan = plan_of(standalone(2, "indirect.py"), machine);
+    CHECK(machine.libuv_probes == 0);
+    CHECK(plan.config.agent_store);
+  }
   SECTION("a program that is not Python: torch is not asked") {
     LaunchConfig config = standalone(2, "/opt/tool");
     const LaunchPlan plan = plan_of(config, machine);
