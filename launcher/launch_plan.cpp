@@ -146,6 +146,13 @@ std::optional<common::Error> Planner::check_script() const {
                          "or chmod +x it"};
   }
   if (probes.file_exists(config.script)) return std::nullopt;
+  // `--standby_workers off`: the one flag whose value is optional takes it only after '='.
+  if (config.standby_workers_given &&
+      (config.script == "off" || config.script == "on" || config.script == "auto"))
+    return common::Error{config.script +
+                         ": no such file; --standby_workers takes its value only "
+                         "after '=' (--standby_workers=" +
+                         config.script + "), so '" + config.script + "' was read as the script"};
   return common::Error{config.script + ": no such file (working directory " +
                        probes.working_directory() +
                        "); check the script path, or use -m for a module"};

@@ -126,8 +126,9 @@ FramedConnection::~FramedConnection() = default;
 std::string FramedConnection::client_close_reason(const std::string& why,
                                                   const std::string& tls_ca_option) const {
   if (bytes_received_ == 0 && !tls_)
-    return "the server closed the connection without a hello (a server with TLS does so to a "
-           "client without: give " +
+    return "the server closed the connection without a hello (a program other than ddprun's "
+           "rendezvous on that port, such as torchrun's store: give the endpoint another port; "
+           "or a server with TLS, to a client without: give " +
            tls_ca_option + ")";
   return why.empty() ? "the server closed the connection" : why;
 }

@@ -262,6 +262,13 @@ TEST_CASE("usage errors are refused before anything starts, naming the value and
                Catch::Contains("trian.py: no such file (working directory /home/user/job)") &&
                    Catch::Contains("-m for a module"));
   }
+  SECTION("a --standby_workers value written after a space, read as the script") {
+    LaunchConfig config = standalone(1, "off");
+    config.standby_workers_given = true;
+    CHECK(refusal_of(config, machine) ==
+          "off: no such file; --standby_workers takes its value only after '=' "
+          "(--standby_workers=off), so 'off' was read as the script");
+  }
   SECTION("a --no_python program that is not executable") {
     LaunchConfig config = standalone(1, "/opt/missing");
     config.no_python = true;
