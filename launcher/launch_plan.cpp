@@ -272,6 +272,18 @@ void Planner::agent_options() {
              " s is longer than the join timeout (" + rdzv::seconds_text(join_timeout) +
              " s): a node whose check runs that long is not waited for, and a job whose every "
              "node's check does ends with exit 69; raise --rdzv_conf join_timeout");
+  // The crash-loop stop needs --crash_loop_stop failures; a smaller budget is spent first, and
+  // a job that fails alike at every start ends with 75 (a requeue may help), not 78.
+  if (config.crash_loop_stop > 0 && config.max_restarts > 0 && config.restart_window == 0 &&
+      config.max_restarts + 1 < config.crash_loop_stop)
+    note(Level::Info,
+         "--max_restarts " + std::to_string(config.max_restarts) + " allows " +
+             std::to_string(config.max_restarts + 1) + " starts, fewer than the " +
+             std::to_string(config.crash_loop_stop) +
+             " failures in a row --crash_loop_stop needs: a job that fails the same way at every "
+             "start ends with exit 75 (a requeue may help) rather than 78 (do not requeue); "
+             "--crash_loop_stop " +
+             std::to_string(config.max_restarts + 1) + " makes it 78");
   // A node is quarantined at its --quarantine_after'th failure in a row; a crash loop of those
   // failures ends the job at the --crash_loop_stop'th, so the later of the two never comes.
   if (!plan.rendezvous.single_node && config.crash_loop_stop > 0 &&

@@ -420,6 +420,21 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("a budget too small for the crash-loop stop is said at start", "[launcher][unit]") {
+  FakeMachine machine;
+  LaunchConfig config = standalone(1);
+  config.max_restarts = 1;
+  config.crash_loop_stop = 3;
+  const LaunchPlan plan = plan_of(config, machine);
+  CHECK(notes_with(plan, LaunchNote::Level::Info,
+                   "--max_restarts 1 allows 2 starts, fewer than the 3 failures in a row "
+                   "--crash_loop_stop needs: a job that fails the same way at every start ends "
+                   "with exit 75 (a requeue may help) rather than 78 (do not requeue); "
+                   "--crash_loop_stop 2 makes it 78") == 1);
+  config.max_restarts = 2;
+  CHECK(notes_with(plan_of(config, machine), LaunchNote::Level::Info, "--max_restarts") == 0);
+}
+
 TEST_CASE("a torch built without libuv: the agent store off and USE_LIBUV=0 for the workers",
           "[launcher][unit]") {
   FakeMachine machine;
