@@ -859,6 +859,18 @@ class Stepper {
       out_.push_back(Leave{"received " + common::signal_name(s_.pending_signal)});
       return finish(job_exit_code(JobOutcome::signalled(s_.pending_signal)));
     }
+    if (s_.lost && s_.drain_after_success && s_.phase == AgentPhase::BetweenRounds) {
+      // This node's group succeeded and reported it; only the job's end was not heard. An exit
+      // 69 would have a scheduler run a finished job again: 0, as torchrun's agent exits when
+      // its exit barrier fails.
+      log(LogLevel::Warn,
+          "this node's workers all succeeded, and then the rendezvous was lost before the job's "
+          "end was heard (" +
+              s_.lost->message +
+              "): exiting 0, as torchrun does when its exit barrier fails; each other node "
+              "reports its own outcome");
+      return finish(job_exit_code(JobOutcome::of(JobEnd::Succeeded)));
+    }
     if (s_.lost) {
       log(LogLevel::Error, s_.lost->message);
       return finish(job_exit_code(JobOutcome::of(JobEnd::RendezvousFailed)));

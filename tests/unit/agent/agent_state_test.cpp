@@ -417,6 +417,22 @@ TEST_CASE("agent: Running -> Draining -> BetweenRounds when every worker exits 0
   CHECK(a.emitted("job_closed"));
 }
 
+TEST_CASE("agent: a rendezvous lost after this node's group succeeded ends the node with 0",
+          "[agent][unit]") {
+  Agent a(1);
+  auto pids = a.running_group();
+  a.on(WorkerExited{pids[0], {0, 0}, false});
+  a.on(OutputDrained{});
+  REQUIRE(a.has<ReportSuccess>());
+  // etcd (or the daemon) gone before the job's close was heard.
+  a.on(NoticeReceived{rdzv::RendezvousError{rdzv::RendezvousErrorKind::Connection,
+                                            "cannot reach the etcd cluster for 10 s"}});
+  CHECK(a.effects<Finish>().at(0).code == 0);
+  CHECK(
+      a.logged("this node's workers all succeeded, and then the rendezvous was lost before the "
+               "job's end was heard (cannot reach the etcd cluster for 10 s): exiting 0"));
+}
+
 TEST_CASE("agent: Running -> Stopping on a failure reports it and stops the others",
           "[agent][unit]") {
   Agent a(3, 2);
