@@ -45,7 +45,15 @@ common::Result<std::vector<Member>> parse_members(const std::string& endpoints) 
     const std::size_t comma = endpoints.find(',', start);
     const std::string entry =
         endpoints.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    auto parsed = rdzv::parse_endpoint(entry, 2379);
+    // A member's client URL, as etcd's --advertise-client-urls and etcdctl write it.
+    std::string address = entry;
+    if (address.rfind("https://", 0) == 0)
+      return Error{"etcd endpoint \"" + entry + "\": give it as " + address.substr(8) +
+                   " with --rdzv_conf tls_ca=FILE (the CA of etcd's certificate): TLS follows "
+                   "from tls_ca"};
+    if (address.rfind("http://", 0) == 0) address = address.substr(7);
+    if (!address.empty() && address.back() == '/') address.pop_back();
+    auto parsed = rdzv::parse_endpoint(address, 2379);
     if (!parsed || parsed->second == 0)
       return Error{"etcd endpoint \"" + entry +
                    "\": expected host:port, [ipv6]:port or host (port 2379), separated by commas"};

@@ -258,6 +258,19 @@ Check parse_rdzv_conf(const RawValue& v, LaunchConfig& config) {
     return common::Error{describe(v) +
                          ": secret_file is the c10d rendezvous's; with etcd-v3 etcd checks "
                          "who may join: give etcd_user and etcd_password_file"};
+  // torchrun's etcd rendezvous takes TLS as protocol, cacert, cert and key: silently ignored,
+  // they would leave an etcd-v3 job on plain HTTP.
+  for (const auto& [torchrun_key, ours] :
+       {std::pair{"cacert", "tls_ca"}, std::pair{"cert", "tls_cert"}, std::pair{"key", "tls_key"}})
+    if (etcd && config.rdzv_conf.count(torchrun_key))
+      return common::Error{describe(v) + ": " + torchrun_key +
+                           " is torchrun's etcd spelling; etcd-v3 takes " + ours +
+                           "=FILE (TLS follows from tls_ca: no protocol=https needed)"};
+  if (etcd && to_lower(trim(config.rdzv_conf.count("protocol") ? config.rdzv_conf["protocol"]
+                                                               : "")) == "https")
+    return common::Error{describe(v) +
+                         ": protocol=https is torchrun's etcd spelling; etcd-v3 speaks TLS when "
+                         "given tls_ca=FILE (the CA of etcd's certificate)"};
   if (etcd && config.rdzv_conf.count("is_host"))
     return common::Error{describe(v) +
                          ": is_host means nothing with etcd-v3 (no node hosts "

@@ -272,6 +272,14 @@ TEST_CASE("etcd members are host and port pairs separated by commas", "[etcd][un
         "etcd endpoint \"\": expected host:port, [ipv6]:port or host (port 2379), separated by "
         "commas");
   CHECK_FALSE(ddprun::etcd::parse_members("a:0").ok());
+  // Client URLs, as etcd advertises them: http:// is dropped, https:// asks for tls_ca.
+  auto urls = ddprun::etcd::parse_members("http://10.0.0.1:2379/,http://node-b");
+  REQUIRE(urls.ok());
+  CHECK((*urls)[0].text() == "10.0.0.1:2379");
+  CHECK((*urls)[1].text() == "node-b:2379");
+  CHECK(ddprun::etcd::parse_members("https://e1:2379").error().message ==
+        "etcd endpoint \"https://e1:2379\": give it as e1:2379 with --rdzv_conf tls_ca=FILE (the "
+        "CA of etcd's certificate): TLS follows from tls_ca");
   CHECK_FALSE(ddprun::etcd::parse_members("a:70000").ok());
 }
 

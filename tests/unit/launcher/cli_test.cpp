@@ -416,6 +416,16 @@ TEST_CASE("etcd-v3 needs its members and takes etcd_user with etcd_password_file
         "--rdzv_conf etcd_user=ddp: etcd_user and etcd_password_file go together (the etcd user "
         "and a file holding its password)");
   CHECK(parse_ok(with("etcd_user=ddp,etcd_password_file=/p")).rdzv_conf.at("etcd_user") == "ddp");
+  // torchrun's etcd TLS keys would leave the job on plain HTTP: named with ddprun's spelling.
+  CHECK(parse_error(with("cacert=/ca.pem")) ==
+        "--rdzv_conf cacert=/ca.pem: cacert is torchrun's etcd spelling; etcd-v3 takes "
+        "tls_ca=FILE (TLS follows from tls_ca: no protocol=https needed)");
+  CHECK_THAT(parse_error(with("key=/k")), Contains("key is torchrun's etcd spelling; etcd-v3 "
+                                                   "takes tls_key=FILE"));
+  CHECK_THAT(parse_error(with("protocol=HTTPS")),
+             Contains("protocol=https is torchrun's etcd spelling; etcd-v3 speaks TLS when given "
+                      "tls_ca=FILE"));
+  CHECK(parse_ok(with("protocol=http")).rdzv_conf.at("protocol") == "http");
   CHECK_THAT(parse_error(with("secret_file=/s")),
              Contains("secret_file is the c10d rendezvous's; with etcd-v3"));
   CHECK_THAT(parse_error({"--rdzv_backend", "c10d", "--rdzv_endpoint", "h:1", "--rdzv_conf",
