@@ -302,7 +302,7 @@ std::set<std::string> underscored_flags(const std::string& help) {
 const std::set<std::string> kForeignFlags = {
     // srun, sbatch and scancel (usage.md#slurm)
     "--nodes", "--ntasks", "--ntasks-per-node", "--cpus-per-task", "--signal", "--batch",
-    "--requeue",
+    "--requeue", "--kill-on-bad-exit",
     // cmake and ctest
     "--build", "--install", "--test-dir", "--target", "--prefix",
     // the linker (benchmarks.md)
