@@ -859,7 +859,8 @@ class Stepper {
       out_.push_back(Leave{"received " + common::signal_name(s_.pending_signal)});
       return finish(job_exit_code(JobOutcome::signalled(s_.pending_signal)));
     }
-    if (s_.lost && s_.drain_after_success && s_.phase == AgentPhase::BetweenRounds) {
+    if (s_.lost && s_.drain_after_success && s_.phase == AgentPhase::BetweenRounds && !s_.restart &&
+        !s_.backing_off) {
       // This node's group succeeded and reported it; only the job's end was not heard. An exit
       // 69 would have a scheduler run a finished job again: 0, as torchrun's agent exits when
       // its exit barrier fails.

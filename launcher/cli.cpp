@@ -1487,7 +1487,11 @@ ParseResult parse_command_line(const std::vector<std::string>& args_as_typed,
       config->slurm.values.push_back("--" + item.option + " " + item.value + " (" + item.source +
                                      ")");
     }
-    config->slurm.values.insert(config->slurm.values.end(), fill.notes.begin(), fill.notes.end());
+  }
+  config->slurm.values.insert(config->slurm.values.end(), fill.notes.begin(), fill.notes.end());
+  if (!fill.notes.empty()) {
+    config->slurm.job_id = job.job_id;
+    config->slurm.step_id = job.step_id;
   }
   config->slurm.warnings = fill.warnings;
 

@@ -274,7 +274,16 @@ common::Result<SlurmFill> slurm_defaults(const SlurmJob& job, const UserChoices&
   };
   if (job.num_nodes) add("nnodes", std::to_string(*job.num_nodes), job.num_nodes_var);
   const auto range = user.nnodes ? nnodes_range(*user.nnodes) : std::nullopt;
-  const bool spares = range && job.num_nodes && range->second < *job.num_nodes;
+  const bool several =
+      user.nnodes ? asks_several_nodes(*user.nnodes) : job.num_nodes && *job.num_nodes > 1;
+  // --master_addr configures torchrun's static rendezvous: a script that gives it keeps that
+  // (as torchrun would), with --node_rank from SLURM.
+  const std::string chosen_backend = common::to_lower(common::trim(user.rdzv_backend.value_or("")));
+  const bool stays_static =
+      chosen_backend == "static" || (!user.rdzv_backend && user.given("master_addr"));
+  // Spares need a rendezvous that numbers the nodes: several nodes asked for, not static.
+  const bool spares =
+      several && !stays_static && range && job.num_nodes && range->second < *job.num_nodes;
   if (job.node_id && spares && !user.given("node_rank")) {
     // A node numbered past the job's last place is one of the spares: the rendezvous numbers
     // the nodes (docs/usage.md#spares-and-quarantine).
@@ -293,11 +302,7 @@ common::Result<SlurmFill> slurm_defaults(const SlurmJob& job, const UserChoices&
                             " or run the step on more nodes (srun --nodes)");
   add("rdzv_id", job.job_id, "SLURM_JOB_ID");
 
-  const bool several =
-      user.nnodes ? asks_several_nodes(*user.nnodes) : job.num_nodes && *job.num_nodes > 1;
   if (!several) return fill;
-  // --master_addr configures torchrun's static rendezvous: a script that gives it keeps that
-  // (as torchrun would), with --node_rank from SLURM.
   if (!user.rdzv_backend && user.given("master_addr")) return fill;
   add("rdzv_backend", "c10d", "SLURM");
   const std::string backend = common::to_lower(common::trim(user.rdzv_backend.value_or("c10d")));

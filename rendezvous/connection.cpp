@@ -55,6 +55,7 @@ constexpr std::array<char, 7> kTlsAlert = {21, 3, 3, 0, 2, 2, 70};
 /// True when a handshake failed because the peer's bytes were not TLS.
 bool not_tls(const error_code& ec) {
   return ec.category() == asio::error::get_ssl_category() &&
+         ERR_GET_LIB(static_cast<unsigned long>(ec.value())) == ERR_LIB_SSL &&
          ERR_GET_REASON(static_cast<unsigned long>(ec.value())) == SSL_R_WRONG_VERSION_NUMBER;
 }
 

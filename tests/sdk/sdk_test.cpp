@@ -205,6 +205,7 @@ TEST_CASE("a snapshot of another model is refused naming the file and every diff
   // The same model with another optimizer: libtorch's reason in one line, with the file.
   Net same;
   torch::optim::Adam adam(same->parameters(), torch::optim::AdamOptions(0.1));
+  const torch::Tensor same_before = same->fc1->weight.clone();
   error.clear();
   try {
     store.load_latest(*same, adam);
@@ -216,6 +217,7 @@ TEST_CASE("a snapshot of another model is refused naming the file and every diff
                         ": the snapshot's optimizer state does not fit this optimizer",
                     0) == 0);
   CHECK(error.find('\n') == std::string::npos);
+  CHECK(torch::equal(same->fc1->weight, same_before));  // the model too is as it was
 }
 
 TEST_CASE("resuming inside an epoch at another world size says so on rank 0 only",

@@ -501,8 +501,7 @@ void restore_snapshot(const Snapshot& snapshot, torch::nn::Module& module,
                              " (saved by another model: resume it with the model that saved "
                              "it, or give this model a snapshot series of its own)");
   }
-  std::map<std::string, torch::Tensor> by_name(snapshot.model.begin(), snapshot.model.end());
-  for (auto& [name, target] : targets) target.copy_(by_name.at(name));
+  // The optimizer before the model: one of another kind then leaves the model as it was.
   torch::serialize::InputArchive archive;
   const torch::Tensor opt = snapshot.optimizer.contiguous();
   try {
@@ -517,6 +516,8 @@ void restore_snapshot(const Snapshot& snapshot, torch::nn::Module& module,
         "or other parameter groups?): " +
         first);
   }
+  std::map<std::string, torch::Tensor> by_name(snapshot.model.begin(), snapshot.model.end());
+  for (auto& [name, target] : targets) target.copy_(by_name.at(name));
   if (snapshot.rng_state.defined()) compat::set_default_rng_state(snapshot.rng_state);
 }
 
@@ -793,10 +794,12 @@ std::variant<Snapshot, std::string> read_snapshot_file(const std::string& path) 
 
 SnapshotStore::SnapshotStore(std::string base_path, int keep_last)
     : base_(std::move(base_path)), keep_last_(keep_last < 1 ? 1 : keep_last) {
-  // Global rank 0 saves: a path it cannot write stops the job now, not after its first epoch.
+  // Global rank 0 saves: a path it cannot write is said now, not only at its first save an
+  // epoch in. A warning, not an error: a series opened only to load (a read-only copy) is fine.
   const char* rank = std::getenv("RANK");
   if (rank == nullptr || std::string_view(rank) == "0") {
-    if (auto why = snapshot_directory_problem(base_)) throw std::runtime_error(*why);
+    if (auto why = snapshot_directory_problem(base_))
+      std::fprintf(stderr, "[ddprun sdk] warning: %s; save() will fail\n", why->c_str());
   }
 }
 

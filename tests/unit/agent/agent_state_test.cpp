@@ -433,6 +433,25 @@ TEST_CASE("agent: a rendezvous lost after this node's group succeeded ends the n
                "job's end was heard (cannot reach the etcd cluster for 10 s): exiting 0"));
 }
 
+TEST_CASE("agent: a rendezvous lost after success but with a restart owed is a failure",
+          "[agent][unit]") {
+  Agent a(1);
+  auto pids = a.running_group();
+  a.on(WorkerExited{pids[0], {0, 0}, false});
+  a.on(OutputDrained{});
+  REQUIRE(a.has<ReportSuccess>());
+  // Another node failed: the round restarts, this node included, after a pause.
+  rdzv::Restart restart{1, "worker failed on node b", true, 1};
+  restart.failures_in_a_row = 2;
+  restart.pause = std::chrono::milliseconds(2000);
+  a.on(NoticeReceived{restart});
+  REQUIRE(a.state.backing_off);
+  a.on(NoticeReceived{rdzv::RendezvousError{rdzv::RendezvousErrorKind::Connection,
+                                            "cannot reach the etcd cluster for 10 s"}});
+  CHECK(a.effects<Finish>().at(0).code == 69);
+  CHECK_FALSE(a.logged("exiting 0"));
+}
+
 TEST_CASE("agent: Running -> Stopping on a failure reports it and stops the others",
           "[agent][unit]") {
   Agent a(3, 2);

@@ -247,6 +247,16 @@ TEST_CASE("a step with more nodes than --nnodes allows leaves the node rank to t
   // An elastic range whose maximum covers the step keeps SLURM's node rank.
   user.nnodes = "2:3";
   CHECK(values_of(fill_ok(job_from(env), user))["node_rank"] == "2");
+  // A static rendezvous has no spares: the node rank stays SLURM's (the extra node is refused).
+  user.nnodes = "2";
+  user.given = [](std::string_view name) { return name == "nnodes" || name == "master_addr"; };
+  const SlurmFill fixed = fill_ok(job_from(env), user);
+  CHECK(values_of(fixed)["node_rank"] == "2");
+  CHECK(fixed.notes.empty());
+  // Nor does --nnodes 1, one job per node.
+  user.nnodes = "1";
+  user.given = [](std::string_view name) { return name == "nnodes"; };
+  CHECK(values_of(fill_ok(job_from(env), user))["node_rank"] == "2");
 }
 
 TEST_CASE("settings that fit the step badly are warned of, not refused",
