@@ -16,6 +16,9 @@ using namespace rdzv;  // NOLINT: the client machine's vocabulary throughout
 
 namespace {
 
+/// etcd's text for a request over its --max-request-bytes (ErrRequestTooLarge).
+constexpr std::string_view kEtcdTooLarge = "request is too large";
+
 /// The local address of the interface that reaches `member`, once its name is resolved (a UDP
 /// socket sends nothing when connected), made publishable by advertised_address(); the host
 /// name when that fails.
@@ -574,6 +577,18 @@ void EtcdRendezvous::write_state(const DriveResult& result) {
         if (!*alive) return;
         writing_ = false;
         if (generation != generation_) return;
+        if (!answer && answer.error().message.find(kEtcdTooLarge) != std::string::npos) {
+          // etcd's answer to a request over its --max-request-bytes: the same write can never
+          // pass, so retrying would only wait forever (and hold every other node waiting).
+          if (state_.phase != ClientPhase::Done)
+            step(ServerUnusable{RendezvousError{
+                RendezvousErrorKind::State,
+                "etcd refuses the rendezvous state of job '" + opt_.run_id + "' (" +
+                    std::to_string(value.size()) + " bytes, with the nodes' messages) as too " +
+                    "large (" + answer.error().message +
+                    "): raise --max-request-bytes on every etcd member (1.5 MiB by default)"}});
+          return;
+        }
         if (!answer) {
           // Outcome unknown or etcd unreachable: the watch shows what happened; try again then.
           spdlog::warn("could not write the rendezvous state of job '{}' to etcd: {}", opt_.run_id,

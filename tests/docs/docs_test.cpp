@@ -303,6 +303,8 @@ const std::set<std::string> kForeignFlags = {
     // srun, sbatch and scancel (usage.md#slurm)
     "--nodes", "--ntasks", "--ntasks-per-node", "--cpus-per-task", "--signal", "--batch",
     "--requeue", "--kill-on-bad-exit",
+    // etcd (operations.md#troubleshooting)
+    "--max-request-bytes",
     // cmake and ctest
     "--build", "--install", "--test-dir", "--target", "--prefix",
     // the linker (benchmarks.md)

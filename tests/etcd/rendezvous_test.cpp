@@ -470,6 +470,26 @@ TEST_CASE("agents speak TLS to etcd members that require client certificates", "
   }
 }
 
+TEST_CASE("an etcd that refuses the job's state as too large ends every node saying so",
+          "[etcd][rdzv]") {
+  // A node's join fits in 1,200 bytes, the job's state with its notices does not: before, the
+  // driver retried five times a second forever and the other node waited without a word.
+  EtcdCluster etcd(1, std::nullopt, {"--max-request-bytes", "1200"});
+  REQUIRE(etcd.wait_ready());
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int i = 0; i < 2; ++i)
+    nodes.push_back(start_node(etcd, i, {"--nnodes", "2"}, {"print=should-not-run"}));
+  for (auto& node : nodes) {
+    auto r = node->wait(kJobLimit);
+    INFO(r.out << r.err);
+    REQUIRE_FALSE(r.timed_out);
+    CHECK(r.exit_code == 69);
+    CHECK(contains(r.err, "as too large ("));
+    CHECK(contains(r.err, "raise --max-request-bytes on every etcd member"));
+    CHECK_FALSE(contains(r.out, "should-not-run"));
+  }
+}
+
 TEST_CASE("the keys of an etcd job whose agents all died expire with their leases",
           "[etcd][rdzv]") {
   EtcdCluster etcd;
