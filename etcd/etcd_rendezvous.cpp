@@ -19,6 +19,24 @@ namespace {
 /// etcd's text for a request over its --max-request-bytes (ErrRequestTooLarge).
 constexpr std::string_view kEtcdTooLarge = "request is too large";
 
+/// What to fix when etcd's answer to this node's first request is a refusal that no retry can
+/// cure (authentication, permissions, certificates), or nullopt for anything that may pass.
+std::optional<std::string> final_refusal_fix(const std::string& why) {
+  const auto has = [&why](std::string_view text) { return why.find(text) != std::string::npos; };
+  if (has("user name is empty"))
+    return "etcd has authentication on: give --rdzv_conf etcd_user and etcd_password_file";
+  if (has("invalid user ID or password"))
+    return "check --rdzv_conf etcd_user and the password in etcd_password_file";
+  if (has("permission denied"))
+    return "etcd_user's role must allow reading and writing keys under /ddprun/ (etcdctl role "
+           "grant-permission ROLE --prefix=true readwrite /ddprun/)";
+  if (has("certificate verify failed") || has("bad certificate") || has("certificate required") ||
+      has("unknown ca"))
+    return "check --rdzv_conf tls_ca, tls_cert and tls_key against the etcd members' TLS "
+           "settings";
+  return std::nullopt;
+}
+
 /// The local address of the interface that reaches `member`, once its name is resolved (a UDP
 /// socket sends nothing when connected), made publishable by advertised_address(); the host
 /// name when that fails.
@@ -103,6 +121,18 @@ void EtcdRendezvous::close_link(bool after_writes) {
   drop_link();
 }
 
+void EtcdRendezvous::lost(const std::string& why) {
+  // A refusal no retry cures (authentication, permissions, certificates) ends the node now,
+  // where a retry until connect_timeout would only delay the same answer.
+  if (auto fix = final_refusal_fix(why)) {
+    if (state_.phase != ClientPhase::Done)
+      step(ServerUnusable{RendezvousError{RendezvousErrorKind::Connection,
+                                          "etcd refused this node: " + why + "; " + *fix}});
+    return;
+  }
+  step(ConnectionLost{why});
+}
+
 void EtcdRendezvous::node_id_renewed() { my_create_revision_ = 0; }
 
 void EtcdRendezvous::drop_link() {
@@ -150,7 +180,7 @@ void EtcdRendezvous::connect() {
 void EtcdRendezvous::on_lease_granted(std::uint64_t generation,
                                       common::Result<LeaseGrantResponse> granted) {
   if (!granted) {
-    if (generation == generation_) step(ConnectionLost{granted.error().message});
+    if (generation == generation_) lost(granted.error().message);
     return;
   }
   if (lease_ != 0 || generation != generation_) {
@@ -183,7 +213,7 @@ void EtcdRendezvous::on_read(std::uint64_t generation, common::Result<RangeRespo
     spdlog::debug("etcd: a read of job '{}' from an older connection is dropped", opt_.run_id);
     return;
   }
-  if (!read) return step(ConnectionLost{read.error().message});
+  if (!read) return lost(read.error().message);
   WatchOptions options;
   // Only this node's messages key: it carries the messages to about N / kMessageKeys nodes.
   // Joins, reports and `state` reach the driver only.
@@ -196,7 +226,7 @@ void EtcdRendezvous::on_read(std::uint64_t generation, common::Result<RangeRespo
       },
       [this, generation, alive = alive_](const common::Error& error) {
         if (!*alive || generation != generation_) return;
-        step(ConnectionLost{"the watch of " + inbox_key_ + " ended: " + error.message});
+        lost("the watch of " + inbox_key_ + " ended: " + error.message);
       });
   linked_ = true;
   step(Connected{true});
@@ -226,7 +256,7 @@ void EtcdRendezvous::on_lease_lost(std::int64_t lease, const std::string& why, b
   if (!gone) {
     // etcd did not answer for a whole TTL: the workers keep running while the client
     // reconnects (for connect_timeout); the lease is renewed again once etcd answers.
-    if (state_.phase != ClientPhase::Done) step(ConnectionLost{why});
+    if (state_.phase != ClientPhase::Done) lost(why);
     return;
   }
   lease_ = 0;
@@ -276,7 +306,7 @@ void EtcdRendezvous::join_as(Join join, bool second_try) {
       [this, generation, alive = alive_, join, key,
        second_try](common::Result<TxnResponse> answer) {
         if (!*alive || generation != generation_) return;
-        if (!answer) return step(ConnectionLost{answer.error().message});
+        if (!answer) return lost(answer.error().message);
         if (answer->succeeded) {
           if (my_create_revision_ == 0) my_create_revision_ = answer->header.revision;
           spdlog::debug("etcd: joined as {} at revision {}", key, answer->header.revision);
@@ -327,7 +357,7 @@ void EtcdRendezvous::send_report(const AgentMessage& message) {
         if (!answer) {
           // Sent again once etcd answers (the driver applies a report once per revision).
           unsent_report_ = message;
-          if (generation == generation_) step(ConnectionLost{answer.error().message});
+          if (generation == generation_) lost(answer.error().message);
           return;
         }
         if (!answer->succeeded && generation == generation_)
@@ -382,7 +412,7 @@ void EtcdRendezvous::elect() {
       [this, generation, alive = alive_](common::Result<RangeResponse> read) {
         if (!*alive || generation != role_generation_) return;
         role_ = Role::Unknown;
-        if (!read) return step(ConnectionLost{read.error().message});
+        if (!read) return lost(read.error().message);
         if (read->kvs.empty()) return become_driver();
         follow(read->kvs[0].key, read->header.revision);
       });
@@ -408,7 +438,7 @@ void EtcdRendezvous::follow(const std::string& key, std::int64_t revision) {
       },
       [this, generation, key, alive = alive_](const common::Error& error) {
         if (!*alive || generation != role_generation_) return;
-        step(ConnectionLost{"the watch of " + key + " ended: " + error.message});
+        lost("the watch of " + key + " ended: " + error.message);
       });
 }
 
@@ -428,7 +458,7 @@ void EtcdRendezvous::become_driver() {
 
 void EtcdRendezvous::on_driver_read(std::uint64_t generation, common::Result<RangeResponse> read) {
   if (generation != role_generation_) return;
-  if (!read) return step(ConnectionLost{read.error().message});
+  if (!read) return lost(read.error().message);
   load_range(view_, read->kvs);
   spdlog::debug("etcd: the driver read {} key(s) of job '{}' at revision {}", read->kvs.size(),
                 opt_.run_id, read->header.revision);
@@ -447,7 +477,7 @@ void EtcdRendezvous::on_driver_read(std::uint64_t generation, common::Result<Ran
       },
       [this, generation, alive = alive_](const common::Error& error) {
         if (!*alive || generation != role_generation_) return;
-        step(ConnectionLost{"the watch of " + nodes_dir(prefix_) + " ended: " + error.message});
+        lost("the watch of " + nodes_dir(prefix_) + " ended: " + error.message);
       });
   view_ready_ = true;
   maybe_drive();

@@ -80,6 +80,9 @@ class EtcdRendezvous final : public rdzv::ClientExecutor {
   void on_lease_lost(std::int64_t lease, const std::string& why, bool gone);
   void keep_lease_alive();
   void drop_link();
+  /// The link broke (ConnectionLost), or etcd refused this node for good (authentication,
+  /// permissions, certificates: ServerUnusable, naming the fix).
+  void lost(const std::string& why);
   /// The join, as this node's key; `second_try`: again after a put whose answer was lost
   /// went through (the key is this node's), never a third time.
   void join_as(rdzv::Join join, bool second_try);

@@ -390,17 +390,29 @@ TEST_CASE("agents log in to an etcd with authentication with etcd_user and etcd_
     CHECK(r.exit_code == 0);
     CHECK(contains(r.out, "WORLD_SIZE=2"));
   }
-  // A wrong password ends the agent with etcd's answer, once connect_timeout has passed.
+  // A wrong password, or none, ends the agent at once with etcd's answer and the fix: no retry
+  // can cure it (connect_timeout 600 s is far past the command's limit).
   const std::string wrong = password_file(dir, "wrong", "not her password");
   auto refused =
       start_node(etcd, 0,
                  {"--nnodes", "2", "--rdzv_conf",
-                  kEtcdConf + ",connect_timeout=2,etcd_user=ann,etcd_password_file=" + wrong},
+                  kEtcdConf + ",connect_timeout=600,etcd_user=ann,etcd_password_file=" + wrong},
                  {"env=WORLD_SIZE"});
   auto r = refused->wait(kJobLimit);
   INFO(r.err);
+  REQUIRE_FALSE(r.timed_out);
   CHECK(r.exit_code == 69);
+  CHECK(contains(r.err, "etcd refused this node: "));
   CHECK(contains(r.err, "authentication failed"));
+  CHECK(contains(r.err, "check --rdzv_conf etcd_user and the password in etcd_password_file"));
+  auto anonymous =
+      start_node(etcd, 0, {"--nnodes", "2", "--rdzv_conf", kEtcdConf + ",connect_timeout=600"},
+                 {"env=WORLD_SIZE"});
+  auto a = anonymous->wait(kJobLimit);
+  INFO(a.err);
+  REQUIRE_FALSE(a.timed_out);
+  CHECK(a.exit_code == 69);
+  CHECK(contains(a.err, "give --rdzv_conf etcd_user and etcd_password_file"));
 }
 
 TEST_CASE("ddprun status logs in to an etcd with authentication as the agents do", "[etcd][rdzv]") {
