@@ -13,17 +13,27 @@ through the enum constructor (which knows every value 0..3), then runs
 ``torch.distributed.run.main()`` with the command line unchanged.
 
 Debian 13's python3-torch 2.6 was built without libuv, and TCPStore asks for
-it by default (since 2.4): torchrun fails in every mode ("use_libuv was
-requested but PyTorch was build without libuv support"), USE_LIBUV=0 or not,
-as the static rendezvous makes its store without looking at it. Where a
-TCPStore client refuses to start for want of libuv, the wrapper sets
-USE_LIBUV=0 (read by the c10d rendezvous) and makes the static rendezvous's
-store without libuv. Workers that use torchrun's agent store
-(TORCHELASTIC_USE_AGENT_STORE=True) would still fail there: a Python worker's
-store client asks for libuv whatever USE_LIBUV says. So the wrapper also turns
-the static rendezvous's agent store off, as ddprun does on such a torch: worker
-rank 0 hosts the store, which reads USE_LIBUV=0, on a free port (the agent's
-own store keeps --master_port).
+it by default (since 2.4): unpatched, torchrun fails in every mode ("use_libuv
+was requested but PyTorch was build without libuv support"), USE_LIBUV=0 or
+not, as torchrun's own stores are made without looking at it. Where a TCPStore
+client refuses to start for want of libuv (on Debian 12's torch 1.13 nothing
+below is done), the wrapper
+- sets USE_LIBUV=0, which the workers read when init_process_group's env://
+  (or tcp://) rendezvous makes their store without torchrun's agent store;
+- makes the TCPStore of the static rendezvous (--master_addr/--master_port)
+  and of the c10d rendezvous backend (--rdzv_backend c10d, and --standalone,
+  which is c10d on localhost:0) with use_libuv=False;
+- keeps the workers off torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE
+  =False), as ddprun does on such a torch: a Python worker's client of that
+  store asks for libuv whatever USE_LIBUV says, and under the c10d backend
+  the agent would also host that store asking for libuv. The static
+  rendezvous's use_agent_store is patched to False; the dynamic (c10d)
+  rendezvous is given torch's own switch, TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1.
+  Worker rank 0 then hosts the workers' store, on a free port (the static
+  rendezvous's own store keeps --master_port; the c10d one, --rdzv_endpoint).
+
+Checked on Debian 12 and 13: static, --rdzv_backend c10d and --standalone, 2 workers doing
+a Gloo all_reduce. The etcd and etcd-v2 rendezvous backends are not patched.
 
 Usage (same arguments as torchrun):
     /usr/bin/python3 bench/torchrun_shim.py --standalone --nproc_per_node 2 \
@@ -87,6 +97,16 @@ def _without_libuv() -> None:
         return TCPStore(*args, **kwargs)
 
     static_tcp_rendezvous.TCPStore = tcp_store
+
+    # --rdzv_backend c10d (and --standalone, which is c10d on localhost:0): the backend makes its
+    # TCPStore, host or client, asking for libuv; it does not look at USE_LIBUV either.
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend
+    c10d_rendezvous_backend.TCPStore = tcp_store
+    # The dynamic rendezvous then shares a second TCPStore with the workers as their agent store:
+    # its server asks for libuv, and so would every worker's client. torch's own switch turns the
+    # sharing off: worker rank 0 then hosts the workers' store, on a free port, reading USE_LIBUV=0.
+    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+
     static = static_tcp_rendezvous.StaticTCPRendezvous
     static.use_agent_store = property(lambda self: False)
     next_rendezvous = static.next_rendezvous
