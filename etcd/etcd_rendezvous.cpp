@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <boost/asio/ip/udp.hpp>
 #include <boost/asio/post.hpp>
+#include <utility>
 
 #include "common/log.h"
 #include "common/strings.h"
@@ -109,16 +110,60 @@ EtcdRendezvous::~EtcdRendezvous() {
 }
 
 void EtcdRendezvous::send(const AgentMessage& message) {
-  // Heartbeats are the lease's keep-alive; a leave is the lease's revocation (close_link).
+  // Heartbeats are the lease's keep-alive; a leave goes out with the link's close (close_link).
+  if (const auto* leave = std::get_if<Leave>(&message)) {
+    leave_ = *leave;
+    return;
+  }
   if (std::holds_alternative<WorkersFailed>(message) ||
       std::holds_alternative<WorkersSucceeded>(message))
     send_report(message);
 }
 
 void EtcdRendezvous::close_link(bool after_writes) {
-  // A leave: the lease goes, and with it this node's keys (the driver sees them deleted).
-  if (after_writes) revoke_lease({});
+  // A leave: the lease goes, and with it this node's keys (the driver sees them deleted). A
+  // Leave sent before is put first, so the driver reads that this node left rather than lost it.
+  std::optional<Leave> leave = std::exchange(leave_, std::nullopt);
+  if (after_writes && leave && linked_ && lease_ != 0 && my_create_revision_ != 0)
+    leave_then_revoke(*leave);
+  else if (after_writes)
+    revoke_lease({});
   drop_link();
+}
+
+void EtcdRendezvous::leave_then_revoke(const Leave& leave) {
+  if (keeper_) keeper_->stop();
+  keeper_.reset();
+  const std::int64_t lease = std::exchange(lease_, 0);
+  const std::int64_t created = std::exchange(my_create_revision_, 0);
+  leaving_ = true;
+  // The Leave report and the delete of this node's key in one txn: the driver sees both at one
+  // revision, whenever it reads. The report lives on a short lease of its own, so it outlives
+  // this node's lease long enough to be read and then goes by itself.
+  client_->call_as<LeaseGrantResponse>(
+      lease_grant(lease_ttl_.count()), decode_lease_grant,
+      [this, alive = alive_, lease, created,
+       value = encode_message(leave)](common::Result<LeaseGrantResponse> granted) {
+        if (!*alive) return;
+        if (!granted) return left(lease);
+        const std::string key = node_key(prefix_, node_id_);
+        Compare mine{key, CompareTarget::CreateRevision, CompareResult::Equal, created, {}};
+        client_->call(txn({mine},
+                          {PutOp{report_key(prefix_, node_id_), value, granted->id, false},
+                           DeleteOp{key, {}, false}},
+                          {}),
+                      [this, alive, lease](Reply) {
+                        if (*alive) left(lease);
+                      });
+      });
+}
+
+void EtcdRendezvous::left(std::int64_t lease) {
+  client_->call(lease_revoke(lease), [this, alive = alive_](Reply) {
+    if (!*alive) return;
+    leaving_ = false;
+    for (auto& waiting : std::exchange(after_leave_, {})) waiting();
+  });
 }
 
 void EtcdRendezvous::lost(const std::string& why) {
@@ -693,6 +738,12 @@ void EtcdRendezvous::revoke_lease(std::function<void()> done) {
 }
 
 void EtcdRendezvous::when_flushed(std::function<void()> done) {
+  if (leaving_) {
+    // This node's leave is still going out: the flush follows it.
+    after_leave_.push_back(
+        [this, done = std::move(done)]() mutable { when_flushed(std::move(done)); });
+    return;
+  }
   drop_link();
   if (job_keeper_) job_keeper_->stop();
   job_keeper_.reset();

@@ -93,6 +93,8 @@ class EtcdRendezvous final : public rdzv::ClientExecutor {
   void write_state(const DriveResult& result);
   void refresh_state();
   void revoke_lease(std::function<void()> done);
+  void leave_then_revoke(const rdzv::Leave& leave);
+  void left(std::int64_t lease);
 
   EtcdRendezvousOptions opt_;
   std::string prefix_;
@@ -125,8 +127,11 @@ class EtcdRendezvous final : public rdzv::ClientExecutor {
   bool writing_ = false;  ///< a state txn is in flight
   bool drive_again_ = false;
   boost::asio::steady_timer drive_timer_;
-  std::optional<rdzv::JobPhase> last_phase_;  ///< of the last state seen
-  std::int64_t last_messages_revision_ = 0;   ///< of the last put of inbox_key_ seen
+  std::optional<rdzv::JobPhase> last_phase_;        ///< of the last state seen
+  std::int64_t last_messages_revision_ = 0;         ///< of the last put of inbox_key_ seen
+  std::optional<rdzv::Leave> leave_;                ///< sent, not yet put (close_link puts it)
+  bool leaving_ = false;                            ///< the leave's txn or revocation is in flight
+  std::vector<std::function<void()>> after_leave_;  ///< when_flushed calls that wait for it
 };
 
 }  // namespace ddprun::etcd

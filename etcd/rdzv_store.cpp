@@ -486,6 +486,23 @@ rdzv::Refused too_many_nodes(const rdzv::JobState& job, const rdzv::AgentMessage
           "(--rdzv_backend c10d --rdzv_endpoint HOST:PORT)"};
 }
 
+/// The Leave in reports/<id> when the driver has not applied that put yet.
+std::optional<rdzv::Leave> unapplied_leave(const View& view,
+                                           const std::map<std::string, Applied>& applied,
+                                           const std::string& id) {
+  auto report = view.reports.find(id);
+  if (report == view.reports.end()) return std::nullopt;
+  auto seen = applied.find(id);
+  if (seen != applied.end() && seen->second.report == report->second.mod_revision)
+    return std::nullopt;
+  json body = json::parse(report->second.value, nullptr, false);
+  if (body.is_discarded()) return std::nullopt;
+  auto message = rdzv::parse_agent_message(body);
+  if (!message) return std::nullopt;
+  if (const auto* leave = std::get_if<rdzv::Leave>(&*message)) return *leave;
+  return std::nullopt;
+}
+
 }  // namespace
 
 DriveResult drive(StoredState current, const View& view, common::TimePoint now) {
@@ -532,7 +549,15 @@ DriveResult drive(StoredState current, const View& view, common::TimePoint now) 
     if (!view.nodes.count(id) && !s.applied.count(id)) gone.push_back(std::move(id));
   }
   for (const std::string& id : gone) {
+    // A node that left put its Leave in the txn that deleted its key: it left, and was not lost.
+    std::optional<rdzv::Leave> leave = unapplied_leave(view, s.applied, id);
     s.applied.erase(id);
+    if (leave) {
+      rdzv::FromNode from;
+      from.node_id = id;
+      from.message = *std::move(leave);
+      run(from);
+    }
     run(rdzv::Disconnected{id});
   }
 

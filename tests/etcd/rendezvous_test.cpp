@@ -190,6 +190,33 @@ TEST_CASE("an agent of an etcd job killed with SIGKILL leaves survivors that re-
   for (const auto& [rank, pid] : read_pids(pids)) CHECK(wait_gone(pid));
 }
 
+TEST_CASE("an agent of an etcd job stopped with SIGTERM is reported as left, not lost",
+          "[etcd][rdzv]") {
+  EtcdCluster etcd;
+  REQUIRE(etcd.wait_ready());
+  TempDir dir;
+  const std::string pids = dir.path() + "/pids";
+  WorkerSweeper sweeper(pids);
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int i = 0; i < 3; ++i)
+    nodes.push_back(start_node(
+        etcd, i, {"--nnodes", "2:3", "--max_restarts", "1", "--node_rank", std::to_string(i)},
+        {"pidfile=" + pids, "env=GROUP_WORLD_SIZE", "hang_unless=GROUP_WORLD_SIZE=2", "exit=0"}));
+  if (!wait_until([&] { return read_pids(pids).size() == 3; }, kJobLimit))
+    FAIL(err_of(nodes, &etcd));
+  nodes[2]->send(SIGTERM);
+  nodes[2]->wait(30s);
+  for (int i = 0; i < 2; ++i) {
+    auto r = nodes[i]->wait(kJobLimit);
+    INFO(r.out << r.err);
+    CHECK(r.exit_code == 0);
+    CHECK(contains(r.out, "GROUP_WORLD_SIZE=2"));
+    CHECK(contains(r.err, "left (received SIGTERM)"));
+    CHECK_FALSE(contains(r.err, "disconnected without leaving"));
+  }
+  for (const auto& [rank, pid] : read_pids(pids)) CHECK(wait_gone(pid));
+}
+
 TEST_CASE("the driving agent of an etcd job killed with SIGKILL is replaced by a survivor",
           "[etcd][rdzv]") {
   EtcdCluster etcd;

@@ -142,6 +142,30 @@ TEST_CASE("a node whose key is deleted is lost and the survivors restart counted
   CHECK(k.current().applied.count("3") == 0);
 }
 
+TEST_CASE("a node that leaves is reported as left, not lost, whenever the driver reads",
+          "[etcd][unit]") {
+  // The leaving agent puts its Leave and deletes its key in one txn (one revision); a driver
+  // that reads after the report's lease went sees only the delete, and calls it a loss.
+  for (const bool report_kept : {true, false}) {
+    Keys k;
+    for (const char* id : {"1", "2", "3"}) k.join(id, 2, 3);
+    k.drive_once();
+    REQUIRE(k.current().job.phase == rdzv::JobPhase::Running);
+    k.put(report_key(k.view.prefix, "3"), encode_message(rdzv::Leave{"received SIGTERM"}));
+    k.remove(node_key(k.view.prefix, "3"));
+    if (!report_kept) k.remove(report_key(k.view.prefix, "3"));
+    k.drive_once();
+    const auto restarts = k.to<rdzv::Restart>("1");
+    REQUIRE(restarts.size() == 1);
+    CHECK(restarts[0].reason.get() == (report_kept ? "node host-3 left (received SIGTERM)"
+                                                   : "node host-3 disconnected without leaving"));
+    CHECK(k.to<rdzv::Restart>("2").size() == 1);
+    CHECK(k.current().applied.count("3") == 0);
+    // The report, still there until its own lease ends, changes nothing more.
+    CHECK_FALSE(k.drive_once().changed);
+  }
+}
+
 TEST_CASE("a failure report restarts every participant once", "[etcd][unit]") {
   Keys k;
   k.join("1", 2, 2);
