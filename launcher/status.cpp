@@ -467,7 +467,14 @@ common::Result<json> fetch_etcd_status(const StatusRequest& request,
         kv.key.substr(head.size(), kv.key.size() - head.size() - tail.size());
     if (run_id.find('/') != std::string::npos) continue;
     auto state = etcd::decode_state(kv.value, kv.key, anchor, now);
-    if (!state) return state.error();
+    // The job asked for is that one; in a listing, one unreadable job (another ddprun's, or a
+    // value written by hand) is named and the others are still shown.
+    if (!state && request.run_id) return state.error();
+    if (!state) {
+      std::fprintf(stderr, "ddprun status: job '%s' left out: %s\n",
+                   common::printable(run_id).c_str(), state.error().message.c_str());
+      continue;
+    }
     jobs.push_back(rdzv::describe_job(state->job, now));
   }
   return jobs;

@@ -389,6 +389,21 @@ TEST_CASE(
                              {}, 30s);
   CHECK(missing.exit_code == 1);
   CHECK(contains(missing.out, "no job 'other' at etcd 127.0.0.1:"));
+  // A state no ddprun can read (written by hand here) is named; the listing still shows the rest.
+  REQUIRE(etcd.etcdctl({"put", "/ddprun/broken/state", "not json"}).exit_code == 0);
+  auto listing = run_command(
+      {DDPRUN_BIN, "status", "--rdzv_backend", "etcd-v3", "--rdzv_endpoint", etcd.endpoints()}, {},
+      30s);
+  INFO(listing.out << listing.err);
+  CHECK(listing.exit_code == 0);
+  CHECK(contains(listing.out, "job job: running"));
+  CHECK(contains(listing.err, "ddprun status: job 'broken' left out: "));
+  CHECK(contains(listing.err, "/ddprun/broken/state"));
+  auto broken = run_command({DDPRUN_BIN, "status", "--rdzv_backend", "etcd-v3", "--rdzv_endpoint",
+                             etcd.endpoints(), "--rdzv_id", "broken"},
+                            {}, 30s);
+  CHECK(broken.exit_code != 0);
+  CHECK(contains(broken.err, "/ddprun/broken/state"));
   std::ofstream(gate) << "go\n";
   for (std::size_t i = 0; i < nodes.size(); ++i) {
     auto r = nodes[i]->wait(kJobLimit);
