@@ -3,6 +3,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -53,6 +54,7 @@ struct Planner {
   void agent_options();
   void standbys(const agent::CommandRequest& req);
   void standby_cuda();
+  void rdzv_conf_keys();
   void adapt_to_torch(const agent::CommandRequest& req);
   /// A module of the job's own that the script imports imports torch.
   bool local_module_imports_torch(const agent::CommandRequest& req, const std::string& text);
@@ -301,6 +303,46 @@ void Planner::agent_options() {
 /// (found next to this executable), forked from one zygote per node; any other program is its
 /// own standby (the C++ SDK waits). auto, the default, keeps them for Python scripts that
 /// import torch on a node with the memory for them, and says why not only when it was asked.
+/// --rdzv_conf keys ddprun does not read: torchrun's own are named as unused; any other is
+/// most likely a misspelling, which torchrun would ignore without a word.
+void Planner::rdzv_conf_keys() {
+  static const std::vector<std::string> kOurs = {"join_timeout",
+                                                 "last_call_timeout",
+                                                 "close_timeout",
+                                                 "keep_alive_interval",
+                                                 "keep_alive_max_attempt",
+                                                 "connect_timeout",
+                                                 "is_host",
+                                                 "secret_file",
+                                                 "tls_ca",
+                                                 "tls_cert",
+                                                 "tls_key",
+                                                 "etcd_user",
+                                                 "etcd_password_file",
+                                                 "protocol"};
+  static const std::vector<std::string> kTorchruns = {
+      "read_timeout", "timeout", "store_type", "rank",      "etcd_prefix", "ssl_cert",
+      "ssl_cert_key", "ca_cert", "use_libuv",  "heartbeat", "local_addr"};
+  const auto among = [](const std::vector<std::string>& keys, const std::string& key) {
+    return std::find(keys.begin(), keys.end(), key) != keys.end();
+  };
+  std::vector<std::string> unknown;
+  for (const auto& [key, value] : config.rdzv_conf) {
+    if (among(kOurs, key)) continue;
+    if (among(kTorchruns, key)) {
+      note(Level::Info, "--rdzv_conf " + key +
+                            ": a key of torchrun's that ddprun has no use for; " + "it is ignored");
+      continue;
+    }
+    unknown.push_back(common::printable(key));
+  }
+  if (!unknown.empty())
+    note(Level::Warn, "--rdzv_conf " + common::join(unknown, ", ") + ": no such key" +
+                          (unknown.size() > 1 ? "s" : "") +
+                          ", so ignored (a misspelling?); ddprun reads " +
+                          common::join(kOurs, ", "));
+}
+
 void Planner::standbys(const agent::CommandRequest& req) {
   agent::AgentOptions& opt = plan.agent;
   opt.python_standby = {config.standby_preload, config.standby_cuda};
@@ -541,6 +583,7 @@ common::Result<LaunchPlan> plan_launch(const LaunchConfig& config, const agent::
   planner.agent_options();
   planner.standbys(req);
   planner.standby_cuda();
+  planner.rdzv_conf_keys();
   planner.adapt_to_torch(req);
   plan.store = plan_agent_store(plan.config, plan.rendezvous);
   plan.agent.spec.use_agent_store = plan.store.use_agent_store;

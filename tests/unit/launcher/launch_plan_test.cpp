@@ -206,6 +206,24 @@ TEST_CASE("a health check allowed to run longer than the join timeout is warned 
   }
 }
 
+TEST_CASE("a --rdzv_conf key ddprun does not read is warned of; torchrun's own are named",
+          "[launcher][unit]") {
+  FakeMachine machine;
+  LaunchConfig config = standalone(1);
+  config.rdzv_conf = {{"join_timeout", "60"}, {"keep_alive_interval", "1"}};
+  CHECK(notes_with(plan_of(config, machine), LaunchNote::Level::Warn, "--rdzv_conf") == 0);
+  CHECK(notes_with(plan_of(config, machine), LaunchNote::Level::Info, "--rdzv_conf") == 0);
+  config.rdzv_conf["join_timout"] = "600";
+  config.rdzv_conf["read_timeout"] = "60";
+  const LaunchPlan plan = plan_of(config, machine);
+  CHECK(notes_with(plan, LaunchNote::Level::Warn,
+                   "--rdzv_conf join_timout: no such key, so ignored (a misspelling?); ddprun "
+                   "reads join_timeout, last_call_timeout,") == 1);
+  CHECK(notes_with(plan, LaunchNote::Level::Info,
+                   "--rdzv_conf read_timeout: a key of torchrun's that ddprun has no use for") ==
+        1);
+}
+
 TEST_CASE("a --quarantine_after the crash-loop stop comes before is warned of",
           "[launcher][unit][health]") {
   FakeMachine machine;
