@@ -553,8 +553,10 @@ void RendezvousServer::refresh_metrics() const {
   std::map<JobPhase, std::size_t> jobs_by_phase;
   std::map<NodeState, std::size_t> nodes_by_state;
   for (const auto& [id, job] : jobs_) {
-    nodes_by_job.emplace_hint(nodes_by_job.end(), id, job.state.nodes.size());
     ++jobs_by_phase[job.state.phase];
+    // A closed job's table is kept for its tombstone (close_timeout): none of it is live.
+    if (job.state.phase == JobPhase::Closed) continue;
+    nodes_by_job.emplace_hint(nodes_by_job.end(), id, job.state.nodes.size());
     for (const auto& [node_id, node] : job.state.nodes) ++nodes_by_state[node.state];
   }
   metrics_->set_gauges(nodes_by_job, jobs_by_phase, sessions_.size(), nodes_by_state);

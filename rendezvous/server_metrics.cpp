@@ -91,6 +91,8 @@ ServerMetrics::ServerMetrics()
                          .Register(registry_)
                          .Add({}, kRoundLatencyBuckets)) {
   refused_family_.Add({{"reason", "protocol"}});
+  // Every kind from the start, at 0: increase() sees the first refusal of each.
+  for (const auto& [kind, name] : kRefusalNames) refused_joins_.Add({{"kind", std::string(name)}});
   for (const auto& [phase, name] : kJobPhaseNames) jobs_family_.Add({{"phase", std::string(name)}});
   for (const auto& [state, name] : kNodeStateNames)
     nodes_by_state_.Add({{"state", std::string(name)}});
@@ -124,13 +126,12 @@ void ServerMetrics::stepped(const Before& before, const Event& event, const Step
   }
   if (after.state.restart_count > before.restart_count)
     restarts_.Increment(after.state.restart_count - before.restart_count);
-  // A disconnect or a deadline never adds a node: the ones gone were lost (a Leave is not a
-  // loss, nor the end of a closed job or its tombstone).
+  // The nodes a disconnect or a deadline removed were lost (a Leave is not a loss, nor the end
+  // of a closed job or its tombstone, nor a quarantined node let go to join again).
   const bool may_lose =
       std::holds_alternative<Disconnected>(event) || std::holds_alternative<Tick>(event);
-  if (may_lose && before.phase != JobPhase::Closed && !after.erase &&
-      after.state.nodes.size() < before.nodes)
-    node_losses_.Increment(static_cast<double>(before.nodes - after.state.nodes.size()));
+  if (may_lose && before.phase != JobPhase::Closed && !after.erase && !after.removed.empty())
+    node_losses_.Increment(static_cast<double>(after.removed.size()));
 }
 
 void ServerMetrics::set_gauges(const std::map<std::string, std::size_t>& nodes_by_job,

@@ -70,6 +70,37 @@ TEST_CASE("every family the agent exports follows ddprun's naming rules", "[metr
   CHECK(naming_problems(families) == std::vector<std::string>{});
 }
 
+TEST_CASE("the daemon counts as lost only the nodes a disconnect or a deadline removed",
+          "[metrics][unit]") {
+  rdzv::ServerMetrics m;
+  // Every refusal kind is there from the start, at 0, so that increase() sees the first one.
+  for (const auto& [kind, name] : rdzv::kRefusalNames)
+    CHECK(sample(serialize(m.registry()),
+                 "ddprun_rdzv_refused_joins_total{kind=\"" + std::string(name) + "\"}") == 0);
+  rdzv::ServerMetrics::Before before;
+  before.phase = rdzv::JobPhase::Joining;
+  before.nodes = 2;
+  const common::TimePoint now{};
+  // A quarantine that ends lets the node go to join again: one node fewer, nobody lost.
+  rdzv::StepResult released;
+  m.stepped(before, rdzv::Tick{}, released, now);
+  CHECK(sample(serialize(m.registry()), "ddprun_rdzv_node_losses_total") == 0);
+  // A node dropped for silence (a deadline) and one that disconnected are lost.
+  rdzv::StepResult dropped;
+  dropped.removed = {"host-b"};
+  m.stepped(before, rdzv::Tick{}, dropped, now);
+  m.stepped(before, rdzv::Disconnected{"c"}, dropped, now);
+  CHECK(sample(serialize(m.registry()), "ddprun_rdzv_node_losses_total") == 2);
+  // A node that left, or the nodes of a job that had ended, are not.
+  rdzv::FromNode leave;
+  leave.node_id = "d";
+  leave.message = rdzv::Leave{"received SIGTERM"};
+  m.stepped(before, leave, dropped, now);
+  before.phase = rdzv::JobPhase::Closed;
+  m.stepped(before, rdzv::Tick{}, dropped, now);
+  CHECK(sample(serialize(m.registry()), "ddprun_rdzv_node_losses_total") == 2);
+}
+
 TEST_CASE("the naming check finds each kind of bad name", "[metrics][unit]") {
   prometheus::Registry r;
   prometheus::BuildCounter().Name("ddprun_restarts").Help("h").Register(r).Add({});

@@ -155,6 +155,11 @@ TEST_CASE("refused strangers and the nodes of finished jobs leave no connection 
       },
       10s));
   CHECK(sample(text, "ddprun_rdzv_connections") == 0);
+  // The two jobs are held as closed for close_timeout (30 s): their nodes are not live.
+  CHECK(sample(text, "ddprun_rdzv_jobs{phase=\"closed\"}") == 2);
+  CHECK(sample(text, "ddprun_rdzv_nodes") == 0);
+  CHECK(std::isnan(sample(text, "ddprun_rdzv_job_nodes{job=\"a\"}")));
+  CHECK(sample(text, "ddprun_rdzv_nodes_by_state{state=\"succeeded\"}") == 0);
 }
 
 TEST_CASE("the daemon's metrics port survives garbage and a silent client",
