@@ -1314,7 +1314,10 @@ std::string help_text() {
                      std::to_string(common::kExitRendezvous) + " rendezvous failure; " +
                      std::to_string(common::kExitInternal) + " internal error; " +
                      std::to_string(common::kExitRestartsExhausted) +
-                     " restart budget (--max_restarts) exhausted.",
+                     " restart budget (--max_restarts) exhausted; " +
+                     std::to_string(common::kExitDoNotRequeue) +
+                     " do not requeue (a crash loop, --crash_loop_stop, or one of "
+                     "--fatal_exit_codes).",
                  0, 0, kWidth);
   return out;
 }
