@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <boost/asio/post.hpp>
+#include <set>
+#include <string_view>
 
 #include "common/log.h"
 #include "common/strings.h"
@@ -53,6 +55,26 @@ void log_outgoing(const std::string& run_id, const Outgoing& out) {
   } else if (auto* refused = std::get_if<Refused>(&out.message)) {
     spdlog::warn("job '{}': refused node {}: {}", run_id, out.node_id, refused->message);
   }
+}
+
+/// Once per step, what an operator follows in the server's log besides the rounds: why a round
+/// restarts, a node quarantined or let back, the job's end. Every node hears the same Restart:
+/// each reason is logged once.
+void log_step(const std::string& run_id, JobPhase before, const StepResult& r) {
+  constexpr std::size_t kMaxReasons = 8;
+  std::set<std::string_view> said;
+  for (const Outgoing& out : r.messages) {
+    const auto* restart = std::get_if<Restart>(&out.message);
+    if (restart == nullptr || !said.insert(restart->reason.get()).second) continue;
+    if (said.size() > kMaxReasons) break;
+    if (restart->quarantine.count() > 0)
+      spdlog::warn("job '{}': quarantine: {}", run_id, restart->reason.get());
+    else
+      spdlog::info("job '{}': restart (round {}, restart count {}): {}", run_id,
+                   restart->next_round, restart->restart_count, restart->reason.get());
+  }
+  if (before != JobPhase::Closed && r.state.phase == JobPhase::Closed && r.state.closed)
+    spdlog::info("job '{}': ended: {}", run_id, r.state.closed->message);
 }
 
 }  // namespace
@@ -439,12 +461,11 @@ void RendezvousServer::apply(const std::string& run_id, const Event& event) {
   auto job = jobs_.find(run_id);
   if (job == jobs_.end()) return;
   const TimePoint now = clock_.now();
-  ServerMetrics::Before before;
-  if (metrics_ || history_) {
-    const JobState& s = job->second.state;
-    before = {s.phase, s.round, s.round_started, s.restart_count, s.nodes.size()};
-  }
+  const JobState& s = job->second.state;
+  const ServerMetrics::Before before{s.phase, s.round, s.round_started, s.restart_count,
+                                     s.nodes.size()};
   StepResult r = step(std::move(job->second.state), event, now);
+  log_step(run_id, before.phase, r);
   // Metrics and history come from what step() returned, never from inside it (it stays pure).
   if (metrics_) metrics_->stepped(before, event, r, now);
   if (history_) history_->stepped(before, run_id, event, r, now);

@@ -620,6 +620,13 @@ TEST_CASE(
   CHECK_FALSE(contains(rs.out, "[default0]:GROUP_RANK=" + rank_a));
   CHECK(contains(rs.out, "[default0]:GROUP_RANK=" + rank_b));
   CHECK(count_of(rb.err, "is quarantined for") >= 1);
+  // The daemon's log tells the story: the restarts, the quarantine and the job's end.
+  const std::string log = daemon.err_so_far();
+  CHECK(contains(log, "warning: job 'job': quarantine: node "));
+  CHECK(contains(log, "2 group failures in a row (--quarantine_after 2)"));
+  CHECK(contains(log, "info: job 'job': restart (round 1, restart count 1): "));
+  CHECK(contains(log, "its quarantine is over"));
+  CHECK(contains(log, "info: job 'job': ended: "));
   daemon.send(SIGTERM);
   daemon.wait(std::chrono::seconds(10));
 }
