@@ -368,7 +368,7 @@ class Stepper {
                       hung_state_text(seen.state)));
       kill_hung(
           {w.pid},
-          fmt::format("made no progress for {} ms (--watchdog_timeout)",
+          fmt::format("made no progress for more than {} ms (--watchdog_timeout)",
                       std::chrono::duration_cast<std::chrono::milliseconds>(spec_.watchdog_timeout)
                           .count()));
     }
@@ -681,10 +681,19 @@ class Stepper {
         // One that never started (its launch failed, said above) has no pid to show.
         const std::string what =
             root.pid > 0
-                ? fmt::format("worker rank {} (local rank {}, pid {}) on {} failed with {}{}",
-                              root.placement.global_rank, root.placement.local_rank, root.pid,
-                              spec_.host, describe_exit(root.status),
-                              root.exception.empty() ? "" : " (" + root.exception + ")")
+                ? fmt::format(
+                      "worker rank {} (local rank {}, pid {}) on {} failed with {}{}{}",
+                      root.placement.global_rank, root.placement.local_rank, root.pid, spec_.host,
+                      describe_exit(root.status),
+                      // The other nodes see only this line: a watchdog's SIGKILL is
+                      // no crash and no OOM kill.
+                      root.hung ? fmt::format(", killed by the watchdog: no progress for "
+                                              "more than {} ms (--watchdog_timeout)",
+                                              std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                  spec_.watchdog_timeout)
+                                                  .count())
+                                : "",
+                      root.exception.empty() ? "" : " (" + root.exception + ")")
                 : fmt::format("worker rank {} (local rank {}) on {} did not start",
                               root.placement.global_rank, root.placement.local_rank, spec_.host);
         log(LogLevel::Warn, what + "; stopping the group");

@@ -404,7 +404,7 @@ struct WorkerRef {
 /// Record where each thread of these hung workers is (native stacks) before they are killed.
 struct DumpStacks {
   std::vector<WorkerRef> workers;
-  std::string why;  ///< "made no progress for 2000 ms (--watchdog_timeout)"
+  std::string why;  ///< "made no progress for more than 2000 ms (--watchdog_timeout)"
 };
 /// The group started: start standbys for the next restart a while from now.
 struct ScheduleStandbys {};

@@ -76,6 +76,10 @@ TEST_CASE("the watchdog's failure report says the worker was hung", "[integratio
   INFO(r.err);
   CHECK(r.exit_code == 128 + SIGKILL);
   CHECK(contains(r.err, "killed by the watchdog (--watchdog_timeout)"));
+  // The failure line, which the other nodes see as the restart's reason, says so too.
+  CHECK(contains(r.err,
+                 "failed with signal SIGKILL (9), killed by the watchdog: no progress for "
+                 "more than 300 ms (--watchdog_timeout); stopping the group"));
 }
 
 TEST_CASE("a hung worker's native stacks are in the log and the event log before it is killed",
@@ -89,7 +93,7 @@ TEST_CASE("a hung worker's native stacks are in the log and the event log before
   INFO(r.err);
   CHECK(r.exit_code == 128 + SIGKILL);
   CHECK(contains(r.err, "native stacks of worker rank 0 (local rank 0, pid "));
-  CHECK(contains(r.err, "made no progress for 300 ms (--watchdog_timeout):"));
+  CHECK(contains(r.err, "made no progress for more than 300 ms (--watchdog_timeout):"));
   // eu-stack names the frames: the worker sleeps in main.
   CHECK(contains(r.err, " main"));
   const std::string events = read_file(log);
