@@ -106,9 +106,9 @@ AgentMetrics::AgentMetrics()
       phases_(BuildGauge()
                   .Name("ddprun_agent_last_recovery_phase_seconds")
                   .Help("Phases of the last recovery, as ddprun events summarize measures them: "
-                        "teardown, backoff, rendezvous, spawn, process_start, pg_init, "
-                        "snapshot_load, first_step, and total (from the failure to the last "
-                        "phase so far)")
+                        "teardown, backoff, quarantine, rendezvous, spawn, process_start, "
+                        "pg_init, snapshot_load, first_step, and total (from the failure to the "
+                        "last phase so far)")
                   .Register(registry_)) {
   for (const char* kind : kFailureKinds) failures_.Add({{"kind", kind}});
   healthy_.Set(1);
@@ -142,10 +142,11 @@ void AgentMetrics::observe(EventName event, const json& fields, common::TimePoin
     recoveries_.Increment();
   if (const auto last = recoveries_seen_.last()) {
     const std::pair<const char*, const std::optional<double>*> phases[] = {
-        {"teardown", &last->teardown_ms},           {"backoff", &last->backoff_ms},
-        {"rendezvous", &last->rendezvous_ms},       {"spawn", &last->spawn_ms},
-        {"process_start", &last->process_start_ms}, {"pg_init", &last->pg_init_ms},
-        {"snapshot_load", &last->snapshot_load_ms}, {"first_step", &last->first_step_ms}};
+        {"teardown", &last->teardown_ms},     {"backoff", &last->backoff_ms},
+        {"quarantine", &last->quarantine_ms}, {"rendezvous", &last->rendezvous_ms},
+        {"spawn", &last->spawn_ms},           {"process_start", &last->process_start_ms},
+        {"pg_init", &last->pg_init_ms},       {"snapshot_load", &last->snapshot_load_ms},
+        {"first_step", &last->first_step_ms}};
     for (const auto& [name, ms] : phases) phases_.Add({{"phase", name}}).Set(gauge_seconds(*ms));
     phases_.Add({{"phase", "total"}}).Set(last->total_ms / 1000.0);
   }

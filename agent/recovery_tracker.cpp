@@ -63,8 +63,13 @@ bool RecoveryTracker::observe(EventName event, const json& fields, double t) {
   Window* current = windows_.empty() ? nullptr : &windows_.back();
   const bool open = current != nullptr && !current->closed;
   if (event == EventName::FailureDetected || event == EventName::Restart) {
-    // Part of the recovery under way until its workers started again.
-    if (open && !current->resumed) return false;
+    // Part of the recovery under way until its workers started again: the restart says its
+    // count (a node that never starts its workers again, a quarantined one, shows it too).
+    if (open && !current->resumed) {
+      if (event == EventName::Restart)
+        current->restart_count = event_int_field(fields, "restart_count", current->restart_count);
+      return false;
+    }
     if (current != nullptr) current->closed = true;
     Window w;
     w.began = t;
@@ -78,6 +83,7 @@ bool RecoveryTracker::observe(EventName event, const json& fields, double t) {
         !w.fault_at && event == EventName::FailureDetected && silent >= 0 &&
         event_text_field(fields, "how", "") == "watchdog")
       w.fault_at = t - static_cast<double>(silent) / 1000.0;
+    if (event == EventName::Restart) w.restart_count = event_int_field(fields, "restart_count", 0);
     windows_.push_back(std::move(w));
     return true;
   }
@@ -93,6 +99,8 @@ bool RecoveryTracker::observe(EventName event, const json& fields, double t) {
   }
   if (event == EventName::RendezvousStart) current->rejoined = true;
   if (event == EventName::RestartDelayed && !current->delayed_at) current->delayed_at = t;
+  if (event == EventName::QuarantineOver && !current->quarantine_over_at)
+    current->quarantine_over_at = t;
   if (event == EventName::RendezvousStart && current->delayed_at && !current->rejoined_at)
     current->rejoined_at = t;
   if (event == kTeardown) current->last[event] = t;
@@ -121,6 +129,10 @@ Recovery RecoveryTracker::phases_of(const Window& w) {
   if (w.delayed_at && w.rejoined_at && *w.rejoined_at >= at) {
     r.backoff_ms = (*w.rejoined_at - at) * 1000.0;
     at = *w.rejoined_at;
+  }
+  if (w.quarantine_over_at && *w.quarantine_over_at >= at) {
+    r.quarantine_ms = (*w.quarantine_over_at - at) * 1000.0;
+    at = *w.quarantine_over_at;
   }
   std::optional<double>* after_backoff[] = {&r.rendezvous_ms,    &r.spawn_ms,
                                             &r.process_start_ms, &r.pg_init_ms,

@@ -36,6 +36,8 @@ struct Recovery {
   std::optional<double> teardown_ms;  ///< the start -> last teardown_done
   /// -> the rendezvous_start after a restart_delayed: the pause of --restart_backoff.
   std::optional<double> backoff_ms;
+  /// -> quarantine_over: the cooldown of a node the rendezvous quarantined (--quarantine_after).
+  std::optional<double> quarantine_ms;
   std::optional<double> rendezvous_ms;     ///< -> last rendezvous_complete
   std::optional<double> spawn_ms;          ///< -> last workers_started
   std::optional<double> process_start_ms;  ///< -> last worker_main (exec, library loading)
@@ -63,14 +65,15 @@ class RecoveryTracker {
     double began = 0;
     std::string cause;
     std::optional<double> fault_at;
-    std::map<EventName, double> last;   ///< phase event -> its last time in the window
-    std::optional<double> delayed_at;   ///< the first restart_delayed
-    std::optional<double> rejoined_at;  ///< the first rendezvous_start after it
-    long long restart_count = 0;        ///< the last workers_started's
-    bool resumed = false;               ///< its workers started: a failure begins the next
-    bool closed = false;                ///< a stop signal or the job's end closed it
-    bool rejoined = false;              ///< a rendezvous_start came in it
-    bool ended_job = false;             ///< the job's end or a stop closed it before any rendezvous
+    std::map<EventName, double> last;          ///< phase event -> its last time in the window
+    std::optional<double> delayed_at;          ///< the first restart_delayed
+    std::optional<double> rejoined_at;         ///< the first rendezvous_start after it
+    std::optional<double> quarantine_over_at;  ///< the quarantine_over of a quarantined node
+    long long restart_count = 0;               ///< the restart's, then the last workers_started's
+    bool resumed = false;                      ///< its workers started: a failure begins the next
+    bool closed = false;                       ///< a stop signal or the job's end closed it
+    bool rejoined = false;                     ///< a rendezvous_start came in it
+    bool ended_job = false;  ///< the job's end or a stop closed it before any rendezvous
   };
   static Recovery phases_of(const Window& w);
   /// The windows that are recoveries (not a failure the job ended on).

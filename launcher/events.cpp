@@ -98,6 +98,7 @@ json summary_json(const EventSummary& summary) {
                    {"detect_ms", opt(r.detect_ms)},
                    {"teardown_ms", opt(r.teardown_ms)},
                    {"backoff_ms", opt(r.backoff_ms)},
+                   {"quarantine_ms", opt(r.quarantine_ms)},
                    {"rendezvous_ms", opt(r.rendezvous_ms)},
                    {"spawn_ms", opt(r.spawn_ms)},
                    {"process_start_ms", opt(r.process_start_ms)},
@@ -125,14 +126,21 @@ std::string format_summary(const EventSummary& summary) {
   for (const Recovery& r : summary.recoveries) {
     out << "recovery " << ++n << " (restart count " << r.restart_count << "): " << r.cause << "\n";
     const std::pair<const char*, std::optional<double>> rows[] = {
-        {"detect", r.detect_ms},         {"teardown", r.teardown_ms},
-        {"back-off", r.backoff_ms},      {"rendezvous", r.rendezvous_ms},
-        {"spawn", r.spawn_ms},           {"process start", r.process_start_ms},
-        {"pg init", r.pg_init_ms},       {"snapshot load", r.snapshot_load_ms},
-        {"first step", r.first_step_ms}, {"total", r.total_ms}};
+        {"detect", r.detect_ms},
+        {"teardown", r.teardown_ms},
+        {"back-off", r.backoff_ms},
+        {"quarantine", r.quarantine_ms},
+        {"rendezvous", r.rendezvous_ms},
+        {"spawn", r.spawn_ms},
+        {"process start", r.process_start_ms},
+        {"pg init", r.pg_init_ms},
+        {"snapshot load", r.snapshot_load_ms},
+        {"first step", r.first_step_ms},
+        {"total", r.total_ms}};
     out << "  phase           ms\n";
     for (const auto& [name, ms] : rows)
-      if (ms || std::string_view(name) != "back-off")  // a row only where there was a pause
+      // A row only where there was a pause or a quarantine.
+      if (ms || (std::string_view(name) != "back-off" && std::string_view(name) != "quarantine"))
         out << "  " << std::left << std::setw(14) << name << " " << std::right << std::setw(9)
             << ms_text(ms) << "\n";
   }

@@ -93,6 +93,33 @@ TEST_CASE("a pause of --restart_backoff is its own phase, and the summary says h
   CHECK(summary_json(s)["recoveries"][0]["backoff_ms"].get<double>() == Approx(2000.0));
 }
 
+TEST_CASE("a quarantine is its own phase, and the restart count is the restart's",
+          "[launcher][unit][policy]") {
+  // The rendezvous quarantines this node after its failure: it sits out 16 s, then joins again.
+  const std::string log =
+      line(1.0, "failure_detected", "\"rank\":0,\"exit_code\":3") +
+      line(1.01, "restart", "\"reason\":\"quarantined\",\"counted\":true,\"restart_count\":4") +
+      line(1.02, "quarantined", "\"cooldown_s\":16") + line(1.1, "teardown_done") +
+      line(17.1, "quarantine_over", "\"message\":\"m\"") + line(17.2, "rendezvous_start") +
+      line(17.5, "rendezvous_complete");
+  const EventSummary s = summarize_events(log);
+  REQUIRE(s.recoveries.size() == 1);
+  const Recovery& r = s.recoveries[0];
+  CHECK(r.restart_count == 4);  // no workers_started yet: the restart's count
+  CHECK(*r.teardown_ms == Approx(100.0));
+  CHECK(*r.quarantine_ms == Approx(16000.0));
+  CHECK(*r.rendezvous_ms == Approx(400.0));  // not the cooldown
+  const std::string table = format_summary(s);
+  CHECK(table.find("recovery 1 (restart count 4)") != std::string::npos);
+  CHECK(table.find("quarantine       16000.0") != std::string::npos);
+  CHECK(summary_json(s)["recoveries"][0]["quarantine_ms"].get<double>() == Approx(16000.0));
+  // Without a quarantine there is no such row.
+  CHECK(format_summary(summarize_events(line(1.0, "failure_detected", "\"rank\":0") +
+                                        line(1.1, "teardown_done") +
+                                        line(1.2, "rendezvous_complete")))
+            .find("quarantine") == std::string::npos);
+}
+
 TEST_CASE("a hung worker's recovery begins at its silence, and the recoveries' time is summed",
           "[launcher][unit]") {
   const std::string log = line(1.0, "failure_detected",
