@@ -99,7 +99,7 @@ bool RecoveryTracker::observe(EventName event, const json& fields, double t) {
   }
   if (event == EventName::RendezvousStart) current->rejoined = true;
   if (event == EventName::RestartDelayed && !current->delayed_at) current->delayed_at = t;
-  if (event == EventName::QuarantineOver && !current->quarantine_over_at)
+  if (event == EventName::QuarantineOver && !current->resumed && !current->quarantine_over_at)
     current->quarantine_over_at = t;
   if (event == EventName::RendezvousStart && current->delayed_at && !current->rejoined_at)
     current->rejoined_at = t;

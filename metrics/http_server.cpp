@@ -68,8 +68,13 @@ class HttpServer::Session : public std::enable_shared_from_this<Session> {
     }
     if (ec) return respond(400, "bad request\n", false);  // garbage, or a GET with a body
     const auto& req = parser_->get();
+    error_code no_peer;
+    const auto from = stream_.socket().remote_endpoint(no_peer);
     const HttpRequest request{std::string(req.method_string()), std::string(req.target()),
-                              std::string(req[http::field::authorization])};
+                              std::string(req[http::field::authorization]),
+                              no_peer
+                                  ? std::string("?")
+                                  : from.address().to_string() + ":" + std::to_string(from.port())};
     HttpResponse answer = server_.handler_(request);
     respond(answer.status, std::move(answer.body), req.keep_alive(), answer.content_type,
             req.method() == http::verb::head, answer.headers);
@@ -84,6 +89,8 @@ class HttpServer::Session : public std::enable_shared_from_this<Session> {
     response_.set(http::field::server, "ddprun");
     response_.set(http::field::content_type, content_type);
     for (const auto& [name, value] : headers) response_.set(name, value);
+    // Every handler here serves GET and HEAD only; RFC 9110 asks a 405 to say so.
+    if (status == 405) response_.set(http::field::allow, "GET, HEAD");
     response_.keep_alive(keep_alive);
     response_.body() = std::move(body);
     response_.prepare_payload();  // Content-Length of the body, also for HEAD

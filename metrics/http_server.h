@@ -23,6 +23,7 @@ struct HttpRequest {
   std::string method;         ///< "GET", "HEAD", ...
   std::string target;         ///< "/metrics", "/metrics?x=1", ...
   std::string authorization;  ///< the Authorization header ("" when absent)
+  std::string peer = {};      ///< the client's address and port, for a log line
 };
 
 struct HttpResponse {

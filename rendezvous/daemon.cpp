@@ -16,6 +16,7 @@
 #include "common/signals.h"
 #include "common/strings.h"
 #include "common/version.h"
+#include "common/warning_limiter.h"
 #include "metrics/exposition.h"
 #include "metrics/http_server.h"
 #include "rendezvous/auth.h"
@@ -158,10 +159,20 @@ int run_daemon(const DaemonConfig& config) {
     doc["uptime_s"] = std::chrono::duration<double>(clock.now() - started).count();
     return doc;
   };
+  // A wrong secret on the metrics port is counted and logged (at most 5 lines each 10 s), like
+  // one on the rendezvous port: someone is guessing, or a dashboard has an old secret.
+  common::WarningLimiter http_warnings(io, "requests with a wrong secret on the metrics port", 5);
+  StatusPageOptions page_options{secret, config.metrics_auth, {}};
+  page_options.wrong_secret = [&server_metrics, &http_warnings](const metrics::HttpRequest& r) {
+    server_metrics.http_auth_failure();
+    http_warnings.warn("metrics port: refused " + common::printable(r.method) + " " +
+                       common::printable(r.target.substr(0, 200)) + " from " + r.peer +
+                       ": wrong secret (401)");
+  };
   metrics::HttpServer metrics_http(
       io, status_page_handler(metrics::metrics_handler(server_metrics.registry(),
                                                        [&server] { server.refresh_metrics(); }),
-                              document, StatusPageOptions{secret, config.metrics_auth}));
+                              document, std::move(page_options)));
   if (config.metrics_port != 0) {
     if (auto why = metrics_http.listen(config.metrics_host, config.metrics_port)) {
       spdlog::error("{}; pick another --metrics_port", why->message);

@@ -52,6 +52,12 @@ ServerMetrics::ServerMetrics()
                          .Help("Connections that failed to prove the shared secret")
                          .Register(registry_)
                          .Add({})),
+      http_auth_failures_(BuildCounter()
+                              .Name("ddprun_rdzv_http_authentication_failures_total")
+                              .Help("Requests to the metrics port (status page, /status, "
+                                    "/metrics with --metrics_auth) refused for a wrong secret")
+                              .Register(registry_)
+                              .Add({})),
       refused_joins_(BuildCounter()
                          .Name("ddprun_rdzv_refused_joins_total")
                          .Help("Joins the rendezvous refused, by kind (mismatch, bad rank, "

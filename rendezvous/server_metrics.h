@@ -33,6 +33,8 @@ class ServerMetrics {
 
   void connection_accepted() { accepted_.Increment(); }
   void bad_frame() { bad_frames_.Increment(); }
+  /// A request to the metrics port (status page, /status, /metrics) with a wrong secret.
+  void http_auth_failure() { http_auth_failures_.Increment(); }
   /// The server refused a message itself (protocol layer or handshake).
   void refused(RefusalKind kind);
   /// What one step() did to one job: `before` is the job's state as step() received it (its
@@ -63,6 +65,7 @@ class ServerMetrics {
   prometheus::Family<prometheus::Counter>& refused_family_;
   prometheus::Counter& bad_frames_;
   prometheus::Counter& auth_failures_;
+  prometheus::Counter& http_auth_failures_;
   prometheus::Family<prometheus::Counter>& refused_joins_;
   prometheus::Counter& rounds_;
   prometheus::Counter& restarts_;

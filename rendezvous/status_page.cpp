@@ -81,17 +81,21 @@ metrics::HttpServer::Handler status_page_handler(metrics::HttpServer::Handler me
     const std::string path = request.target.substr(0, request.target.find('?'));
     const bool page = path == "/" || path == "/index.html";
     const bool status = path == "/status";
+    const auto refuse = [&](const char* scheme) {
+      if (!request.authorization.empty() && options.wrong_secret) options.wrong_secret(request);
+      return unauthorized(scheme);
+    };
     if (!page && !status) {
       if (path == "/metrics" && options.protect_metrics && options.secret &&
           !authorized(request.authorization, *options.secret))
-        return unauthorized("Bearer");
+        return refuse("Bearer");
       return metrics(request);  // /metrics, or its 404
     }
     if (request.method != "GET" && request.method != "HEAD")
       return HttpResponse{405, "text/plain; charset=utf-8", "only GET and HEAD\n", {}};
     // Basic: a browser asks its user for the secret and sends it with the page's fetches too.
     if (options.secret && !authorized(request.authorization, *options.secret))
-      return unauthorized("Basic");
+      return refuse("Basic");
     HttpResponse r;
     r.headers.emplace_back("Cache-Control", "no-store");
     if (page) {

@@ -38,6 +38,9 @@ bool authorized(const std::string& authorization, const Secret& secret);
 struct StatusPageOptions {
   std::optional<Secret> secret;  ///< ask for it on / and /status
   bool protect_metrics = false;  ///< ask for it on /metrics too
+  /// Told of each request refused for a wrong secret (one without any is a browser's first
+  /// ask, not counted).
+  std::function<void(const metrics::HttpRequest&)> wrong_secret = {};
 };
 
 /// The daemon's handler for its metrics port: routes /, /status and /metrics (to `metrics`);

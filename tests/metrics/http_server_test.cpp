@@ -69,7 +69,9 @@ TEST_CASE("another path is 404 and another method 405", "[metrics][http]") {
   CHECK(http_get(e.server.port(), "/metricsx").status == 404);
   HttpPeer peer(e.server.port());
   REQUIRE(peer.send_bytes("POST /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"));
-  CHECK(testing::parse_reply(peer.read_to_end(10s)).status == 405);
+  const auto not_allowed = testing::parse_reply(peer.read_to_end(10s));
+  CHECK(not_allowed.status == 405);
+  CHECK(not_allowed.head.find("Allow: GET, HEAD\r\n") != std::string::npos);
   // With a body too; a GET with one is a bad request.
   HttpPeer post(e.server.port());
   REQUIRE(post.send_bytes("POST /metrics HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello"));

@@ -22,6 +22,7 @@ void exercise(rdzv::ServerMetrics& m) {
   m.bad_frame();
   m.refused(rdzv::RefusalKind::Protocol);
   m.refused(rdzv::RefusalKind::Unauthorized);
+  m.http_auth_failure();
   m.set_gauges({{"job", 2}}, {{rdzv::JobPhase::Running, 1}}, 3);
   rdzv::StepResult r;
   r.messages.resize(2);
@@ -58,7 +59,7 @@ TEST_CASE("every family the daemon exports follows ddprun's naming rules", "[met
   rdzv::ServerMetrics m;
   exercise(m);
   const auto families = m.registry().Collect();
-  CHECK(families.size() == 14);
+  CHECK(families.size() == 15);
   CHECK(naming_problems(families) == std::vector<std::string>{});
 }
 

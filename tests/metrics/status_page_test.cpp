@@ -72,7 +72,10 @@ TEST_CASE("with a secret the page and /status ask for it and /metrics only with 
     ++documents;
     return json{{"schema_version", rdzv::kStatusSchemaVersion}, {"jobs", json::array()}};
   };
-  auto handler = rdzv::status_page_handler(metrics, document, {kSecret, false});
+  int wrong = 0;
+  rdzv::StatusPageOptions options{kSecret, false, {}};
+  options.wrong_secret = [&](const HttpRequest&) { ++wrong; };
+  auto handler = rdzv::status_page_handler(metrics, document, options);
   for (const char* path : {"/", "/status", "/status?x=1"}) {
     const HttpResponse r = handler(HttpRequest{"GET", path, ""});
     CHECK(r.status == 401);
@@ -80,6 +83,7 @@ TEST_CASE("with a secret the page and /status ask for it and /metrics only with 
     CHECK(handler(HttpRequest{"GET", path, "Bearer wrong-secret-0123456789"}).status == 401);
   }
   CHECK(documents == 0);  // nothing is built for a client without the secret
+  CHECK(wrong == 3);      // a wrong secret is told of; a first ask without one is not
   const HttpResponse page = handler(HttpRequest{"GET", "/", "Bearer " + kSecret.bytes});
   CHECK(page.status == 200);
   CHECK(page.content_type == "text/html; charset=utf-8");
@@ -232,7 +236,16 @@ TEST_CASE("a daemon with a secret asks for it on its page and on /metrics with -
     Daemon daemon(
         {"--metrics_port", std::to_string(port), "--secret_file", secret, "--metrics_auth"});
     CHECK(http_get(port, "/metrics").status == 401);
-    CHECK(http_get(port, "/metrics", 10s, bearer).status == 200);
+    // A wrong secret is counted and logged with the client's address; a first ask without any
+    // (a browser's) is not.
+    CHECK(http_get(port, "/metrics", 10s, "Authorization: Bearer guess-0123456789\r\n").status ==
+          401);
+    const auto scrape = http_get(port, "/metrics", 10s, bearer);
+    CHECK(scrape.status == 200);
+    CHECK(sample(scrape.body, "ddprun_rdzv_http_authentication_failures_total") == 1);
+    CHECK(contains(daemon.process->err_so_far(),
+                   "warning: metrics port: refused GET /metrics from 127.0.0.1:"));
+    CHECK(contains(daemon.process->err_so_far(), ": wrong secret (401)"));
   }
   const auto alone = run_command({RDZVD_BIN, "--metrics_port", "1", "--metrics_auth"});
   CHECK(alone.exit_code == 64);
