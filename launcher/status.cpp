@@ -91,6 +91,11 @@ std::string forming_line(const json& job, const json& forming) {
   seconds("pause_ends_in_s", "the nodes' --restart_backoff pause ends");
   seconds("last_call_in_s", "last call ends");
   seconds("join_timeout_in_s", "join timeout");
+  // Every node of the job has gone (left or lost): nobody runs it unless its nodes come back.
+  if (auto nodes = job.find("nodes"); nodes != job.end() && nodes->is_array() && nodes->empty())
+    line +=
+        "; no node left: every node of the job has gone; it ends at the join timeout unless "
+        "they come back";
   return line + "\n";
 }
 

@@ -140,6 +140,14 @@ TEST_CASE("while a round forms the status table says who joined and who is await
   const std::string table = format_status(jobs);
   CHECK(table.find("  round 3 forming: 1 joined (node1); awaited: node2; 2 more needed; join "
                    "timeout in 597.9 s\n") != std::string::npos);
+  CHECK(table.find("no node left") == std::string::npos);
+  // Every node gone: the job is abandoned unless they come back.
+  json abandoned = jobs;
+  abandoned[0]["nodes"] = json::array();
+  abandoned[0]["forming"]["joined"] = 0;
+  CHECK(format_status(abandoned).find(
+            "; join timeout in 597.9 s; no node left: every node of the job has gone; it ends at "
+            "the join timeout unless they come back\n") != std::string::npos);
   // Without "forming" (a running job, or an older server) there is no such line.
   jobs[0].erase("forming");
   CHECK(format_status(jobs).find("forming") == std::string::npos);
