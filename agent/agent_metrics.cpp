@@ -92,6 +92,13 @@ AgentMetrics::AgentMetrics()
                          "while it is kept out after a failed one")
                    .Register(registry_)
                    .Add({})),
+      in_rendezvous_(BuildGauge()
+                         .Name("ddprun_agent_in_rendezvous")
+                         .Help("1 while this node waits for its round to form (for its peers, "
+                               "or as a spare for a place), 0 while its workers run or it "
+                               "stops")
+                         .Register(registry_)
+                         .Add({})),
       quarantines_(BuildCounter()
                        .Name("ddprun_agent_quarantines_total")
                        .Help("Times the rendezvous quarantined this node because its workers "
@@ -168,6 +175,10 @@ void AgentMetrics::observe(EventName event, const json& fields, common::TimePoin
   } else if (event == EventName::RendezvousStart) {
     backoff_.Set(0);
   }
+  if (event == EventName::RendezvousStart)
+    in_rendezvous_.Set(1);
+  else if (event == EventName::RendezvousComplete || event == EventName::JobEnd)
+    in_rendezvous_.Set(0);
   if (event == EventName::RendezvousComplete) {
     if (auto r = number("round")) round_.Set(*r);
     if (auto count = number("restart_count")) job_restarts_.Set(*count);

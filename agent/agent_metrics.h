@@ -44,6 +44,7 @@ class AgentMetrics {
   prometheus::Counter& delays_;
   prometheus::Counter& health_failures_;
   prometheus::Gauge& healthy_;
+  prometheus::Gauge& in_rendezvous_;
   prometheus::Counter& quarantines_;
   prometheus::Gauge& quarantined_;
   prometheus::Family<prometheus::Gauge>& phases_;

@@ -67,7 +67,7 @@ TEST_CASE("every family the agent exports follows ddprun's naming rules", "[metr
   agent::AgentMetrics m;
   exercise(m);
   const auto families = m.registry().Collect();
-  CHECK(families.size() == 16);
+  CHECK(families.size() == 17);
   CHECK(naming_problems(families) == std::vector<std::string>{});
 }
 
@@ -259,6 +259,22 @@ TEST_CASE("the agent's metrics ignore events with fields of an unexpected type",
     CHECK_NOTHROW(m.observe(agent::event_named(event), nlohmann::json::array(), t0));
   }
   CHECK(sample(serialize(m.registry()), "ddprun_agent_worker_failures_total{kind=\"other\"}") == 2);
+}
+
+TEST_CASE("the agent's metrics say while it waits for its round to form", "[metrics][unit]") {
+  agent::AgentMetrics m;
+  const common::TimePoint t0{};
+  const auto waiting = [&] {
+    return sample(serialize(m.registry()), "ddprun_agent_in_rendezvous");
+  };
+  CHECK(waiting() == 0);
+  m.observe(ddprun::agent::event_named("rendezvous_start"), {{"restart_count", 0}}, t0);
+  CHECK(waiting() == 1);
+  m.observe(ddprun::agent::event_named("rendezvous_complete"), {{"round", 0}}, t0 + 1s);
+  CHECK(waiting() == 0);
+  m.observe(ddprun::agent::event_named("rendezvous_start"), {{"restart_count", 1}}, t0 + 2s);
+  m.observe(ddprun::agent::event_named("job_end"), {{"exit_code", 69}}, t0 + 3s);
+  CHECK(waiting() == 0);
 }
 
 TEST_CASE("a failure after the workers restarted begins the next recovery", "[metrics][unit]") {
