@@ -354,9 +354,12 @@ std::optional<EtcdError> error_of(unsigned http_status, const json& body) {
     }
   }
   if (http_status != 200) {
-    // Not etcd's JSON (a proxy, a plain HTTP server): 5xx is worth trying elsewhere.
+    // Not etcd's JSON (a proxy, a plain HTTP server): 5xx is worth trying elsewhere. No etcd
+    // answers its own paths with 404, 405 or 501: that is another service.
+    const bool not_etcd = http_status == 404 || http_status == 405 || http_status == 501;
     return EtcdError{http_status >= 500 ? kCodeUnavailable : 0,
-                     "HTTP " + std::to_string(http_status) + " without an etcd error"};
+                     "HTTP " + std::to_string(http_status) + " without an etcd error" +
+                         (not_etcd ? " (" + std::string(kNotEtcdApi) + ")" : "")};
   }
   return std::nullopt;
 }

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -195,6 +196,9 @@ inline constexpr int kCodeUnauthenticated = 16;
 
 /// The error in an answer, if it is one (an HTTP status other than 200, or an "error" field).
 std::optional<EtcdError> error_of(unsigned http_status, const nlohmann::json& body);
+/// In the message of an answer no etcd member gives (404, 405 or 501 without etcd's JSON): the
+/// endpoint is another HTTP service, or a proxy's path that does not lead to etcd.
+inline constexpr std::string_view kNotEtcdApi = "not etcd's v3 API";
 /// True when etcd says the request was not applied and another member may take it (no leader,
 /// the member is stopping or not yet serving).
 bool retry_elsewhere(const EtcdError& error);

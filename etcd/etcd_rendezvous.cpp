@@ -31,6 +31,9 @@ std::optional<std::string> final_refusal_fix(const std::string& why) {
   if (has("permission denied"))
     return "etcd_user's role must allow reading and writing keys under /ddprun/ (etcdctl role "
            "grant-permission ROLE --prefix=true readwrite /ddprun/)";
+  if (has(kNotEtcdApi))
+    return "the endpoint answers HTTP but is no etcd member: give each member's client URL in "
+           "--rdzv_endpoint (etcd's --advertise-client-urls, port 2379 by default)";
   if (has("certificate verify failed") || has("bad certificate") || has("certificate required") ||
       has("unknown ca"))
     return "check --rdzv_conf tls_ca, tls_cert and tls_key against the etcd members' TLS "

@@ -11,6 +11,7 @@
 #include <memory>
 #include <set>
 
+#include "rendezvous/free_port.h"
 #include "tests/etcd/etcd_cluster.h"
 #include "tests/integration/ddprun_runs.h"
 
@@ -455,6 +456,31 @@ TEST_CASE("agents log in to an etcd with authentication with etcd_user and etcd_
   REQUIRE_FALSE(a.timed_out);
   CHECK(a.exit_code == 69);
   CHECK(contains(a.err, "give --rdzv_conf etcd_user and etcd_password_file"));
+}
+
+TEST_CASE("an etcd endpoint that is another HTTP service ends the node at once, saying so",
+          "[etcd][rdzv]") {
+  // The other service: an agent's metrics port, which answers a POST with 405. Before, the
+  // node retried it as an unreachable etcd for the whole connect_timeout.
+  auto port = ddprun::rdzv::find_free_port("127.0.0.1");
+  REQUIRE(port.ok());
+  Subprocess service(ddprun_fake(
+      {"--standalone", "--nproc_per_node", "1", "--metrics_port", std::to_string(*port)},
+      {"print=serving", "hang"}));
+  REQUIRE(service.wait_for_output("serving", kJobLimit));
+  auto r = run_command(ddprun_fake({"--nnodes", "1", "--rdzv_backend", "etcd-v3", "--rdzv_endpoint",
+                                    "127.0.0.1:" + std::to_string(*port), "--rdzv_id", "job",
+                                    "--rdzv_conf", "connect_timeout=600"},
+                                   {"print=should-not-run"}),
+                       {}, kJobLimit);
+  INFO(r.err);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code == 69);
+  CHECK(contains(r.err, "HTTP 405 without an etcd error (not etcd's v3 API)"));
+  CHECK(contains(r.err, "is no etcd member: give each member's client URL in --rdzv_endpoint"));
+  CHECK_FALSE(contains(r.out, "should-not-run"));
+  service.send(SIGTERM);
+  CHECK_FALSE(service.wait(kJobLimit).timed_out);
 }
 
 TEST_CASE("ddprun status logs in to an etcd with authentication as the agents do", "[etcd][rdzv]") {

@@ -209,6 +209,10 @@ TEST_CASE("error answers are read in both of the gateway's shapes", "[etcd][unit
   CHECK(token_refused(EtcdError{3, "etcdserver: invalid auth token"}));
   CHECK_FALSE(error_of(200, json::parse(R"({"header":{}})")));
   CHECK(error_of(502, json::object())->code == kCodeUnavailable);
+  // A proxy's 502 may be etcd's absence for a while; a 404, 405 or 501 is another service.
+  CHECK(error_of(502, json::object())->message.find(kNotEtcdApi) == std::string::npos);
+  for (unsigned status : {404u, 405u, 501u})
+    CHECK(error_of(status, json::object())->message.find(kNotEtcdApi) != std::string::npos);
 }
 
 TEST_CASE("watch messages: PUT is left out and compaction is reported", "[etcd][unit]") {
