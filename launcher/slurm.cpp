@@ -305,8 +305,8 @@ common::Result<SlurmFill> slurm_defaults(const SlurmJob& job, const UserChoices&
   if (!several) return fill;
   if (!user.rdzv_backend && user.given("master_addr")) return fill;
   add("rdzv_backend", "c10d", "SLURM");
-  const std::string backend = common::to_lower(common::trim(user.rdzv_backend.value_or("c10d")));
-  if (backend != "c10d" || user.given("rdzv_endpoint") || job.nodelist.empty()) return fill;
+  const bool c10d = !user.rdzv_backend || chosen_backend == "c10d";
+  if (!c10d || user.given("rdzv_endpoint") || job.nodelist.empty()) return fill;
   auto nodes = parse_hostlist(job.nodelist);
   if (!nodes) {
     return common::Error{job.nodelist_var + "=" + job.nodelist + ": " + nodes.error().message +

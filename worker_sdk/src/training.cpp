@@ -792,12 +792,22 @@ std::variant<Snapshot, std::string> read_snapshot_file(const std::string& path) 
   return s;
 }
 
+namespace {
+
+/// Whether this process is global rank 0 (or runs outside a launcher): the one that says what
+/// concerns the whole job once.
+bool is_global_rank_zero() {
+  const char* rank = std::getenv("RANK");
+  return rank == nullptr || std::string_view(rank) == "0";
+}
+
+}  // namespace
+
 SnapshotStore::SnapshotStore(std::string base_path, int keep_last)
     : base_(std::move(base_path)), keep_last_(keep_last < 1 ? 1 : keep_last) {
   // Global rank 0 saves: a path it cannot write is said now, not only at its first save an
   // epoch in. A warning, not an error: a series opened only to load (a read-only copy) is fine.
-  const char* rank = std::getenv("RANK");
-  if (rank == nullptr || std::string_view(rank) == "0") {
+  if (is_global_rank_zero()) {
     if (auto why = snapshot_directory_problem(base_))
       std::fprintf(stderr, "[ddprun sdk] warning: %s; save() will fail\n", why->c_str());
   }
@@ -847,10 +857,9 @@ std::optional<SnapshotMeta> SnapshotStore::load_latest(torch::nn::Module& module
     }
     // Inside an epoch, the position carries over as a count of batches, which another world
     // size splits differently (docs/sdk.md#preemption): said once, by global rank 0.
-    const char* rank = std::getenv("RANK");
     const char* world = std::getenv("WORLD_SIZE");
     if (s.meta.epoch_step > 0 && world != nullptr && std::to_string(s.meta.world_size) != world &&
-        (rank == nullptr || std::string_view(rank) == "0"))
+        is_global_rank_zero())
       std::fprintf(stderr,
                    "[ddprun sdk] note: snapshot %s was saved inside epoch %lld by a job of %lld "
                    "ranks and this job has %s: the rest of that epoch is split anew, so some of "

@@ -113,6 +113,12 @@ struct Agent {
     round(restart_count);
     return launch_all();
   }
+  /// A group whose every worker exited 0, its output read: the node reported its success.
+  void succeeded_group() {
+    for (pid_t pid : running_group()) on(WorkerExited{pid, {0, 0}, false});
+    on(OutputDrained{});
+    REQUIRE(has<ReportSuccess>());
+  }
 };
 
 }  // namespace
@@ -420,10 +426,7 @@ TEST_CASE("agent: Running -> Draining -> BetweenRounds when every worker exits 0
 TEST_CASE("agent: a rendezvous lost after this node's group succeeded ends the node with 0",
           "[agent][unit]") {
   Agent a(1);
-  auto pids = a.running_group();
-  a.on(WorkerExited{pids[0], {0, 0}, false});
-  a.on(OutputDrained{});
-  REQUIRE(a.has<ReportSuccess>());
+  a.succeeded_group();
   // etcd (or the daemon) gone before the job's close was heard.
   a.on(NoticeReceived{rdzv::RendezvousError{rdzv::RendezvousErrorKind::Connection,
                                             "cannot reach the etcd cluster for 10 s"}});
@@ -436,10 +439,7 @@ TEST_CASE("agent: a rendezvous lost after this node's group succeeded ends the n
 TEST_CASE("agent: a rendezvous lost after success but with a restart owed is a failure",
           "[agent][unit]") {
   Agent a(1);
-  auto pids = a.running_group();
-  a.on(WorkerExited{pids[0], {0, 0}, false});
-  a.on(OutputDrained{});
-  REQUIRE(a.has<ReportSuccess>());
+  a.succeeded_group();
   // Another node failed: the round restarts, this node included, after a pause.
   rdzv::Restart restart{1, "worker failed on node b", true, 1};
   restart.failures_in_a_row = 2;
