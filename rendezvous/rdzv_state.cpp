@@ -609,11 +609,7 @@ void remove_node(Step& st, const std::string& id, const std::string& reason, boo
       // loss is no repeat of a worker's failure: a crash loop counts afresh after it.
       s.repeated_failure.clear();
       s.failure_repeats = 0;
-      // The last participant gone: nobody restarts, so none is counted; the next round forms
-      // if the job's nodes come back.
-      const bool anyone_restarts =
-          count_in(s, NodeState::Running) + count_in(s, NodeState::Succeeded) > 0;
-      restart_round(st, reason, anyone_restarts, job_failed());
+      restart_round(st, reason, true, job_failed());
     } else if (was == NodeState::Succeeded) {
       maybe_close_succeeded(st);
     }

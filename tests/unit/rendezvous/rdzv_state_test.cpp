@@ -361,25 +361,6 @@ TEST_CASE("a node lost with no restart left closes the job as failed naming the 
   CHECK(out.at(0).close_after);
 }
 
-TEST_CASE("the last node of a job going counts no restart: nobody restarts", "[rdzv][unit]") {
-  Job job = running_job({"a", "b"}, nnodes(1, 2, 5));
-  job.apply(Disconnected{id_of("a")});
-  CHECK(job.state.restart_count == 1);  // b restarts
-  job.join(join_of("b", nnodes(1, 2, 5)));
-  REQUIRE(job.state.phase == JobPhase::Running);
-  const int round = job.state.round;
-  job.send("b", Leave{"SIGTERM"});
-  CHECK(job.state.phase == JobPhase::Joining);
-  CHECK(job.state.round == round + 1);
-  CHECK(job.state.restart_count == 1);
-  // Even with no restart left, the job waits for its nodes rather than failing on nobody's
-  // restart.
-  Job spent = running_job({"a"}, nnodes(1, 1, 0));
-  spent.apply(Disconnected{id_of("a")});
-  CHECK(spent.state.phase == JobPhase::Joining);
-  CHECK(spent.state.restart_count == 0);
-}
-
 TEST_CASE("a re-round under min nodes waits for a replacement until the join timeout",
           "[rdzv][unit]") {
   Job job = running_under_max({"a", "b"});
