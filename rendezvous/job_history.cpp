@@ -2,10 +2,18 @@
 
 #include <optional>
 
+#include "common/strings.h"
+
 namespace ddprun::rdzv {
 
 using common::name_of;
 using nlohmann::json;
+
+std::string no_node_left(const std::vector<std::string>& removed) {
+  return "the last node of the round went" +
+         (removed.empty() ? std::string() : " (" + common::join(removed, ", ") + ")") +
+         ": nobody restarts until nodes join again";
+}
 
 namespace {
 
@@ -77,6 +85,14 @@ void JobHistory::stepped(const ServerMetrics::Before& before, const std::string&
       opened.counted = restart->counted;
       add(job, std::move(opened));
     }
+  }
+  if (!restarted && before.phase == JobPhase::Running && state.phase == JobPhase::Joining &&
+      state.round > before.round) {
+    // The last participant gone: the round opens (counted, as any loss) with nobody to tell.
+    JobEvent opened =
+        make_event(JobEventKind::RoundOpened, now, state.round, "", no_node_left(after.removed));
+    opened.counted = state.restart_count > before.restart_count;
+    add(job, std::move(opened));
   }
   if (before.phase != JobPhase::Closed && state.phase == JobPhase::Closed && state.closed) {
     JobEvent closed = make_event(JobEventKind::Closed, now, state.round, "", state.closed->message);

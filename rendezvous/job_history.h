@@ -53,6 +53,10 @@ struct JobEvent {
 /// At most this many events are kept per job (the oldest go first; `dropped` counts them).
 constexpr std::size_t kMaxEventsPerJob = 200;
 
+/// Why a round opened with no Restart sent: the last participant of the running round went
+/// (`removed` names it), so nobody restarts until nodes join again.
+std::string no_node_left(const std::vector<std::string>& removed);
+
 /// The history of every job the server holds; a job's history goes when the job is forgotten.
 class JobHistory {
  public:

@@ -213,6 +213,38 @@ TEST_CASE("the daemon's /status shows a job with its nodes and its restart as a 
   CHECK(agent.wait(kJobLimit).exit_code == 0);
 }
 
+TEST_CASE("the last node of a running job leaving opens a round that the history and log explain",
+          "[metrics][status-page][integration]") {
+  const int metrics_port = free_port();
+  Daemon daemon({"--metrics_port", std::to_string(metrics_port)});
+  Subprocess agent(ddprun_fake(
+      {"--nnodes", "1:2", "--nproc_per_node", "1", "--max_restarts", "3", "--rdzv_backend", "c10d",
+       "--rdzv_endpoint", "127.0.0.1:" + std::to_string(daemon.port), "--rdzv_id", "job",
+       "--rdzv_conf", kFastRdzvConf, "--local_addr", "127.0.0.1"},
+      {"print=running", "hang"}));
+  REQUIRE(agent.wait_for_output("running", kJobLimit));
+  agent.send(SIGTERM);
+  CHECK_FALSE(agent.wait(kJobLimit).timed_out);
+  // Nobody is left to hear a Restart: the round opens all the same, counted like any loss, and
+  // the history and the daemon's log say why.
+  const json doc = status_until(metrics_port, [](const json& d) {
+    return d["jobs"].size() == 1 && d["jobs"][0]["round"] == 1;
+  });
+  INFO(doc.dump(2));
+  REQUIRE(doc["jobs"].size() == 1);
+  const json& job = doc["jobs"][0];
+  CHECK(job["restart_count"] == 1);
+  const json& last = job["history"]["events"].back();
+  CHECK(last["kind"] == "round_opened");
+  CHECK(last["counted"] == true);
+  CHECK(contains(last["detail"].get<std::string>(),
+                 "the last node of the round went (127.0.0.1): nobody restarts until nodes join "
+                 "again"));
+  CHECK(contains(daemon.process->err_so_far(),
+                 "info: job 'job': restart (round 1, restart count 1): the last node of the round "
+                 "went (127.0.0.1)"));
+}
+
 TEST_CASE("a daemon with a secret asks for it on its page and on /metrics with --metrics_auth",
           "[metrics][status-page][integration]") {
   TempDir dir;
