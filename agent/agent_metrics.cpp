@@ -175,9 +175,11 @@ void AgentMetrics::observe(EventName event, const json& fields, common::TimePoin
   } else if (event == EventName::RendezvousStart) {
     backoff_.Set(0);
   }
+  // A quarantined node waits in its rendezvous too, but for its cooldown: not for peers.
   if (event == EventName::RendezvousStart)
-    in_rendezvous_.Set(1);
-  else if (event == EventName::RendezvousComplete || event == EventName::JobEnd)
+    in_rendezvous_.Set(quarantined_.Value() > 0 ? 0 : 1);
+  else if (event == EventName::RendezvousComplete || event == EventName::JobEnd ||
+           event == EventName::Quarantined)
     in_rendezvous_.Set(0);
   if (event == EventName::RendezvousComplete) {
     if (auto r = number("round")) round_.Set(*r);

@@ -141,23 +141,27 @@ void EtcdRendezvous::leave_then_revoke(const Leave& leave) {
   const std::int64_t created = std::exchange(my_create_revision_, 0);
   leaving_ = true;
   // The Leave report and the delete of this node's key in one txn: the driver sees both at one
-  // revision, whenever it reads. The report lives on a short lease of its own, so it outlives
-  // this node's lease long enough to be read and then goes by itself.
+  // revision, whenever it reads. The report lives on a lease of its own as long as the job's
+  // (a driver that died meanwhile is replaced within it), then goes by itself.
+  const std::string key = node_key(prefix_, node_id_);
+  const std::string report = report_key(prefix_, node_id_);
   client_->call_as<LeaseGrantResponse>(
-      lease_grant(lease_ttl_.count()), decode_lease_grant,
-      [this, alive = alive_, lease, created,
+      lease_grant(job_lease_ttl_.count()), decode_lease_grant,
+      [this, alive = alive_, lease, created, key, report,
        value = encode_message(leave)](common::Result<LeaseGrantResponse> granted) {
         if (!*alive) return;
         if (!granted) return left(lease);
-        const std::string key = node_key(prefix_, node_id_);
         Compare mine{key, CompareTarget::CreateRevision, CompareResult::Equal, created, {}};
-        client_->call(txn({mine},
-                          {PutOp{report_key(prefix_, node_id_), value, granted->id, false},
-                           DeleteOp{key, {}, false}},
-                          {}),
-                      [this, alive, lease](Reply) {
-                        if (*alive) left(lease);
-                      });
+        client_->call_as<TxnResponse>(
+            txn({mine}, {PutOp{report, value, granted->id, false}, DeleteOp{key, {}, false}}, {}),
+            decode_txn,
+            [this, alive, lease, report_lease = granted->id](common::Result<TxnResponse> done) {
+              if (!*alive) return;
+              // Not put (this node's key was gone already): the report's lease is not needed.
+              if (!done || !done->succeeded)
+                client_->call(lease_revoke(report_lease), [](Reply) {});
+              left(lease);
+            });
       });
 }
 

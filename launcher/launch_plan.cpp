@@ -299,30 +299,21 @@ void Planner::agent_options() {
                           "lower --quarantine_after or raise --crash_loop_stop");
 }
 
-/// --standby_workers: which standbys the agent keeps. A Python script's run ddprun's bootstrap
-/// (found next to this executable), forked from one zygote per node; any other program is its
-/// own standby (the C++ SDK waits). auto, the default, keeps them for Python scripts that
-/// import torch on a node with the memory for them, and says why not only when it was asked.
 /// --rdzv_conf keys ddprun does not read: torchrun's own are named as unused; any other is
 /// most likely a misspelling, which torchrun would ignore without a word.
 void Planner::rdzv_conf_keys() {
-  static const std::vector<std::string> kOurs = {"join_timeout",
-                                                 "last_call_timeout",
-                                                 "close_timeout",
-                                                 "keep_alive_interval",
-                                                 "keep_alive_max_attempt",
-                                                 "connect_timeout",
-                                                 "is_host",
-                                                 "secret_file",
-                                                 "tls_ca",
-                                                 "tls_cert",
-                                                 "tls_key",
-                                                 "etcd_user",
-                                                 "etcd_password_file",
-                                                 "protocol"};
+  // clang-format off
+  static const std::vector<std::string> kOurs = {
+      "join_timeout", "last_call_timeout", "close_timeout", "keep_alive_interval",
+      "keep_alive_max_attempt", "connect_timeout", "is_host", "secret_file", "tls_ca",
+      "tls_cert", "tls_key", "etcd_user", "etcd_password_file"};
+  // Those that would mislead ddprun refuses (protocol=https, cacert, cert and key with etcd-v3:
+  // parse_rdzv_conf); what gets here is harmless.
   static const std::vector<std::string> kTorchruns = {
-      "read_timeout", "timeout", "store_type", "rank",      "etcd_prefix", "ssl_cert",
-      "ssl_cert_key", "ca_cert", "use_libuv",  "heartbeat", "local_addr"};
+      "read_timeout", "timeout", "store_type", "rank", "etcd_prefix", "ssl_cert",
+      "ssl_cert_key", "ca_cert", "use_libuv", "heartbeat", "local_addr", "protocol",
+      "cacert", "cert", "key"};
+  // clang-format on
   const auto among = [](const std::vector<std::string>& keys, const std::string& key) {
     return std::find(keys.begin(), keys.end(), key) != keys.end();
   };
@@ -343,6 +334,10 @@ void Planner::rdzv_conf_keys() {
                           common::join(kOurs, ", "));
 }
 
+/// --standby_workers: which standbys the agent keeps. A Python script's run ddprun's bootstrap
+/// (found next to this executable), forked from one zygote per node; any other program is its
+/// own standby (the C++ SDK waits). auto, the default, keeps them for Python scripts that
+/// import torch on a node with the memory for them, and says why not only when it was asked.
 void Planner::standbys(const agent::CommandRequest& req) {
   agent::AgentOptions& opt = plan.agent;
   opt.python_standby = {config.standby_preload, config.standby_cuda};

@@ -477,7 +477,8 @@ common::Result<json> fetch_etcd_status(const StatusRequest& request,
     if (!state && request.run_id) return state.error();
     if (!state) {
       std::fprintf(stderr, "ddprun status: job '%s' left out: %s\n",
-                   common::printable(run_id).c_str(), state.error().message.c_str());
+                   common::printable(run_id).c_str(),
+                   common::printable(state.error().message).c_str());
       continue;
     }
     jobs.push_back(rdzv::describe_job(state->job, now));

@@ -68,16 +68,20 @@ class HttpServer::Session : public std::enable_shared_from_this<Session> {
     }
     if (ec) return respond(400, "bad request\n", false);  // garbage, or a GET with a body
     const auto& req = parser_->get();
-    error_code no_peer;
-    const auto from = stream_.socket().remote_endpoint(no_peer);
     const HttpRequest request{std::string(req.method_string()), std::string(req.target()),
-                              std::string(req[http::field::authorization]),
-                              no_peer
-                                  ? std::string("?")
-                                  : from.address().to_string() + ":" + std::to_string(from.port())};
+                              std::string(req[http::field::authorization]), peer_text()};
     HttpResponse answer = server_.handler_(request);
     respond(answer.status, std::move(answer.body), req.keep_alive(), answer.content_type,
             req.method() == http::verb::head, answer.headers);
+  }
+
+  /// The client as "127.0.0.1:5000" or "[::1]:5000", for a log line.
+  std::string peer_text() {
+    error_code ec;
+    const auto from = stream_.socket().remote_endpoint(ec);
+    if (ec) return "?";
+    const std::string host = from.address().to_string();
+    return (from.address().is_v6() ? "[" + host + "]" : host) + ":" + std::to_string(from.port());
   }
 
   void respond(int status, std::string body, bool keep_alive,

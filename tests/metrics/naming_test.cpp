@@ -275,6 +275,15 @@ TEST_CASE("the agent's metrics say while it waits for its round to form", "[metr
   m.observe(ddprun::agent::event_named("rendezvous_start"), {{"restart_count", 1}}, t0 + 2s);
   m.observe(ddprun::agent::event_named("job_end"), {{"exit_code", 69}}, t0 + 3s);
   CHECK(waiting() == 0);
+  // A quarantine's cooldown is no wait for peers; the rejoin after it is.
+  m.observe(ddprun::agent::event_named("rendezvous_start"), {{"restart_count", 2}}, t0 + 4s);
+  m.observe(ddprun::agent::event_named("quarantined"), {{"cooldown_s", 30.0}}, t0 + 5s);
+  CHECK(waiting() == 0);
+  m.observe(ddprun::agent::event_named("rendezvous_start"), {{"restart_count", 2}}, t0 + 6s);
+  CHECK(waiting() == 0);
+  m.observe(ddprun::agent::event_named("quarantine_over"), {{"message", "m"}}, t0 + 35s);
+  m.observe(ddprun::agent::event_named("rendezvous_start"), {{"restart_count", 2}}, t0 + 36s);
+  CHECK(waiting() == 1);
 }
 
 TEST_CASE("a failure after the workers restarted begins the next recovery", "[metrics][unit]") {
