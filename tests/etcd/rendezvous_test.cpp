@@ -160,8 +160,11 @@ TEST_CASE("the etcd leader killed while an etcd job trains causes no restart", "
   check_finished_without_restart(nodes);
 }
 
-TEST_CASE("an agent of an etcd job killed with SIGKILL leaves survivors that re-form",
-          "[etcd][rdzv]") {
+namespace {
+
+/// Three agents of a job of 2 to 3 nodes, whose workers train until their round has 2 nodes;
+/// the agent that joined last (so the driver survives) gets `sig`. The survivors' results.
+std::vector<CommandResult> survivors_of_third_node_stopped_by(int sig) {
   EtcdCluster etcd;
   REQUIRE(etcd.wait_ready());
   TempDir dir;
@@ -175,47 +178,38 @@ TEST_CASE("an agent of an etcd job killed with SIGKILL leaves survivors that re-
         {"pidfile=" + pids, "env=GROUP_WORLD_SIZE", "hang_unless=GROUP_WORLD_SIZE=2", "exit=0"}));
   if (!wait_until([&] { return read_pids(pids).size() == 3; }, kJobLimit))
     FAIL(err_of(nodes, &etcd));
-  // Kill the agent that joined last, so that the driver survives; the driver's own loss is
-  // the next test's.
-  nodes[2]->send(SIGKILL);
-  nodes[2]->wait(10s);
-  for (int i = 0; i < 2; ++i) {
-    auto r = nodes[i]->wait(kJobLimit);
+  nodes[2]->send(sig);
+  nodes[2]->wait(30s);
+  std::vector<CommandResult> survivors;
+  for (int i = 0; i < 2; ++i) survivors.push_back(nodes[i]->wait(kJobLimit));
+  for (const auto& [rank, pid] : read_pids(pids)) CHECK(wait_gone(pid));
+  return survivors;
+}
+
+}  // namespace
+
+TEST_CASE("an agent of an etcd job killed with SIGKILL leaves survivors that re-form",
+          "[etcd][rdzv]") {
+  for (const CommandResult& r : survivors_of_third_node_stopped_by(SIGKILL)) {
     INFO(r.out << r.err);
     CHECK(r.exit_code == 0);
     CHECK(contains(r.out, "GROUP_WORLD_SIZE=3"));
     CHECK(contains(r.out, "GROUP_WORLD_SIZE=2"));
     CHECK(contains(r.err, "restarting workers: restart 1 of 1"));
     CHECK(contains(r.err, loopback_node_addr(2)));
+    CHECK(contains(r.err, "disconnected without leaving"));
   }
-  for (const auto& [rank, pid] : read_pids(pids)) CHECK(wait_gone(pid));
 }
 
 TEST_CASE("an agent of an etcd job stopped with SIGTERM is reported as left, not lost",
           "[etcd][rdzv]") {
-  EtcdCluster etcd;
-  REQUIRE(etcd.wait_ready());
-  TempDir dir;
-  const std::string pids = dir.path() + "/pids";
-  WorkerSweeper sweeper(pids);
-  std::vector<std::unique_ptr<Subprocess>> nodes;
-  for (int i = 0; i < 3; ++i)
-    nodes.push_back(start_node(
-        etcd, i, {"--nnodes", "2:3", "--max_restarts", "1", "--node_rank", std::to_string(i)},
-        {"pidfile=" + pids, "env=GROUP_WORLD_SIZE", "hang_unless=GROUP_WORLD_SIZE=2", "exit=0"}));
-  if (!wait_until([&] { return read_pids(pids).size() == 3; }, kJobLimit))
-    FAIL(err_of(nodes, &etcd));
-  nodes[2]->send(SIGTERM);
-  nodes[2]->wait(30s);
-  for (int i = 0; i < 2; ++i) {
-    auto r = nodes[i]->wait(kJobLimit);
+  for (const CommandResult& r : survivors_of_third_node_stopped_by(SIGTERM)) {
     INFO(r.out << r.err);
     CHECK(r.exit_code == 0);
     CHECK(contains(r.out, "GROUP_WORLD_SIZE=2"));
     CHECK(contains(r.err, "left (received SIGTERM)"));
     CHECK_FALSE(contains(r.err, "disconnected without leaving"));
   }
-  for (const auto& [rank, pid] : read_pids(pids)) CHECK(wait_gone(pid));
 }
 
 TEST_CASE("the driving agent of an etcd job killed with SIGKILL is replaced by a survivor",
