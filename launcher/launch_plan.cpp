@@ -322,7 +322,7 @@ void Planner::rdzv_conf_keys() {
     if (among(kOurs, key)) continue;
     if (among(kTorchruns, key)) {
       note(Level::Info, "--rdzv_conf " + key +
-                            ": a key of torchrun's that ddprun has no use for; " + "it is ignored");
+                            ": a key of torchrun's that ddprun has no use for; it is ignored");
       continue;
     }
     unknown.push_back(common::printable(key));

@@ -20,7 +20,15 @@ class HttpServer::Session : public std::enable_shared_from_this<Session> {
         buffer_(server.limits_.max_request_bytes),
         server_(server),
         alive_(server.alive_),
-        id_(id) {}
+        id_(id) {
+    // Read once: a connection's client does not change between its requests.
+    error_code ec;
+    const auto from = stream_.socket().remote_endpoint(ec);
+    if (!ec) {
+      peer_address_ = from.address().to_string();
+      peer_port_ = from.port();
+    }
+  }
 
   void start() { read_next(); }
 
@@ -69,19 +77,11 @@ class HttpServer::Session : public std::enable_shared_from_this<Session> {
     if (ec) return respond(400, "bad request\n", false);  // garbage, or a GET with a body
     const auto& req = parser_->get();
     const HttpRequest request{std::string(req.method_string()), std::string(req.target()),
-                              std::string(req[http::field::authorization]), peer_text()};
+                              std::string(req[http::field::authorization]), peer_address_,
+                              peer_port_};
     HttpResponse answer = server_.handler_(request);
     respond(answer.status, std::move(answer.body), req.keep_alive(), answer.content_type,
             req.method() == http::verb::head, answer.headers);
-  }
-
-  /// The client as "127.0.0.1:5000" or "[::1]:5000", for a log line.
-  std::string peer_text() {
-    error_code ec;
-    const auto from = stream_.socket().remote_endpoint(ec);
-    if (ec) return "?";
-    const std::string host = from.address().to_string();
-    return (from.address().is_v6() ? "[" + host + "]" : host) + ":" + std::to_string(from.port());
   }
 
   void respond(int status, std::string body, bool keep_alive,
@@ -123,6 +123,8 @@ class HttpServer::Session : public std::enable_shared_from_this<Session> {
   HttpServer& server_;
   std::weak_ptr<bool> alive_;
   std::uint64_t id_;
+  std::string peer_address_;
+  int peer_port_ = 0;
 };
 
 HttpServer::HttpServer(asio::io_context& io, Handler handler, HttpLimits limits)

@@ -20,10 +20,11 @@ namespace ddprun::metrics {
 /// One request as a handler sees it: the method, the target and the one header a handler reads
 /// (GET needs no body).
 struct HttpRequest {
-  std::string method;         ///< "GET", "HEAD", ...
-  std::string target;         ///< "/metrics", "/metrics?x=1", ...
-  std::string authorization;  ///< the Authorization header ("" when absent)
-  std::string peer = {};      ///< the client's address and port, for a log line
+  std::string method;             ///< "GET", "HEAD", ...
+  std::string target;             ///< "/metrics", "/metrics?x=1", ...
+  std::string authorization;      ///< the Authorization header ("" when absent)
+  std::string peer_address = {};  ///< the client's address ("" when unknown), for a log line
+  int peer_port = 0;
 };
 
 struct HttpResponse {

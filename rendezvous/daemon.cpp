@@ -165,9 +165,11 @@ int run_daemon(const DaemonConfig& config) {
   StatusPageOptions page_options{secret, config.metrics_auth, {}};
   page_options.wrong_secret = [&server_metrics, &http_warnings](const metrics::HttpRequest& r) {
     server_metrics.http_auth_failure();
-    http_warnings.warn("metrics port: refused " + common::printable(r.method) + " " +
-                       common::printable(r.target.substr(0, 200)) + " from " + r.peer +
-                       ": wrong secret (401)");
+    http_warnings.warn(
+        "metrics port: refused " + common::printable(r.method) + " " +
+        common::printable(r.target.substr(0, 200)) + " from " +
+        (r.peer_address.empty() ? "?" : format_endpoint(r.peer_address, r.peer_port)) +
+        ": wrong secret (401)");
   };
   metrics::HttpServer metrics_http(
       io, status_page_handler(metrics::metrics_handler(server_metrics.registry(),
